@@ -1,0 +1,289 @@
+//! Client requests and daemon replies (docs/client-protocol.md is the normative spec).
+//!
+//! Every request carries an `id` that its reply repeats. Ops that move bytes describe them
+//! in the header and carry them raw in the frame payload, in key order.
+
+use serde::{Deserialize, Serialize};
+
+use crate::key::Key;
+use crate::namespace::NamespaceSpec;
+use crate::stats::StatsReport;
+
+/// One request frame's header.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Chosen by the client, echoed in the reply.
+    pub id: u64,
+    /// What to do.
+    pub op: Op,
+}
+
+/// How `get` hands bytes back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GetMode {
+    /// Bytes follow the reply header as the frame payload.
+    Inline,
+    /// The reply names arena extents the client reads from its mapping; they stay valid
+    /// until `Release` or until the connection closes.
+    Lease,
+}
+
+/// A client operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// First frame of every connection. The reply carries the arena memfd (SCM_RIGHTS).
+    Hello {
+        /// Must equal [`crate::PROTOCOL_VERSION`].
+        version: u32,
+        /// Free-form client name for logs.
+        client: String,
+    },
+    /// Declares a namespace; returns its handle and the slot class of each segment.
+    Register {
+        /// The spec.
+        spec: NamespaceSpec,
+    },
+    /// Stores blocks whose bytes are the frame payload, concatenated in key order.
+    Put {
+        /// Namespace handle from `Register`.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Byte length of each block.
+        lens: Vec<u64>,
+    },
+    /// Reserves arena slots the client fills through its mapping, then commits.
+    Alloc {
+        /// Namespace handle.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Byte length each block will have.
+        lens: Vec<u64>,
+    },
+    /// Publishes filled slots; each becomes an immutable block.
+    Commit {
+        /// Handles from `Alloc`.
+        handles: Vec<u64>,
+    },
+    /// Gives back reserved slots without publishing them.
+    Abort {
+        /// Handles from `Alloc`.
+        handles: Vec<u64>,
+    },
+    /// Fetches blocks.
+    Get {
+        /// Namespace handle.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Inline bytes or a lease on arena extents.
+        mode: GetMode,
+    },
+    /// Ends a lease taken by `Get { mode: Lease }`.
+    Release {
+        /// Lease id.
+        lease: u64,
+    },
+    /// Counts the leading keys present (SGLang `batch_exists` semantics).
+    Exists {
+        /// Namespace handle.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Removes blocks.
+    Delete {
+        /// Namespace handle.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Removes every block of a namespace, or of all namespaces with `ns: None`.
+    Clear {
+        /// Namespace handle, or `None` for everything.
+        ns: Option<u32>,
+    },
+    /// Per-tier and per-namespace statistics.
+    Stats,
+}
+
+/// Outcome of one key of a `Put`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PutStatus {
+    /// Stored now.
+    Stored,
+    /// Already present (blocks are immutable; the bytes sent were discarded).
+    Exists,
+    /// No slot could be freed (everything evictable is leased).
+    NoSpace,
+    /// Longer than the segment's slot size.
+    TooLarge,
+    /// Segment number not declared by the namespace.
+    BadSegment,
+}
+
+/// Outcome of one key of an `Alloc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocSlot {
+    /// Reserved: write `len` bytes at arena `offset`, then commit `handle`.
+    Granted {
+        /// Commit/abort handle.
+        handle: u64,
+        /// Byte offset in the arena mapping.
+        offset: u64,
+        /// Bytes to write.
+        len: u64,
+    },
+    /// Not reserved; see the status.
+    Refused {
+        /// Why.
+        status: PutStatus,
+    },
+}
+
+/// Outcome of one handle of a `Commit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommitStatus {
+    /// The block is now visible.
+    Committed,
+    /// Another writer committed the same key first; this slot was freed.
+    Duplicate,
+    /// The handle is unknown to this connection (never allocated here, or already used).
+    UnknownHandle,
+}
+
+/// An arena extent under lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    /// Byte offset in the arena mapping.
+    pub offset: u64,
+    /// Block length.
+    pub len: u64,
+}
+
+/// Slot class chosen for one declared segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentClass {
+    /// Segment number.
+    pub segment: u16,
+    /// Declared slot size in bytes.
+    pub slot_size: u64,
+    /// Pool (slot class) index serving it.
+    pub class: u32,
+    /// Bytes of the class's slots (declared size rounded up to 4 KiB).
+    pub class_slot_bytes: u64,
+}
+
+/// Machine-readable error category.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// Frame or header could not be decoded.
+    Malformed,
+    /// The first frame was not a valid `Hello`, or its version differs.
+    Handshake,
+    /// Namespace handle unknown.
+    UnknownNamespace,
+    /// Lease or handle not owned by this connection.
+    NotOwned,
+    /// Request is well formed but its fields are inconsistent.
+    Invalid,
+    /// The spec or size is not supported by this daemon's configuration.
+    Unsupported,
+    /// The daemon is shutting down.
+    ShuttingDown,
+    /// Internal failure (a bug, logged by the daemon).
+    Internal,
+}
+
+/// One reply frame's header.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    /// The request's id (0 for errors raised before a request id was known).
+    pub id: u64,
+    /// The answer.
+    pub reply: Reply,
+}
+
+/// The daemon's answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Handshake accepted; the arena memfd rides along as SCM_RIGHTS.
+    HelloOk {
+        /// Protocol version.
+        version: u32,
+        /// Daemon build.
+        server: String,
+        /// Daemon pid.
+        pid: u32,
+        /// Arena size in bytes (map this much of the fd).
+        arena_bytes: u64,
+    },
+    /// Namespace registered (or found: registration is idempotent).
+    Registered {
+        /// Handle to use in later requests (valid for the daemon's lifetime).
+        ns: u32,
+        /// The 128-bit namespace id, hex.
+        id: String,
+        /// Slot class per segment.
+        segments: Vec<SegmentClass>,
+    },
+    /// Per-key outcome of a `Put`.
+    Put {
+        /// In key order.
+        results: Vec<PutStatus>,
+    },
+    /// Per-key outcome of an `Alloc`.
+    Alloc {
+        /// In key order.
+        slots: Vec<AllocSlot>,
+    },
+    /// Per-handle outcome of a `Commit`.
+    Commit {
+        /// In handle order.
+        results: Vec<CommitStatus>,
+    },
+    /// Slots given back by `Abort`.
+    Aborted {
+        /// How many handles were known and released.
+        count: u32,
+    },
+    /// Inline get: lengths per key (`None` = miss); bytes of hits follow as the payload.
+    GetInline {
+        /// In key order.
+        lens: Vec<Option<u64>>,
+    },
+    /// Lease get: extents per key (`None` = miss).
+    GetLease {
+        /// Lease id for `Release` (0 when nothing was found and no lease was taken).
+        lease: u64,
+        /// In key order.
+        extents: Vec<Option<Extent>>,
+    },
+    /// Lease ended.
+    Released,
+    /// Number of leading keys present.
+    Exists {
+        /// Count.
+        count: u32,
+    },
+    /// Blocks removed by `Delete`.
+    Deleted {
+        /// Count.
+        count: u32,
+    },
+    /// Blocks removed by `Clear`.
+    Cleared {
+        /// Count.
+        count: u64,
+    },
+    /// Statistics.
+    Stats(Box<StatsReport>),
+    /// The request failed; nothing it would have changed was changed.
+    Error {
+        /// Category.
+        code: ErrorCode,
+        /// What happened and what to do.
+        message: String,
+    },
+}

@@ -1,0 +1,32 @@
+//! kvnode-proto: the types every kvnode component agrees on, with no I/O.
+//!
+//! ```text
+//!  tokens ──hash──> Digest ─┐
+//!  NamespaceSpec ──digest──> NamespaceId ─┼─> BlockKey (namespace, digest, segment)
+//!                                          │
+//!  client ──frame(Request)──> daemon ──frame(Reply)──> client
+//! ```
+//!
+//! - [`key`]: block keys, page digests and namespace ids.
+//! - [`namespace`]: the namespace spec and its 128-bit identity digest.
+//! - [`hash`]: SGLang's chained SHA-256 page digests and the router's u64 hash.
+//! - [`frame`]: the length-prefixed frame layout shared by client and daemon.
+//! - [`client`]: client requests and daemon replies.
+//! - [`stats`]: the statistics report returned by `stats`.
+//! - [`size`]: human byte sizes (`512MiB`, `16GiB`).
+
+pub mod client;
+pub mod frame;
+pub mod hash;
+pub mod key;
+pub mod namespace;
+pub mod size;
+pub mod stats;
+
+pub use client::{ErrorCode, GetMode, Op, Reply, Request};
+pub use frame::{FrameError, FramePrefix};
+pub use key::{BlockKey, Digest, Key, NamespaceId};
+pub use namespace::NamespaceSpec;
+
+/// Version of the client protocol spoken by this build; the handshake refuses any other.
+pub const PROTOCOL_VERSION: u32 = 1;

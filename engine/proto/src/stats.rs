@@ -1,0 +1,105 @@
+//! The statistics report returned by `stats`.
+
+use serde::{Deserialize, Serialize};
+
+/// Everything `kvnode stats` prints.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StatsReport {
+    /// Daemon build.
+    pub version: String,
+    /// Daemon pid.
+    pub pid: u32,
+    /// Seconds since start.
+    pub uptime_s: f64,
+    /// Connected clients.
+    pub clients: u32,
+    /// One entry per tier (`dram`, later `nvme`).
+    pub tiers: Vec<TierStats>,
+    /// One entry per slot class.
+    pub pools: Vec<PoolStats>,
+    /// One entry per registered namespace.
+    pub namespaces: Vec<NamespaceStats>,
+}
+
+/// Counters of one tier.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TierStats {
+    /// Tier name.
+    pub tier: String,
+    /// Bytes the tier can hold.
+    pub capacity_bytes: u64,
+    /// Resident blocks.
+    pub blocks: u64,
+    /// Bytes of resident blocks.
+    pub bytes: u64,
+    /// Bytes of slots in use (blocks, reservations), including slot rounding.
+    pub slot_bytes: u64,
+    /// Keys found by `get`.
+    pub hits: u64,
+    /// Keys not found by `get`.
+    pub misses: u64,
+    /// Blocks stored.
+    pub inserts: u64,
+    /// Blocks evicted to make room.
+    pub evictions: u64,
+    /// Leases currently held (per block).
+    pub leases: u64,
+    /// Slots reserved by `alloc` and not yet committed.
+    pub reserved: u64,
+    /// Bytes locked in memory (DRAM only).
+    pub pinned_bytes: u64,
+    /// Bytes already faulted in (DRAM only).
+    pub populated_bytes: u64,
+    /// Whether pinning was refused (RLIMIT_MEMLOCK) and the tier runs unpinned.
+    pub pin_refused: bool,
+}
+
+/// Counters of one slot class.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PoolStats {
+    /// Class index.
+    pub class: u32,
+    /// Slot size in bytes.
+    pub slot_bytes: u64,
+    /// Slabs owned.
+    pub slabs: u32,
+    /// Slots in owned slabs.
+    pub slots: u64,
+    /// Slots holding committed blocks.
+    pub used: u64,
+    /// Slots reserved by writers.
+    pub reserved: u64,
+    /// Free slots.
+    pub free: u64,
+    /// Evictions from this class.
+    pub evictions: u64,
+}
+
+/// Counters of one namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NamespaceStats {
+    /// Handle.
+    pub ns: u32,
+    /// 128-bit id, hex.
+    pub id: String,
+    /// Model from the spec.
+    pub model: String,
+    /// Resident blocks.
+    pub blocks: u64,
+    /// Bytes of resident blocks.
+    pub bytes: u64,
+    /// `get` hits.
+    pub hits: u64,
+    /// `get` misses.
+    pub misses: u64,
+    /// Blocks stored.
+    pub inserts: u64,
+    /// Blocks evicted.
+    pub evictions: u64,
+    /// Blocks removed by delete or clear.
+    pub removed: u64,
+}
