@@ -1,0 +1,224 @@
+//! kvnode-client: a blocking Rust client for the kvnode daemon.
+//!
+//! ```text
+//!  Client ──Unix socket frames──> daemon
+//!    └── maps the daemon's arena memfd (received at Hello) for zero-copy get/alloc
+//! ```
+//!
+//! One `Client` per thread: it is `Send`, not `Sync`. See docs/client-protocol.md.
+
+mod arena;
+mod conn;
+
+use std::path::Path;
+
+use kvnode_proto::client::{
+    AllocSlot, CommitStatus, ErrorCode, Extent, GetMode, Op, PutStatus, Reply, SegmentClass,
+};
+use kvnode_proto::stats::StatsReport;
+use kvnode_proto::{Key, NamespaceSpec};
+
+pub use arena::ArenaMap;
+pub use kvnode_proto;
+
+/// Client failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// Socket I/O.
+    #[error("kvnode socket I/O failed: {0} (is the daemon running? `kvnode serve`)")]
+    Io(#[from] std::io::Error),
+    /// The daemon answered with an error.
+    #[error("kvnode refused the request ({code:?}): {message}")]
+    Server {
+        /// Category.
+        code: ErrorCode,
+        /// Daemon's explanation.
+        message: String,
+    },
+    /// The daemon sent something this client does not understand.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// A registered namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    /// Handle for requests.
+    pub ns: u32,
+    /// 128-bit id, hex.
+    pub id: String,
+    /// Slot class per segment.
+    pub segments: Vec<SegmentClass>,
+}
+
+/// A lease on arena extents (read them with [`Client::arena`]); release it when done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Lease id (0 when nothing was found).
+    pub id: u64,
+    /// Extent per key, `None` for misses.
+    pub extents: Vec<Option<Extent>>,
+}
+
+impl Lease {
+    /// Number of leading keys found.
+    pub fn leading_hits(&self) -> usize {
+        self.extents.iter().take_while(|e| e.is_some()).count()
+    }
+}
+
+/// A connection to the daemon.
+#[derive(Debug)]
+pub struct Client {
+    conn: conn::Conn,
+    arena: ArenaMap,
+    pid: u32,
+}
+
+fn unexpected(r: &Reply) -> ClientError {
+    match r {
+        Reply::Error { code, message } => ClientError::Server { code: *code, message: message.clone() },
+        other => ClientError::Protocol(format!("unexpected reply {other:?}")),
+    }
+}
+
+impl Client {
+    /// Connects, performs the handshake and maps the daemon's arena.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Self> {
+        let (conn, hello, fd) = conn::Conn::connect(path.as_ref(), "kvnode-client")?;
+        let Reply::HelloOk { arena_bytes, pid, .. } = hello else { return Err(unexpected(&hello)) };
+        let fd = fd.ok_or_else(|| ClientError::Protocol("daemon sent no arena descriptor".into()))?;
+        let arena = ArenaMap::map(&fd, arena_bytes)?;
+        Ok(Self { conn, arena, pid })
+    }
+
+    /// The daemon's pid.
+    pub fn daemon_pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The mapped arena.
+    pub fn arena(&self) -> &ArenaMap {
+        &self.arena
+    }
+
+    fn call(&mut self, op: Op) -> Result<Reply> {
+        self.conn.call(op, &[])
+    }
+
+    /// Registers a namespace (idempotent).
+    pub fn register(&mut self, spec: &NamespaceSpec) -> Result<Namespace> {
+        match self.call(Op::Register { spec: spec.clone() })? {
+            Reply::Registered { ns, id, segments } => Ok(Namespace { ns, id, segments }),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Stores blocks inline.
+    pub fn put(&mut self, ns: u32, keys: &[Key], blocks: &[&[u8]]) -> Result<Vec<PutStatus>> {
+        let lens = blocks.iter().map(|b| b.len() as u64).collect();
+        match self.conn.call(Op::Put { ns, keys: keys.to_vec(), lens }, blocks)? {
+            Reply::Put { results } => Ok(results),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Reserves arena slots to fill in place.
+    pub fn alloc(&mut self, ns: u32, keys: &[Key], lens: &[u64]) -> Result<Vec<AllocSlot>> {
+        match self.call(Op::Alloc { ns, keys: keys.to_vec(), lens: lens.to_vec() })? {
+            Reply::Alloc { slots } => Ok(slots),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Publishes filled slots.
+    pub fn commit(&mut self, handles: &[u64]) -> Result<Vec<CommitStatus>> {
+        match self.call(Op::Commit { handles: handles.to_vec() })? {
+            Reply::Commit { results } => Ok(results),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Gives back reserved slots.
+    pub fn abort(&mut self, handles: &[u64]) -> Result<u32> {
+        match self.call(Op::Abort { handles: handles.to_vec() })? {
+            Reply::Aborted { count } => Ok(count),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Gets blocks inline as owned vectors.
+    pub fn get(&mut self, ns: u32, keys: &[Key]) -> Result<Vec<Option<Vec<u8>>>> {
+        let (reply, mut payload) = self.conn.call_with_payload(Op::Get { ns, keys: keys.to_vec(), mode: GetMode::Inline })?;
+        let Reply::GetInline { lens } = reply else { return Err(unexpected(&reply)) };
+        let mut out = Vec::with_capacity(lens.len());
+        let mut off = 0usize;
+        for l in lens {
+            out.push(l.map(|l| {
+                let v = payload[off..off + l as usize].to_vec();
+                off += l as usize;
+                v
+            }));
+        }
+        payload.clear();
+        Ok(out)
+    }
+
+    /// Gets blocks inline straight into caller buffers (one per key, each large enough);
+    /// returns the length written per key (`None` = miss).
+    pub fn get_into(&mut self, ns: u32, keys: &[Key], dst: &mut [&mut [u8]]) -> Result<Vec<Option<u64>>> {
+        self.conn.get_into(ns, keys, dst)
+    }
+
+    /// Gets blocks as a lease on arena extents.
+    pub fn get_lease(&mut self, ns: u32, keys: &[Key]) -> Result<Lease> {
+        match self.call(Op::Get { ns, keys: keys.to_vec(), mode: GetMode::Lease })? {
+            Reply::GetLease { lease, extents } => Ok(Lease { id: lease, extents }),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Ends a lease.
+    pub fn release(&mut self, lease: u64) -> Result<()> {
+        match self.call(Op::Release { lease })? {
+            Reply::Released => Ok(()),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Number of leading keys present.
+    pub fn exists(&mut self, ns: u32, keys: &[Key]) -> Result<u32> {
+        match self.call(Op::Exists { ns, keys: keys.to_vec() })? {
+            Reply::Exists { count } => Ok(count),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Removes blocks; returns how many existed.
+    pub fn delete(&mut self, ns: u32, keys: &[Key]) -> Result<u32> {
+        match self.call(Op::Delete { ns, keys: keys.to_vec() })? {
+            Reply::Deleted { count } => Ok(count),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Removes every block of a namespace (or all); returns how many.
+    pub fn clear(&mut self, ns: Option<u32>) -> Result<u64> {
+        match self.call(Op::Clear { ns })? {
+            Reply::Cleared { count } => Ok(count),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Daemon statistics.
+    pub fn stats(&mut self) -> Result<StatsReport> {
+        match self.call(Op::Stats)? {
+            Reply::Stats(s) => Ok(*s),
+            r => Err(unexpected(&r)),
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Request handlers: one function per op, each answering exactly one reply frame.
+
+use std::io;
+
+use kvnode_proto::client::{
+    AllocSlot, CommitStatus, ErrorCode, GetMode, Op, PutStatus, Reply, Request,
+};
+use kvnode_proto::frame::MAX_PAYLOAD;
+use kvnode_proto::Key;
+
+use super::conn::Connection;
+use crate::tier::{Reservation, TierError};
+
+fn tier_error(e: &TierError) -> Reply {
+    let code = match e {
+        TierError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
+        TierError::SlotTooLarge { .. } | TierError::TooManyClasses(_) => ErrorCode::Unsupported,
+        _ => ErrorCode::Invalid,
+    };
+    Reply::Error { code, message: e.to_string() }
+}
+
+fn invalid(msg: impl Into<String>) -> Reply {
+    Reply::Error { code: ErrorCode::Invalid, message: msg.into() }
+}
+
+impl Connection {
+    /// Handles one request whose header is decoded and whose `payload_len` bytes are unread.
+    pub async fn handle(&mut self, req: Request, payload_len: u64) -> io::Result<()> {
+        let id = req.id;
+        if payload_len > 0 && !matches!(req.op, Op::Put { .. }) {
+            self.io.skip(payload_len).await?;
+            return self.send(id, invalid("only Put carries a payload"), &[]).await;
+        }
+        let reply = match req.op {
+            Op::Hello { .. } => invalid("Hello is only valid as the first frame"),
+            Op::Register { spec } => match self.engine.tier.register(&spec) {
+                Ok(r) => {
+                    tracing::info!(conn = self.id, ns = r.ns, id = %r.id, model = %spec.model, "namespace registered");
+                    Reply::Registered { ns: r.ns, id: r.id.to_string(), segments: r.segments }
+                }
+                Err(e) => tier_error(&e),
+            },
+            Op::Put { ns, keys, lens } => return self.put(id, ns, &keys, &lens, payload_len).await,
+            Op::Alloc { ns, keys, lens } => self.alloc(ns, &keys, &lens),
+            Op::Commit { handles } => self.commit(&handles),
+            Op::Abort { handles } => {
+                let res: Vec<Reservation> =
+                    handles.iter().filter_map(|h| self.reservations.remove(h)).collect();
+                self.engine.tier.abort(self.id, &res);
+                Reply::Aborted { count: res.len() as u32 }
+            }
+            Op::Get { ns, keys, mode } => return self.get(id, ns, &keys, mode).await,
+            Op::Release { lease } => match self.leases.remove(&lease) {
+                Some(slots) => {
+                    self.engine.tier.release(&slots);
+                    Reply::Released
+                }
+                None => Reply::Error {
+                    code: ErrorCode::NotOwned,
+                    message: format!("lease {lease} is not held by this connection (already released?)"),
+                },
+            },
+            Op::Exists { ns, keys } => match self.engine.tier.exists(ns, &keys) {
+                Ok(count) => Reply::Exists { count },
+                Err(e) => tier_error(&e),
+            },
+            Op::Delete { ns, keys } => match self.engine.tier.delete(ns, &keys) {
+                Ok(count) => Reply::Deleted { count },
+                Err(e) => tier_error(&e),
+            },
+            Op::Clear { ns } => match self.engine.tier.clear(ns) {
+                Ok(count) => {
+                    tracing::info!(conn = self.id, ?ns, count, "cleared");
+                    Reply::Cleared { count }
+                }
+                Err(e) => tier_error(&e),
+            },
+            Op::Stats => Reply::Stats(Box::new(self.engine.stats())),
+        };
+        self.send(id, reply, &[]).await
+    }
+
+    async fn put(&mut self, id: u64, ns: u32, keys: &[Key], lens: &[u64], payload_len: u64) -> io::Result<()> {
+        let sum: Option<u64> = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l));
+        if keys.len() != lens.len() || sum != Some(payload_len) {
+            self.io.skip(payload_len).await?;
+            let msg = format!(
+                "{} keys, {} lengths summing to {sum:?}, but the payload is {payload_len} bytes",
+                keys.len(),
+                lens.len()
+            );
+            return self.send(id, invalid(msg), &[]).await;
+        }
+        let reserved = match self.engine.tier.reserve(self.id, ns, keys, lens) {
+            Ok(r) => r,
+            Err(e) => {
+                self.io.skip(payload_len).await?;
+                return self.send(id, tier_error(&e), &[]).await;
+            }
+        };
+        // Bytes go straight from the socket into the reserved slots.
+        let mut held: Vec<Reservation> = reserved.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+        for (r, &len) in reserved.iter().zip(lens) {
+            let read = match r {
+                // SAFETY: this connection holds the reservation; no one else touches the slot.
+                Ok(res) => self.io.read_exact(unsafe { self.engine.arena.slice_mut(res.offset, len) }).await.map(|_| ()),
+                Err(_) => self.io.skip(len).await,
+            };
+            if let Err(e) = read {
+                self.engine.tier.abort(self.id, &held);
+                return Err(e);
+            }
+        }
+        let committed = self.engine.tier.commit(self.id, &held);
+        held.clear();
+        let mut it = committed.into_iter();
+        let results = reserved
+            .iter()
+            .map(|r| match r {
+                Err(status) => *status,
+                Ok(_) => match it.next() {
+                    Some(CommitStatus::Committed) => PutStatus::Stored,
+                    _ => PutStatus::Exists,
+                },
+            })
+            .collect();
+        self.send(id, Reply::Put { results }, &[]).await
+    }
+
+    fn alloc(&mut self, ns: u32, keys: &[Key], lens: &[u64]) -> Reply {
+        let reserved = match self.engine.tier.reserve(self.id, ns, keys, lens) {
+            Ok(r) => r,
+            Err(e) => return tier_error(&e),
+        };
+        let slots = reserved
+            .into_iter()
+            .map(|r| match r {
+                Ok(res) => {
+                    let handle = self.next_handle;
+                    self.next_handle += 1;
+                    self.reservations.insert(handle, res);
+                    AllocSlot::Granted { handle, offset: res.offset, len: res.len }
+                }
+                Err(status) => AllocSlot::Refused { status },
+            })
+            .collect();
+        Reply::Alloc { slots }
+    }
+
+    fn commit(&mut self, handles: &[u64]) -> Reply {
+        let found: Vec<Option<Reservation>> = handles.iter().map(|h| self.reservations.remove(h)).collect();
+        let known: Vec<Reservation> = found.iter().flatten().copied().collect();
+        let mut done = self.engine.tier.commit(self.id, &known).into_iter();
+        let results = found
+            .iter()
+            .map(|f| match f {
+                Some(_) => done.next().unwrap_or(CommitStatus::UnknownHandle),
+                None => CommitStatus::UnknownHandle,
+            })
+            .collect();
+        Reply::Commit { results }
+    }
+
+    async fn get(&mut self, id: u64, ns: u32, keys: &[Key], mode: GetMode) -> io::Result<()> {
+        let leased = match self.engine.tier.lease(ns, keys) {
+            Ok(l) => l,
+            Err(e) => return self.send(id, tier_error(&e), &[]).await,
+        };
+        let slots: Vec<_> = leased.iter().flatten().map(|l| l.slot).collect();
+        match mode {
+            GetMode::Lease => {
+                let lease = if slots.is_empty() {
+                    0
+                } else {
+                    let l = self.next_handle;
+                    self.next_handle += 1;
+                    self.leases.insert(l, slots);
+                    l
+                };
+                let extents = leased.iter().map(|l| l.map(|b| b.extent)).collect();
+                self.send(id, Reply::GetLease { lease, extents }, &[]).await
+            }
+            GetMode::Inline => {
+                let total: u64 = leased.iter().flatten().map(|l| l.extent.len).sum();
+                if total > u64::from(MAX_PAYLOAD) {
+                    self.engine.tier.release(&slots);
+                    let msg = format!("{total} bytes found exceed the 1 GiB frame limit: split the batch or use Lease mode");
+                    return self.send(id, invalid(msg), &[]).await;
+                }
+                let engine = std::sync::Arc::clone(&self.engine);
+                // SAFETY: every extent is leased until the release below, so its bytes are
+                // committed and immutable while they are written to the socket.
+                let payload: Vec<&[u8]> = leased
+                    .iter()
+                    .flatten()
+                    .map(|l| unsafe { engine.arena.slice(l.extent.offset, l.extent.len) })
+                    .collect();
+                let lens = leased.iter().map(|l| l.map(|b| b.extent.len)).collect();
+                let r = self.send(id, Reply::GetInline { lens }, &payload).await;
+                drop(payload);
+                self.engine.tier.release(&slots);
+                r
+            }
+        }
+    }
+}

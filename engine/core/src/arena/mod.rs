@@ -1,0 +1,208 @@
+//! The shared-memory arena: one memfd, mapped shared, that clients map too.
+//!
+//! Creation is instant whatever the size (memfd + ftruncate + mmap); faulting pages in and
+//! locking them happens on a background thread ([`pin`]) so start-up never waits for it.
+
+mod pin;
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+pub use pin::PinOptions;
+
+const HUGE_2MB: u64 = 2 << 20;
+
+/// Arena creation failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArenaError {
+    /// memfd_create failed.
+    #[error("memfd_create failed: {0}{hint}", hint = if *.1 { " (hugetlb requested: reserve pages in /proc/sys/vm/nr_hugepages or set hugetlb = false)" } else { "" })]
+    Memfd(std::io::Error, bool),
+    /// ftruncate failed.
+    #[error("cannot size the arena to {1} bytes: {0}")]
+    Truncate(std::io::Error, u64),
+    /// mmap failed.
+    #[error("cannot map the arena ({1} bytes): {0}")]
+    Map(std::io::Error, u64),
+}
+
+/// Progress of background population and pinning.
+#[derive(Debug, Default)]
+pub struct PinProgress {
+    /// Bytes faulted in.
+    pub populated: AtomicU64,
+    /// Bytes locked with mlock.
+    pub pinned: AtomicU64,
+    /// mlock was refused; the arena runs unpinned.
+    pub refused: AtomicBool,
+    /// The background pass finished.
+    pub done: AtomicBool,
+}
+
+/// The arena mapping. Bytes are shared with client processes: Rust's aliasing rules cannot
+/// describe another process's writes, so slices are handed out only under a lease (see
+/// [`crate::tier`]) and only for the lease's extent.
+#[derive(Debug)]
+pub struct Arena {
+    fd: OwnedFd,
+    base: *mut u8,
+    len: u64,
+    progress: Arc<PinProgress>,
+}
+
+// SAFETY: the mapping is plain shared memory; concurrent access is coordinated by the tier's
+// leases (a slot is written only while reserved by one writer and read only once committed).
+unsafe impl Send for Arena {}
+// SAFETY: as above.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// Creates and maps an arena of `len` bytes (rounded up to 2 MiB with hugetlb).
+    pub fn create(len: u64, hugetlb: bool) -> Result<Self, ArenaError> {
+        let len = if hugetlb { len.div_ceil(HUGE_2MB) * HUGE_2MB } else { len };
+        let mut flags = libc::MFD_CLOEXEC;
+        if hugetlb {
+            flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB;
+        }
+        // SAFETY: the name is a valid NUL-terminated string.
+        let raw = unsafe { libc::memfd_create(c"kvnode-arena".as_ptr(), flags) };
+        if raw < 0 {
+            return Err(ArenaError::Memfd(std::io::Error::last_os_error(), hugetlb));
+        }
+        // SAFETY: raw is a fresh, owned descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: fd is valid.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(ArenaError::Truncate(std::io::Error::last_os_error(), len));
+        }
+        // SAFETY: mapping a valid fd of at least `len` bytes.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(ArenaError::Map(std::io::Error::last_os_error(), len));
+        }
+        if !hugetlb {
+            // Advice only: shmem THP depends on /sys/kernel/mm/transparent_hugepage/shmem_enabled.
+            // SAFETY: advising our own mapping.
+            unsafe { libc::madvise(base, len as usize, libc::MADV_HUGEPAGE) };
+        }
+        Ok(Self { fd, base: base.cast(), len, progress: Arc::new(PinProgress::default()) })
+    }
+
+    /// Arena size in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the arena is empty (never, once created).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The memfd, to pass to clients.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Base address of the mapping.
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// Background pinning progress.
+    pub fn progress(&self) -> &Arc<PinProgress> {
+        &self.progress
+    }
+
+    /// Bytes `[offset, offset + len)` for reading.
+    ///
+    /// # Safety
+    /// The caller holds a lease or reservation covering the extent, and nothing writes it
+    /// for the lifetime of the slice.
+    pub unsafe fn slice(&self, offset: u64, len: u64) -> &[u8] {
+        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len), "extent outside arena");
+        // SAFETY: in bounds (checked); exclusivity is the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.base.add(offset as usize), len as usize) }
+    }
+
+    /// Bytes `[offset, offset + len)` for writing.
+    ///
+    /// # Safety
+    /// The caller holds the reservation of the extent and no one else accesses it.
+    #[expect(clippy::mut_from_ref, reason = "the arena is shared memory; exclusivity comes from reservations")]
+    pub unsafe fn slice_mut(&self, offset: u64, len: u64) -> &mut [u8] {
+        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len), "extent outside arena");
+        // SAFETY: in bounds (checked); exclusivity is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(offset as usize), len as usize) }
+    }
+
+    /// Starts populating and pinning on a background thread; it stops early when `stop` is set.
+    pub fn start_pinning(
+        self: &Arc<Self>,
+        opts: PinOptions,
+        stop: Arc<AtomicBool>,
+    ) -> Option<std::thread::JoinHandle<()>> {
+        if !opts.pin && !opts.populate {
+            self.progress.done.store(true, Ordering::Relaxed);
+            return None;
+        }
+        let arena = Arc::clone(self);
+        Some(
+            std::thread::Builder::new()
+                .name("kvnode-pin".into())
+                .spawn(move || pin::run(&arena, opts, &stop))
+                .expect("spawn pinning thread"),
+        )
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping; no slices outlive the arena (they borrow it).
+        unsafe { libc::munmap(self.base.cast(), self.len as usize) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sixteen_gib_arena_is_created_instantly_and_pins_in_background() {
+        let t = std::time::Instant::now();
+        let a = Arc::new(Arena::create(16 << 30, false).unwrap());
+        assert!(t.elapsed().as_millis() < 500, "creation took {:?}", t.elapsed());
+        // Only exercise pinning on a small arena in unit tests.
+        let small = Arc::new(Arena::create(8 << 20, false).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let h = small.start_pinning(PinOptions { pin: true, populate: true, chunk: 1 << 20 }, stop);
+        h.unwrap().join().unwrap();
+        let p = small.progress();
+        assert!(p.done.load(Ordering::Relaxed));
+        assert_eq!(p.populated.load(Ordering::Relaxed), 8 << 20);
+        assert!(p.refused.load(Ordering::Relaxed) || p.pinned.load(Ordering::Relaxed) == 8 << 20);
+        drop(a);
+    }
+
+    #[test]
+    fn writes_through_one_mapping_are_seen_through_the_fd() {
+        let a = Arena::create(8 << 20, false).unwrap();
+        // SAFETY: test owns the whole arena.
+        unsafe { a.slice_mut(4096, 4) }.copy_from_slice(b"kvnd");
+        let mut buf = [0u8; 4];
+        // SAFETY: pread into a local buffer from a valid fd.
+        let n = unsafe { libc::pread(a.fd().as_raw_fd(), buf.as_mut_ptr().cast(), 4, 4096) };
+        assert_eq!(n, 4);
+        assert_eq!(&buf, b"kvnd");
+    }
+}

@@ -1,0 +1,137 @@
+//! Engine configuration. Every field has a default; `kvnode serve` runs with none given.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::policy::PolicyKind;
+
+/// Smallest DRAM tier accepted.
+pub const MIN_DRAM: u64 = 8 << 20;
+/// Cap of the default DRAM size.
+pub const DEFAULT_DRAM_CAP: u64 = 32 << 30;
+
+/// The engine's configuration (the `[engine]`-less top level of the TOML file).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Unix socket path. Default: `$XDG_RUNTIME_DIR/kvnode/kvnode.sock`, else
+    /// `/run/kvnode/kvnode.sock`.
+    pub socket: PathBuf,
+    /// DRAM tier size. Default: a quarter of available memory, at most 32 GiB, at least 8 MiB.
+    #[serde(serialize_with = "ser_size", deserialize_with = "de_size")]
+    pub dram: u64,
+    /// Slab size: unit of memory moved between slot classes, and the largest slot.
+    /// Default: dram / 16 rounded down to 2 MiB, between 2 MiB and 64 MiB.
+    #[serde(serialize_with = "ser_opt_size", deserialize_with = "de_opt_size")]
+    pub slab_size: Option<u64>,
+    /// Eviction policy: `lru` (default) or `s3fifo`.
+    pub eviction: PolicyKind,
+    /// Lock the arena in memory (mlock) in the background. Default: true. When
+    /// RLIMIT_MEMLOCK is too low the daemon says so once and runs unpinned.
+    pub pin: bool,
+    /// Fault the arena in ahead of use, in the background. Default: true.
+    pub populate: bool,
+    /// Back the arena with hugetlbfs pages (`MFD_HUGETLB`, 2 MiB); needs pages reserved in
+    /// `/proc/sys/vm/nr_hugepages`. Default: false (transparent huge pages are advised).
+    pub hugetlb: bool,
+    /// Seconds to let in-flight requests finish after SIGTERM/SIGINT. Default: 5.
+    pub drain_timeout_s: f64,
+    /// Socket file permissions. Default: 0o660 (owner and group may connect).
+    pub socket_mode: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            socket: default_socket(),
+            dram: default_dram(),
+            slab_size: None,
+            eviction: PolicyKind::Lru,
+            pin: true,
+            populate: true,
+            hugetlb: false,
+            drain_timeout_s: 5.0,
+            socket_mode: 0o660,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The slab size in force.
+    pub fn slab_bytes(&self) -> u64 {
+        self.slab_size.unwrap_or_else(|| {
+            let two = 2u64 << 20;
+            ((self.dram / 16) / two * two).clamp(two, 64 << 20)
+        })
+    }
+
+    /// Checks values that cannot work.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.dram < MIN_DRAM {
+            return Err(format!("dram = {} is below the minimum of 8MiB", self.dram));
+        }
+        let slab = self.slab_bytes();
+        if slab % 4096 != 0 || slab == 0 {
+            return Err(format!("slab_size = {slab} must be a positive multiple of 4KiB"));
+        }
+        if slab > self.dram {
+            return Err(format!("slab_size = {slab} is larger than dram = {}", self.dram));
+        }
+        if !(0.0..=3600.0).contains(&self.drain_timeout_s) {
+            return Err("drain_timeout_s must be between 0 and 3600".into());
+        }
+        Ok(())
+    }
+}
+
+/// `$XDG_RUNTIME_DIR/kvnode/kvnode.sock`, else `/run/kvnode/kvnode.sock`.
+pub fn default_socket() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("/run"), PathBuf::from)
+        .join("kvnode/kvnode.sock")
+}
+
+/// A quarter of `MemAvailable`, capped at 32 GiB, at least 8 MiB, in 2 MiB units.
+pub fn default_dram() -> u64 {
+    let avail = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(1 << 30, |kib| kib * 1024);
+    let two = 2u64 << 20;
+    ((avail / 4).min(DEFAULT_DRAM_CAP) / two * two).max(MIN_DRAM)
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    Int(u64),
+    Str(String),
+}
+
+fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    match SizeRepr::deserialize(d)? {
+        SizeRepr::Int(n) => Ok(n),
+        SizeRepr::Str(s) => kvnode_proto::size::parse_size(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    de_size(d).map(Some)
+}
+
+fn ser_size<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&kvnode_proto::size::ByteSize(*v).to_string())
+}
+
+fn ser_opt_size<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => ser_size(v, s),
+        None => s.serialize_none(),
+    }
+}

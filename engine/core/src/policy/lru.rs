@@ -1,0 +1,83 @@
+//! Least-recently-used, as an index-linked list keyed by slot id (O(1) per operation).
+
+use std::collections::HashMap;
+
+use super::{EvictionPolicy, SlotId};
+
+const NIL: SlotId = SlotId::MAX;
+
+/// LRU list: head is most recent, tail is the next victim.
+#[derive(Debug)]
+pub struct Lru {
+    links: HashMap<SlotId, (SlotId, SlotId)>,
+    head: SlotId,
+    tail: SlotId,
+}
+
+impl Default for Lru {
+    fn default() -> Self {
+        Self { links: HashMap::new(), head: NIL, tail: NIL }
+    }
+}
+
+impl Lru {
+    fn unlink(&mut self, s: SlotId) -> bool {
+        let Some((prev, next)) = self.links.remove(&s) else { return false };
+        if prev == NIL {
+            self.head = next;
+        } else if let Some(l) = self.links.get_mut(&prev) {
+            l.1 = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else if let Some(l) = self.links.get_mut(&next) {
+            l.0 = prev;
+        }
+        true
+    }
+
+    fn push_front(&mut self, s: SlotId) {
+        let old = self.head;
+        self.links.insert(s, (NIL, old));
+        if old == NIL {
+            self.tail = s;
+        } else if let Some(l) = self.links.get_mut(&old) {
+            l.0 = s;
+        }
+        self.head = s;
+    }
+}
+
+impl EvictionPolicy for Lru {
+    fn insert(&mut self, slot: SlotId, _key_hash: u64) {
+        self.unlink(slot);
+        self.push_front(slot);
+    }
+
+    fn touch(&mut self, slot: SlotId) {
+        if self.head != slot && self.unlink(slot) {
+            self.push_front(slot);
+        }
+    }
+
+    fn remove(&mut self, slot: SlotId) {
+        self.unlink(slot);
+    }
+
+    fn victim(&mut self, evictable: &mut dyn FnMut(SlotId) -> bool) -> Option<SlotId> {
+        let mut s = self.tail;
+        while s != NIL {
+            let prev = self.links[&s].0;
+            if evictable(s) {
+                self.unlink(s);
+                return Some(s);
+            }
+            s = prev;
+        }
+        None
+    }
+
+    fn len(&self) -> usize {
+        self.links.len()
+    }
+}

@@ -1,0 +1,439 @@
+//! The tier's metadata and its algorithms (allocation, eviction, slab reclaim), lock held.
+
+use std::collections::HashMap;
+
+use kvnode_proto::client::{CommitStatus, Extent, PutStatus, SegmentClass};
+use kvnode_proto::stats::{NamespaceStats, PoolStats, TierStats};
+use kvnode_proto::{BlockKey, Key, NamespaceId, NamespaceSpec};
+
+use super::pool::{Pool, Resident, Slab, Slot, class_bytes, slot_id, slot_parts};
+use super::{LeasedBlock, Registered, Reservation, TierConfig, TierError, TierSnapshot};
+use crate::policy::{EvictionPolicy, PolicyKind, SlotId};
+
+const MAX_CLASSES: usize = 4096;
+
+#[derive(Debug)]
+pub(super) struct NsEntry {
+    pub id: NamespaceId,
+    spec: NamespaceSpec,
+    classes: Vec<u32>,
+    stats: NamespaceStats,
+}
+
+#[derive(Debug)]
+pub(super) struct State {
+    slab_bytes: u64,
+    capacity: u64,
+    policy: PolicyKind,
+    slabs: Vec<Slab>,
+    free_slabs: Vec<u32>,
+    pools: Vec<Pool>,
+    class_by_size: HashMap<u64, u32>,
+    index: HashMap<BlockKey, SlotId>,
+    namespaces: Vec<NsEntry>,
+    ns_by_id: HashMap<NamespaceId, u32>,
+    totals: TierStats,
+}
+
+fn key_hash(k: &BlockKey) -> u64 {
+    k.digest.router_hash() ^ (k.ns.0 as u64) ^ (u64::from(k.segment) << 48)
+}
+
+impl State {
+    pub fn new(cfg: &TierConfig) -> Self {
+        let n = (cfg.capacity / cfg.slab_bytes) as u32;
+        Self {
+            slab_bytes: cfg.slab_bytes,
+            capacity: u64::from(n) * cfg.slab_bytes,
+            policy: cfg.policy,
+            slabs: (0..n).map(|_| Slab::default()).collect(),
+            free_slabs: (0..n).rev().collect(),
+            pools: Vec::new(),
+            class_by_size: HashMap::new(),
+            index: HashMap::new(),
+            namespaces: Vec::new(),
+            ns_by_id: HashMap::new(),
+            totals: TierStats { tier: "dram".into(), ..TierStats::default() },
+        }
+    }
+
+    pub fn ns(&self, ns: u32) -> Result<&NsEntry, TierError> {
+        self.namespaces.get(ns as usize).ok_or(TierError::UnknownNamespace(ns))
+    }
+
+    pub fn register(&mut self, spec: &NamespaceSpec) -> Result<Registered, TierError> {
+        spec.validate()?;
+        let id = spec.id();
+        if let Some(&h) = self.ns_by_id.get(&id) {
+            return Ok(self.registered(h));
+        }
+        let mut classes = Vec::with_capacity(spec.segments.len());
+        for (segment, &size) in spec.segments.iter().enumerate() {
+            let bytes = class_bytes(size);
+            if bytes > self.slab_bytes {
+                return Err(TierError::SlotTooLarge { segment, size, slab: self.slab_bytes });
+            }
+            let class = match self.class_by_size.get(&bytes) {
+                Some(&c) => c,
+                None => {
+                    if self.pools.len() >= MAX_CLASSES {
+                        return Err(TierError::TooManyClasses(self.pools.len()));
+                    }
+                    let c = self.pools.len() as u32;
+                    self.pools.push(Pool::new(c, bytes, self.policy));
+                    self.class_by_size.insert(bytes, c);
+                    c
+                }
+            };
+            classes.push(class);
+        }
+        let h = self.namespaces.len() as u32;
+        let stats = NamespaceStats { ns: h, id: id.to_string(), model: spec.model.clone(), ..NamespaceStats::default() };
+        self.namespaces.push(NsEntry { id, spec: spec.clone(), classes, stats });
+        self.ns_by_id.insert(id, h);
+        Ok(self.registered(h))
+    }
+
+    fn registered(&self, h: u32) -> Registered {
+        let e = &self.namespaces[h as usize];
+        let segments = e
+            .classes
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| SegmentClass {
+                segment: i as u16,
+                slot_size: e.spec.segments[i],
+                class: c,
+                class_slot_bytes: self.pools[c as usize].slot_bytes,
+            })
+            .collect();
+        Registered { ns: h, id: e.id, segments }
+    }
+
+    fn block_key(&self, ns: u32, k: &Key) -> Result<BlockKey, TierError> {
+        Ok(BlockKey { ns: self.ns(ns)?.id, digest: k.0, segment: k.1 })
+    }
+
+    fn offset(&self, slot: SlotId) -> u64 {
+        let (slab, idx) = slot_parts(slot);
+        let class = self.slabs[slab as usize].class.expect("slot of an assigned slab");
+        u64::from(slab) * self.slab_bytes + u64::from(idx) * self.pools[class as usize].slot_bytes
+    }
+
+    fn slot_mut(&mut self, slot: SlotId) -> &mut Slot {
+        let (slab, idx) = slot_parts(slot);
+        &mut self.slabs[slab as usize].slots[idx as usize]
+    }
+
+    fn slot(&self, slot: SlotId) -> &Slot {
+        let (slab, idx) = slot_parts(slot);
+        &self.slabs[slab as usize].slots[idx as usize]
+    }
+
+    fn class_of(&self, slot: SlotId) -> u32 {
+        self.slabs[slot_parts(slot).0 as usize].class.expect("assigned")
+    }
+
+    pub fn reserve(
+        &mut self,
+        conn: u64,
+        ns: u32,
+        keys: &[Key],
+        lens: &[u64],
+    ) -> Result<Vec<Result<Reservation, PutStatus>>, TierError> {
+        self.ns(ns)?;
+        let mut out = Vec::with_capacity(keys.len());
+        for (k, &len) in keys.iter().zip(lens) {
+            out.push(self.reserve_one(conn, ns, k, len)?);
+        }
+        Ok(out)
+    }
+
+    fn reserve_one(
+        &mut self,
+        conn: u64,
+        ns: u32,
+        k: &Key,
+        len: u64,
+    ) -> Result<Result<Reservation, PutStatus>, TierError> {
+        let key = self.block_key(ns, k)?;
+        let e = &self.namespaces[ns as usize];
+        let Some(&class) = e.classes.get(usize::from(k.1)) else {
+            return Ok(Err(PutStatus::BadSegment));
+        };
+        if len > e.spec.segments[usize::from(k.1)] {
+            return Ok(Err(PutStatus::TooLarge));
+        }
+        if self.index.contains_key(&key) {
+            return Ok(Err(PutStatus::Exists));
+        }
+        let Some(slot) = self.alloc_slot(class) else {
+            return Ok(Err(PutStatus::NoSpace));
+        };
+        *self.slot_mut(slot) = Slot::Reserved { conn };
+        self.totals.reserved += 1;
+        Ok(Ok(Reservation { slot, key, ns, offset: self.offset(slot), len }))
+    }
+
+    /// A free slot of `class`: free list, a free slab, an eviction, or a reclaimed slab.
+    fn alloc_slot(&mut self, class: u32) -> Option<SlotId> {
+        let c = class as usize;
+        if let Some(s) = self.pools[c].free.pop() {
+            return Some(s);
+        }
+        if let Some(slab) = self.free_slabs.pop() {
+            self.assign_slab(slab, class);
+            return self.pools[c].free.pop();
+        }
+        if let Some(s) = self.evict_one(class) {
+            return Some(s);
+        }
+        let slab = self.reclaim_slab(class)?;
+        self.assign_slab(slab, class);
+        self.pools[c].free.pop()
+    }
+
+    fn assign_slab(&mut self, slab: u32, class: u32) {
+        let per = (self.slab_bytes / self.pools[class as usize].slot_bytes) as u32;
+        let s = &mut self.slabs[slab as usize];
+        s.class = Some(class);
+        s.slots = vec![Slot::Free; per as usize];
+        let pool = &mut self.pools[class as usize];
+        pool.slabs.push(slab);
+        pool.free.extend((0..per).rev().map(|i| slot_id(slab, i)));
+    }
+
+    fn evict_one(&mut self, class: u32) -> Option<SlotId> {
+        let c = class as usize;
+        let slabs = &self.slabs;
+        let victim = self.pools[c].policy.victim(&mut |s| {
+            let (slab, idx) = slot_parts(s);
+            matches!(&slabs[slab as usize].slots[idx as usize], Slot::Block(r) if r.leases == 0)
+        })?;
+        self.pools[c].evictions += 1;
+        self.drop_block(victim, true);
+        Some(victim)
+    }
+
+    /// Takes a whole slab from another class: one with no reserved or leased slot.
+    fn reclaim_slab(&mut self, for_class: u32) -> Option<u32> {
+        let mut donors: Vec<u32> = (0..self.pools.len() as u32)
+            .filter(|&c| c != for_class && !self.pools[c as usize].slabs.is_empty())
+            .collect();
+        donors.sort_by_key(|&c| std::cmp::Reverse(self.pools[c as usize].slabs.len()));
+        for c in donors {
+            let found = self.pools[c as usize].slabs.iter().copied().find(|&slab| {
+                self.slabs[slab as usize].slots.iter().all(|s| match s {
+                    Slot::Free => true,
+                    Slot::Reserved { .. } => false,
+                    Slot::Block(r) => r.leases == 0,
+                })
+            });
+            let Some(slab) = found else { continue };
+            let n = self.slabs[slab as usize].slots.len() as u32;
+            for i in 0..n {
+                let id = slot_id(slab, i);
+                if matches!(self.slot(id), Slot::Block(_)) {
+                    self.pools[c as usize].policy.remove(id);
+                    self.pools[c as usize].evictions += 1;
+                    self.drop_block(id, true);
+                }
+            }
+            let pool = &mut self.pools[c as usize];
+            pool.free.retain(|&s| slot_parts(s).0 != slab);
+            pool.slabs.retain(|&s| s != slab);
+            self.slabs[slab as usize] = Slab::default();
+            return Some(slab);
+        }
+        None
+    }
+
+    /// Removes the block in `slot` from the index and counters and marks the slot free
+    /// (the caller owns the free slot; it is not put on a free list). Policy already updated.
+    fn drop_block(&mut self, slot: SlotId, evicted: bool) {
+        let Slot::Block(r) = std::mem::replace(self.slot_mut(slot), Slot::Free) else {
+            unreachable!("drop_block on a non-block slot");
+        };
+        debug_assert_eq!(r.leases, 0);
+        if !r.doomed {
+            self.index.remove(&r.key);
+            self.account_removed(&r, evicted);
+        }
+    }
+
+    fn account_removed(&mut self, r: &Resident, evicted: bool) {
+        self.totals.blocks -= 1;
+        self.totals.bytes -= r.len;
+        let st = &mut self.namespaces[r.ns as usize].stats;
+        st.blocks -= 1;
+        st.bytes -= r.len;
+        if evicted {
+            st.evictions += 1;
+            self.totals.evictions += 1;
+        } else {
+            st.removed += 1;
+        }
+    }
+
+    fn free_slot(&mut self, slot: SlotId) {
+        *self.slot_mut(slot) = Slot::Free;
+        let c = self.class_of(slot);
+        self.pools[c as usize].free.push(slot);
+    }
+
+    fn owns_reservation(&self, conn: u64, r: &Reservation) -> bool {
+        let (slab, idx) = slot_parts(r.slot);
+        self.slabs
+            .get(slab as usize)
+            .and_then(|s| s.slots.get(idx as usize))
+            .is_some_and(|s| matches!(s, Slot::Reserved { conn: c } if *c == conn))
+    }
+
+    pub fn commit(&mut self, conn: u64, r: &Reservation) -> CommitStatus {
+        if !self.owns_reservation(conn, r) {
+            return CommitStatus::UnknownHandle;
+        }
+        self.totals.reserved -= 1;
+        if self.index.contains_key(&r.key) {
+            self.free_slot(r.slot);
+            return CommitStatus::Duplicate;
+        }
+        *self.slot_mut(r.slot) =
+            Slot::Block(Resident { key: r.key, ns: r.ns, len: r.len, leases: 0, doomed: false });
+        self.index.insert(r.key, r.slot);
+        let c = self.class_of(r.slot) as usize;
+        self.pools[c].policy.insert(r.slot, key_hash(&r.key));
+        self.totals.blocks += 1;
+        self.totals.bytes += r.len;
+        self.totals.inserts += 1;
+        let st = &mut self.namespaces[r.ns as usize].stats;
+        st.blocks += 1;
+        st.bytes += r.len;
+        st.inserts += 1;
+        CommitStatus::Committed
+    }
+
+    pub fn abort(&mut self, conn: u64, r: &Reservation) {
+        if self.owns_reservation(conn, r) {
+            self.totals.reserved -= 1;
+            self.free_slot(r.slot);
+        }
+    }
+
+    pub fn lease(&mut self, ns: u32, keys: &[Key]) -> Result<Vec<Option<LeasedBlock>>, TierError> {
+        let id = self.ns(ns)?.id;
+        let mut out = Vec::with_capacity(keys.len());
+        let (mut hits, mut misses) = (0u64, 0u64);
+        for k in keys {
+            let key = BlockKey { ns: id, digest: k.0, segment: k.1 };
+            let Some(&slot) = self.index.get(&key) else {
+                misses += 1;
+                out.push(None);
+                continue;
+            };
+            hits += 1;
+            let offset = self.offset(slot);
+            let c = self.class_of(slot) as usize;
+            let Slot::Block(r) = self.slot_mut(slot) else { unreachable!("indexed slot holds a block") };
+            r.leases += 1;
+            let len = r.len;
+            self.pools[c].policy.touch(slot);
+            out.push(Some(LeasedBlock { slot, extent: Extent { offset, len } }));
+        }
+        self.totals.hits += hits;
+        self.totals.misses += misses;
+        self.totals.leases += hits;
+        let st = &mut self.namespaces[ns as usize].stats;
+        st.hits += hits;
+        st.misses += misses;
+        Ok(out)
+    }
+
+    pub fn release(&mut self, slot: SlotId) {
+        let Slot::Block(r) = self.slot_mut(slot) else {
+            unreachable!("released slot {slot:#x} holds no block: lease bookkeeping is broken")
+        };
+        assert!(r.leases > 0, "lease count underflow on slot {slot:#x}");
+        r.leases -= 1;
+        let free = r.leases == 0 && r.doomed;
+        self.totals.leases -= 1;
+        if free {
+            self.free_slot(slot);
+        }
+    }
+
+    pub fn exists(&self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
+        let id = self.ns(ns)?.id;
+        let n = keys
+            .iter()
+            .take_while(|k| self.index.contains_key(&BlockKey { ns: id, digest: k.0, segment: k.1 }))
+            .count();
+        Ok(n as u32)
+    }
+
+    fn remove_key(&mut self, key: &BlockKey) -> bool {
+        let Some(slot) = self.index.remove(key) else { return false };
+        let c = self.class_of(slot) as usize;
+        self.pools[c].policy.remove(slot);
+        let Slot::Block(r) = self.slot_mut(slot) else { unreachable!("indexed slot holds a block") };
+        let r2 = r.clone();
+        if r.leases > 0 {
+            r.doomed = true;
+        }
+        self.account_removed(&r2, false);
+        if r2.leases == 0 {
+            self.free_slot(slot);
+        }
+        true
+    }
+
+    pub fn delete(&mut self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
+        let id = self.ns(ns)?.id;
+        let mut n = 0;
+        for k in keys {
+            if self.remove_key(&BlockKey { ns: id, digest: k.0, segment: k.1 }) {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    pub fn clear(&mut self, ns: Option<u32>) -> Result<u64, TierError> {
+        let id = ns.map(|h| self.ns(h).map(|e| e.id)).transpose()?;
+        let keys: Vec<BlockKey> =
+            self.index.keys().filter(|k| id.is_none_or(|i| k.ns == i)).copied().collect();
+        for k in &keys {
+            self.remove_key(k);
+        }
+        Ok(keys.len() as u64)
+    }
+
+    pub fn snapshot(&self) -> TierSnapshot {
+        let mut tier = self.totals.clone();
+        tier.capacity_bytes = self.capacity;
+        let mut pools = Vec::with_capacity(self.pools.len());
+        for p in &self.pools {
+            let mut ps = PoolStats {
+                class: p.class,
+                slot_bytes: p.slot_bytes,
+                slabs: p.slabs.len() as u32,
+                evictions: p.evictions,
+                ..PoolStats::default()
+            };
+            for &slab in &p.slabs {
+                for s in &self.slabs[slab as usize].slots {
+                    ps.slots += 1;
+                    match s {
+                        Slot::Free => ps.free += 1,
+                        Slot::Reserved { .. } => ps.reserved += 1,
+                        Slot::Block(_) => ps.used += 1,
+                    }
+                }
+            }
+            tier.slot_bytes += (ps.used + ps.reserved) * p.slot_bytes;
+            pools.push(ps);
+        }
+        let namespaces = self.namespaces.iter().map(|e| e.stats.clone()).collect();
+        TierSnapshot { tier, pools, namespaces }
+    }
+}

@@ -1,0 +1,225 @@
+//! Command-line definitions.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// kvnode: node-level KV-cache daemon for LLM inference.
+#[derive(Debug, Parser)]
+#[command(name = "kvnode", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon.
+    Serve(ServeArgs),
+    /// Store pages.
+    Put(PutArgs),
+    /// Fetch pages; prints how many leading pages hit.
+    Get(GetArgs),
+    /// Count leading pages present.
+    Exists(KeyArgs),
+    /// Print statistics.
+    Stats(StatsArgs),
+    /// Remove every page of a namespace (or of all namespaces with --all).
+    Clear(ClearArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+/// `serve` flags; each overrides the config file, which overrides the defaults.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML config file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Unix socket path.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// DRAM tier size (e.g. 512MiB, 16GiB).
+    #[arg(long)]
+    pub dram: Option<String>,
+    /// Slab size (largest slot; unit moved between slot classes).
+    #[arg(long)]
+    pub slab_size: Option<String>,
+    /// Eviction policy.
+    #[arg(long, value_enum)]
+    pub eviction: Option<Eviction>,
+    /// Do not mlock the arena.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Do not fault the arena in ahead of use.
+    #[arg(long)]
+    pub no_populate: bool,
+    /// Back the arena with hugetlbfs pages.
+    #[arg(long)]
+    pub hugetlb: bool,
+    /// Print the effective config and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Eviction {
+    Lru,
+    S3fifo,
+}
+
+/// Where the daemon is.
+#[derive(Debug, Args)]
+pub struct SocketArg {
+    /// Unix socket path (default: $XDG_RUNTIME_DIR/kvnode/kvnode.sock or /run/kvnode/kvnode.sock).
+    #[arg(long, env = "KVNODE_SOCKET")]
+    pub socket: Option<PathBuf>,
+}
+
+/// The namespace pages live in.
+#[derive(Debug, Args, Clone)]
+pub struct NsArgs {
+    /// Model name.
+    #[arg(long, default_value = "default")]
+    pub model: String,
+    /// Tokens per page.
+    #[arg(long, default_value_t = 64)]
+    pub page_size: u32,
+    /// KV dtype.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// Host layout.
+    #[arg(long, default_value = "page_first")]
+    pub layout: String,
+    /// Bytes per page (slot size of the namespace's single segment).
+    #[arg(long, default_value = "64KiB")]
+    pub page_bytes: String,
+    /// Tensor-parallel rank and size.
+    #[arg(long, default_value_t = 0)]
+    pub tp_rank: u32,
+    #[arg(long, default_value_t = 1)]
+    pub tp_size: u32,
+    /// Tenant salt.
+    #[arg(long, default_value = "")]
+    pub salt: String,
+}
+
+/// How pages are named: hex digests, or a token sequence hashed SGLang's way.
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    #[command(flatten)]
+    pub ns: NsArgs,
+    /// Page digests as 64-char hex, comma separated.
+    #[arg(long, value_delimiter = ',', conflicts_with = "tokens")]
+    pub keys: Vec<String>,
+    /// Token ids, comma separated: one page per full `--page-size` tokens.
+    #[arg(long, value_delimiter = ',')]
+    pub tokens: Vec<u32>,
+    /// SGLang extra_key (seeds the digest chain).
+    #[arg(long)]
+    pub extra_key: Option<String>,
+    /// SGLang cache_salt (seeds the digest chain).
+    #[arg(long)]
+    pub cache_salt: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PutArgs {
+    #[command(flatten)]
+    pub keys: KeyArgs,
+    /// Take the bytes from this file, cut into one chunk of --page-bytes per page.
+    #[arg(long, conflicts_with = "seed")]
+    pub file: Option<PathBuf>,
+    /// Generate deterministic bytes from this seed (page i gets stream (seed, digest)).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    #[command(flatten)]
+    pub keys: KeyArgs,
+    /// Write the leading hits, concatenated, to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Read through a lease on the shared arena instead of inline bytes.
+    #[arg(long)]
+    pub zero_copy: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ClearArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    #[command(flatten)]
+    pub ns: NsArgs,
+    /// Clear every namespace.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCmd {
+    /// Load against a running daemon on this node; compares with memcpy measured in the same run.
+    Local(BenchArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchOp {
+    Put,
+    Get,
+    Exists,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchMode {
+    /// Bytes through the socket.
+    Inline,
+    /// Lease on the shared arena, copied out by the client.
+    ZeroCopy,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// Operation.
+    #[arg(long, value_enum, default_value = "get")]
+    pub op: BenchOp,
+    /// Data path for get.
+    #[arg(long, value_enum, default_value = "zero-copy")]
+    pub mode: BenchMode,
+    /// Bytes per page.
+    #[arg(long, default_value = "1MiB")]
+    pub page_size: String,
+    /// Keys per request.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Client threads (one connection each).
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 5.0)]
+    pub duration: f64,
+    /// Distinct pages in the working set (get/exists).
+    #[arg(long, default_value_t = 256)]
+    pub working_set: usize,
+    /// Bytes of the source and destination pools of the memcpy baseline.
+    #[arg(long, default_value = "1GiB")]
+    pub memcpy_pool: String,
+    /// Print a JSON summary line as well.
+    #[arg(long)]
+    pub json: bool,
+}

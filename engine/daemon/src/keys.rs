@@ -1,0 +1,76 @@
+//! Namespace and key arguments to protocol values; deterministic page bytes.
+
+use anyhow::{Context, bail};
+use kvnode_proto::hash::{page_digests, sglang_namespace_seed};
+use kvnode_proto::size::parse_size;
+use kvnode_proto::{Digest, Key, NamespaceSpec};
+
+use crate::cli::{KeyArgs, NsArgs, SocketArg};
+
+/// The socket path in force.
+pub fn socket(s: &SocketArg) -> std::path::PathBuf {
+    s.socket.clone().unwrap_or_else(kvnode_engine::config::default_socket)
+}
+
+/// The namespace spec named by the flags.
+pub fn spec(a: &NsArgs) -> anyhow::Result<NamespaceSpec> {
+    Ok(NamespaceSpec {
+        model: a.model.clone(),
+        dtype: a.dtype.clone(),
+        page_size: a.page_size,
+        layout: a.layout.clone(),
+        tp_rank: a.tp_rank,
+        tp_size: a.tp_size,
+        tenant_salt: a.salt.clone(),
+        segments: vec![page_bytes(a)?],
+        ..NamespaceSpec::default()
+    })
+}
+
+/// Bytes per page.
+pub fn page_bytes(a: &NsArgs) -> anyhow::Result<u64> {
+    parse_size(&a.page_bytes).context("--page-bytes")
+}
+
+/// Keys named by `--keys` or `--tokens`.
+pub fn keys(a: &KeyArgs) -> anyhow::Result<Vec<Key>> {
+    if !a.keys.is_empty() {
+        return a
+            .keys
+            .iter()
+            .map(|h| Digest::from_hex(h).map(Key::page).with_context(|| format!("key {h:?}")))
+            .collect();
+    }
+    if a.tokens.is_empty() {
+        bail!("give pages as --keys HEX,... or --tokens 1,2,3,...");
+    }
+    let ps = a.ns.page_size as usize;
+    if ps == 0 {
+        bail!("--page-size must be at least 1");
+    }
+    if a.tokens.len() < ps {
+        bail!("{} tokens make no full page of {ps} tokens", a.tokens.len());
+    }
+    let seed = sglang_namespace_seed(a.extra_key.as_deref(), a.cache_salt.as_deref());
+    Ok(page_digests(&a.tokens, ps, seed).into_iter().map(Key::page).collect())
+}
+
+/// Deterministic bytes for a page: a splitmix64 stream seeded by `seed` and the digest.
+pub fn seeded_bytes(seed: u64, digest: &Digest, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    fill_seeded(seed ^ digest.router_hash(), &mut out);
+    out
+}
+
+/// Fills `buf` from a splitmix64 stream.
+pub fn fill_seeded(seed: u64, buf: &mut [u8]) {
+    let mut x = seed;
+    for chunk in buf.chunks_mut(8) {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+    }
+}

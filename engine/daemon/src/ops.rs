@@ -1,0 +1,105 @@
+//! Operator commands over the client library: put, get, exists, stats, clear.
+
+use anyhow::{Context, bail};
+use kvnode_client::Client;
+use kvnode_proto::client::PutStatus;
+
+use crate::cli::{ClearArgs, GetArgs, KeyArgs, PutArgs, StatsArgs};
+use crate::keys;
+
+fn connect_ns(a: &KeyArgs) -> anyhow::Result<(Client, u32)> {
+    let path = keys::socket(&a.socket);
+    let mut c = Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
+    let ns = c.register(&keys::spec(&a.ns)?)?.ns;
+    Ok((c, ns))
+}
+
+pub fn put(a: &PutArgs) -> anyhow::Result<()> {
+    let ks = keys::keys(&a.keys)?;
+    let pb = keys::page_bytes(&a.keys.ns)? as usize;
+    let blocks: Vec<Vec<u8>> = match (&a.file, a.seed) {
+        (Some(f), _) => {
+            let data = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+            let chunks: Vec<Vec<u8>> = data.chunks(pb).map(<[u8]>::to_vec).collect();
+            if chunks.len() != ks.len() {
+                bail!(
+                    "{} holds {} chunks of --page-bytes {pb} but {} pages were named",
+                    f.display(),
+                    chunks.len(),
+                    ks.len()
+                );
+            }
+            chunks
+        }
+        (None, Some(seed)) => ks.iter().map(|k| keys::seeded_bytes(seed, &k.0, pb)).collect(),
+        (None, None) => bail!("give the bytes with --file FILE or --seed N"),
+    };
+    let (mut c, ns) = connect_ns(&a.keys)?;
+    let refs: Vec<&[u8]> = blocks.iter().map(Vec::as_slice).collect();
+    let res = c.put(ns, &ks, &refs)?;
+    let stored = res.iter().filter(|r| **r == PutStatus::Stored).count();
+    let existed = res.iter().filter(|r| **r == PutStatus::Exists).count();
+    println!("stored {stored} of {} pages ({existed} already present)", ks.len());
+    for (k, r) in ks.iter().zip(&res) {
+        if !matches!(r, PutStatus::Stored | PutStatus::Exists) {
+            println!("  {} {r:?}", k.0);
+        }
+    }
+    if stored + existed != ks.len() {
+        bail!("{} pages were not stored", ks.len() - stored - existed);
+    }
+    Ok(())
+}
+
+pub fn get(a: &GetArgs) -> anyhow::Result<()> {
+    let ks = keys::keys(&a.keys)?;
+    let (mut c, ns) = connect_ns(&a.keys)?;
+    let pages: Vec<Option<Vec<u8>>> = if a.zero_copy {
+        let lease = c.get_lease(ns, &ks)?;
+        let v = lease.extents.iter().map(|e| e.map(|e| c.arena().read(e).to_vec())).collect();
+        if lease.id != 0 {
+            c.release(lease.id)?;
+        }
+        v
+    } else {
+        c.get(ns, &ks)?
+    };
+    let lead = pages.iter().take_while(|p| p.is_some()).count();
+    let total = pages.iter().filter(|p| p.is_some()).count();
+    println!("{lead} of {} leading pages hit ({total} found in all)", ks.len());
+    if let Some(out) = &a.out {
+        let bytes: Vec<u8> = pages.into_iter().map_while(|p| p).flatten().collect();
+        std::fs::write(out, &bytes).with_context(|| format!("writing {}", out.display()))?;
+        println!("wrote {} bytes to {}", bytes.len(), out.display());
+    }
+    Ok(())
+}
+
+pub fn exists(a: &KeyArgs) -> anyhow::Result<()> {
+    let ks = keys::keys(a)?;
+    let (mut c, ns) = connect_ns(a)?;
+    let n = c.exists(ns, &ks)?;
+    println!("{n} of {} leading pages present", ks.len());
+    Ok(())
+}
+
+pub fn stats(a: &StatsArgs) -> anyhow::Result<()> {
+    let path = keys::socket(&a.socket);
+    let mut c = Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
+    let s = c.stats()?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print!("{}", crate::stats_fmt::render(&s));
+    }
+    Ok(())
+}
+
+pub fn clear(a: &ClearArgs) -> anyhow::Result<()> {
+    let path = keys::socket(&a.socket);
+    let mut c = Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
+    let ns = if a.all { None } else { Some(c.register(&keys::spec(&a.ns)?)?.ns) };
+    let n = c.clear(ns)?;
+    println!("cleared {n} blocks");
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! Errors: starting a publisher, and submitting an event through a sink.
+
+use crate::validate::Rejection;
+
+/// Why a [`Publisher`](crate::Publisher) could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublisherError {
+    /// A config field is out of range; the message names the field and the fix.
+    #[error("invalid KV events config: {field} {problem}")]
+    InvalidConfig {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it and what to use instead.
+        problem: String,
+    },
+    /// Binding a socket failed (port in use, bad address, no such interface).
+    #[error("cannot bind the KV events {socket} socket to {endpoint}: {source}")]
+    Bind {
+        /// `"PUB"` or `"replay ROUTER"`.
+        socket: &'static str,
+        /// The endpoint as configured.
+        endpoint: String,
+        /// The transport's error.
+        source: zeromq::ZmqError,
+    },
+    /// The runtime or thread that owns the sockets could not be created.
+    #[error("cannot start the KV events thread: {0}")]
+    Start(#[source] std::io::Error),
+    /// The publisher thread ended before reporting that its sockets were bound.
+    #[error("the KV events thread exited during startup")]
+    StartupAborted,
+}
+
+/// Why a sink did not queue an event. The caller is never blocked; each outcome is counted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinkError {
+    /// The event breaks a wire rule and was not queued (counted per reason).
+    #[error("KV event rejected: {0}")]
+    Rejected(#[from] Rejection),
+    /// The queue to the publisher thread is full; the event was dropped (counted). Raise
+    /// `queue_capacity` or lower the event rate; the router's view is stale until the
+    /// affected blocks' next store or remove.
+    #[error("KV event queue is full; event dropped")]
+    QueueFull,
+    /// The publisher has shut down; the event was dropped (counted).
+    #[error("KV event publisher is shut down; event dropped")]
+    Closed,
+}

@@ -1,0 +1,40 @@
+//! KV events for the Dynamo KV router, published over ZMQ exactly as its listener parses them.
+//!
+//! ```text
+//!  engine threads                 kvnode-events thread (own current-thread tokio runtime)
+//!  EventSink::stored/removed/     +-----------------------------------------------------+
+//!  cleared (Clone, never blocks)  |  Batcher: <= max_batch_events or flush_interval       |
+//!    | validate() on the caller   |    -> [ts, events, dp_rank] msgpack (positional)     |
+//!    | rejects -> counted         |    -> seq += 1 -> replay ring -> PUB [ "", seq, batch ]--> router SUB
+//!    v                            |  replay ROUTER: [ "", start_seq ] -> [seq, batch]...   |
+//!  bounded queue (full -> drop,   |                  closed by [-1, ""]                  <--> router DEALER
+//!  counted, logged once) -------->+-----------------------------------------------------+
+//! ```
+//!
+//! The wire layout is interop.md §1 (and `docs/events.md`): positional arrays with every
+//! slot up to `ownership` filled, media `"CPU_PINNED"` / `"DISK"`, the tenant salt in
+//! `extra_keys[0]`. Every event is validated before it may join a batch, because the
+//! router drops a whole batch for one bad event. The crate knows nothing of tiers or
+//! residencies: the engine decides when a block is stored or removed and keeps parents
+//! before children; this crate keeps that order and gets it onto the wire.
+
+pub mod config;
+pub mod error;
+pub mod publisher;
+pub mod replay;
+pub mod sink;
+pub mod stats;
+pub mod validate;
+pub mod wire;
+
+pub use config::PublisherConfig;
+pub use error::{PublisherError, SinkError};
+pub use publisher::Publisher;
+pub use replay::END_OF_REPLAY_SEQ;
+pub use sink::EventSink;
+pub use stats::Stats;
+pub use validate::{RejectReason, Rejection, ValidEvent, validate};
+pub use wire::{
+    AllBlocksCleared, BlockRemoved, BlockStored, CACHE_SALT_PREFIX, EventBatch, EventKind, KvEvent,
+    Medium, router_hash,
+};

@@ -1,0 +1,312 @@
+//! `Publisher`: owns the PUB and replay sockets on its own thread and turns queued events into batches.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketSend, ZmqMessage};
+
+use crate::config::PublisherConfig;
+use crate::error::PublisherError;
+use crate::replay::{self, Ring, SharedRing};
+use crate::sink::EventSink;
+use crate::stats::{Counters, Stats, bump, kind_index};
+use crate::validate::ValidEvent;
+use crate::wire::{EventBatch, now_ts};
+
+/// Publishes KV event batches on a bound ZMQ PUB socket, with an optional replay socket.
+///
+/// `start` spawns one thread (`kvnode-events`) running a single-threaded tokio runtime that
+/// owns both sockets, so callers need no runtime of their own and the engine's runtime never
+/// runs socket work. Events arrive through [`EventSink`]s; batches leave as
+/// `[topic "", seq (8-byte BE), msgpack batch]`. Dropping the publisher (or calling
+/// [`Publisher::shutdown`]) publishes what is queued, lingers, and joins the thread.
+#[derive(Debug)]
+pub struct Publisher {
+    sink: EventSink,
+    counters: Arc<Counters>,
+    endpoint: String,
+    replay_endpoint: Option<String>,
+    stop: Option<watch::Sender<bool>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Endpoints as bound (port 0 resolved), reported by the thread once its sockets are up.
+struct Bound {
+    endpoint: String,
+    replay_endpoint: Option<String>,
+}
+
+impl Publisher {
+    /// Validates `config`, binds the sockets and starts the publisher thread. Returns once
+    /// both sockets are bound, or with the bind error.
+    pub fn start(config: PublisherConfig) -> Result<Self, PublisherError> {
+        config.validate()?;
+        let counters = Arc::new(Counters::default());
+        let (tx, rx) = mpsc::channel(config.queue_capacity);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(PublisherError::Start)?;
+        let thread_counters = Arc::clone(&counters);
+        let thread = std::thread::Builder::new()
+            .name("kvnode-events".into())
+            .spawn(move || runtime.block_on(run(config, rx, thread_counters, stop_rx, ready_tx)))
+            .map_err(PublisherError::Start)?;
+        let bound = match ready_rx.recv() {
+            Ok(Ok(bound)) => bound,
+            Ok(Err(error)) => {
+                let _ = thread.join();
+                return Err(error);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(PublisherError::StartupAborted);
+            }
+        };
+        tracing::info!(
+            endpoint = %bound.endpoint,
+            replay = ?bound.replay_endpoint,
+            "KV event publisher bound"
+        );
+        Ok(Self {
+            sink: EventSink::new(tx, Arc::clone(&counters)),
+            counters,
+            endpoint: bound.endpoint,
+            replay_endpoint: bound.replay_endpoint,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// A handle to submit events; clone it freely.
+    pub fn sink(&self) -> EventSink {
+        self.sink.clone()
+    }
+
+    /// The PUB endpoint as bound (a configured port 0 shows the real port).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The replay endpoint as bound, if replay is on.
+    pub fn replay_endpoint(&self) -> Option<&str> {
+        self.replay_endpoint.as_deref()
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot()
+    }
+
+    /// Publishes every queued event, keeps the sockets open for the configured linger,
+    /// closes them and returns the final counters. Later sink calls fail with `Closed`.
+    pub fn shutdown(mut self) -> Stats {
+        self.stop_and_join();
+        self.counters.snapshot()
+    }
+
+    fn stop_and_join(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(true);
+        }
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("KV event publisher thread panicked; queued events are lost");
+        }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+type Ready = std::sync::mpsc::SyncSender<Result<Bound, PublisherError>>;
+
+/// The publisher thread's body: bind, report, batch until stopped, drain, linger.
+async fn run(
+    config: PublisherConfig,
+    mut rx: mpsc::Receiver<ValidEvent>,
+    counters: Arc<Counters>,
+    mut stop: watch::Receiver<bool>,
+    ready: Ready,
+) {
+    let mut socket = PubSocket::new();
+    let endpoint = match socket.bind(&config.endpoint).await {
+        Ok(ep) => ep.to_string(),
+        Err(source) => {
+            let _ = ready.send(Err(PublisherError::Bind {
+                socket: "PUB",
+                endpoint: config.endpoint,
+                source,
+            }));
+            return;
+        }
+    };
+    let ring: SharedRing = Arc::new(Mutex::new(Ring::new(config.replay_ring_len)));
+    let (replay_stop_tx, replay_stop_rx) = watch::channel(false);
+    let mut replay_task = None;
+    let mut replay_endpoint = None;
+    if let Some(replay_ep) = &config.replay_endpoint {
+        let mut router = RouterSocket::new();
+        match router.bind(replay_ep).await {
+            Ok(ep) => replay_endpoint = Some(ep.to_string()),
+            Err(source) => {
+                let _ = ready.send(Err(PublisherError::Bind {
+                    socket: "replay ROUTER",
+                    endpoint: replay_ep.clone(),
+                    source,
+                }));
+                return;
+            }
+        }
+        let serve = replay::serve(router, ring.clone(), counters.clone(), replay_stop_rx);
+        replay_task = Some(tokio::spawn(serve));
+    }
+    let _ = ready.send(Ok(Bound {
+        endpoint,
+        replay_endpoint,
+    }));
+
+    let mut batcher = Batcher {
+        socket,
+        ring,
+        counters,
+        dp_rank: config.dp_rank,
+        buf: Vec::with_capacity(config.max_batch_events),
+        max_events: config.max_batch_events,
+        seq: 0,
+    };
+    batcher.run(&mut rx, &mut stop, config.flush_interval).await;
+    // Nothing new is accepted from here; what is already queued still goes out.
+    rx.close();
+    while let Some(event) = rx.recv().await {
+        batcher.buf.push(event);
+        if batcher.buf.len() == batcher.max_events {
+            batcher.publish().await;
+        }
+    }
+    batcher.publish().await;
+    tokio::time::sleep(config.linger).await;
+    let _ = replay_stop_tx.send(true);
+    if let Some(task) = replay_task {
+        let _ = task.await;
+    }
+}
+
+/// Collects events into batches and publishes them with consecutive sequence numbers.
+struct Batcher {
+    socket: PubSocket,
+    ring: SharedRing,
+    counters: Arc<Counters>,
+    dp_rank: Option<u32>,
+    buf: Vec<ValidEvent>,
+    max_events: usize,
+    seq: u64,
+}
+
+impl Batcher {
+    /// Seals a batch when it holds `max_events`, or `interval` after its first event
+    /// arrived, whichever is first. Returns when `stop` flips or every sink is gone.
+    async fn run(
+        &mut self,
+        rx: &mut mpsc::Receiver<ValidEvent>,
+        stop: &mut watch::Receiver<bool>,
+        interval: std::time::Duration,
+    ) {
+        let mut stopping = false;
+        while !stopping {
+            let first = tokio::select! {
+                biased;
+                _ = stop.changed() => break,
+                first = rx.recv() => first,
+            };
+            let Some(first) = first else { break };
+            self.buf.push(first);
+            let deadline = tokio::time::sleep_until(Instant::now() + interval);
+            tokio::pin!(deadline);
+            while self.buf.len() < self.max_events {
+                match rx.try_recv() {
+                    Ok(event) => {
+                        self.buf.push(event);
+                        continue;
+                    }
+                    Err(mpsc::error::TryRecvError::Disconnected) => break,
+                    Err(mpsc::error::TryRecvError::Empty) if interval.is_zero() => break,
+                    Err(mpsc::error::TryRecvError::Empty) => {}
+                }
+                tokio::select! {
+                    biased;
+                    _ = stop.changed() => {
+                        stopping = true;
+                        break;
+                    }
+                    () = &mut deadline => break,
+                    event = rx.recv() => match event {
+                        Some(event) => self.buf.push(event),
+                        None => break,
+                    },
+                }
+            }
+            self.publish().await;
+        }
+    }
+
+    /// Encodes and sends the buffered events as one batch (no-op when empty).
+    async fn publish(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let batch = EventBatch {
+            ts: now_ts(),
+            events: &self.buf,
+            dp_rank: self.dp_rank,
+        };
+        let payload = match batch.encode() {
+            Ok(payload) => Bytes::from(payload),
+            Err(error) => {
+                // Unreachable for validated events; counted and logged rather than hidden.
+                if bump(&self.counters.encode_errors, 1) == 0 {
+                    tracing::error!(%error, events = self.buf.len(), "KV event batch failed to encode; dropped");
+                }
+                self.buf.clear();
+                return;
+            }
+        };
+        let seq = self.seq;
+        self.seq += 1;
+        // Into the ring before the wire, so any seq a subscriber sees live is replayable.
+        self.ring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(seq, payload.clone());
+        let len = payload.len() as u64;
+        let frames = vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            payload,
+        ];
+        let msg = ZmqMessage::try_from(frames).expect("three frames");
+        if let Err(error) = self.socket.send(msg).await {
+            // PUB never blocks and drops for absent or slow subscribers; replay covers it.
+            tracing::debug!(%error, seq, "PUB send failed; batch stays replayable");
+        }
+        for event in self.buf.drain(..) {
+            let i = kind_index(event.event().kind());
+            bump(&self.counters.events[i], 1);
+            bump(&self.counters.blocks[i], event.event().block_count() as u64);
+        }
+        bump(&self.counters.batches, 1);
+        bump(&self.counters.bytes, len);
+        self.counters
+            .next_seq
+            .store(self.seq, std::sync::atomic::Ordering::Relaxed);
+    }
+}
