@@ -63,10 +63,36 @@ impl Serialize for Digest {
     }
 }
 
+struct DigestVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DigestVisitor {
+    type Value = Digest;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a 32-byte page digest")
+    }
+
+    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Digest, E> {
+        Digest::from_slice(v).map_err(E::custom)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Digest, A::Error> {
+        // Some msgpack writers send byte strings as arrays of small ints.
+        let mut d = [0u8; 32];
+        for (i, b) in d.iter_mut().enumerate() {
+            *b = seq.next_element()?.ok_or_else(|| serde::de::Error::custom(KeyError::DigestLength(i)))?;
+        }
+        if seq.next_element::<u8>()?.is_some() {
+            return Err(serde::de::Error::custom("page digest longer than 32 bytes"));
+        }
+        Ok(Digest(d))
+    }
+}
+
 impl<'de> Deserialize<'de> for Digest {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let b: serde_bytes::ByteBuf = serde_bytes::ByteBuf::deserialize(d)?;
-        Digest::from_slice(&b).map_err(serde::de::Error::custom)
+        // Borrowed bytes: no allocation per key on the hot path.
+        d.deserialize_bytes(DigestVisitor)
     }
 }
 
