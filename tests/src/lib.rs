@@ -16,9 +16,17 @@ pub fn kvnode_bin() -> PathBuf {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().expect("deps dir").parent().expect("profile dir");
+    let dir = exe
+        .parent()
+        .expect("deps dir")
+        .parent()
+        .expect("profile dir");
     let bin = dir.join("kvnode");
-    assert!(bin.exists(), "{} not built: run `cargo build --release -p kvnode` first", bin.display());
+    assert!(
+        bin.exists(),
+        "{} not built: run `cargo build --release -p kvnode` first",
+        bin.display()
+    );
     bin
 }
 
@@ -88,7 +96,12 @@ impl Daemon {
     /// Sends a signal.
     pub fn signal(&self, sig: i32) {
         // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
+        unsafe {
+            libc::kill(
+                libc::pid_t::try_from(self.child.id()).expect("pid fits"),
+                sig,
+            )
+        };
     }
 
     /// Waits for exit up to `limit`.
@@ -119,7 +132,12 @@ impl Drop for Daemon {
 
 /// A namespace spec with one segment of `slot` bytes.
 pub fn spec(model: &str, slot: u64) -> NamespaceSpec {
-    NamespaceSpec { model: model.into(), page_size: 64, segments: vec![slot], ..NamespaceSpec::default() }
+    NamespaceSpec {
+        model: model.into(),
+        page_size: 64,
+        segments: vec![slot],
+        ..NamespaceSpec::default()
+    }
 }
 
 /// A distinct key per `i`.

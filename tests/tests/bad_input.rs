@@ -23,7 +23,16 @@ impl Raw {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut r = Raw(s);
         if hello {
-            r.send(&Request { id: 1, op: Op::Hello { version: PROTOCOL_VERSION, client: "raw".into() } }, &[]);
+            r.send(
+                &Request {
+                    id: 1,
+                    op: Op::Hello {
+                        version: PROTOCOL_VERSION,
+                        client: "raw".into(),
+                    },
+                },
+                &[],
+            );
             assert!(matches!(r.recv().unwrap().reply, Reply::HelloOk { .. }));
         }
         r
@@ -67,7 +76,12 @@ fn seed_blocks(d: &Daemon) -> (Client, u32, Vec<Key>, Vec<Vec<u8>>) {
     let keys: Vec<Key> = (0..16).map(key).collect();
     let data: Vec<Vec<u8>> = (0..16).map(|i| block(i, 8192)).collect();
     let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-    assert!(c.put(ns, &keys, &refs).unwrap().iter().all(|s| *s == PutStatus::Stored));
+    assert!(
+        c.put(ns, &keys, &refs)
+            .unwrap()
+            .iter()
+            .all(|s| *s == PutStatus::Stored)
+    );
     (c, ns, keys, data)
 }
 
@@ -98,11 +112,26 @@ mod serde_bytes_like {
 fn handshake_errors_are_reported_and_the_connection_closed() {
     let d = Daemon::start(&["--dram", "16MiB"]);
     let mut r = Raw::connect(&d, false);
-    r.send(&Request { id: 1, op: Op::Hello { version: 99, client: "x".into() } }, &[]);
+    r.send(
+        &Request {
+            id: 1,
+            op: Op::Hello {
+                version: 99,
+                client: "x".into(),
+            },
+        },
+        &[],
+    );
     assert!(r.expect_error(ErrorCode::Handshake).contains("version 99"));
     assert!(r.closed());
     let mut r = Raw::connect(&d, false);
-    r.send(&Request { id: 1, op: Op::Stats }, &[]);
+    r.send(
+        &Request {
+            id: 1,
+            op: Op::Stats,
+        },
+        &[],
+    );
     assert!(r.expect_error(ErrorCode::Handshake).contains("Hello"));
     assert!(r.closed());
     d.client().stats().unwrap();
@@ -129,43 +158,150 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
     r.send(&WeirdRequest { id: 6, op }, &[]);
     r.expect_error(ErrorCode::Malformed);
     let short_key = rmp_serde::to_vec_named(&serde_json_like(ns)).unwrap();
-    let mut f = FramePrefix { header_len: short_key.len() as u32, payload_len: 0 }.encode().to_vec();
+    let mut f = FramePrefix {
+        header_len: short_key.len() as u32,
+        payload_len: 0,
+    }
+    .encode()
+    .to_vec();
     f.extend_from_slice(&short_key);
     r.0.write_all(&f).unwrap();
     assert!(r.expect_error(ErrorCode::Malformed).contains("32 bytes"));
     // Payload on an op that takes none: skipped, error, connection continues.
-    r.send(&Request { id: 7, op: Op::Stats }, &[1, 2, 3]);
+    r.send(
+        &Request {
+            id: 7,
+            op: Op::Stats,
+        },
+        &[1, 2, 3],
+    );
     r.expect_error(ErrorCode::Invalid);
     // Put whose lengths disagree with its payload.
-    r.send(&Request { id: 8, op: Op::Put { ns, keys: vec![key(900)], lens: vec![10] } }, &[0; 4]);
+    r.send(
+        &Request {
+            id: 8,
+            op: Op::Put {
+                ns,
+                keys: vec![key(900)],
+                lens: vec![10],
+            },
+        },
+        &[0; 4],
+    );
     r.expect_error(ErrorCode::Invalid);
     // Unknown namespace handle.
-    r.send(&Request { id: 9, op: Op::Exists { ns: 4242, keys: vec![key(1)] } }, &[]);
+    r.send(
+        &Request {
+            id: 9,
+            op: Op::Exists {
+                ns: 4242,
+                keys: vec![key(1)],
+            },
+        },
+        &[],
+    );
     assert!(r.expect_error(ErrorCode::UnknownNamespace).contains("4242"));
     // Put larger than the segment's slot.
     let big = vec![9u8; 8193];
-    r.send(&Request { id: 10, op: Op::Put { ns, keys: vec![key(901)], lens: vec![8193] } }, &big);
-    assert!(matches!(r.recv().unwrap().reply, Reply::Put { results } if results == vec![PutStatus::TooLarge]));
+    r.send(
+        &Request {
+            id: 10,
+            op: Op::Put {
+                ns,
+                keys: vec![key(901)],
+                lens: vec![8193],
+            },
+        },
+        &big,
+    );
+    assert!(
+        matches!(r.recv().unwrap().reply, Reply::Put { results } if results == vec![PutStatus::TooLarge])
+    );
     // Put over an existing key: refused as Exists, bytes unchanged.
-    r.send(&Request { id: 11, op: Op::Put { ns, keys: vec![keys[0]], lens: vec![8192] } }, &[0xEE; 8192]);
-    assert!(matches!(r.recv().unwrap().reply, Reply::Put { results } if results == vec![PutStatus::Exists]));
+    r.send(
+        &Request {
+            id: 11,
+            op: Op::Put {
+                ns,
+                keys: vec![keys[0]],
+                lens: vec![8192],
+            },
+        },
+        &[0xEE; 8192],
+    );
+    assert!(
+        matches!(r.recv().unwrap().reply, Reply::Put { results } if results == vec![PutStatus::Exists])
+    );
     // Double release, and release of a lease never taken.
-    r.send(&Request { id: 12, op: Op::Get { ns, keys: keys[..2].to_vec(), mode: kvnode_proto::GetMode::Lease } }, &[]);
-    let Reply::GetLease { lease, .. } = r.recv().unwrap().reply else { panic!() };
-    r.send(&Request { id: 13, op: Op::Release { lease } }, &[]);
+    r.send(
+        &Request {
+            id: 12,
+            op: Op::Get {
+                ns,
+                keys: keys[..2].to_vec(),
+                mode: kvnode_proto::GetMode::Lease,
+            },
+        },
+        &[],
+    );
+    let Reply::GetLease { lease, .. } = r.recv().unwrap().reply else {
+        panic!()
+    };
+    r.send(
+        &Request {
+            id: 13,
+            op: Op::Release { lease },
+        },
+        &[],
+    );
     assert!(matches!(r.recv().unwrap().reply, Reply::Released));
-    r.send(&Request { id: 14, op: Op::Release { lease } }, &[]);
+    r.send(
+        &Request {
+            id: 14,
+            op: Op::Release { lease },
+        },
+        &[],
+    );
     r.expect_error(ErrorCode::NotOwned);
     // Hello again mid-connection.
-    r.send(&Request { id: 15, op: Op::Hello { version: PROTOCOL_VERSION, client: "again".into() } }, &[]);
+    r.send(
+        &Request {
+            id: 15,
+            op: Op::Hello {
+                version: PROTOCOL_VERSION,
+                client: "again".into(),
+            },
+        },
+        &[],
+    );
     r.expect_error(ErrorCode::Invalid);
     // The connection still works.
-    r.send(&Request { id: 16, op: Op::Exists { ns, keys: keys.clone() } }, &[]);
-    assert!(matches!(r.recv().unwrap().reply, Reply::Exists { count: 16 }));
+    r.send(
+        &Request {
+            id: 16,
+            op: Op::Exists {
+                ns,
+                keys: keys.clone(),
+            },
+        },
+        &[],
+    );
+    assert!(matches!(
+        r.recv().unwrap().reply,
+        Reply::Exists { count: 16 }
+    ));
 
     // A prefix with an impossible length: error frame, then the connection is dropped.
     let mut bad = Raw::connect(&d, true);
-    bad.0.write_all(&FramePrefix { header_len: 0, payload_len: 0 }.encode()).unwrap();
+    bad.0
+        .write_all(
+            &FramePrefix {
+                header_len: 0,
+                payload_len: 0,
+            }
+            .encode(),
+        )
+        .unwrap();
     bad.expect_error(ErrorCode::Malformed);
     assert!(bad.closed());
     let mut bad = Raw::connect(&d, true);
@@ -176,7 +312,14 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
     assert!(bad.closed());
     // A truncated frame followed by a hang-up.
     let mut t = Raw::connect(&d, true);
-    t.0.write_all(&FramePrefix { header_len: 100, payload_len: 0 }.encode()).unwrap();
+    t.0.write_all(
+        &FramePrefix {
+            header_len: 100,
+            payload_len: 0,
+        }
+        .encode(),
+    )
+    .unwrap();
     t.0.write_all(&[0x80; 10]).unwrap();
     drop(t);
 
@@ -199,7 +342,13 @@ fn serde_json_like(ns: u32) -> impl serde::Serialize {
         id: u64,
         op: O,
     }
-    R { id: 17, op: O::Exists(Exists { ns, keys: vec![(serde_bytes_like::Bytes(vec![1; 31]), 0)] }) }
+    R {
+        id: 17,
+        op: O::Exists(Exists {
+            ns,
+            keys: vec![(serde_bytes_like::Bytes(vec![1; 31]), 0)],
+        }),
+    }
 }
 
 #[test]
@@ -210,8 +359,13 @@ fn a_connection_cannot_commit_or_abort_another_connections_slot() {
     let ns = a.register(&spec("m", 4096)).unwrap().ns;
     b.register(&spec("m", 4096)).unwrap();
     let slots = a.alloc(ns, &[key(1)], &[4096]).unwrap();
-    let kvnode_proto::client::AllocSlot::Granted { handle, .. } = slots[0] else { panic!() };
-    assert_eq!(b.commit(&[handle]).unwrap(), vec![CommitStatus::UnknownHandle]);
+    let kvnode_proto::client::AllocSlot::Granted { handle, .. } = slots[0] else {
+        panic!()
+    };
+    assert_eq!(
+        b.commit(&[handle]).unwrap(),
+        vec![CommitStatus::UnknownHandle]
+    );
     assert_eq!(b.abort(&[handle]).unwrap(), 0);
     assert_eq!(b.exists(ns, &[key(1)]).unwrap(), 0);
     assert_eq!(a.commit(&[handle]).unwrap(), vec![CommitStatus::Committed]);

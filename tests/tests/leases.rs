@@ -25,7 +25,10 @@ fn eviction_under_pressure_never_touches_a_leased_slot() {
     let fns = filler.register(&spec("m", MIB)).unwrap().ns;
     for i in 100..420u64 {
         let b = block(i, MIB as usize);
-        assert_eq!(filler.put(fns, &[key(i)], &[&b]).unwrap(), vec![PutStatus::Stored]);
+        assert_eq!(
+            filler.put(fns, &[key(i)], &[&b]).unwrap(),
+            vec![PutStatus::Stored]
+        );
     }
     let s = filler.stats().unwrap();
     assert!(s.tiers[0].evictions >= 280, "{:?}", s.tiers[0]);
@@ -65,7 +68,13 @@ fn killed_clients_leases_and_reservations_come_back() {
     let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     c.put(ns, &keys, &refs).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "lease_holder_child_role", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "lease_holder_child_role",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("KVNODE_E2E_HOLD", d.socket())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -76,7 +85,11 @@ fn killed_clients_leases_and_reservations_come_back() {
         if s.tiers[0].leases == 8 && s.tiers[0].reserved == 2 {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(20), "child never took its lease: {:?}", s.tiers[0]);
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "child never took its lease: {:?}",
+            s.tiers[0]
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // With 8 of 16 slots leased and 2 reserved, only 6 more blocks fit without eviction of
@@ -94,28 +107,50 @@ fn killed_clients_leases_and_reservations_come_back() {
             assert_eq!(s.pools[0].reserved, 0);
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(5), "leases not returned: {:?}", s.tiers[0]);
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "leases not returned: {:?}",
+            s.tiers[0]
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // The freed reservations are usable again: the tier can hold 16 fresh blocks.
     for i in 300..316u64 {
-        assert_eq!(c.put(ns, &[key(i)], &[&block(i, MIB as usize)]).unwrap(), vec![PutStatus::Stored]);
+        assert_eq!(
+            c.put(ns, &[key(i)], &[&block(i, MIB as usize)]).unwrap(),
+            vec![PutStatus::Stored]
+        );
     }
 }
 
 #[test]
 fn client_dying_mid_put_leaves_no_half_written_block() {
-    use std::io::Write;
     use kvnode_proto::client::{Op, Request};
+    use std::io::Write;
     let d = Daemon::start(&["--dram", "16MiB"]);
     let mut c = d.client();
     let ns = c.register(&spec("m", MIB)).unwrap().ns;
     {
         let mut raw = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
-        let hello = Request { id: 1, op: Op::Hello { version: kvnode_proto::PROTOCOL_VERSION, client: "raw".into() } };
-        raw.write_all(&kvnode_proto::frame::encode_frame(&hello, 0).unwrap()).unwrap();
-        let put = Request { id: 2, op: Op::Put { ns, keys: vec![key(1)], lens: vec![MIB] } };
-        raw.write_all(&kvnode_proto::frame::encode_frame(&put, MIB).unwrap()).unwrap();
+        let hello = Request {
+            id: 1,
+            op: Op::Hello {
+                version: kvnode_proto::PROTOCOL_VERSION,
+                client: "raw".into(),
+            },
+        };
+        raw.write_all(&kvnode_proto::frame::encode_frame(&hello, 0).unwrap())
+            .unwrap();
+        let put = Request {
+            id: 2,
+            op: Op::Put {
+                ns,
+                keys: vec![key(1)],
+                lens: vec![MIB],
+            },
+        };
+        raw.write_all(&kvnode_proto::frame::encode_frame(&put, MIB).unwrap())
+            .unwrap();
         raw.write_all(&vec![7u8; (MIB / 2) as usize]).unwrap();
         // Dropped here: the daemon sees EOF half way through the block.
     }

@@ -14,11 +14,15 @@ fn sixteen_gib_tier_answers_stats_within_one_second() {
     let s = c.stats().unwrap();
     let elapsed = t.elapsed();
     assert_eq!(s.tiers[0].capacity_bytes, 16 << 30);
-    assert!(elapsed < Duration::from_secs(1), "first stats after {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "first stats after {elapsed:?}"
+    );
     eprintln!("16GiB tier: first stats answered {elapsed:?} after spawn");
     // Population proceeds in the background and is visible.
     let t2 = Instant::now();
-    while c.stats().unwrap().tiers[0].populated_bytes == 0 && t2.elapsed() < Duration::from_secs(5) {
+    while c.stats().unwrap().tiers[0].populated_bytes == 0 && t2.elapsed() < Duration::from_secs(5)
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(c.stats().unwrap().tiers[0].populated_bytes > 0);
@@ -32,7 +36,9 @@ fn sigterm_and_sigint_drain_and_exit_zero() {
         let ns = c.register(&spec("m", 4096)).unwrap().ns;
         c.put(ns, &[key(1)], &[&block(1, 4096)]).unwrap();
         d.signal(sig);
-        let status = d.wait_exit(Duration::from_secs(10)).expect("daemon did not exit");
+        let status = d
+            .wait_exit(Duration::from_secs(10))
+            .expect("daemon did not exit");
         assert_eq!(status.code(), Some(0), "log:\n{}", d.log());
         assert!(d.log().contains("kvnode stopped"));
         assert!(!d.socket().exists(), "socket file left behind");
@@ -43,7 +49,11 @@ fn sigterm_and_sigint_drain_and_exit_zero() {
 fn config_file_is_overridden_by_flags_and_printed() {
     let dir = temp_dir("cfg");
     let cfg = dir.join("kvnode.toml");
-    std::fs::write(&cfg, "dram = \"64MiB\"\neviction = \"s3fifo\"\nslab_size = 4194304\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "dram = \"64MiB\"\neviction = \"s3fifo\"\nslab_size = 4194304\n",
+    )
+    .unwrap();
     let out = Command::new(kvnode_bin())
         .args(["serve", "--print-config", "--config"])
         .arg(&cfg)
@@ -58,14 +68,25 @@ fn config_file_is_overridden_by_flags_and_printed() {
     assert!(text.contains("socket = \"/tmp/x.sock\""), "{text}");
     // Unknown keys and bad sizes are refused with the reason.
     std::fs::write(&cfg, "dram = \"lots\"\n").unwrap();
-    let out = Command::new(kvnode_bin()).args(["serve", "--print-config", "--config"]).arg(&cfg).output().unwrap();
+    let out = Command::new(kvnode_bin())
+        .args(["serve", "--print-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid size"));
     std::fs::write(&cfg, "drm = \"1GiB\"\n").unwrap();
-    let out = Command::new(kvnode_bin()).args(["serve", "--print-config", "--config"]).arg(&cfg).output().unwrap();
+    let out = Command::new(kvnode_bin())
+        .args(["serve", "--print-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field"));
     // Zero configuration works: defaults print without any file.
-    let out = Command::new(kvnode_bin()).args(["serve", "--print-config"]).output().unwrap();
+    let out = Command::new(kvnode_bin())
+        .args(["serve", "--print-config"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("kvnode/kvnode.sock"));
 }
@@ -94,7 +115,10 @@ fn second_daemon_on_a_live_socket_is_refused_and_stale_socket_is_replaced() {
         .unwrap();
     let t = Instant::now();
     while kvnode_client::Client::connect(&stale).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "daemon did not replace the stale socket");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "daemon did not replace the stale socket"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     child.kill().unwrap();
@@ -108,21 +132,50 @@ fn cli_put_get_exists_by_tokens_round_trip() {
     let toks: Vec<String> = (1..=200).map(|t| t.to_string()).collect();
     let toks = toks.join(",");
     let run = |args: &[&str]| {
-        let out = Command::new(kvnode_bin()).args(args).args(["--socket", &sock]).output().unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(kvnode_bin())
+            .args(args)
+            .args(["--socket", &sock])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     };
-    let ns = ["--model", "qwen", "--page-size", "64", "--page-bytes", "4KiB"];
+    let ns = [
+        "--model",
+        "qwen",
+        "--page-size",
+        "64",
+        "--page-bytes",
+        "4KiB",
+    ];
     let put = run(&[&["put", "--tokens", &toks, "--seed", "42"][..], &ns[..]].concat());
     assert!(put.contains("stored 3 of 3"), "{put}");
     let dir = temp_dir("cli");
     let out = dir.join("o.bin");
-    let get = run(&[&["get", "--tokens", &toks, "--out", out.to_str().unwrap()][..], &ns[..]].concat());
+    let get = run(&[
+        &["get", "--tokens", &toks, "--out", out.to_str().unwrap()][..],
+        &ns[..],
+    ]
+    .concat());
     assert!(get.contains("3 of 3 leading pages hit"), "{get}");
     let bytes = std::fs::read(&out).unwrap();
     assert_eq!(bytes.len(), 3 * 4096);
     // The same pages under another model are misses; one more page is a partial hit.
-    let other = run(&["exists", "--tokens", &toks, "--model", "llama", "--page-size", "64", "--page-bytes", "4KiB"]);
+    let other = run(&[
+        "exists",
+        "--tokens",
+        &toks,
+        "--model",
+        "llama",
+        "--page-size",
+        "64",
+        "--page-bytes",
+        "4KiB",
+    ]);
     assert!(other.contains("0 of 3"), "{other}");
     let longer: Vec<String> = (1..=300).map(|t| t.to_string()).collect();
     let ex = run(&[&["exists", "--tokens", &longer.join(",")][..], &ns[..]].concat());
@@ -131,8 +184,29 @@ fn cli_put_get_exists_by_tokens_round_trip() {
     let src = dir.join("in.bin");
     std::fs::write(&src, block(9, 2 * 4096)).unwrap();
     let two: Vec<String> = (1000..1128).map(|t| t.to_string()).collect();
-    run(&[&["put", "--tokens", &two.join(","), "--file", src.to_str().unwrap()][..], &ns[..]].concat());
-    run(&[&["get", "--zero-copy", "--tokens", &two.join(","), "--out", out.to_str().unwrap()][..], &ns[..]].concat());
+    run(&[
+        &[
+            "put",
+            "--tokens",
+            &two.join(","),
+            "--file",
+            src.to_str().unwrap(),
+        ][..],
+        &ns[..],
+    ]
+    .concat());
+    run(&[
+        &[
+            "get",
+            "--zero-copy",
+            "--tokens",
+            &two.join(","),
+            "--out",
+            out.to_str().unwrap(),
+        ][..],
+        &ns[..],
+    ]
+    .concat());
     assert_eq!(std::fs::read(&out).unwrap(), block(9, 2 * 4096));
     let cleared = run(&[&["clear"][..], &ns[..]].concat());
     assert!(cleared.contains("cleared 5 blocks"), "{cleared}");

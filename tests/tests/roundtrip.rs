@@ -11,9 +11,14 @@ fn inline_and_zero_copy_round_trips_are_byte_exact() {
     let mut c = d.client();
     let ns = c.register(&spec("m", 64 << 10)).unwrap().ns;
     let keys: Vec<Key> = (0..20).map(key).collect();
-    let data: Vec<Vec<u8>> = (0..20).map(|i| block(i, 1000 + i as usize * 3000)).collect();
+    let data: Vec<Vec<u8>> = (0..20)
+        .map(|i| block(i, 1000 + i as usize * 3000))
+        .collect();
     let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-    let err = c.put(ns + 7, &keys[..1], &refs[..1]).unwrap_err().to_string();
+    let err = c
+        .put(ns + 7, &keys[..1], &refs[..1])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("unknown namespace"), "{err}");
     let r = c.put(ns, &keys, &refs).unwrap();
     assert!(r.iter().all(|s| *s == PutStatus::Stored), "{r:?}");
@@ -55,21 +60,37 @@ fn alloc_fill_commit_publishes_client_written_bytes() {
     let slots = writer.alloc(ns, &keys, &[1 << 20; 4]).unwrap();
     let mut handles = Vec::new();
     for (i, s) in slots.iter().enumerate() {
-        let AllocSlot::Granted { handle, offset, len } = *s else { panic!("{s:?}") };
-        writer.arena().write(Extent { offset, len }).copy_from_slice(&block(i as u64, len as usize));
+        let AllocSlot::Granted {
+            handle,
+            offset,
+            len,
+        } = *s
+        else {
+            panic!("{s:?}")
+        };
+        writer
+            .arena()
+            .write(Extent { offset, len })
+            .copy_from_slice(&block(i as u64, len as usize));
         handles.push(handle);
     }
     // Not visible before commit.
     let mut reader = d.client();
     let ns_r = reader.register(&spec("m", 1 << 20)).unwrap().ns;
     assert_eq!(reader.exists(ns_r, &keys).unwrap(), 0);
-    assert_eq!(writer.commit(&handles[..3]).unwrap(), vec![CommitStatus::Committed; 3]);
+    assert_eq!(
+        writer.commit(&handles[..3]).unwrap(),
+        vec![CommitStatus::Committed; 3]
+    );
     assert_eq!(writer.abort(&handles[3..]).unwrap(), 1);
-    assert_eq!(writer.commit(&handles[3..]).unwrap(), vec![CommitStatus::UnknownHandle]);
+    assert_eq!(
+        writer.commit(&handles[3..]).unwrap(),
+        vec![CommitStatus::UnknownHandle]
+    );
     // Another client (another rank) sees the bytes: a node-level hit with no transfer.
     let got = reader.get(ns_r, &keys).unwrap();
-    for i in 0..3 {
-        assert_eq!(got[i].as_deref(), Some(block(i as u64, 1 << 20).as_slice()));
+    for (i, g) in got.iter().take(3).enumerate() {
+        assert_eq!(g.as_deref(), Some(block(i as u64, 1 << 20).as_slice()));
     }
     assert!(got[3].is_none());
 }

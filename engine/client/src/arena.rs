@@ -31,7 +31,11 @@ impl ArenaMap {
         if base == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(Self { base: base.cast(), len, _fd: fd.try_clone()? })
+        Ok(Self {
+            base: base.cast(),
+            len,
+            _fd: fd.try_clone()?,
+        })
     }
 
     /// Arena size.
@@ -45,7 +49,12 @@ impl ArenaMap {
     }
 
     fn check(&self, e: Extent) {
-        assert!(e.offset.checked_add(e.len).is_some_and(|end| end <= self.len), "extent {e:?} outside the arena");
+        assert!(
+            e.offset
+                .checked_add(e.len)
+                .is_some_and(|end| end <= self.len),
+            "extent {e:?} outside the arena"
+        );
     }
 
     /// The bytes of a leased extent. Valid until the lease is released.
@@ -56,7 +65,10 @@ impl ArenaMap {
     }
 
     /// The bytes of a granted (reserved) extent, to fill before commit.
-    #[expect(clippy::mut_from_ref, reason = "the arena is shared memory; exclusivity comes from the reservation")]
+    #[expect(
+        clippy::mut_from_ref,
+        reason = "the arena is shared memory; exclusivity comes from the reservation"
+    )]
     pub fn write(&self, e: Extent) -> &mut [u8] {
         self.check(e);
         // SAFETY: in bounds; a reserved slot belongs to this connection until commit/abort.

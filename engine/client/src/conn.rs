@@ -33,8 +33,18 @@ fn write_all_vectored(sock: &mut UnixStream, mut bufs: &mut [IoSlice<'_>]) -> st
 impl Conn {
     pub fn connect(path: &Path, name: &str) -> Result<(Self, Reply, Option<OwnedFd>)> {
         let sock = UnixStream::connect(path)?;
-        let mut c = Self { sock, next_id: 1, header: Vec::new() };
-        let req = Request { id: 0, op: Op::Hello { version: PROTOCOL_VERSION, client: name.into() } };
+        let mut c = Self {
+            sock,
+            next_id: 1,
+            header: Vec::new(),
+        };
+        let req = Request {
+            id: 0,
+            op: Op::Hello {
+                version: PROTOCOL_VERSION,
+                client: name.into(),
+            },
+        };
         let frame = encode_frame(&req, 0).map_err(|e| ClientError::Protocol(e.to_string()))?;
         c.sock.write_all(&frame)?;
         // The reply's first bytes carry the descriptor: read them with recvmsg.
@@ -42,9 +52,12 @@ impl Conn {
         let mut prefix = [0u8; PREFIX_LEN];
         let mut got = 0;
         while got < PREFIX_LEN {
-            let n = kvnode_fdpass::recv_with_fds(c.sock.as_raw_fd(), &mut prefix[got..], &mut fds, 1)?;
+            let n =
+                kvnode_fdpass::recv_with_fds(c.sock.as_raw_fd(), &mut prefix[got..], &mut fds, 1)?;
             if n == 0 {
-                return Err(ClientError::Protocol("daemon closed during handshake".into()));
+                return Err(ClientError::Protocol(
+                    "daemon closed during handshake".into(),
+                ));
             }
             got += n;
         }
@@ -63,7 +76,8 @@ impl Conn {
         let id = self.next_id;
         self.next_id += 1;
         let total: u64 = payload.iter().map(|p| p.len() as u64).sum();
-        let frame = encode_frame(&Request { id, op }, total).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let frame = encode_frame(&Request { id, op }, total)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
         let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(payload.len() + 1);
         slices.push(IoSlice::new(&frame));
         slices.extend(payload.iter().map(|p| IoSlice::new(p)));
@@ -77,7 +91,10 @@ impl Conn {
         let p = FramePrefix::decode(prefix).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let r = self.read_header(p)?;
         if r.id != id && !matches!(r.reply, Reply::Error { .. }) {
-            return Err(ClientError::Protocol(format!("reply id {} for request {id}", r.id)));
+            return Err(ClientError::Protocol(format!(
+                "reply id {} for request {id}",
+                r.id
+            )));
         }
         Ok((r.reply, p.payload_len))
     }
@@ -86,7 +103,9 @@ impl Conn {
         let id = self.send(op, payload)?;
         let (reply, plen) = self.recv(id)?;
         if plen != 0 {
-            return Err(ClientError::Protocol(format!("unexpected {plen}-byte payload")));
+            return Err(ClientError::Protocol(format!(
+                "unexpected {plen}-byte payload"
+            )));
         }
         Ok(reply)
     }
@@ -99,11 +118,27 @@ impl Conn {
         Ok((reply, payload))
     }
 
-    pub fn get_into(&mut self, ns: u32, keys: &[Key], dst: &mut [&mut [u8]]) -> Result<Vec<Option<u64>>> {
+    pub fn get_into(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        dst: &mut [&mut [u8]],
+    ) -> Result<Vec<Option<u64>>> {
         if dst.len() != keys.len() {
-            return Err(ClientError::Protocol(format!("{} keys but {} buffers", keys.len(), dst.len())));
+            return Err(ClientError::Protocol(format!(
+                "{} keys but {} buffers",
+                keys.len(),
+                dst.len()
+            )));
         }
-        let id = self.send(Op::Get { ns, keys: keys.to_vec(), mode: GetMode::Inline }, &[])?;
+        let id = self.send(
+            Op::Get {
+                ns,
+                keys: keys.to_vec(),
+                mode: GetMode::Inline,
+            },
+            &[],
+        )?;
         let (reply, plen) = self.recv(id)?;
         let Reply::GetInline { lens } = reply else {
             let mut skip = vec![0u8; plen as usize];
@@ -115,14 +150,19 @@ impl Conn {
             if let Some(l) = *l {
                 let l = l as usize;
                 if l > d.len() {
-                    return Err(ClientError::Protocol(format!("block of {l} bytes exceeds its {}-byte buffer", d.len())));
+                    return Err(ClientError::Protocol(format!(
+                        "block of {l} bytes exceeds its {}-byte buffer",
+                        d.len()
+                    )));
                 }
                 self.sock.read_exact(&mut d[..l])?;
                 total += l as u64;
             }
         }
         if total != u64::from(plen) {
-            return Err(ClientError::Protocol("payload length disagrees with block lengths".into()));
+            return Err(ClientError::Protocol(
+                "payload length disagrees with block lengths".into(),
+            ));
         }
         Ok(lens)
     }

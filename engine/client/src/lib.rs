@@ -81,7 +81,10 @@ pub struct Client {
 
 fn unexpected(r: &Reply) -> ClientError {
     match r {
-        Reply::Error { code, message } => ClientError::Server { code: *code, message: message.clone() },
+        Reply::Error { code, message } => ClientError::Server {
+            code: *code,
+            message: message.clone(),
+        },
         other => ClientError::Protocol(format!("unexpected reply {other:?}")),
     }
 }
@@ -90,8 +93,14 @@ impl Client {
     /// Connects, performs the handshake and maps the daemon's arena.
     pub fn connect(path: impl AsRef<Path>) -> Result<Self> {
         let (conn, hello, fd) = conn::Conn::connect(path.as_ref(), "kvnode-client")?;
-        let Reply::HelloOk { arena_bytes, pid, .. } = hello else { return Err(unexpected(&hello)) };
-        let fd = fd.ok_or_else(|| ClientError::Protocol("daemon sent no arena descriptor".into()))?;
+        let Reply::HelloOk {
+            arena_bytes, pid, ..
+        } = hello
+        else {
+            return Err(unexpected(&hello));
+        };
+        let fd =
+            fd.ok_or_else(|| ClientError::Protocol("daemon sent no arena descriptor".into()))?;
         let arena = ArenaMap::map(&fd, arena_bytes)?;
         Ok(Self { conn, arena, pid })
     }
@@ -121,7 +130,14 @@ impl Client {
     /// Stores blocks inline.
     pub fn put(&mut self, ns: u32, keys: &[Key], blocks: &[&[u8]]) -> Result<Vec<PutStatus>> {
         let lens = blocks.iter().map(|b| b.len() as u64).collect();
-        match self.conn.call(Op::Put { ns, keys: keys.to_vec(), lens }, blocks)? {
+        match self.conn.call(
+            Op::Put {
+                ns,
+                keys: keys.to_vec(),
+                lens,
+            },
+            blocks,
+        )? {
             Reply::Put { results } => Ok(results),
             r => Err(unexpected(&r)),
         }
@@ -129,7 +145,11 @@ impl Client {
 
     /// Reserves arena slots to fill in place.
     pub fn alloc(&mut self, ns: u32, keys: &[Key], lens: &[u64]) -> Result<Vec<AllocSlot>> {
-        match self.call(Op::Alloc { ns, keys: keys.to_vec(), lens: lens.to_vec() })? {
+        match self.call(Op::Alloc {
+            ns,
+            keys: keys.to_vec(),
+            lens: lens.to_vec(),
+        })? {
             Reply::Alloc { slots } => Ok(slots),
             r => Err(unexpected(&r)),
         }
@@ -137,7 +157,9 @@ impl Client {
 
     /// Publishes filled slots.
     pub fn commit(&mut self, handles: &[u64]) -> Result<Vec<CommitStatus>> {
-        match self.call(Op::Commit { handles: handles.to_vec() })? {
+        match self.call(Op::Commit {
+            handles: handles.to_vec(),
+        })? {
             Reply::Commit { results } => Ok(results),
             r => Err(unexpected(&r)),
         }
@@ -145,7 +167,9 @@ impl Client {
 
     /// Gives back reserved slots.
     pub fn abort(&mut self, handles: &[u64]) -> Result<u32> {
-        match self.call(Op::Abort { handles: handles.to_vec() })? {
+        match self.call(Op::Abort {
+            handles: handles.to_vec(),
+        })? {
             Reply::Aborted { count } => Ok(count),
             r => Err(unexpected(&r)),
         }
@@ -153,8 +177,14 @@ impl Client {
 
     /// Gets blocks inline as owned vectors.
     pub fn get(&mut self, ns: u32, keys: &[Key]) -> Result<Vec<Option<Vec<u8>>>> {
-        let (reply, mut payload) = self.conn.call_with_payload(Op::Get { ns, keys: keys.to_vec(), mode: GetMode::Inline })?;
-        let Reply::GetInline { lens } = reply else { return Err(unexpected(&reply)) };
+        let (reply, mut payload) = self.conn.call_with_payload(Op::Get {
+            ns,
+            keys: keys.to_vec(),
+            mode: GetMode::Inline,
+        })?;
+        let Reply::GetInline { lens } = reply else {
+            return Err(unexpected(&reply));
+        };
         let mut out = Vec::with_capacity(lens.len());
         let mut off = 0usize;
         for l in lens {
@@ -170,13 +200,22 @@ impl Client {
 
     /// Gets blocks inline straight into caller buffers (one per key, each large enough);
     /// returns the length written per key (`None` = miss).
-    pub fn get_into(&mut self, ns: u32, keys: &[Key], dst: &mut [&mut [u8]]) -> Result<Vec<Option<u64>>> {
+    pub fn get_into(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        dst: &mut [&mut [u8]],
+    ) -> Result<Vec<Option<u64>>> {
         self.conn.get_into(ns, keys, dst)
     }
 
     /// Gets blocks as a lease on arena extents.
     pub fn get_lease(&mut self, ns: u32, keys: &[Key]) -> Result<Lease> {
-        match self.call(Op::Get { ns, keys: keys.to_vec(), mode: GetMode::Lease })? {
+        match self.call(Op::Get {
+            ns,
+            keys: keys.to_vec(),
+            mode: GetMode::Lease,
+        })? {
             Reply::GetLease { lease, extents } => Ok(Lease { id: lease, extents }),
             r => Err(unexpected(&r)),
         }
@@ -192,7 +231,10 @@ impl Client {
 
     /// Number of leading keys present.
     pub fn exists(&mut self, ns: u32, keys: &[Key]) -> Result<u32> {
-        match self.call(Op::Exists { ns, keys: keys.to_vec() })? {
+        match self.call(Op::Exists {
+            ns,
+            keys: keys.to_vec(),
+        })? {
             Reply::Exists { count } => Ok(count),
             r => Err(unexpected(&r)),
         }
@@ -200,7 +242,10 @@ impl Client {
 
     /// Removes blocks; returns how many existed.
     pub fn delete(&mut self, ns: u32, keys: &[Key]) -> Result<u32> {
-        match self.call(Op::Delete { ns, keys: keys.to_vec() })? {
+        match self.call(Op::Delete {
+            ns,
+            keys: keys.to_vec(),
+        })? {
             Reply::Deleted { count } => Ok(count),
             r => Err(unexpected(&r)),
         }

@@ -72,11 +72,16 @@ impl EngineConfig {
             return Err(format!("dram = {} is below the minimum of 8MiB", self.dram));
         }
         let slab = self.slab_bytes();
-        if slab % 4096 != 0 || slab == 0 {
-            return Err(format!("slab_size = {slab} must be a positive multiple of 4KiB"));
+        if !slab.is_multiple_of(4096) || slab == 0 {
+            return Err(format!(
+                "slab_size = {slab} must be a positive multiple of 4KiB"
+            ));
         }
         if slab > self.dram {
-            return Err(format!("slab_size = {slab} is larger than dram = {}", self.dram));
+            return Err(format!(
+                "slab_size = {slab} is larger than dram = {}",
+                self.dram
+            ));
         }
         if !(0.0..=3600.0).contains(&self.drain_timeout_s) {
             return Err("drain_timeout_s must be between 0 and 3600".into());
@@ -125,10 +130,15 @@ fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
     de_size(d).map(Some)
 }
 
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde serialize_with passes references"
+)]
 fn ser_size<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&kvnode_proto::size::ByteSize(*v).to_string())
 }
 
+#[expect(clippy::ref_option, reason = "serde serialize_with passes references")]
 fn ser_opt_size<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
     match v {
         Some(v) => ser_size(v, s),

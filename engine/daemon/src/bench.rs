@@ -60,10 +60,15 @@ fn prefill(c: &mut Client, ns: u32, page: u64, n: usize) -> anyhow::Result<()> {
     let buf = vec![0xA5u8; page as usize];
     let per = ((64 << 20) / page).max(1) as usize;
     for start in (0..n).step_by(per) {
-        let ks: Vec<Key> = (start..(start + per).min(n)).map(|i| key(i as u64)).collect();
+        let ks: Vec<Key> = (start..(start + per).min(n))
+            .map(|i| key(i as u64))
+            .collect();
         let blocks: Vec<&[u8]> = ks.iter().map(|_| buf.as_slice()).collect();
         let r = c.put(ns, &ks, &blocks)?;
-        if let Some(bad) = r.iter().find(|s| !matches!(s, PutStatus::Stored | PutStatus::Exists)) {
+        if let Some(bad) = r
+            .iter()
+            .find(|s| !matches!(s, PutStatus::Stored | PutStatus::Exists))
+        {
             bail!("prefill failed: {bad:?} (working set larger than the DRAM tier?)");
         }
     }
@@ -82,8 +87,15 @@ fn worker(a: &BenchArgs, thread: usize, page: u64, deadline: Instant) -> anyhow:
     let mut fresh = (thread as u64) << 40 | 1 << 62;
     while Instant::now() < deadline {
         let ks: Vec<Key> = match a.op {
-            BenchOp::Put => (0..a.batch).map(|_| { fresh += 1; key(fresh) }).collect(),
-            _ => (0..a.batch as u64).map(|j| key((cursor + j) % ws)).collect(),
+            BenchOp::Put => (0..a.batch)
+                .map(|_| {
+                    fresh += 1;
+                    key(fresh)
+                })
+                .collect(),
+            _ => (0..a.batch as u64)
+                .map(|j| key((cursor + j) % ws))
+                .collect(),
         };
         cursor = (cursor + a.batch as u64) % ws.max(1);
         let t = Instant::now();
@@ -93,7 +105,10 @@ fn worker(a: &BenchArgs, thread: usize, page: u64, deadline: Instant) -> anyhow:
                 let r = c.put(ns, &ks, &blocks)?;
                 r.iter().filter(|s| **s == PutStatus::Stored).count() as u64 * page
             }
-            (BenchOp::Exists, _) => u64::from(c.exists(ns, &ks)?) * 0,
+            (BenchOp::Exists, _) => {
+                c.exists(ns, &ks)?;
+                0
+            }
             (BenchOp::Get, BenchMode::Inline) => {
                 let mut bufs: Vec<&mut [u8]> = dst.chunks_mut(page as usize).collect();
                 c.get_into(ns, &ks, &mut bufs)?.iter().flatten().sum()
@@ -118,7 +133,12 @@ fn worker(a: &BenchArgs, thread: usize, page: u64, deadline: Instant) -> anyhow:
         pages += ks.len() as u64;
         bytes += got;
     }
-    Ok(Outcome { hist, requests, pages, bytes })
+    Ok(Outcome {
+        hist,
+        requests,
+        pages,
+        bytes,
+    })
 }
 
 /// Runs the benchmark and prints the report.
@@ -135,14 +155,24 @@ pub fn local(a: &BenchArgs) -> anyhow::Result<()> {
     }
     println!(
         "kvnode bench local: op={:?} mode={:?} page={} batch={} concurrency={} duration={}s working_set={}",
-        a.op, a.mode, ByteSize(page), a.batch, a.concurrency, a.duration, a.working_set
+        a.op,
+        a.mode,
+        ByteSize(page),
+        a.batch,
+        a.concurrency,
+        a.duration,
+        a.working_set
     );
     let memcpy = memcpy_bandwidth(page as usize, pool);
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(a.duration);
     let outs: Vec<anyhow::Result<Outcome>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..a.concurrency).map(|t| s.spawn(move || worker(a, t, page, deadline))).collect();
-        hs.into_iter().map(|h| h.join().expect("bench worker panicked")).collect()
+        let hs: Vec<_> = (0..a.concurrency)
+            .map(|t| s.spawn(move || worker(a, t, page, deadline)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("bench worker panicked"))
+            .collect()
     });
     let secs = start.elapsed().as_secs_f64();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
@@ -155,7 +185,11 @@ pub fn local(a: &BenchArgs) -> anyhow::Result<()> {
         bytes += o.bytes;
     }
     let gbps = bytes as f64 / secs / 1e9;
-    println!("requests: {requests} ({:.0}/s), keys: {:.0}/s", requests as f64 / secs, pages as f64 / secs);
+    println!(
+        "requests: {requests} ({:.0}/s), keys: {:.0}/s",
+        requests as f64 / secs,
+        pages as f64 / secs
+    );
     println!(
         "latency per request (us): p50 {} p90 {} p99 {} p99.9 {} max {}",
         hist.value_at_quantile(0.5),
@@ -164,9 +198,17 @@ pub fn local(a: &BenchArgs) -> anyhow::Result<()> {
         hist.value_at_quantile(0.999),
         hist.max()
     );
-    println!("memcpy (1 thread, {} blocks over {} pools): {:.2} GB/s", ByteSize(page), ByteSize(pool as u64), memcpy / 1e9);
+    println!(
+        "memcpy (1 thread, {} blocks over {} pools): {:.2} GB/s",
+        ByteSize(page),
+        ByteSize(pool as u64),
+        memcpy / 1e9
+    );
     if a.op != BenchOp::Exists {
-        println!("throughput: {gbps:.2} GB/s = {:.2} x memcpy", gbps * 1e9 / memcpy);
+        println!(
+            "throughput: {gbps:.2} GB/s = {:.2} x memcpy",
+            gbps * 1e9 / memcpy
+        );
     }
     if a.json {
         println!(

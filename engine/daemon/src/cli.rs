@@ -33,6 +33,10 @@ pub enum Command {
 
 /// `serve` flags; each overrides the config file, which overrides the defaults.
 #[derive(Debug, Args)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent on/off flags of the CLI"
+)]
 pub struct ServeArgs {
     /// TOML config file.
     #[arg(long)]

@@ -9,7 +9,9 @@ use crate::cli::{KeyArgs, NsArgs, SocketArg};
 
 /// The socket path in force.
 pub fn socket(s: &SocketArg) -> std::path::PathBuf {
-    s.socket.clone().unwrap_or_else(kvnode_engine::config::default_socket)
+    s.socket
+        .clone()
+        .unwrap_or_else(kvnode_engine::config::default_socket)
 }
 
 /// The namespace spec named by the flags.
@@ -38,7 +40,11 @@ pub fn keys(a: &KeyArgs) -> anyhow::Result<Vec<Key>> {
         return a
             .keys
             .iter()
-            .map(|h| Digest::from_hex(h).map(Key::page).with_context(|| format!("key {h:?}")))
+            .map(|h| {
+                Digest::from_hex(h)
+                    .map(Key::page)
+                    .with_context(|| format!("key {h:?}"))
+            })
             .collect();
     }
     if a.tokens.is_empty() {
@@ -52,7 +58,10 @@ pub fn keys(a: &KeyArgs) -> anyhow::Result<Vec<Key>> {
         bail!("{} tokens make no full page of {ps} tokens", a.tokens.len());
     }
     let seed = sglang_namespace_seed(a.extra_key.as_deref(), a.cache_salt.as_deref());
-    Ok(page_digests(&a.tokens, ps, seed).into_iter().map(Key::page).collect())
+    Ok(page_digests(&a.tokens, ps, seed)
+        .into_iter()
+        .map(Key::page)
+        .collect())
 }
 
 /// Deterministic bytes for a page: a splitmix64 stream seeded by `seed` and the digest.

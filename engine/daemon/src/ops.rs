@@ -9,7 +9,8 @@ use crate::keys;
 
 fn connect_ns(a: &KeyArgs) -> anyhow::Result<(Client, u32)> {
     let path = keys::socket(&a.socket);
-    let mut c = Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
+    let mut c =
+        Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
     let ns = c.register(&keys::spec(&a.ns)?)?.ns;
     Ok((c, ns))
 }
@@ -31,7 +32,10 @@ pub fn put(a: &PutArgs) -> anyhow::Result<()> {
             }
             chunks
         }
-        (None, Some(seed)) => ks.iter().map(|k| keys::seeded_bytes(seed, &k.0, pb)).collect(),
+        (None, Some(seed)) => ks
+            .iter()
+            .map(|k| keys::seeded_bytes(seed, &k.0, pb))
+            .collect(),
         (None, None) => bail!("give the bytes with --file FILE or --seed N"),
     };
     let (mut c, ns) = connect_ns(&a.keys)?;
@@ -39,7 +43,10 @@ pub fn put(a: &PutArgs) -> anyhow::Result<()> {
     let res = c.put(ns, &ks, &refs)?;
     let stored = res.iter().filter(|r| **r == PutStatus::Stored).count();
     let existed = res.iter().filter(|r| **r == PutStatus::Exists).count();
-    println!("stored {stored} of {} pages ({existed} already present)", ks.len());
+    println!(
+        "stored {stored} of {} pages ({existed} already present)",
+        ks.len()
+    );
     for (k, r) in ks.iter().zip(&res) {
         if !matches!(r, PutStatus::Stored | PutStatus::Exists) {
             println!("  {} {r:?}", k.0);
@@ -56,7 +63,11 @@ pub fn get(a: &GetArgs) -> anyhow::Result<()> {
     let (mut c, ns) = connect_ns(&a.keys)?;
     let pages: Vec<Option<Vec<u8>>> = if a.zero_copy {
         let lease = c.get_lease(ns, &ks)?;
-        let v = lease.extents.iter().map(|e| e.map(|e| c.arena().read(e).to_vec())).collect();
+        let v = lease
+            .extents
+            .iter()
+            .map(|e| e.map(|e| c.arena().read(e).to_vec()))
+            .collect();
         if lease.id != 0 {
             c.release(lease.id)?;
         }
@@ -66,7 +77,10 @@ pub fn get(a: &GetArgs) -> anyhow::Result<()> {
     };
     let lead = pages.iter().take_while(|p| p.is_some()).count();
     let total = pages.iter().filter(|p| p.is_some()).count();
-    println!("{lead} of {} leading pages hit ({total} found in all)", ks.len());
+    println!(
+        "{lead} of {} leading pages hit ({total} found in all)",
+        ks.len()
+    );
     if let Some(out) = &a.out {
         let bytes: Vec<u8> = pages.into_iter().map_while(|p| p).flatten().collect();
         std::fs::write(out, &bytes).with_context(|| format!("writing {}", out.display()))?;
@@ -85,7 +99,8 @@ pub fn exists(a: &KeyArgs) -> anyhow::Result<()> {
 
 pub fn stats(a: &StatsArgs) -> anyhow::Result<()> {
     let path = keys::socket(&a.socket);
-    let mut c = Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
+    let mut c =
+        Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
     let s = c.stats()?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
@@ -97,8 +112,13 @@ pub fn stats(a: &StatsArgs) -> anyhow::Result<()> {
 
 pub fn clear(a: &ClearArgs) -> anyhow::Result<()> {
     let path = keys::socket(&a.socket);
-    let mut c = Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
-    let ns = if a.all { None } else { Some(c.register(&keys::spec(&a.ns)?)?.ns) };
+    let mut c =
+        Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
+    let ns = if a.all {
+        None
+    } else {
+        Some(c.register(&keys::spec(&a.ns)?)?.ns)
+    };
     let n = c.clear(ns)?;
     println!("cleared {n} blocks");
     Ok(())

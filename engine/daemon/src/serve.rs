@@ -12,8 +12,10 @@ use crate::cli::{Eviction, ServeArgs};
 pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
     let mut cfg = match &a.config {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading config {}", p.display()))?;
-            toml::from_str::<EngineConfig>(&text).with_context(|| format!("parsing config {}", p.display()))?
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading config {}", p.display()))?;
+            toml::from_str::<EngineConfig>(&text)
+                .with_context(|| format!("parsing config {}", p.display()))?
         }
         None => EngineConfig::default(),
     };
@@ -44,7 +46,10 @@ pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KVNODE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Runs the daemon until SIGTERM or SIGINT, then drains and returns.
@@ -57,7 +62,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     }
     init_logging();
     tracing::info!("effective configuration:\n{shown}");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("kvnode-rt").build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kvnode-rt")
+        .build()?;
     rt.block_on(async move {
         let listener = kvnode_engine::api::bind(&cfg.socket, cfg.socket_mode)?;
         let socket = cfg.socket.clone();

@@ -6,17 +6,35 @@ use kvnode_proto::size::ByteSize;
 use kvnode_proto::stats::StatsReport;
 
 fn rate(h: u64, m: u64) -> String {
-    if h + m == 0 { "-".into() } else { format!("{:.1}%", h as f64 * 100.0 / (h + m) as f64) }
+    if h + m == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", h as f64 * 100.0 / (h + m) as f64)
+    }
 }
 
 /// Renders the report as aligned tables.
 pub fn render(s: &StatsReport) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "kvnode {}  pid {}  up {:.0}s  clients {}", s.version, s.pid, s.uptime_s, s.clients);
+    let _ = writeln!(
+        o,
+        "kvnode {}  pid {}  up {:.0}s  clients {}",
+        s.version, s.pid, s.uptime_s, s.clients
+    );
     let _ = writeln!(
         o,
         "\n{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>10}",
-        "tier", "capacity", "blocks", "bytes", "hits", "misses", "hit%", "evictions", "leases", "pinned", "populated"
+        "tier",
+        "capacity",
+        "blocks",
+        "bytes",
+        "hits",
+        "misses",
+        "hit%",
+        "evictions",
+        "leases",
+        "pinned",
+        "populated"
     );
     for t in &s.tiers {
         let _ = writeln!(
@@ -33,10 +51,18 @@ pub fn render(s: &StatsReport) -> String {
             t.leases,
             ByteSize(t.pinned_bytes).to_string(),
             ByteSize(t.populated_bytes).to_string(),
-            if t.pin_refused { "  (pinning refused: RLIMIT_MEMLOCK)" } else { "" }
+            if t.pin_refused {
+                "  (pinning refused: RLIMIT_MEMLOCK)"
+            } else {
+                ""
+            }
         );
     }
-    let _ = writeln!(o, "\n{:<6} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>10}", "class", "slot", "slabs", "slots", "used", "resv", "free", "evictions");
+    let _ = writeln!(
+        o,
+        "\n{:<6} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>10}",
+        "class", "slot", "slabs", "slots", "used", "resv", "free", "evictions"
+    );
     for p in &s.pools {
         let _ = writeln!(
             o,
@@ -51,7 +77,11 @@ pub fn render(s: &StatsReport) -> String {
             p.evictions
         );
     }
-    let _ = writeln!(o, "\n{:<4} {:<16} {:<20} {:>8} {:>10} {:>10} {:>10} {:>8} {:>10}", "ns", "id", "model", "blocks", "bytes", "hits", "misses", "hit%", "evictions");
+    let _ = writeln!(
+        o,
+        "\n{:<4} {:<16} {:<20} {:>8} {:>10} {:>10} {:>10} {:>8} {:>10}",
+        "ns", "id", "model", "blocks", "bytes", "hits", "misses", "hit%", "evictions"
+    );
     for n in &s.namespaces {
         let _ = writeln!(
             o,

@@ -18,7 +18,10 @@ pub fn recv_with_fds(
     fds: &mut VecDeque<OwnedFd>,
     keep: usize,
 ) -> io::Result<usize> {
-    let mut iov = libc::iovec { iov_base: dst.as_mut_ptr().cast(), iov_len: dst.len() };
+    let mut iov = libc::iovec {
+        iov_base: dst.as_mut_ptr().cast(),
+        iov_len: dst.len(),
+    };
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE((MAX_FDS_PER_MSG * size_of::<RawFd>()) as u32) } as usize;
     let mut cbuf = [0u64; 16];
@@ -39,6 +42,7 @@ pub fn recv_with_fds(
         let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                #[expect(clippy::cast_ptr_alignment, reason = "read with read_unaligned")]
                 let data = libc::CMSG_DATA(c).cast::<RawFd>();
                 let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
                 for i in 0..count {
@@ -56,7 +60,10 @@ pub fn recv_with_fds(
 
 /// sendmsg of `bytes` with `fd` attached; returns bytes sent (maybe fewer than all).
 pub fn send_with_fd(sock: RawFd, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr().cast_mut().cast(), iov_len: bytes.len() };
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr().cast_mut().cast(),
+        iov_len: bytes.len(),
+    };
     // SAFETY: pure size computation.
     let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
     let mut cbuf = [0u64; 4];
@@ -72,11 +79,17 @@ pub fn send_with_fd(sock: RawFd, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
         (*c).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
-        libc::CMSG_DATA(c).cast::<RawFd>().write_unaligned(fd.as_raw_fd());
+        libc::CMSG_DATA(c)
+            .cast::<RawFd>()
+            .write_unaligned(fd.as_raw_fd());
     }
     // SAFETY: msg points at valid buffers for the duration of the call.
     let n = unsafe { libc::sendmsg(sock, &raw const msg, libc::MSG_NOSIGNAL) };
-    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 /// Credentials of the process at the other end of a Unix socket.
@@ -92,13 +105,31 @@ pub struct PeerCred {
 
 /// SO_PEERCRED of a connected Unix socket.
 pub fn peer_cred(sock: RawFd) -> io::Result<PeerCred> {
-    let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `c`.
     let rc = unsafe {
-        libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut c).cast(), &raw mut len)
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut c).cast(),
+            &raw mut len,
+        )
     };
-    if rc == 0 { Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid }) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(PeerCred {
+            pid: c.pid,
+            uid: c.uid,
+            gid: c.gid,
+        })
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 #[cfg(test)]
@@ -115,11 +146,17 @@ mod tests {
         assert_eq!(send_with_fd(a.as_raw_fd(), b"yo", fd).unwrap(), 2);
         let mut q = VecDeque::new();
         let mut buf = [0u8; 2];
-        assert_eq!(recv_with_fds(b.as_raw_fd(), &mut buf, &mut q, 1).unwrap(), 2);
+        assert_eq!(
+            recv_with_fds(b.as_raw_fd(), &mut buf, &mut q, 1).unwrap(),
+            2
+        );
         assert_eq!(&buf, b"hi");
-        assert_eq!(recv_with_fds(b.as_raw_fd(), &mut buf, &mut q, 1).unwrap(), 2);
+        assert_eq!(
+            recv_with_fds(b.as_raw_fd(), &mut buf, &mut q, 1).unwrap(),
+            2
+        );
         assert_eq!(q.len(), 1, "second descriptor must be dropped at the cap");
         let cred = peer_cred(b.as_raw_fd()).unwrap();
-        assert_eq!(cred.pid, std::process::id() as i32);
+        assert_eq!(u32::try_from(cred.pid).unwrap(), std::process::id());
     }
 }

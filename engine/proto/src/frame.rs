@@ -59,7 +59,10 @@ impl FramePrefix {
         if payload_len > MAX_PAYLOAD {
             return Err(FrameError::PayloadLength(payload_len));
         }
-        Ok(Self { header_len, payload_len })
+        Ok(Self {
+            header_len,
+            payload_len,
+        })
     }
 
     /// Encodes the prefix.
@@ -83,7 +86,13 @@ pub fn encode_frame<T: Serialize>(msg: &T, payload_len: u64) -> Result<Vec<u8>, 
     if header_len > MAX_HEADER {
         return Err(FrameError::HeaderLength(header_len));
     }
-    out[..PREFIX_LEN].copy_from_slice(&FramePrefix { header_len, payload_len }.encode());
+    out[..PREFIX_LEN].copy_from_slice(
+        &FramePrefix {
+            header_len,
+            payload_len,
+        }
+        .encode(),
+    );
     Ok(out)
 }
 
@@ -99,19 +108,34 @@ mod tests {
 
     #[test]
     fn prefix_rejects_zero_and_oversized_lengths() {
-        let mk = |h: u32, p: u32| FramePrefix { header_len: h, payload_len: p }.encode();
-        assert_eq!(FramePrefix::decode(mk(0, 0)), Err(FrameError::HeaderLength(0)));
+        let mk = |h: u32, p: u32| {
+            FramePrefix {
+                header_len: h,
+                payload_len: p,
+            }
+            .encode()
+        };
+        assert_eq!(
+            FramePrefix::decode(mk(0, 0)),
+            Err(FrameError::HeaderLength(0))
+        );
         assert!(FramePrefix::decode(mk(MAX_HEADER + 1, 0)).is_err());
         assert!(FramePrefix::decode(mk(1, MAX_PAYLOAD + 1)).is_err());
         assert_eq!(
             FramePrefix::decode(mk(5, 7)),
-            Ok(FramePrefix { header_len: 5, payload_len: 7 })
+            Ok(FramePrefix {
+                header_len: 5,
+                payload_len: 7
+            })
         );
     }
 
     #[test]
     fn request_round_trips_through_a_frame() {
-        let req = Request { id: 9, op: Op::Stats };
+        let req = Request {
+            id: 9,
+            op: Op::Stats,
+        };
         let f = encode_frame(&req, 0).unwrap();
         let p = FramePrefix::decode(f[..8].try_into().unwrap()).unwrap();
         assert_eq!(p.header_len as usize, f.len() - 8);

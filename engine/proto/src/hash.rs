@@ -89,6 +89,9 @@ mod tests {
         let b = sglang_namespace_seed(None, Some("k")).unwrap();
         assert_ne!(a, b);
         let toks: Vec<u32> = (0..8).collect();
-        assert_ne!(page_digests(&toks, 4, Some(a)), page_digests(&toks, 4, None));
+        assert_ne!(
+            page_digests(&toks, 4, Some(a)),
+            page_digests(&toks, 4, None)
+        );
     }
 }

@@ -80,7 +80,9 @@ impl<'de> serde::de::Visitor<'de> for DigestVisitor {
         // Some msgpack writers send byte strings as arrays of small ints.
         let mut d = [0u8; 32];
         for (i, b) in d.iter_mut().enumerate() {
-            *b = seq.next_element()?.ok_or_else(|| serde::de::Error::custom(KeyError::DigestLength(i)))?;
+            *b = seq
+                .next_element()?
+                .ok_or_else(|| serde::de::Error::custom(KeyError::DigestLength(i)))?;
         }
         if seq.next_element::<u8>()?.is_some() {
             return Err(serde::de::Error::custom("page digest longer than 32 bytes"));
@@ -158,7 +160,7 @@ pub fn encode_hex(b: &[u8]) -> String {
 /// Hex decoding (either case).
 pub fn decode_hex(s: &str) -> Result<Vec<u8>, KeyError> {
     let s = s.trim();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(KeyError::BadHex(s.to_owned()));
     }
     let nib = |c: u8| match c {

@@ -125,7 +125,11 @@ impl NamespaceSpec {
         field("page_size", &self.page_size.to_le_bytes());
         field("layout", self.layout.as_bytes());
         field("kv_shape", &u64s(&self.kv_shape));
-        let (tp_rank, tp_size) = if self.mla { (0, 1) } else { (self.tp_rank, self.tp_size.max(1)) };
+        let (tp_rank, tp_size) = if self.mla {
+            (0, 1)
+        } else {
+            (self.tp_rank, self.tp_size.max(1))
+        };
         field("tp", &u32s(&[tp_rank, tp_size]));
         field("pp", &u32s(&[self.pp_rank, self.pp_size.max(1)]));
         field("cp", &u32s(&[self.cp_rank, self.cp_size.max(1)]));
@@ -159,16 +163,48 @@ mod tests {
     fn every_byte_changing_field_changes_the_id() {
         let b = base();
         let variants: Vec<NamespaceSpec> = vec![
-            NamespaceSpec { tp_rank: 1, ..base() },
-            NamespaceSpec { pp_rank: 1, pp_size: 2, ..base() },
-            NamespaceSpec { cp_rank: 1, cp_size: 2, ..base() },
-            NamespaceSpec { head_range: Some((0, 4)), ..base() },
-            NamespaceSpec { layer_range: Some((0, 16)), ..base() },
-            NamespaceSpec { layout: "page_first_direct".into(), ..base() },
-            NamespaceSpec { dtype: "fp8".into(), ..base() },
-            NamespaceSpec { tenant_salt: "t".into(), ..base() },
-            NamespaceSpec { segments: vec![1 << 19, 1 << 19], ..base() },
-            NamespaceSpec { model: "qwen3-8b ".into(), ..base() },
+            NamespaceSpec {
+                tp_rank: 1,
+                ..base()
+            },
+            NamespaceSpec {
+                pp_rank: 1,
+                pp_size: 2,
+                ..base()
+            },
+            NamespaceSpec {
+                cp_rank: 1,
+                cp_size: 2,
+                ..base()
+            },
+            NamespaceSpec {
+                head_range: Some((0, 4)),
+                ..base()
+            },
+            NamespaceSpec {
+                layer_range: Some((0, 16)),
+                ..base()
+            },
+            NamespaceSpec {
+                layout: "page_first_direct".into(),
+                ..base()
+            },
+            NamespaceSpec {
+                dtype: "fp8".into(),
+                ..base()
+            },
+            NamespaceSpec {
+                tenant_salt: "t".into(),
+                ..base()
+            },
+            NamespaceSpec {
+                segments: vec![1 << 19, 1 << 19],
+                ..base()
+            },
+            NamespaceSpec {
+                model: "qwen3-8b ".into(),
+                ..base()
+            },
         ];
         let mut ids: Vec<NamespaceId> = variants.iter().map(NamespaceSpec::id).collect();
         ids.push(b.id());
@@ -180,23 +216,43 @@ mod tests {
 
     #[test]
     fn mla_ranks_share_one_namespace() {
-        let a = NamespaceSpec { mla: true, tp_rank: 0, ..base() };
-        let b = NamespaceSpec { mla: true, tp_rank: 1, ..base() };
+        let a = NamespaceSpec {
+            mla: true,
+            tp_rank: 0,
+            ..base()
+        };
+        let b = NamespaceSpec {
+            mla: true,
+            tp_rank: 1,
+            ..base()
+        };
         assert_eq!(a.id(), b.id());
     }
 
     #[test]
     fn validation_refuses_bad_specs() {
         assert_eq!(
-            NamespaceSpec { segments: vec![], ..base() }.validate(),
+            NamespaceSpec {
+                segments: vec![],
+                ..base()
+            }
+            .validate(),
             Err(SpecError::NoSegments)
         );
         assert_eq!(
-            NamespaceSpec { segments: vec![0], ..base() }.validate(),
+            NamespaceSpec {
+                segments: vec![0],
+                ..base()
+            }
+            .validate(),
             Err(SpecError::ZeroSlot(0))
         );
         assert!(matches!(
-            NamespaceSpec { tp_rank: 2, ..base() }.validate(),
+            NamespaceSpec {
+                tp_rank: 2,
+                ..base()
+            }
+            .validate(),
             Err(SpecError::RankOutOfRange { what: "tp", .. })
         ));
         assert_eq!(base().validate(), Ok(()));

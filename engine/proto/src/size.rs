@@ -4,7 +4,9 @@ use std::fmt;
 
 /// A size string that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid size {0:?}: use a number with an optional unit (B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB)")]
+#[error(
+    "invalid size {0:?}: use a number with an optional unit (B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB)"
+)]
 pub struct SizeError(pub String);
 
 /// Parses a byte size. Binary units (`KiB`) and single letters (`K`) are powers of 1024;
@@ -37,7 +39,7 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
             let m = 1u64 << shift;
-            if self.0 >= m && self.0 % m == 0 {
+            if self.0 >= m && self.0.is_multiple_of(m) {
                 return write!(f, "{}{unit}", self.0 / m);
             }
         }

@@ -6,10 +6,10 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use kvnode_fdpass::PeerCred;
+use kvnode_proto::PROTOCOL_VERSION;
 use kvnode_proto::client::{ErrorCode, Op, Reply, Request, Response};
 use kvnode_proto::frame::{FramePrefix, decode_header, encode_frame};
-use kvnode_proto::PROTOCOL_VERSION;
-use kvnode_fdpass::PeerCred;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
@@ -62,7 +62,13 @@ impl Connection {
 
     pub async fn run(mut self) {
         self.engine.clients.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(conn = self.id, pid = self.cred.pid, uid = self.cred.uid, gid = self.cred.gid, "client connected");
+        tracing::info!(
+            conn = self.id,
+            pid = self.cred.pid,
+            uid = self.cred.uid,
+            gid = self.cred.gid,
+            "client connected"
+        );
         let end = match self.handshake().await {
             Ok(()) => self.serve().await,
             Err(e) => e,
@@ -70,7 +76,9 @@ impl Connection {
         match end {
             End::Closed => tracing::info!(conn = self.id, "client disconnected"),
             End::Io(e) => tracing::info!(conn = self.id, error = %e, "client connection ended"),
-            End::Protocol(why) => tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %why, "client dropped"),
+            End::Protocol(why) => {
+                tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %why, "client dropped")
+            }
         }
         self.cleanup();
         self.engine.clients.fetch_sub(1, Ordering::Relaxed);
@@ -81,7 +89,12 @@ impl Connection {
         let leased: Vec<SlotId> = self.leases.drain().flat_map(|(_, v)| v).collect();
         let reserved: Vec<Reservation> = self.reservations.drain().map(|(_, r)| r).collect();
         if !leased.is_empty() || !reserved.is_empty() {
-            tracing::info!(conn = self.id, leases = leased.len(), reservations = reserved.len(), "released what the client held");
+            tracing::info!(
+                conn = self.id,
+                leases = leased.len(),
+                reservations = reserved.len(),
+                "released what the client held"
+            );
         }
         self.engine.tier.release(&leased);
         self.engine.tier.abort(self.id, &reserved);
@@ -98,10 +111,14 @@ impl Connection {
             Err(e) => return Err(self.fail(0, ErrorCode::Handshake, &e.to_string()).await),
         };
         let Op::Hello { version, client } = req.op else {
-            return Err(self.fail(req.id, ErrorCode::Handshake, "first frame must be Hello").await);
+            return Err(self
+                .fail(req.id, ErrorCode::Handshake, "first frame must be Hello")
+                .await);
         };
         if version != PROTOCOL_VERSION || prefix.payload_len != 0 {
-            let msg = format!("protocol version {version} not supported; this daemon speaks {PROTOCOL_VERSION}");
+            let msg = format!(
+                "protocol version {version} not supported; this daemon speaks {PROTOCOL_VERSION}"
+            );
             return Err(self.fail(req.id, ErrorCode::Handshake, &msg).await);
         }
         tracing::debug!(conn = self.id, client = %client, "handshake");
@@ -116,13 +133,25 @@ impl Connection {
         };
         let frame = encode_frame(&reply, 0).map_err(|e| End::Protocol(e.to_string()))?;
         let engine = Arc::clone(&self.engine);
-        self.io.write_with_fd(&frame, engine.arena.fd()).await.map_err(End::Io)
+        self.io
+            .write_with_fd(&frame, engine.arena.fd())
+            .await
+            .map_err(End::Io)
     }
 
     /// Sends an error frame and returns the protocol end reason.
     async fn fail(&mut self, id: u64, code: ErrorCode, msg: &str) -> End {
         // Best effort: the peer may already be gone.
-        let _ = self.send(id, Reply::Error { code, message: msg.to_owned() }, &[]).await;
+        let _ = self
+            .send(
+                id,
+                Reply::Error {
+                    code,
+                    message: msg.to_owned(),
+                },
+                &[],
+            )
+            .await;
         End::Protocol(msg.to_owned())
     }
 
@@ -163,22 +192,44 @@ impl Connection {
             Ok(r) => r,
             Err(e) => {
                 // Framing is intact: skip the payload, report, and carry on.
-                self.io.skip(u64::from(prefix.payload_len)).await.map_err(End::Io)?;
-                self.send(0, Reply::Error { code: ErrorCode::Malformed, message: e.to_string() }, &[])
+                self.io
+                    .skip(u64::from(prefix.payload_len))
                     .await
                     .map_err(End::Io)?;
+                self.send(
+                    0,
+                    Reply::Error {
+                        code: ErrorCode::Malformed,
+                        message: e.to_string(),
+                    },
+                    &[],
+                )
+                .await
+                .map_err(End::Io)?;
                 return Ok(());
             }
         };
         if self.stop_requested() {
-            self.io.skip(u64::from(prefix.payload_len)).await.map_err(End::Io)?;
-            let msg = "daemon is shutting down".to_owned();
-            self.send(req.id, Reply::Error { code: ErrorCode::ShuttingDown, message: msg }, &[])
+            self.io
+                .skip(u64::from(prefix.payload_len))
                 .await
                 .map_err(End::Io)?;
+            let msg = "daemon is shutting down".to_owned();
+            self.send(
+                req.id,
+                Reply::Error {
+                    code: ErrorCode::ShuttingDown,
+                    message: msg,
+                },
+                &[],
+            )
+            .await
+            .map_err(End::Io)?;
             return Err(End::Closed);
         }
-        self.handle(req, u64::from(prefix.payload_len)).await.map_err(End::Io)
+        self.handle(req, u64::from(prefix.payload_len))
+            .await
+            .map_err(End::Io)
     }
 
     fn stop_requested(&self) -> bool {

@@ -2,11 +2,11 @@
 
 use std::io;
 
+use kvnode_proto::Key;
 use kvnode_proto::client::{
     AllocSlot, CommitStatus, ErrorCode, GetMode, Op, PutStatus, Reply, Request,
 };
 use kvnode_proto::frame::MAX_PAYLOAD;
-use kvnode_proto::Key;
 
 use super::conn::Connection;
 use crate::tier::{Reservation, TierError};
@@ -17,11 +17,17 @@ fn tier_error(e: &TierError) -> Reply {
         TierError::SlotTooLarge { .. } | TierError::TooManyClasses(_) => ErrorCode::Unsupported,
         _ => ErrorCode::Invalid,
     };
-    Reply::Error { code, message: e.to_string() }
+    Reply::Error {
+        code,
+        message: e.to_string(),
+    }
 }
 
 fn invalid(msg: impl Into<String>) -> Reply {
-    Reply::Error { code: ErrorCode::Invalid, message: msg.into() }
+    Reply::Error {
+        code: ErrorCode::Invalid,
+        message: msg.into(),
+    }
 }
 
 impl Connection {
@@ -30,14 +36,20 @@ impl Connection {
         let id = req.id;
         if payload_len > 0 && !matches!(req.op, Op::Put { .. }) {
             self.io.skip(payload_len).await?;
-            return self.send(id, invalid("only Put carries a payload"), &[]).await;
+            return self
+                .send(id, invalid("only Put carries a payload"), &[])
+                .await;
         }
         let reply = match req.op {
             Op::Hello { .. } => invalid("Hello is only valid as the first frame"),
             Op::Register { spec } => match self.engine.tier.register(&spec) {
                 Ok(r) => {
                     tracing::info!(conn = self.id, ns = r.ns, id = %r.id, model = %spec.model, "namespace registered");
-                    Reply::Registered { ns: r.ns, id: r.id.to_string(), segments: r.segments }
+                    Reply::Registered {
+                        ns: r.ns,
+                        id: r.id.to_string(),
+                        segments: r.segments,
+                    }
                 }
                 Err(e) => tier_error(&e),
             },
@@ -45,10 +57,14 @@ impl Connection {
             Op::Alloc { ns, keys, lens } => self.alloc(ns, &keys, &lens),
             Op::Commit { handles } => self.commit(&handles),
             Op::Abort { handles } => {
-                let res: Vec<Reservation> =
-                    handles.iter().filter_map(|h| self.reservations.remove(h)).collect();
+                let res: Vec<Reservation> = handles
+                    .iter()
+                    .filter_map(|h| self.reservations.remove(h))
+                    .collect();
                 self.engine.tier.abort(self.id, &res);
-                Reply::Aborted { count: res.len() as u32 }
+                Reply::Aborted {
+                    count: res.len() as u32,
+                }
             }
             Op::Get { ns, keys, mode } => return self.get(id, ns, &keys, mode).await,
             Op::Release { lease } => match self.leases.remove(&lease) {
@@ -58,7 +74,9 @@ impl Connection {
                 }
                 None => Reply::Error {
                     code: ErrorCode::NotOwned,
-                    message: format!("lease {lease} is not held by this connection (already released?)"),
+                    message: format!(
+                        "lease {lease} is not held by this connection (already released?)"
+                    ),
                 },
             },
             Op::Exists { ns, keys } => match self.engine.tier.exists(ns, &keys) {
@@ -81,7 +99,14 @@ impl Connection {
         self.send(id, reply, &[]).await
     }
 
-    async fn put(&mut self, id: u64, ns: u32, keys: &[Key], lens: &[u64], payload_len: u64) -> io::Result<()> {
+    async fn put(
+        &mut self,
+        id: u64,
+        ns: u32,
+        keys: &[Key],
+        lens: &[u64],
+        payload_len: u64,
+    ) -> io::Result<()> {
         let sum: Option<u64> = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l));
         if keys.len() != lens.len() || sum != Some(payload_len) {
             self.io.skip(payload_len).await?;
@@ -100,11 +125,18 @@ impl Connection {
             }
         };
         // Bytes go straight from the socket into the reserved slots.
-        let mut held: Vec<Reservation> = reserved.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+        let mut held: Vec<Reservation> = reserved
+            .iter()
+            .filter_map(|r| r.as_ref().ok().copied())
+            .collect();
         for (r, &len) in reserved.iter().zip(lens) {
             let read = match r {
                 // SAFETY: this connection holds the reservation; no one else touches the slot.
-                Ok(res) => self.io.read_exact(unsafe { self.engine.arena.slice_mut(res.offset, len) }).await.map(|_| ()),
+                Ok(res) => self
+                    .io
+                    .read_exact(unsafe { self.engine.arena.slice_mut(res.offset, len) })
+                    .await
+                    .map(|_| ()),
                 Err(_) => self.io.skip(len).await,
             };
             if let Err(e) = read {
@@ -140,7 +172,11 @@ impl Connection {
                     let handle = self.next_handle;
                     self.next_handle += 1;
                     self.reservations.insert(handle, res);
-                    AllocSlot::Granted { handle, offset: res.offset, len: res.len }
+                    AllocSlot::Granted {
+                        handle,
+                        offset: res.offset,
+                        len: res.len,
+                    }
                 }
                 Err(status) => AllocSlot::Refused { status },
             })
@@ -149,7 +185,10 @@ impl Connection {
     }
 
     fn commit(&mut self, handles: &[u64]) -> Reply {
-        let found: Vec<Option<Reservation>> = handles.iter().map(|h| self.reservations.remove(h)).collect();
+        let found: Vec<Option<Reservation>> = handles
+            .iter()
+            .map(|h| self.reservations.remove(h))
+            .collect();
         let known: Vec<Reservation> = found.iter().flatten().copied().collect();
         let mut done = self.engine.tier.commit(self.id, &known).into_iter();
         let results = found
@@ -185,7 +224,9 @@ impl Connection {
                 let total: u64 = leased.iter().flatten().map(|l| l.extent.len).sum();
                 if total > u64::from(MAX_PAYLOAD) {
                     self.engine.tier.release(&slots);
-                    let msg = format!("{total} bytes found exceed the 1 GiB frame limit: split the batch or use Lease mode");
+                    let msg = format!(
+                        "{total} bytes found exceed the 1 GiB frame limit: split the batch or use Lease mode"
+                    );
                     return self.send(id, invalid(msg), &[]).await;
                 }
                 let engine = std::sync::Arc::clone(&self.engine);

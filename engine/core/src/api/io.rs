@@ -33,7 +33,13 @@ pub enum Incoming {
 impl SockIo {
     /// Wraps a connected stream.
     pub fn new(stream: UnixStream) -> Self {
-        Self { stream, buf: vec![0u8; READ_BUF].into_boxed_slice(), start: 0, end: 0, fds: VecDeque::new() }
+        Self {
+            stream,
+            buf: vec![0u8; READ_BUF].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            fds: VecDeque::new(),
+        }
     }
 
     /// The underlying stream.
@@ -50,8 +56,12 @@ impl SockIo {
         let raw = self.stream.as_raw_fd();
         loop {
             self.stream.readable().await?;
-            let Self { stream, buf, fds, .. } = self;
-            match stream.try_io(Interest::READABLE, || kvnode_fdpass::recv_with_fds(raw, buf, fds, MAX_QUEUED_FDS)) {
+            let Self {
+                stream, buf, fds, ..
+            } = self;
+            match stream.try_io(Interest::READABLE, || {
+                kvnode_fdpass::recv_with_fds(raw, buf, fds, MAX_QUEUED_FDS)
+            }) {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
@@ -64,7 +74,9 @@ impl SockIo {
         loop {
             self.stream.readable().await?;
             let Self { stream, fds, .. } = self;
-            match stream.try_io(Interest::READABLE, || kvnode_fdpass::recv_with_fds(raw, dst, fds, MAX_QUEUED_FDS)) {
+            match stream.try_io(Interest::READABLE, || {
+                kvnode_fdpass::recv_with_fds(raw, dst, fds, MAX_QUEUED_FDS)
+            }) {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
@@ -98,7 +110,10 @@ impl SockIo {
                 if got == 0 {
                     return Ok(false);
                 }
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed mid-frame"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed mid-frame",
+                ));
             }
             if want >= READ_BUF / 2 {
                 got += n;
@@ -113,7 +128,10 @@ impl SockIo {
         while n > 0 {
             let k = (n as usize).min(scratch.len());
             if !self.read_exact(&mut scratch[..k]).await? {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed mid-frame"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed mid-frame",
+                ));
             }
             n -= k as u64;
         }
@@ -127,10 +145,14 @@ impl SockIo {
         if !self.read_exact(&mut p).await? {
             return Ok(Incoming::Closed);
         }
-        let prefix = FramePrefix::decode(p).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let prefix =
+            FramePrefix::decode(p).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let mut header = vec![0u8; prefix.header_len as usize];
         if !self.read_exact(&mut header).await? {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed mid-frame"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "peer closed mid-frame",
+            ));
         }
         Ok(Incoming::Frame(prefix, header))
     }
@@ -159,7 +181,9 @@ impl SockIo {
         let raw = self.stream.as_raw_fd();
         let sent = loop {
             self.stream.writable().await?;
-            match self.stream.try_io(Interest::WRITABLE, || kvnode_fdpass::send_with_fd(raw, bytes, fd)) {
+            match self.stream.try_io(Interest::WRITABLE, || {
+                kvnode_fdpass::send_with_fd(raw, bytes, fd)
+            }) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),

@@ -46,7 +46,11 @@ impl Engine {
         });
         let stop_pinning = Arc::new(AtomicBool::new(false));
         arena.start_pinning(
-            PinOptions { pin: config.pin, populate: config.populate, chunk: 64 << 20 },
+            PinOptions {
+                pin: config.pin,
+                populate: config.populate,
+                chunk: 64 << 20,
+            },
             Arc::clone(&stop_pinning),
         );
         Ok(Arc::new(Self {

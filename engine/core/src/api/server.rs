@@ -31,7 +31,10 @@ pub enum ServeError {
 
 /// Binds the Unix socket, creating its directory and removing a stale socket file.
 pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
-    let err = |err| ServeError::Bind { path: path.to_owned(), err };
+    let err = |err| ServeError::Bind {
+        path: path.to_owned(),
+        err,
+    };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(err)?;
     }

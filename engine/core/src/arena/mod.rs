@@ -61,7 +61,11 @@ unsafe impl Sync for Arena {}
 impl Arena {
     /// Creates and maps an arena of `len` bytes (rounded up to 2 MiB with hugetlb).
     pub fn create(len: u64, hugetlb: bool) -> Result<Self, ArenaError> {
-        let len = if hugetlb { len.div_ceil(HUGE_2MB) * HUGE_2MB } else { len };
+        let len = if hugetlb {
+            len.div_ceil(HUGE_2MB) * HUGE_2MB
+        } else {
+            len
+        };
         let mut flags = libc::MFD_CLOEXEC;
         if hugetlb {
             flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB;
@@ -74,7 +78,13 @@ impl Arena {
         // SAFETY: raw is a fresh, owned descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: fd is valid.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        if unsafe {
+            libc::ftruncate(
+                fd.as_raw_fd(),
+                libc::off_t::try_from(len).unwrap_or(libc::off_t::MAX),
+            )
+        } != 0
+        {
             return Err(ArenaError::Truncate(std::io::Error::last_os_error(), len));
         }
         // SAFETY: mapping a valid fd of at least `len` bytes.
@@ -96,7 +106,12 @@ impl Arena {
             // SAFETY: advising our own mapping.
             unsafe { libc::madvise(base, len as usize, libc::MADV_HUGEPAGE) };
         }
-        Ok(Self { fd, base: base.cast(), len, progress: Arc::new(PinProgress::default()) })
+        Ok(Self {
+            fd,
+            base: base.cast(),
+            len,
+            progress: Arc::new(PinProgress::default()),
+        })
     }
 
     /// Arena size in bytes.
@@ -130,7 +145,10 @@ impl Arena {
     /// The caller holds a lease or reservation covering the extent, and nothing writes it
     /// for the lifetime of the slice.
     pub unsafe fn slice(&self, offset: u64, len: u64) -> &[u8] {
-        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len), "extent outside arena");
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "extent outside arena"
+        );
         // SAFETY: in bounds (checked); exclusivity is the caller's contract.
         unsafe { std::slice::from_raw_parts(self.base.add(offset as usize), len as usize) }
     }
@@ -139,9 +157,15 @@ impl Arena {
     ///
     /// # Safety
     /// The caller holds the reservation of the extent and no one else accesses it.
-    #[expect(clippy::mut_from_ref, reason = "the arena is shared memory; exclusivity comes from reservations")]
+    #[expect(
+        clippy::mut_from_ref,
+        reason = "the arena is shared memory; exclusivity comes from reservations"
+    )]
     pub unsafe fn slice_mut(&self, offset: u64, len: u64) -> &mut [u8] {
-        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len), "extent outside arena");
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "extent outside arena"
+        );
         // SAFETY: in bounds (checked); exclusivity is the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.base.add(offset as usize), len as usize) }
     }
@@ -181,11 +205,22 @@ mod tests {
     fn sixteen_gib_arena_is_created_instantly_and_pins_in_background() {
         let t = std::time::Instant::now();
         let a = Arc::new(Arena::create(16 << 30, false).unwrap());
-        assert!(t.elapsed().as_millis() < 500, "creation took {:?}", t.elapsed());
+        assert!(
+            t.elapsed().as_millis() < 500,
+            "creation took {:?}",
+            t.elapsed()
+        );
         // Only exercise pinning on a small arena in unit tests.
         let small = Arc::new(Arena::create(8 << 20, false).unwrap());
         let stop = Arc::new(AtomicBool::new(false));
-        let h = small.start_pinning(PinOptions { pin: true, populate: true, chunk: 1 << 20 }, stop);
+        let h = small.start_pinning(
+            PinOptions {
+                pin: true,
+                populate: true,
+                chunk: 1 << 20,
+            },
+            stop,
+        );
         h.unwrap().join().unwrap();
         let p = small.progress();
         assert!(p.done.load(Ordering::Relaxed));

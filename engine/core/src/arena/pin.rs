@@ -17,7 +17,10 @@ pub struct PinOptions {
 }
 
 fn memlock_limit() -> String {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit writes into a valid struct.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut r) } != 0 {
         return "unknown".into();

@@ -16,13 +16,19 @@ pub struct Lru {
 
 impl Default for Lru {
     fn default() -> Self {
-        Self { links: HashMap::new(), head: NIL, tail: NIL }
+        Self {
+            links: HashMap::new(),
+            head: NIL,
+            tail: NIL,
+        }
     }
 }
 
 impl Lru {
     fn unlink(&mut self, s: SlotId) -> bool {
-        let Some((prev, next)) = self.links.remove(&s) else { return false };
+        let Some((prev, next)) = self.links.remove(&s) else {
+            return false;
+        };
         if prev == NIL {
             self.head = next;
         } else if let Some(l) = self.links.get_mut(&prev) {

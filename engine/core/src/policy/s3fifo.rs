@@ -88,7 +88,15 @@ impl EvictionPolicy for S3Fifo {
     fn insert(&mut self, slot: SlotId, key_hash: u64) {
         self.forget(slot);
         let to_main = self.ghost_set.remove(&key_hash);
-        self.entries.insert(slot, Entry { queue: Queue::Small, freq: 0, key_hash, stamp: 0 });
+        self.entries.insert(
+            slot,
+            Entry {
+                queue: Queue::Small,
+                freq: 0,
+                key_hash,
+                stamp: 0,
+            },
+        );
         self.small_live += 1;
         // `enqueue` expects the entry counted in its current queue.
         self.enqueue(slot, if to_main { Queue::Main } else { Queue::Small });
@@ -107,9 +115,8 @@ impl EvictionPolicy for S3Fifo {
     fn victim(&mut self, evictable: &mut dyn FnMut(SlotId) -> bool) -> Option<SlotId> {
         // Every live entry can be requeued at most MAX_FREQ + 2 times before it is either
         // evicted or found unevictable twice; stale items are dropped as they are popped.
-        let mut budget = (self.entries.len() * (usize::from(MAX_FREQ) + 2))
-            + self.small.len()
-            + self.main.len();
+        let mut budget =
+            (self.entries.len() * (usize::from(MAX_FREQ) + 2)) + self.small.len() + self.main.len();
         let mut pinned_seen: HashSet<SlotId> = HashSet::new();
         // Unevictable pops from main; once every main entry was seen so, try small.
         let mut main_pinned = 0usize;
@@ -130,7 +137,9 @@ impl EvictionPolicy for S3Fifo {
                     None => continue,
                 }
             };
-            let Some(e) = self.live(item, queue) else { continue };
+            let Some(e) = self.live(item, queue) else {
+                continue;
+            };
             let slot = item.0;
             if !evictable(slot) {
                 if !pinned_seen.insert(slot) && pinned_seen.len() >= self.entries.len() {

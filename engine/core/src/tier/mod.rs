@@ -23,7 +23,9 @@ use state::State;
 #[non_exhaustive]
 pub enum TierError {
     /// No namespace with this handle.
-    #[error("unknown namespace handle {0}: register the namespace on this connection's daemon first")]
+    #[error(
+        "unknown namespace handle {0}: register the namespace on this connection's daemon first"
+    )]
     UnknownNamespace(u32),
     /// The namespace spec is invalid.
     #[error("invalid namespace spec: {0}")]
@@ -119,13 +121,18 @@ pub struct DramTier {
 impl DramTier {
     /// A tier over `cfg.capacity` bytes of arena.
     pub fn new(cfg: &TierConfig) -> Self {
-        Self { state: Mutex::new(State::new(cfg)) }
+        Self {
+            state: Mutex::new(State::new(cfg)),
+        }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         // A poisoned lock means a panic mid-update: the metadata can no longer be trusted,
         // so propagate rather than serve possibly wrong blocks.
-        let mut g = self.state.lock().expect("DRAM tier metadata lock poisoned by a panic");
+        let mut g = self
+            .state
+            .lock()
+            .expect("DRAM tier metadata lock poisoned by a panic");
         f(&mut g)
     }
 
@@ -148,7 +155,10 @@ impl DramTier {
         lens: &[u64],
     ) -> Result<Vec<Result<Reservation, PutStatus>>, TierError> {
         if keys.len() != lens.len() {
-            return Err(TierError::LengthMismatch { keys: keys.len(), lens: lens.len() });
+            return Err(TierError::LengthMismatch {
+                keys: keys.len(),
+                lens: lens.len(),
+            });
         }
         self.with(|s| s.reserve(conn, ns, keys, lens))
     }

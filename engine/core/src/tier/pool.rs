@@ -69,7 +69,14 @@ pub struct Pool {
 impl Pool {
     /// An empty class.
     pub fn new(class: u32, slot_bytes: u64, kind: PolicyKind) -> Self {
-        Self { class, slot_bytes, slabs: Vec::new(), free: Vec::new(), policy: Policy::new(kind), evictions: 0 }
+        Self {
+            class,
+            slot_bytes,
+            slabs: Vec::new(),
+            free: Vec::new(),
+            policy: Policy::new(kind),
+            evictions: 0,
+        }
     }
 }
 

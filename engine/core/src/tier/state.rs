@@ -53,12 +53,17 @@ impl State {
             index: HashMap::new(),
             namespaces: Vec::new(),
             ns_by_id: HashMap::new(),
-            totals: TierStats { tier: "dram".into(), ..TierStats::default() },
+            totals: TierStats {
+                tier: "dram".into(),
+                ..TierStats::default()
+            },
         }
     }
 
     pub fn ns(&self, ns: u32) -> Result<&NsEntry, TierError> {
-        self.namespaces.get(ns as usize).ok_or(TierError::UnknownNamespace(ns))
+        self.namespaces
+            .get(ns as usize)
+            .ok_or(TierError::UnknownNamespace(ns))
     }
 
     pub fn register(&mut self, spec: &NamespaceSpec) -> Result<Registered, TierError> {
@@ -71,25 +76,38 @@ impl State {
         for (segment, &size) in spec.segments.iter().enumerate() {
             let bytes = class_bytes(size);
             if bytes > self.slab_bytes {
-                return Err(TierError::SlotTooLarge { segment, size, slab: self.slab_bytes });
+                return Err(TierError::SlotTooLarge {
+                    segment,
+                    size,
+                    slab: self.slab_bytes,
+                });
             }
-            let class = match self.class_by_size.get(&bytes) {
-                Some(&c) => c,
-                None => {
-                    if self.pools.len() >= MAX_CLASSES {
-                        return Err(TierError::TooManyClasses(self.pools.len()));
-                    }
-                    let c = self.pools.len() as u32;
-                    self.pools.push(Pool::new(c, bytes, self.policy));
-                    self.class_by_size.insert(bytes, c);
-                    c
+            let class = if let Some(&c) = self.class_by_size.get(&bytes) {
+                c
+            } else {
+                if self.pools.len() >= MAX_CLASSES {
+                    return Err(TierError::TooManyClasses(self.pools.len()));
                 }
+                let c = self.pools.len() as u32;
+                self.pools.push(Pool::new(c, bytes, self.policy));
+                self.class_by_size.insert(bytes, c);
+                c
             };
             classes.push(class);
         }
         let h = self.namespaces.len() as u32;
-        let stats = NamespaceStats { ns: h, id: id.to_string(), model: spec.model.clone(), ..NamespaceStats::default() };
-        self.namespaces.push(NsEntry { id, spec: spec.clone(), classes, stats });
+        let stats = NamespaceStats {
+            ns: h,
+            id: id.to_string(),
+            model: spec.model.clone(),
+            ..NamespaceStats::default()
+        };
+        self.namespaces.push(NsEntry {
+            id,
+            spec: spec.clone(),
+            classes,
+            stats,
+        });
         self.ns_by_id.insert(id, h);
         Ok(self.registered(h))
     }
@@ -107,16 +125,26 @@ impl State {
                 class_slot_bytes: self.pools[c as usize].slot_bytes,
             })
             .collect();
-        Registered { ns: h, id: e.id, segments }
+        Registered {
+            ns: h,
+            id: e.id,
+            segments,
+        }
     }
 
     fn block_key(&self, ns: u32, k: &Key) -> Result<BlockKey, TierError> {
-        Ok(BlockKey { ns: self.ns(ns)?.id, digest: k.0, segment: k.1 })
+        Ok(BlockKey {
+            ns: self.ns(ns)?.id,
+            digest: k.0,
+            segment: k.1,
+        })
     }
 
     fn offset(&self, slot: SlotId) -> u64 {
         let (slab, idx) = slot_parts(slot);
-        let class = self.slabs[slab as usize].class.expect("slot of an assigned slab");
+        let class = self.slabs[slab as usize]
+            .class
+            .expect("slot of an assigned slab");
         u64::from(slab) * self.slab_bytes + u64::from(idx) * self.pools[class as usize].slot_bytes
     }
 
@@ -131,7 +159,9 @@ impl State {
     }
 
     fn class_of(&self, slot: SlotId) -> u32 {
-        self.slabs[slot_parts(slot).0 as usize].class.expect("assigned")
+        self.slabs[slot_parts(slot).0 as usize]
+            .class
+            .expect("assigned")
     }
 
     pub fn reserve(
@@ -172,7 +202,13 @@ impl State {
         };
         *self.slot_mut(slot) = Slot::Reserved { conn };
         self.totals.reserved += 1;
-        Ok(Ok(Reservation { slot, key, ns, offset: self.offset(slot), len }))
+        Ok(Ok(Reservation {
+            slot,
+            key,
+            ns,
+            offset: self.offset(slot),
+            len,
+        }))
     }
 
     /// A free slot of `class`: free list, a free slab, an eviction, or a reclaimed slab.
@@ -298,8 +334,13 @@ impl State {
             self.free_slot(r.slot);
             return CommitStatus::Duplicate;
         }
-        *self.slot_mut(r.slot) =
-            Slot::Block(Resident { key: r.key, ns: r.ns, len: r.len, leases: 0, doomed: false });
+        *self.slot_mut(r.slot) = Slot::Block(Resident {
+            key: r.key,
+            ns: r.ns,
+            len: r.len,
+            leases: 0,
+            doomed: false,
+        });
         self.index.insert(r.key, r.slot);
         let c = self.class_of(r.slot) as usize;
         self.pools[c].policy.insert(r.slot, key_hash(&r.key));
@@ -325,7 +366,11 @@ impl State {
         let mut out = Vec::with_capacity(keys.len());
         let (mut hits, mut misses) = (0u64, 0u64);
         for k in keys {
-            let key = BlockKey { ns: id, digest: k.0, segment: k.1 };
+            let key = BlockKey {
+                ns: id,
+                digest: k.0,
+                segment: k.1,
+            };
             let Some(&slot) = self.index.get(&key) else {
                 misses += 1;
                 out.push(None);
@@ -334,11 +379,16 @@ impl State {
             hits += 1;
             let offset = self.offset(slot);
             let c = self.class_of(slot) as usize;
-            let Slot::Block(r) = self.slot_mut(slot) else { unreachable!("indexed slot holds a block") };
+            let Slot::Block(r) = self.slot_mut(slot) else {
+                unreachable!("indexed slot holds a block")
+            };
             r.leases += 1;
             let len = r.len;
             self.pools[c].policy.touch(slot);
-            out.push(Some(LeasedBlock { slot, extent: Extent { offset, len } }));
+            out.push(Some(LeasedBlock {
+                slot,
+                extent: Extent { offset, len },
+            }));
         }
         self.totals.hits += hits;
         self.totals.misses += misses;
@@ -366,16 +416,26 @@ impl State {
         let id = self.ns(ns)?.id;
         let n = keys
             .iter()
-            .take_while(|k| self.index.contains_key(&BlockKey { ns: id, digest: k.0, segment: k.1 }))
+            .take_while(|k| {
+                self.index.contains_key(&BlockKey {
+                    ns: id,
+                    digest: k.0,
+                    segment: k.1,
+                })
+            })
             .count();
         Ok(n as u32)
     }
 
     fn remove_key(&mut self, key: &BlockKey) -> bool {
-        let Some(slot) = self.index.remove(key) else { return false };
+        let Some(slot) = self.index.remove(key) else {
+            return false;
+        };
         let c = self.class_of(slot) as usize;
         self.pools[c].policy.remove(slot);
-        let Slot::Block(r) = self.slot_mut(slot) else { unreachable!("indexed slot holds a block") };
+        let Slot::Block(r) = self.slot_mut(slot) else {
+            unreachable!("indexed slot holds a block")
+        };
         let r2 = r.clone();
         if r.leases > 0 {
             r.doomed = true;
@@ -391,7 +451,11 @@ impl State {
         let id = self.ns(ns)?.id;
         let mut n = 0;
         for k in keys {
-            if self.remove_key(&BlockKey { ns: id, digest: k.0, segment: k.1 }) {
+            if self.remove_key(&BlockKey {
+                ns: id,
+                digest: k.0,
+                segment: k.1,
+            }) {
                 n += 1;
             }
         }
@@ -400,8 +464,12 @@ impl State {
 
     pub fn clear(&mut self, ns: Option<u32>) -> Result<u64, TierError> {
         let id = ns.map(|h| self.ns(h).map(|e| e.id)).transpose()?;
-        let keys: Vec<BlockKey> =
-            self.index.keys().filter(|k| id.is_none_or(|i| k.ns == i)).copied().collect();
+        let keys: Vec<BlockKey> = self
+            .index
+            .keys()
+            .filter(|k| id.is_none_or(|i| k.ns == i))
+            .copied()
+            .collect();
         for k in &keys {
             self.remove_key(k);
         }
@@ -434,6 +502,10 @@ impl State {
             pools.push(ps);
         }
         let namespaces = self.namespaces.iter().map(|e| e.stats.clone()).collect();
-        TierSnapshot { tier, pools, namespaces }
+        TierSnapshot {
+            tier,
+            pools,
+            namespaces,
+        }
     }
 }

@@ -6,11 +6,20 @@ use kvnode_proto::Digest;
 const MIB: u64 = 1 << 20;
 
 fn tier(capacity: u64, slab: u64, policy: PolicyKind) -> DramTier {
-    DramTier::new(&TierConfig { capacity, slab_bytes: slab, policy })
+    DramTier::new(&TierConfig {
+        capacity,
+        slab_bytes: slab,
+        policy,
+    })
 }
 
 fn spec(model: &str, slot: u64) -> NamespaceSpec {
-    NamespaceSpec { model: model.into(), page_size: 16, segments: vec![slot], ..Default::default() }
+    NamespaceSpec {
+        model: model.into(),
+        page_size: 16,
+        segments: vec![slot],
+        ..Default::default()
+    }
 }
 
 fn key(i: u32) -> Key {
@@ -37,7 +46,11 @@ fn leased_block_survives_filling_the_tier() {
         }
         let snap = t.snapshot();
         assert!(snap.tier.evictions >= 90, "{:?}", snap.tier);
-        assert_eq!(t.exists(ns, &[key(0)]).unwrap(), 1, "leased block was evicted");
+        assert_eq!(
+            t.exists(ns, &[key(0)]).unwrap(),
+            1,
+            "leased block was evicted"
+        );
         let again = t.lease(ns, &[key(0)]).unwrap()[0].unwrap();
         assert_eq!(again.extent, held.extent);
         t.release(&[held.slot, again.slot]);
@@ -83,13 +96,28 @@ fn namespaces_with_same_digests_are_disjoint() {
 fn blocks_are_immutable_and_duplicate_commit_is_refused() {
     let t = tier(8 * MIB, 2 * MIB, PolicyKind::Lru);
     let ns = t.register(&spec("m", 4096)).unwrap().ns;
-    let r1 = t.reserve(1, ns, &[key(5)], &[100]).unwrap().remove(0).unwrap();
-    let r2 = t.reserve(2, ns, &[key(5)], &[100]).unwrap().remove(0).unwrap();
+    let r1 = t
+        .reserve(1, ns, &[key(5)], &[100])
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let r2 = t
+        .reserve(2, ns, &[key(5)], &[100])
+        .unwrap()
+        .remove(0)
+        .unwrap();
     assert_eq!(t.commit(2, &[r2]), vec![CommitStatus::Committed]);
     assert_eq!(t.commit(1, &[r1]), vec![CommitStatus::Duplicate]);
-    assert_eq!(t.reserve(3, ns, &[key(5)], &[1]).unwrap()[0], Err(PutStatus::Exists));
+    assert_eq!(
+        t.reserve(3, ns, &[key(5)], &[1]).unwrap()[0],
+        Err(PutStatus::Exists)
+    );
     // A connection cannot commit another's reservation, nor commit twice.
-    let r3 = t.reserve(1, ns, &[key(6)], &[1]).unwrap().remove(0).unwrap();
+    let r3 = t
+        .reserve(1, ns, &[key(6)], &[1])
+        .unwrap()
+        .remove(0)
+        .unwrap();
     assert_eq!(t.commit(2, &[r3]), vec![CommitStatus::UnknownHandle]);
     assert_eq!(t.commit(1, &[r3]), vec![CommitStatus::Committed]);
     assert_eq!(t.commit(1, &[r3]), vec![CommitStatus::UnknownHandle]);
@@ -105,7 +133,11 @@ fn delete_while_leased_hides_now_and_frees_on_release() {
     assert_eq!(t.exists(ns, &[key(1)]).unwrap(), 0);
     // The slot is still held: with two 1 MiB slots, one is free, the doomed one is not.
     put(&t, ns, 2, MIB).unwrap();
-    assert_eq!(put(&t, ns, 3, MIB).map(|_| ()), Ok(()), "evicting key 2 is allowed");
+    assert_eq!(
+        put(&t, ns, 3, MIB).map(|_| ()),
+        Ok(()),
+        "evicting key 2 is allowed"
+    );
     assert_eq!(t.snapshot().pools[0].used, 2);
     t.release(&[l.slot]);
     assert_eq!(t.snapshot().pools[0].free, 1);
@@ -115,10 +147,22 @@ fn delete_while_leased_hides_now_and_frees_on_release() {
 fn oversize_bad_segment_and_unknown_namespace_are_refused() {
     let t = tier(8 * MIB, 2 * MIB, PolicyKind::Lru);
     let ns = t.register(&spec("m", 4096)).unwrap().ns;
-    assert_eq!(t.reserve(1, ns, &[key(1)], &[4097]).unwrap()[0], Err(PutStatus::TooLarge));
-    assert_eq!(t.reserve(1, ns, &[Key(key(1).0, 3)], &[1]).unwrap()[0], Err(PutStatus::BadSegment));
-    assert_eq!(t.reserve(1, 7, &[key(1)], &[1]), Err(TierError::UnknownNamespace(7)));
-    assert!(matches!(t.register(&spec("big", 3 * MIB)), Err(TierError::SlotTooLarge { .. })));
+    assert_eq!(
+        t.reserve(1, ns, &[key(1)], &[4097]).unwrap()[0],
+        Err(PutStatus::TooLarge)
+    );
+    assert_eq!(
+        t.reserve(1, ns, &[Key(key(1).0, 3)], &[1]).unwrap()[0],
+        Err(PutStatus::BadSegment)
+    );
+    assert_eq!(
+        t.reserve(1, 7, &[key(1)], &[1]),
+        Err(TierError::UnknownNamespace(7))
+    );
+    assert!(matches!(
+        t.register(&spec("big", 3 * MIB)),
+        Err(TierError::SlotTooLarge { .. })
+    ));
     assert_eq!(
         t.reserve(1, ns, &[key(1)], &[]),
         Err(TierError::LengthMismatch { keys: 1, lens: 0 })
@@ -135,7 +179,10 @@ fn new_class_reclaims_a_slab_from_a_full_class() {
     }
     put(&t, b, 0, 1000).unwrap();
     let s = t.snapshot();
-    assert_eq!(s.pools.iter().map(|p| p.slabs).collect::<Vec<_>>(), vec![1, 1]);
+    assert_eq!(
+        s.pools.iter().map(|p| p.slabs).collect::<Vec<_>>(),
+        vec![1, 1]
+    );
     assert_eq!(s.namespaces[0].blocks, 2);
     assert_eq!(s.namespaces[0].evictions, 2);
     assert_eq!(s.tier.blocks, 3);
@@ -144,7 +191,10 @@ fn new_class_reclaims_a_slab_from_a_full_class() {
 #[test]
 fn registration_is_idempotent_and_reports_classes() {
     let t = tier(8 * MIB, 2 * MIB, PolicyKind::Lru);
-    let s = NamespaceSpec { segments: vec![100, 8192, 5000], ..spec("m", 1) };
+    let s = NamespaceSpec {
+        segments: vec![100, 8192, 5000],
+        ..spec("m", 1)
+    };
     let r1 = t.register(&s).unwrap();
     let r2 = t.register(&s).unwrap();
     assert_eq!(r1, r2);
