@@ -385,7 +385,8 @@ proptest! {
         )
     ) {
         use std::sync::OnceLock;
-        static D: OnceLock<(Daemon, std::sync::Mutex<(Client, u32, Vec<Key>, Vec<Vec<u8>>)>)> = OnceLock::new();
+        type Seeded = (Client, u32, Vec<Key>, Vec<Vec<u8>>);
+        static D: OnceLock<(Daemon, std::sync::Mutex<Seeded>)> = OnceLock::new();
         let (d, state) = D.get_or_init(|| {
             let d = Daemon::start(&["--dram", "16MiB"]);
             let s = seed_blocks(&d);

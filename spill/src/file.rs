@@ -1,0 +1,187 @@
+//! Opening a spill file: create and preallocate, or validate its superblock and geometry.
+
+use crate::buf::AlignedBuf;
+use crate::error::{DecodeError, SpillError};
+use crate::format::{SECTOR, SUPERBLOCK_LEN, Superblock};
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// An open spill file with its validated superblock.
+#[derive(Debug)]
+pub(crate) struct SpillFile {
+    pub path: PathBuf,
+    pub file: File,
+    pub sb: Superblock,
+    /// True when the file was (re)initialised empty at this open.
+    pub fresh: bool,
+}
+
+fn is_einval(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EINVAL)
+}
+
+/// Reads `buf.len()` bytes at `off`, zero-filling past end of file. Short reads are retried.
+pub(crate) fn read_full(file: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], off + done as u64) {
+            Ok(0) => {
+                buf[done..].fill(0);
+                return Ok(());
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn random_uuid() -> [u8; 16] {
+    let mut u = [0u8; 16];
+    // SAFETY: writes at most 16 bytes into `u`.
+    let n = unsafe { libc::getrandom(u.as_mut_ptr().cast(), u.len(), 0) };
+    if n != 16 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        u = (t ^ u128::from(std::process::id())).to_le_bytes();
+    }
+    u
+}
+
+fn preallocate(file: &File, path: &Path, size: u64) -> Result<(), SpillError> {
+    // SAFETY: plain syscall on an owned fd.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size.cast_signed()) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(SpillError::io(
+            "fallocate (preallocating the spill file)",
+            path,
+            e,
+        ));
+    }
+    Ok(())
+}
+
+fn write_superblock(file: &File, path: &Path, sb: &Superblock) -> Result<(), SpillError> {
+    let mut sector = AlignedBuf::zeroed(SECTOR as usize);
+    sector[..SUPERBLOCK_LEN].copy_from_slice(&sb.encode());
+    match file.write_all_at(&sector, 0) {
+        Ok(()) => {}
+        Err(e) if is_einval(&e) => {
+            return Err(SpillError::DirectIoUnsupported {
+                path: path.into(),
+                source: e,
+            });
+        }
+        Err(e) => return Err(SpillError::io("writing the superblock", path, e)),
+    }
+    file.sync_data()
+        .map_err(|e| SpillError::io("fdatasync", path, e))
+}
+
+/// Opens (creating if needed) the spill file at `path` with the given geometry.
+///
+/// A file whose superblock has our magic but is otherwise damaged is reinitialised empty
+/// (its blocks become misses); a file without our magic is refused so that a wrong path never
+/// overwrites foreign data.
+pub(crate) fn open_spill_file(
+    path: &Path,
+    index: u32,
+    file_size: u64,
+    region_size: u64,
+    direct: bool,
+) -> Result<SpillFile, SpillError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| SpillError::io("creating spill dir", dir, e))?;
+    }
+    let mut opts = OpenOptions::new();
+    opts.read(true).write(true).create(true);
+    if direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    let file = match opts.open(path) {
+        Ok(f) => f,
+        Err(e) if direct && is_einval(&e) => {
+            return Err(SpillError::DirectIoUnsupported {
+                path: path.into(),
+                source: e,
+            });
+        }
+        Err(e) => return Err(SpillError::io("opening spill file", path, e)),
+    };
+    let len = file
+        .metadata()
+        .map_err(|e| SpillError::io("stat", path, e))?
+        .len();
+    let fresh_sb = Superblock {
+        block_align: SECTOR as u32,
+        file_size,
+        region_size,
+        file_index: index,
+        uuid: random_uuid(),
+    };
+    let init = |file: File| -> Result<SpillFile, SpillError> {
+        file.set_len(0)
+            .map_err(|e| SpillError::io("truncating spill file", path, e))?;
+        preallocate(&file, path, file_size)?;
+        write_superblock(&file, path, &fresh_sb)?;
+        Ok(SpillFile {
+            path: path.into(),
+            file,
+            sb: fresh_sb,
+            fresh: true,
+        })
+    };
+    if len == 0 {
+        return init(file);
+    }
+    let mut sector = AlignedBuf::zeroed(SECTOR as usize);
+    match read_full(&file, &mut sector, 0) {
+        Ok(()) => {}
+        Err(e) if is_einval(&e) => {
+            return Err(SpillError::DirectIoUnsupported {
+                path: path.into(),
+                source: e,
+            });
+        }
+        Err(e) => return Err(SpillError::io("reading the superblock", path, e)),
+    }
+    match Superblock::decode(&sector) {
+        Ok(sb) if sb.file_size == file_size && sb.region_size == region_size => {
+            if len < file_size {
+                tracing::warn!(path = %path.display(), len, "spill file is shorter than its geometry; extending (blocks past the cut are lost)");
+                preallocate(&file, path, file_size)?;
+            }
+            Ok(SpillFile {
+                path: path.into(),
+                file,
+                sb,
+                fresh: false,
+            })
+        }
+        Ok(sb) => Err(SpillError::GeometryMismatch {
+            path: path.into(),
+            found: format!(
+                "file size {} and region size {}",
+                sb.file_size, sb.region_size
+            ),
+            configured: format!("file size {file_size} and region size {region_size}"),
+        }),
+        Err(
+            source @ (DecodeError::Magic { .. }
+            | DecodeError::Truncated { .. }
+            | DecodeError::Version { .. }),
+        ) => Err(SpillError::NotASpillFile {
+            path: path.into(),
+            source,
+        }),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "spill superblock damaged; reinitialising the file empty");
+            init(file)
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! `SpillTier`: opens and recovers the files, starts one IO worker per file, routes operations.
+
+use crate::buf::{Arena, Done, IoBuf};
+use crate::completion::{self, Completion};
+use crate::config::{SPILL_FILE_NAME, SpillConfig};
+use crate::engine::IoEngine;
+use crate::error::SpillError;
+use crate::file::open_spill_file;
+use crate::key::SpillKey;
+use crate::ops::{BufOp, MissReason, Msg, ReadOutcome, UnitOp, WriteOutcome};
+use crate::recovery::{FileScan, scan_file};
+use crate::region::Regions;
+use crate::stats::{Loc, Shared, SpillStats, Tracker};
+use crate::worker::{Worker, WorkerSettings};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What recovery found in one spill file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FileRecovery {
+    /// The spill file.
+    pub path: PathBuf,
+    /// The file was created (or reinitialised after a damaged superblock) at this start.
+    pub fresh: bool,
+    /// Identity from the superblock.
+    pub uuid: [u8; 16],
+    /// Valid blocks found (before resolving duplicates across files).
+    pub blocks: u64,
+    /// Torn or corrupt blocks skipped.
+    pub skipped: u64,
+    /// Regions read from their summary.
+    pub summaries: u64,
+    /// Regions scanned sector by sector (unsealed at the last stop).
+    pub scanned: u64,
+}
+
+/// What [`SpillTier::open`] rebuilt from the files.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecoveryReport {
+    /// Per-file details.
+    pub files: Vec<FileRecovery>,
+    /// Blocks indexed after resolving duplicates (newest sequence wins).
+    pub blocks: u64,
+    /// Payload bytes of those blocks.
+    pub bytes: u64,
+    /// Torn or corrupt blocks skipped, all files.
+    pub skipped: u64,
+    /// Older copies of keys that a newer copy replaced.
+    pub superseded: u64,
+    /// Wall time of recovery.
+    pub elapsed: Duration,
+}
+
+struct WorkerHandle {
+    tx: Option<SyncSender<Msg>>,
+    wake: Option<OwnedFd>,
+    tracker: Arc<Tracker>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    fn wake(&self) {
+        if let Some(fd) = &self.wake {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from a local to an eventfd this handle owns.
+            unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
+        }
+    }
+
+    /// Sends `msg`; with `block == false` a full queue hands the message back.
+    fn send(&self, msg: Msg, block: bool) -> Result<(), Box<Msg>> {
+        let Some(tx) = &self.tx else {
+            return Err(Box::new(msg));
+        };
+        let r = if block {
+            tx.send(msg).map_err(|e| Box::new(e.0))
+        } else {
+            tx.try_send(msg).map_err(|e| match e {
+                TrySendError::Full(m) | TrySendError::Disconnected(m) => Box::new(m),
+            })
+        };
+        if r.is_ok() {
+            self.wake();
+        }
+        r
+    }
+}
+
+/// The disk spill tier: a set of preallocated files, one IO worker thread (and ring) each.
+pub struct SpillTier {
+    workers: Vec<WorkerHandle>,
+    shared: Arc<Shared>,
+    config: SpillConfig,
+    arena: Mutex<Option<Arena>>,
+    next: AtomicUsize,
+    recovery: RecoveryReport,
+}
+
+impl std::fmt::Debug for SpillTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpillTier")
+            .field("files", &self.workers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn eventfd() -> Result<OwnedFd, SpillError> {
+    // SAFETY: plain syscall; the returned fd is owned below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(SpillError::io(
+            "eventfd",
+            "/".as_ref(),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl SpillTier {
+    /// Opens every configured file (creating and preallocating missing ones), rebuilds the
+    /// index from what is on disk, and starts the IO workers.
+    pub fn open(config: SpillConfig) -> Result<Self, SpillError> {
+        let t0 = Instant::now();
+        let direct = config.engine.direct();
+        let opened: Vec<Result<_, SpillError>> = std::thread::scope(|s| {
+            let hs: Vec<_> = config
+                .dirs
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    let cfg = &config;
+                    s.spawn(move || {
+                        let path = d.path.join(SPILL_FILE_NAME);
+                        let f = open_spill_file(
+                            &path,
+                            i as u32,
+                            cfg.file_size(d),
+                            cfg.region_size,
+                            direct,
+                        )?;
+                        let scan = scan_file(&f, cfg.regions_in(d), cfg.region_size)?;
+                        Ok((f, scan))
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(Err(SpillError::Stopped)))
+                .collect()
+        });
+        let shared = Arc::new(Shared::default());
+        let mut report = RecoveryReport::default();
+        let mut files = Vec::new();
+        let mut max_seq = 0;
+        let mut total = 0u64;
+        {
+            let mut idx = shared.index();
+            for (i, r) in opened.into_iter().enumerate() {
+                let (f, scan) = r?;
+                let blocks: usize = scan.regions.iter().map(|r| r.entries.len()).sum();
+                total += blocks as u64;
+                for (ri, reg) in scan.regions.iter().enumerate() {
+                    max_seq = max_seq.max(reg.generation);
+                    for h in &reg.entries {
+                        max_seq = max_seq.max(h.seq);
+                        let loc = Loc {
+                            file: i as u16,
+                            region: ri as u32,
+                            generation: h.region_gen,
+                            offset: h.file_offset,
+                            len: h.payload_len,
+                            seq: h.seq,
+                            checksum: h.payload_checksum,
+                        };
+                        idx.insert_if_newer(h.key, loc);
+                    }
+                }
+                report.skipped += scan.skipped;
+                report.files.push(FileRecovery {
+                    path: f.path.clone(),
+                    fresh: f.fresh,
+                    uuid: f.sb.uuid,
+                    blocks: blocks as u64,
+                    skipped: scan.skipped,
+                    summaries: scan.summaries,
+                    scanned: scan.scanned,
+                });
+                files.push((f, scan));
+            }
+            report.blocks = idx.len() as u64;
+            report.bytes = idx.bytes();
+            report.superseded = total - report.blocks;
+        }
+        shared.seq.store(max_seq + 1, Relaxed);
+        report.elapsed = t0.elapsed();
+        if report.skipped > 0 {
+            tracing::warn!(
+                skipped = report.skipped,
+                "spill recovery skipped torn or corrupt blocks"
+            );
+        }
+        let workers = files
+            .into_iter()
+            .enumerate()
+            .map(|(i, (f, scan))| Self::start_worker(&config, &shared, i as u16, f, scan))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            workers,
+            shared,
+            config,
+            arena: Mutex::new(None),
+            next: AtomicUsize::new(0),
+            recovery: report,
+        })
+    }
+
+    fn start_worker(
+        config: &SpillConfig,
+        shared: &Arc<Shared>,
+        index: u16,
+        f: crate::file::SpillFile,
+        scan: FileScan,
+    ) -> Result<WorkerHandle, SpillError> {
+        let wake = if config.engine.uses_ring() {
+            Some(eventfd()?)
+        } else {
+            None
+        };
+        let wake_raw = wake.as_ref().map(AsRawFd::as_raw_fd);
+        let (tx, rx) = sync_channel::<Msg>(config.submit_queue);
+        let (ready_tx, ready_rx) = sync_channel::<Result<(), SpillError>>(1);
+        let set = WorkerSettings {
+            index,
+            queue_depth: config.queue_depth,
+            max_block: config.max_block_size,
+            sync_interval: config.sync_interval,
+            seal_on_shutdown: config.seal_on_shutdown,
+        };
+        let kind = config.engine.clone();
+        let shared = shared.clone();
+        let regions = Regions::from_scan(config.region_size, scan.regions);
+        let entries = (config.queue_depth * 2 + 8) as u32;
+        let thread = std::thread::Builder::new()
+            .name(format!("kvnode-spill-{index}"))
+            .spawn(move || {
+                let engine = match IoEngine::new(&kind, f.file.as_raw_fd(), entries, wake_raw) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(SpillError::io(
+                            "creating io engine (io_uring_setup)",
+                            &f.path,
+                            e,
+                        )));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                Worker::new(set, f, engine, kind.direct(), regions, shared).run(&rx);
+            })
+            .map_err(|e| SpillError::io("spawning IO worker", "/".as_ref(), e))?;
+        ready_rx.recv().unwrap_or(Err(SpillError::Stopped))?;
+        Ok(WorkerHandle {
+            tx: Some(tx),
+            wake,
+            tracker: Arc::new(Tracker::default()),
+            thread: Some(thread),
+        })
+    }
+
+    /// What recovery found when this tier was opened.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// The configuration the tier was opened with.
+    pub fn config(&self) -> &SpillConfig {
+        &self.config
+    }
+
+    /// Registers the engine's DRAM arena with every ring as fixed buffers (≤ 1 GiB pieces), so
+    /// [`IoBuf::Arena`] transfers use `READ_FIXED/WRITE_FIXED`. Call once; blocks until every
+    /// worker registered. Registration pins the memory (needs `RLIMIT_MEMLOCK` or
+    /// `CAP_IPC_LOCK`).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay mapped until the tier is dropped. While an operation on an
+    /// arena slice is in flight, nobody may write that slice (write op) or access it (read op).
+    pub unsafe fn register_arena(&self, ptr: *mut u8, len: usize) -> Result<(), SpillError> {
+        let mut slot = self
+            .arena
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.is_some() {
+            return Err(SpillError::ArenaAlreadyRegistered);
+        }
+        let arena = Arena {
+            base: ptr as usize,
+            len,
+        };
+        let waits: Vec<_> = self
+            .workers
+            .iter()
+            .map(|w| {
+                let (c, r) = completion::pair();
+                let op = UnitOp::new(c, w.tracker.clone());
+                let _ = w.send(Msg::Arena { arena, op }, true);
+                r
+            })
+            .collect();
+        for r in waits {
+            r.wait()?;
+        }
+        *slot = Some(arena);
+        Ok(())
+    }
+
+    fn submit_write(
+        &self,
+        key: SpillKey,
+        buf: IoBuf,
+        block: bool,
+    ) -> Completion<Done<WriteOutcome>> {
+        if let Some(reason) = self.shared.poisoned() {
+            return completion::ready(Done {
+                buf,
+                result: Err(SpillError::Poisoned { reason }),
+            });
+        }
+        if buf.len() > self.config.max_block_size {
+            let e = SpillError::TooLarge {
+                len: buf.len(),
+                max: self.config.max_block_size,
+            };
+            return completion::ready(Done {
+                buf,
+                result: Err(e),
+            });
+        }
+        let w = &self.workers[self.next.fetch_add(1, Relaxed) % self.workers.len()];
+        let (c, r) = completion::pair();
+        let op = BufOp::new(buf, c, w.tracker.clone());
+        if let Err(msg) = w.send(Msg::Write { key, op }, block) {
+            self.refuse(*msg, w);
+        }
+        r
+    }
+
+    fn submit_read(&self, key: SpillKey, buf: IoBuf, block: bool) -> Completion<Done<ReadOutcome>> {
+        let Some(loc) = self.shared.index().get(&key) else {
+            let c = &self.shared.counters;
+            Shared::bump(&c.reads, 1);
+            Shared::bump(&c.misses, 1);
+            return completion::ready(Done {
+                buf,
+                result: Ok(ReadOutcome::Miss(MissReason::NotFound)),
+            });
+        };
+        let w = &self.workers[usize::from(loc.file)];
+        let (c, r) = completion::pair();
+        let op = BufOp::new(buf, c, w.tracker.clone());
+        if let Err(msg) = w.send(Msg::Read { key, loc, op }, block) {
+            self.refuse(*msg, w);
+        }
+        r
+    }
+
+    /// Completes a message that could not be queued with `QueueFull` (or `Stopped`).
+    fn refuse(&self, msg: Msg, w: &WorkerHandle) {
+        Shared::bump(&self.shared.counters.queue_full, 1);
+        let depth = w.tracker.depth_and_age().0;
+        match msg {
+            Msg::Write { op, .. } => op.finish(Err(SpillError::QueueFull { depth })),
+            Msg::Read { op, .. } => op.finish(Err(SpillError::QueueFull { depth })),
+            Msg::Sync(op) | Msg::Arena { op, .. } => {
+                op.finish(Err(SpillError::QueueFull { depth }));
+            }
+        }
+    }
+
+    /// Writes `buf` as the block `key`; waits for queue space if the file's queue is full.
+    /// The completion hands `buf` back. A later write of the same key supersedes this one.
+    pub fn write(&self, key: SpillKey, buf: IoBuf) -> Completion<Done<WriteOutcome>> {
+        self.submit_write(key, buf, true)
+    }
+
+    /// Like [`SpillTier::write`] but never blocks: a full queue completes at once with
+    /// [`SpillError::QueueFull`] and the buffer handed back.
+    pub fn try_write(&self, key: SpillKey, buf: IoBuf) -> Completion<Done<WriteOutcome>> {
+        self.submit_write(key, buf, false)
+    }
+
+    /// Reads block `key` into `buf`, verifying its checksum before reporting a hit.
+    pub fn read(&self, key: SpillKey, buf: IoBuf) -> Completion<Done<ReadOutcome>> {
+        self.submit_read(key, buf, true)
+    }
+
+    /// Like [`SpillTier::read`] but never blocks on a full queue.
+    pub fn try_read(&self, key: SpillKey, buf: IoBuf) -> Completion<Done<ReadOutcome>> {
+        self.submit_read(key, buf, false)
+    }
+
+    /// Whether `key` is indexed (a read may still miss if the bytes turn out damaged).
+    pub fn contains(&self, key: &SpillKey) -> bool {
+        self.shared.index().get(key).is_some()
+    }
+
+    /// Payload length of `key`, if indexed.
+    pub fn block_len(&self, key: &SpillKey) -> Option<usize> {
+        self.shared.index().get(key).map(|l| l.len as usize)
+    }
+
+    /// Forgets `key`; its space is reclaimed with its region. Not persisted: after a restart
+    /// the block may be recovered again (see docs/spill-format.md). Returns whether it existed.
+    pub fn delete(&self, key: &SpillKey) -> bool {
+        self.shared.index().remove(key).is_some()
+    }
+
+    /// Every indexed key (e.g. to publish stored events after recovery).
+    pub fn keys(&self) -> Vec<SpillKey> {
+        self.shared.index().keys()
+    }
+
+    /// fdatasyncs every file; completes when all blocks whose writes completed before this
+    /// call are durable. A failure poisons the tier.
+    pub fn sync(&self) -> Completion<Result<(), SpillError>> {
+        let waits: Vec<_> = self
+            .workers
+            .iter()
+            .map(|w| {
+                let (c, r) = completion::pair();
+                let op = UnitOp::new(c, w.tracker.clone());
+                if let Err(msg) = w.send(Msg::Sync(op), true) {
+                    self.refuse(*msg, w);
+                }
+                r
+            })
+            .collect();
+        let (c, r) = completion::pair();
+        std::thread::spawn(move || {
+            let mut result = Ok(());
+            for w in waits {
+                if let Err(e) = w.wait() {
+                    result = result.and(Err(e));
+                }
+            }
+            c.complete(result);
+        });
+        r
+    }
+
+    /// Why the tier refuses writes, if it does.
+    pub fn poisoned(&self) -> Option<String> {
+        self.shared.poisoned()
+    }
+
+    /// A snapshot of counters and gauges.
+    pub fn stats(&self) -> SpillStats {
+        let c = &self.shared.counters;
+        let ld = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+        let (blocks, bytes) = {
+            let i = self.shared.index();
+            (i.len() as u64, i.bytes())
+        };
+        let mut depth = 0;
+        let mut oldest: Option<Duration> = None;
+        for w in &self.workers {
+            let (d, a) = w.tracker.depth_and_age();
+            depth += d as u64;
+            oldest = oldest.max(a);
+        }
+        SpillStats {
+            blocks,
+            bytes,
+            capacity: self.config.capacity(),
+            reads: ld(&c.reads),
+            writes: ld(&c.writes),
+            read_bytes: ld(&c.read_bytes),
+            write_bytes: ld(&c.write_bytes),
+            hits: ld(&c.hits),
+            misses: ld(&c.misses),
+            checksum_failures: ld(&c.checksum_failures),
+            recovered_blocks: self.recovery.blocks,
+            recovery_skipped: self.recovery.skipped,
+            errors: ld(&c.errors),
+            evictions: ld(&c.evictions),
+            queue_depth: depth,
+            oldest_queued: oldest,
+            poisoned: self.shared.poisoned(),
+            bounce_copies: ld(&c.bounce_copies),
+            queue_full: ld(&c.queue_full),
+            syncs: ld(&c.syncs),
+        }
+    }
+}
+
+impl Drop for SpillTier {
+    /// Stops the workers: queued operations finish, then (if `seal_on_shutdown`) the open
+    /// region is sealed and the files fdatasynced.
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            w.tx = None;
+            w.wake();
+        }
+        for w in &mut self.workers {
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}

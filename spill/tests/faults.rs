@@ -1,0 +1,158 @@
+//! Pins failure handling: poisoning after a failed write or fsync (writes refused, verified
+//! reads continue), FIFO eviction reporting evicted keys, injected read faults as misses,
+//! and queue backpressure. Run: `cargo test --release -p kvnode-spill --test faults`.
+
+mod common;
+
+use common::{TempDir, assert_block, data, key, read_vec, small, write_vec};
+use kvnode_spill::{
+    FaultPlan, IoBuf, IoEngineKind, MissReason, ReadOutcome, SpillConfig, SpillError, SpillTier,
+};
+use std::collections::HashSet;
+
+fn faulty(plan: FaultPlan) -> IoEngineKind {
+    IoEngineKind::Faulty {
+        inner: Box::new(IoEngineKind::Uring),
+        plan,
+    }
+}
+
+#[test]
+fn failed_write_poisons_writes_but_reads_continue() {
+    let d = TempDir::disk();
+    // Writes 0..4 are blocks 0 and 1 (header + payload each); write 5 is block 2's payload.
+    let plan = FaultPlan {
+        fail_write: Some(5),
+        ..FaultPlan::default()
+    };
+    let t = SpillTier::open(small(&d.0, 8 << 20, faulty(plan)).build().unwrap()).unwrap();
+    write_vec(&t, 0, 8192);
+    write_vec(&t, 1, 8192);
+    let done = t.write(key(2), IoBuf::Vec(data(2, 8192))).wait();
+    assert!(
+        matches!(done.result, Err(SpillError::Io { .. })),
+        "{:?}",
+        done.result
+    );
+    let IoBuf::Vec(v) = done.buf else { panic!() };
+    assert!(
+        v == data(2, 8192),
+        "the buffer is handed back with the error"
+    );
+    let done = t.write(key(3), IoBuf::Vec(data(3, 8192))).wait();
+    let err = done.result.unwrap_err();
+    assert!(matches!(err, SpillError::Poisoned { .. }), "{err}");
+    assert!(err.to_string().contains("refuses writes"), "{err}");
+    assert_block(&t, 0, 8192);
+    assert_block(&t, 1, 8192);
+    assert_eq!(read_vec(&t, 2).0, ReadOutcome::Miss(MissReason::NotFound));
+    let s = t.stats();
+    assert!(s.poisoned.is_some());
+    assert_eq!(s.errors, 1);
+}
+
+#[test]
+fn failed_fsync_poisons_the_tier() {
+    let d = TempDir::disk();
+    let plan = FaultPlan {
+        fail_fsync: Some(0),
+        ..FaultPlan::default()
+    };
+    let t = SpillTier::open(small(&d.0, 8 << 20, faulty(plan)).build().unwrap()).unwrap();
+    write_vec(&t, 0, 4096);
+    let err = t.sync().wait().unwrap_err();
+    assert!(matches!(err, SpillError::Io { .. }), "{err}");
+    assert!(t.poisoned().is_some());
+    let done = t.write(key(1), IoBuf::Vec(data(1, 4096))).wait();
+    assert!(matches!(done.result, Err(SpillError::Poisoned { .. })));
+    assert_block(&t, 0, 4096);
+}
+
+#[test]
+fn sync_succeeds_and_is_counted() {
+    let d = TempDir::disk();
+    let t = SpillTier::open(small(&d.0, 8 << 20, IoEngineKind::Uring).build().unwrap()).unwrap();
+    write_vec(&t, 0, 4096);
+    t.sync().wait().unwrap();
+    assert!(t.stats().syncs >= 1);
+}
+
+#[test]
+fn eviction_when_full_reports_evicted_keys_oldest_first() {
+    let d = TempDir::disk();
+    // 4 regions of 1 MiB; 64 KiB blocks: 14 fit per region.
+    let t = SpillTier::open(
+        small(&d.0, 4096 + (4 << 20), IoEngineKind::Uring)
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let mut evicted = Vec::new();
+    for i in 0..200 {
+        evicted.extend(write_vec(&t, i, 64 << 10).evicted);
+    }
+    assert!(!evicted.is_empty());
+    let s = t.stats();
+    assert_eq!(s.evictions, evicted.len() as u64);
+    assert_eq!(s.blocks + evicted.len() as u64, 200);
+    let gone: HashSet<_> = evicted.iter().copied().collect();
+    assert_eq!(gone.len(), evicted.len(), "each key evicted once");
+    // FIFO: evicted keys are exactly the oldest ones.
+    let oldest: HashSet<_> = (0..evicted.len() as u64).map(key).collect();
+    assert_eq!(gone, oldest);
+    for i in evicted.len() as u64..200 {
+        assert_block(&t, i, 64 << 10);
+    }
+    assert_eq!(read_vec(&t, 0).0, ReadOutcome::Miss(MissReason::NotFound));
+}
+
+#[test]
+fn injected_read_failures_and_short_reads_are_misses() {
+    let d = TempDir::disk();
+    let plan = FaultPlan {
+        fail_read: Some(0),
+        ..FaultPlan::default()
+    };
+    let t = SpillTier::open(small(&d.0, 8 << 20, faulty(plan)).build().unwrap()).unwrap();
+    write_vec(&t, 0, 8192);
+    assert_eq!(read_vec(&t, 0).0, ReadOutcome::Miss(MissReason::Io));
+    assert_block(&t, 0, 8192);
+    assert!(t.poisoned().is_none(), "read errors do not poison");
+    drop(t);
+    let plan = FaultPlan {
+        short_reads: true,
+        ..FaultPlan::default()
+    };
+    let t = SpillTier::open(small(&d.0, 8 << 20, faulty(plan)).build().unwrap()).unwrap();
+    assert_eq!(read_vec(&t, 0).0, ReadOutcome::Miss(MissReason::Corrupt));
+    assert_eq!(t.stats().checksum_failures, 1);
+}
+
+#[test]
+fn full_submission_queue_refuses_try_write_and_hands_the_buffer_back() {
+    let d = TempDir::disk();
+    let cfg = SpillConfig::builder()
+        .dir(&d.0, 64 << 20)
+        .region_size(8 << 20)
+        .max_block_size(1 << 20)
+        .queue_depth(1)
+        .submit_queue(1)
+        .build()
+        .unwrap();
+    let t = SpillTier::open(cfg).unwrap();
+    let pending: Vec<_> = (0..64)
+        .map(|i| t.try_write(key(i), IoBuf::Vec(data(i, 1 << 20))))
+        .collect();
+    let mut refused = 0;
+    for p in pending {
+        let done = p.wait();
+        if let Err(SpillError::QueueFull { .. }) = done.result {
+            let IoBuf::Vec(v) = done.buf else { panic!() };
+            assert_eq!(v.len(), 1 << 20);
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "64 x 1 MiB into a queue of one must overflow");
+    assert_eq!(t.stats().queue_full, refused);
+    assert_eq!(t.stats().queue_depth, 0);
+}
