@@ -1,1 +1,117 @@
-fn main() {}
+//! Developer tasks, mirrored by CI (`.ci/run` calls `./dev test`, which runs `cargo xtask ci`).
+//!
+//! ```text
+//! cargo xtask check        fmt --check, clippy -D warnings (one release profile for everything)
+//! cargo xtask test         the whole test suite (unit, property, end-to-end with real daemons)
+//! cargo xtask fuzz-smoke   decoder property tests with many more cases (stable-toolchain fuzzing)
+//! cargo xtask bench-smoke  every benchmark for a short run against a real daemon
+//! cargo xtask ci           all of the above, in that order
+//! cargo xtask serve ARGS   build and run `kvnode serve ARGS`
+//! ```
+
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+fn run(what: &str, cmd: &mut Command) -> Result<(), String> {
+    eprintln!("xtask: {what}: {cmd:?}");
+    let t = Instant::now();
+    let status = cmd
+        .status()
+        .map_err(|e| format!("{what}: cannot start: {e}"))?;
+    eprintln!(
+        "xtask: {what}: {status} in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{what} failed ({status})"))
+    }
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn check() -> Result<(), String> {
+    run("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(
+        "clippy",
+        cargo().args([
+            "clippy",
+            "--release",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )
+}
+
+fn test() -> Result<(), String> {
+    run(
+        "build",
+        cargo().args(["build", "--release", "--workspace", "--all-targets"]),
+    )?;
+    run(
+        "test",
+        cargo().args(["test", "--release", "--workspace", "--", "--test-threads=2"]),
+    )
+}
+
+fn fuzz_smoke() -> Result<(), String> {
+    // cargo-fuzz needs a nightly toolchain; CI has stable only, so the same decoders are
+    // driven by proptest with a larger case count. `fuzz/` holds the cargo-fuzz targets.
+    run(
+        "fuzz-smoke",
+        cargo()
+            .args([
+                "test",
+                "--release",
+                "-p",
+                "kvnode-proto",
+                "-p",
+                "kvnode-spill",
+                "--",
+                "decod",
+                "frame",
+            ])
+            .env("PROPTEST_CASES", "5000"),
+    )
+}
+
+fn bench_smoke() -> Result<(), String> {
+    run(
+        "bench-smoke",
+        Command::new("bash").arg("scripts/bench-smoke.sh"),
+    )
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.first().map(String::as_str) {
+        Some("check") => check(),
+        Some("test") => test(),
+        Some("fuzz-smoke") => fuzz_smoke(),
+        Some("bench-smoke") => bench_smoke(),
+        Some("ci") => check()
+            .and_then(|()| test())
+            .and_then(|()| fuzz_smoke())
+            .and_then(|()| bench_smoke()),
+        Some("serve") => run(
+            "serve",
+            cargo()
+                .args(["run", "--release", "-p", "kvnode", "--", "serve"])
+                .args(&args[1..]),
+        ),
+        _ => Err("usage: cargo xtask check|test|fuzz-smoke|bench-smoke|ci|serve [ARGS]".into()),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
