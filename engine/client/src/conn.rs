@@ -33,6 +33,7 @@ fn write_all_vectored(sock: &mut UnixStream, mut bufs: &mut [IoSlice<'_>]) -> st
 impl Conn {
     pub fn connect(path: &Path, name: &str) -> Result<(Self, Reply, Option<OwnedFd>)> {
         let sock = UnixStream::connect(path)?;
+        kvnode_fdpass::set_buffers(sock.as_raw_fd(), 4 << 20);
         let mut c = Self {
             sock,
             next_id: 1,

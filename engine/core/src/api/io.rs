@@ -10,6 +10,8 @@ use tokio::net::UnixStream;
 
 const READ_BUF: usize = 64 << 10;
 const MAX_QUEUED_FDS: usize = 16;
+/// Socket buffer size asked for (inline payloads of MiB-sized pages).
+const SOCKET_BUF: usize = 4 << 20;
 
 /// A socket with a read buffer and a queue of received descriptors.
 #[derive(Debug)]
@@ -33,6 +35,7 @@ pub enum Incoming {
 impl SockIo {
     /// Wraps a connected stream.
     pub fn new(stream: UnixStream) -> Self {
+        kvnode_fdpass::set_buffers(stream.as_raw_fd(), SOCKET_BUF);
         Self {
             stream,
             buf: vec![0u8; READ_BUF].into_boxed_slice(),
