@@ -234,7 +234,11 @@ impl RouterView {
                 KvCacheEventData::Removed(r) => {
                     for h in r.block_hashes {
                         let set = self.tiers.entry(tier.clone()).or_default();
-                        assert!(set.remove(&h.0), "remove of {} without a store in {tier}", h.0);
+                        assert!(
+                            set.remove(&h.0),
+                            "remove of {} without a store in {tier}",
+                            h.0
+                        );
                     }
                 }
                 KvCacheEventData::Cleared => unreachable!("handled above"),
@@ -279,7 +283,9 @@ fn run_case(steps: &[Step]) {
         let mut seqs = Vec::new();
         while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
             assert_eq!(m.len(), 3, "[topic, seq, payload]");
-            seqs.push(u64::from_be_bytes(m.get(1).unwrap()[..].try_into().unwrap()));
+            seqs.push(u64::from_be_bytes(
+                m.get(1).unwrap()[..].try_into().unwrap(),
+            ));
         }
         seqs
     });
@@ -296,14 +302,26 @@ fn run_case(steps: &[Step]) {
         view.apply_batch(p, &mut norm, &mut id);
     }
     let stats = c.stats().unwrap();
-    assert_eq!(view.count("dram") as u64, stats.tiers[0].blocks, "DRAM residency");
-    assert_eq!(view.count("nvme") as u64, stats.tiers[1].blocks, "NVMe residency");
+    assert_eq!(
+        view.count("dram") as u64,
+        stats.tiers[0].blocks,
+        "DRAM residency"
+    );
+    assert_eq!(
+        view.count("nvme") as u64,
+        stats.tiers[1].blocks,
+        "NVMe residency"
+    );
     let union: HashSet<u64> = view.tiers.values().flatten().copied().collect();
     let mut all_ids: Vec<u64> = (0..48).chain(1000..filler).chain([5000]).collect();
     all_ids.sort_unstable();
     for i in all_ids {
         let present = c.exists(ns, &[key(i)]).unwrap() == 1;
-        assert_eq!(present, union.contains(&i), "block {i}: daemon vs router view");
+        assert_eq!(
+            present,
+            union.contains(&i),
+            "block {i}: daemon vs router view"
+        );
     }
     drop(c);
     drop(fx.daemon);

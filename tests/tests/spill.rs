@@ -18,7 +18,10 @@ const BLOCKS: u64 = 200;
 const SURELY_SPILLED: u64 = BLOCKS - 64;
 
 fn spill_dir(tag: &str) -> PathBuf {
-    let d = PathBuf::from(format!("/var/tmp/kvnode-e2e-spill-{}-{tag}", std::process::id()));
+    let d = PathBuf::from(format!(
+        "/var/tmp/kvnode-e2e-spill-{}-{tag}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("spill dir");
     d
@@ -54,7 +57,10 @@ fn tier(c: &mut Client, name: &str) -> TierStats {
 fn settle(c: &mut Client) {
     let t0 = Instant::now();
     while tier(c, "dram").in_flight > 0 {
-        assert!(t0.elapsed() < Duration::from_secs(20), "demotions never finished");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "demotions never finished"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -82,14 +88,20 @@ fn restart_serves_spilled_blocks(signal: i32) {
     assert!(tier(&mut c, "nvme").blocks >= SURELY_SPILLED);
     drop(c);
     d.signal(signal);
-    assert!(d.wait_exit(Duration::from_secs(10)).is_some(), "daemon did not exit");
+    assert!(
+        d.wait_exit(Duration::from_secs(10)).is_some(),
+        "daemon did not exit"
+    );
 
     let d2 = start(&dir, &[]);
     let mut c = d2.client();
-    assert!(tier(&mut c, "nvme").blocks >= SURELY_SPILLED, "index rebuilt at start-up");
+    assert!(
+        tier(&mut c, "nvme").blocks >= SURELY_SPILLED,
+        "index rebuilt at start-up"
+    );
     let ns = c.register(&spec("m", BLOCK as u64)).unwrap().ns;
     let keys: Vec<Key> = (0..SURELY_SPILLED).map(key).collect();
-    assert_eq!(c.exists(ns, &keys).unwrap() as u64, SURELY_SPILLED);
+    assert_eq!(u64::from(c.exists(ns, &keys).unwrap()), SURELY_SPILLED);
     for chunk in keys.chunks(8) {
         let got = c.get(ns, chunk).unwrap();
         for (k, g) in chunk.iter().zip(got) {
@@ -194,7 +206,10 @@ fn poisoned_spill_tier_is_reported_and_dram_keeps_serving() {
     assert!(nvme.poisoned.is_some(), "{nvme:?}");
     assert!(nvme.errors > 0, "{nvme:?}");
     let dram = tier(&mut c, "dram");
-    assert!(dram.dropped > 0, "after poisoning, evictions drop: {dram:?}");
+    assert!(
+        dram.dropped > 0,
+        "after poisoning, evictions drop: {dram:?}"
+    );
     // DRAM still serves the newest blocks byte-exact.
     let last = key(BLOCKS - 1);
     let got = c.get(ns, &[last]).unwrap().remove(0);

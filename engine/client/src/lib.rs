@@ -13,8 +13,8 @@ mod conn;
 use std::path::Path;
 
 use kvnode_proto::client::{
-    BlockMeta,
-    AllocSlot, CommitStatus, ErrorCode, Extent, GetMode, Op, PutStatus, Reply, SegmentClass,
+    AllocSlot, BlockMeta, CommitStatus, ErrorCode, Extent, GetMode, Op, PutStatus, Reply,
+    SegmentClass,
 };
 use kvnode_proto::stats::StatsReport;
 use kvnode_proto::{Key, NamespaceSpec};

@@ -211,6 +211,27 @@ pub struct ClearArgs {
 pub enum BenchCmd {
     /// Load against a running daemon on this node; compares with memcpy measured in the same run.
     Local(BenchArgs),
+    /// Demotion and promotion through a daemon it starts, next to fio on the same dir.
+    Spill(BenchSpillArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchSpillArgs {
+    /// Working directory (spill file, fio file, daemon log); on the device to measure.
+    #[arg(long, default_value = "/var/tmp/kvnode-bench-spill")]
+    pub dir: PathBuf,
+    /// Block size (also fio --bs).
+    #[arg(long, default_value = "1MiB")]
+    pub bs: String,
+    /// Queue depth: daemon demotions in flight and fio --iodepth.
+    #[arg(long, default_value_t = 8)]
+    pub qd: usize,
+    /// Bytes put through the daemon (and fio --size).
+    #[arg(long, default_value = "2GiB")]
+    pub size: String,
+    /// DRAM tier of the daemon.
+    #[arg(long, default_value = "256MiB")]
+    pub dram: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

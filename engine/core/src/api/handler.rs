@@ -92,29 +92,15 @@ impl Connection {
                     ),
                 },
             },
-            Op::Exists { ns, keys } => match match &self.engine.tiering {
-                Some(t) => t.exists(&self.engine, ns, &keys),
-                None => self.engine.tier.exists(ns, &keys),
-            } {
+            Op::Exists { ns, keys } => match self.engine.exists(ns, &keys) {
                 Ok(count) => Reply::Exists { count },
                 Err(e) => tier_error(&e),
             },
-            Op::Delete { ns, keys } => match match &self.engine.tiering {
-                Some(t) => t.delete(&self.engine, ns, &keys),
-                None => self.engine.tier.delete(ns, &keys),
-            } {
+            Op::Delete { ns, keys } => match self.engine.delete(ns, &keys) {
                 Ok(count) => Reply::Deleted { count },
                 Err(e) => tier_error(&e),
             },
-            Op::Clear { ns } => match match &self.engine.tiering {
-                Some(t) => t.clear(&self.engine, ns),
-                None => {
-                    if ns.is_none() {
-                        self.engine.announcer.clear_all();
-                    }
-                    self.engine.tier.clear(ns)
-                }
-            } {
+            Op::Clear { ns } => match self.engine.clear(ns) {
                 Ok(count) => {
                     tracing::info!(conn = self.id, ?ns, count, "cleared");
                     Reply::Cleared { count }
@@ -245,7 +231,11 @@ impl Connection {
             .zip(&found)
             .filter_map(|(h, f)| f.map(|r| (r, self.metas.remove(h))))
             .collect();
-        let mut done = self.engine.tier.commit_with(self.id, &known, false).into_iter();
+        let mut done = self
+            .engine
+            .tier
+            .commit_with(self.id, &known, false)
+            .into_iter();
         let results = found
             .iter()
             .map(|f| match f {

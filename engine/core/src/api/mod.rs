@@ -18,7 +18,7 @@ use kvnode_proto::stats::StatsReport;
 use crate::arena::{Arena, ArenaError, PinOptions};
 use crate::config::EngineConfig;
 use crate::residency::Announcer;
-use crate::tier::{DramTier, TierConfig};
+use crate::tier::{DramTier, TierConfig, TierError};
 use crate::tiering::Tiering;
 
 pub use server::{ServeError, bind, serve};
@@ -120,6 +120,33 @@ impl Engine {
             Arc::clone(self),
             stop,
         ))
+    }
+
+    /// Leading keys present in any tier.
+    pub fn exists(&self, ns: u32, keys: &[kvnode_proto::Key]) -> Result<u32, TierError> {
+        match &self.tiering {
+            Some(t) => t.exists(self, ns, keys),
+            None => self.tier.exists(ns, keys),
+        }
+    }
+
+    /// Removes keys from every tier; returns how many were present.
+    pub fn delete(&self, ns: u32, keys: &[kvnode_proto::Key]) -> Result<u32, TierError> {
+        match &self.tiering {
+            Some(t) => t.delete(self, ns, keys),
+            None => self.tier.delete(ns, keys),
+        }
+    }
+
+    /// Clears one namespace, or everything (announced as `AllBlocksCleared`), in every tier.
+    pub fn clear(&self, ns: Option<u32>) -> Result<u64, TierError> {
+        if let Some(t) = &self.tiering {
+            return t.clear(self, ns);
+        }
+        if ns.is_none() {
+            self.announcer.clear_all();
+        }
+        self.tier.clear(ns)
     }
 
     /// Stops background pinning (at shutdown).

@@ -44,7 +44,8 @@ impl Tiering {
     /// Waits (asynchronously) until DRAM has `need` free bytes, demoting ahead to make
     /// room, for at most `room_wait_ms`. Past that the allocator evicts without a copy.
     pub async fn make_room(self: &Arc<Self>, engine: &Arc<Engine>, need: u64) {
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.settings.room_wait_ms);
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(self.settings.room_wait_ms);
         loop {
             let progressed = self.progress.notified();
             tokio::pin!(progressed);
@@ -88,7 +89,10 @@ impl Tiering {
                 }
                 Err(SpillError::QueueFull { depth }) => {
                     if self.counters.queue_full.fetch_add(1, Relaxed) == 0 {
-                        tracing::warn!(depth, "offload stalled: spill queue full, demotion refused (first time; see nvme errors)");
+                        tracing::warn!(
+                            depth,
+                            "offload stalled: spill queue full, demotion refused (first time; see nvme errors)"
+                        );
                     }
                     DemoteEnd::Failed
                 }
@@ -154,7 +158,10 @@ struct Monitor {
 
 impl Monitor {
     fn check(&mut self, t: &Tiering, engine: &Engine) {
-        if self.last.is_some_and(|l| l.elapsed() < Duration::from_secs(1)) {
+        if self
+            .last
+            .is_some_and(|l| l.elapsed() < Duration::from_secs(1))
+        {
             return;
         }
         self.last = Some(Instant::now());
@@ -168,7 +175,11 @@ impl Monitor {
         let age = Duration::from_millis(s.oldest_queued_ms);
         let stalled = age.as_secs_f64() > t.settings.stall_warn_s;
         if stalled && !self.stalled {
-            tracing::warn!(queue_depth = s.queue_depth, oldest_ms = s.oldest_queued_ms, "offload stalled: spill IO is not completing (device slow or hung)");
+            tracing::warn!(
+                queue_depth = s.queue_depth,
+                oldest_ms = s.oldest_queued_ms,
+                "offload stalled: spill IO is not completing (device slow or hung)"
+            );
         }
         self.stalled = stalled;
         let dropped = engine.tier.snapshot().tier.dropped;
@@ -177,7 +188,13 @@ impl Monitor {
                 dropped_now = dropped - self.dropped,
                 dropped_total = dropped,
                 in_flight = s.in_flight,
-                reason = if s.poisoned.is_some() { "spill tier poisoned" } else if s.queue_depth > 0 { "demotion cannot keep up with puts" } else { "blocks not admitted or DRAM full of leased blocks" },
+                reason = if s.poisoned.is_some() {
+                    "spill tier poisoned"
+                } else if s.queue_depth > 0 {
+                    "demotion cannot keep up with puts"
+                } else {
+                    "blocks not admitted or DRAM full of leased blocks"
+                },
                 "DRAM evicted blocks without a copy on NVMe"
             );
             self.dropped = dropped;

@@ -99,7 +99,10 @@ impl Tiering {
             SpillEngine::Psync => IoEngineKind::Psync,
         };
         if let Some(f) = &settings.debug_fault {
-            tracing::warn!(?f, "spill fault injection is ON (debug_fault): for tests only");
+            tracing::warn!(
+                ?f,
+                "spill fault injection is ON (debug_fault): for tests only"
+            );
             engine = IoEngineKind::Faulty {
                 inner: Box::new(engine),
                 plan: FaultPlan {
