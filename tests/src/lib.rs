@@ -160,3 +160,13 @@ pub fn block(i: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// `kvnode stats` (human tables) against the daemon at `socket`.
+pub fn stats_text(socket: &Path) -> String {
+    let out = Command::new(kvnode_bin())
+        .args(["stats", "--socket"])
+        .arg(socket)
+        .output()
+        .expect("run kvnode stats");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -147,6 +147,7 @@ fn client_dying_mid_put_leaves_no_half_written_block() {
                 ns,
                 keys: vec![key(1)],
                 lens: vec![MIB],
+                meta: Vec::new(),
             },
         };
         raw.write_all(&kvnode_proto::frame::encode_frame(&put, MIB).unwrap())

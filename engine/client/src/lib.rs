@@ -13,7 +13,8 @@ mod conn;
 use std::path::Path;
 
 use kvnode_proto::client::{
-    AllocSlot, CommitStatus, ErrorCode, Extent, GetMode, Op, PutStatus, Reply, SegmentClass,
+    AllocSlot, BlockMeta, CommitStatus, ErrorCode, Extent, GetMode, Op, PutStatus, Reply,
+    SegmentClass,
 };
 use kvnode_proto::stats::StatsReport;
 use kvnode_proto::{Key, NamespaceSpec};
@@ -129,12 +130,25 @@ impl Client {
 
     /// Stores blocks inline.
     pub fn put(&mut self, ns: u32, keys: &[Key], blocks: &[&[u8]]) -> Result<Vec<PutStatus>> {
+        self.put_with_meta(ns, keys, blocks, Vec::new())
+    }
+
+    /// Stores blocks inline with router metadata (tokens, parent) per key; `meta` is empty
+    /// or has one entry per key. Blocks with tokens are announced as KV events.
+    pub fn put_with_meta(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        blocks: &[&[u8]],
+        meta: Vec<Option<BlockMeta>>,
+    ) -> Result<Vec<PutStatus>> {
         let lens = blocks.iter().map(|b| b.len() as u64).collect();
         match self.conn.call(
             Op::Put {
                 ns,
                 keys: keys.to_vec(),
                 lens,
+                meta,
             },
             blocks,
         )? {
@@ -149,6 +163,7 @@ impl Client {
             ns,
             keys: keys.to_vec(),
             lens: lens.to_vec(),
+            meta: Vec::new(),
         })? {
             Reply::Alloc { slots } => Ok(slots),
             r => Err(unexpected(&r)),

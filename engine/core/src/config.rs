@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::policy::PolicyKind;
+use crate::tiering::config::{EventsSettings, SpillSettings};
 
 /// Smallest DRAM tier accepted.
 pub const MIN_DRAM: u64 = 8 << 20;
@@ -39,6 +40,10 @@ pub struct EngineConfig {
     pub drain_timeout_s: f64,
     /// Socket file permissions. Default: 0o660 (owner and group may connect).
     pub socket_mode: u32,
+    /// NVMe spill tier (`[spill]`); off by default.
+    pub spill: SpillSettings,
+    /// KV events (`[events]`); off by default.
+    pub events: EventsSettings,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +58,8 @@ impl Default for EngineConfig {
             hugetlb: false,
             drain_timeout_s: 5.0,
             socket_mode: 0o660,
+            spill: SpillSettings::default(),
+            events: EventsSettings::default(),
         }
     }
 }
@@ -86,7 +93,7 @@ impl EngineConfig {
         if !(0.0..=3600.0).contains(&self.drain_timeout_s) {
             return Err("drain_timeout_s must be between 0 and 3600".into());
         }
-        Ok(())
+        self.spill.validate()
     }
 }
 
@@ -119,14 +126,14 @@ enum SizeRepr {
     Str(String),
 }
 
-fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+pub(crate) fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     match SizeRepr::deserialize(d)? {
         SizeRepr::Int(n) => Ok(n),
         SizeRepr::Str(s) => kvnode_proto::size::parse_size(&s).map_err(serde::de::Error::custom),
     }
 }
 
-fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+pub(crate) fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     de_size(d).map(Some)
 }
 
@@ -134,12 +141,12 @@ fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
     clippy::trivially_copy_pass_by_ref,
     reason = "serde serialize_with passes references"
 )]
-fn ser_size<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn ser_size<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&kvnode_proto::size::ByteSize(*v).to_string())
 }
 
 #[expect(clippy::ref_option, reason = "serde serialize_with passes references")]
-fn ser_opt_size<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn ser_opt_size<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
     match v {
         Some(v) => ser_size(v, s),
         None => s.serialize_none(),

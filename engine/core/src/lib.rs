@@ -10,12 +10,16 @@
 //! - [`arena`]: the shared-memory arena and its background pinning.
 //! - [`tier`]: the DRAM tier's index, slot classes, leases and eviction.
 //! - [`policy`]: eviction policies (LRU, S3-FIFO).
+//! - [`residency`]: per-(tier, block) residencies whose lifecycle publishes KV events.
+//! - [`tiering`]: the NVMe spill tier under DRAM: demotion, promotion, restart survival.
 //! - [`config`]: engine configuration with documented defaults.
 
 pub mod api;
 pub mod arena;
 pub mod config;
 pub mod policy;
+pub mod residency;
 pub mod tier;
+pub mod tiering;
 
 pub use config::EngineConfig;

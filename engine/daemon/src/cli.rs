@@ -65,6 +65,39 @@ pub struct ServeArgs {
     /// Print the effective config and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// NVMe spill directory (repeatable, one per device; pair each with --spill-size).
+    #[arg(long)]
+    pub spill_dir: Vec<PathBuf>,
+    /// Bytes the spill file in the matching --spill-dir may use (e.g. 64GiB).
+    #[arg(long)]
+    pub spill_size: Vec<String>,
+    /// Which evicted DRAM blocks are written to NVMe.
+    #[arg(long, value_enum)]
+    pub spill_admission: Option<SpillAdmission>,
+    /// Spill IO engine (psync for file systems without O_DIRECT, e.g. tmpfs).
+    #[arg(long, value_enum)]
+    pub spill_engine: Option<SpillEngineArg>,
+    /// Publish KV events on a ZMQ PUB socket bound here (tcp://HOST:PORT).
+    #[arg(long)]
+    pub events: Option<String>,
+    /// Serve event replay on a ZMQ ROUTER socket bound here (tcp://HOST:PORT).
+    #[arg(long, requires = "events")]
+    pub events_replay: Option<String>,
+    /// Data-parallel rank written into every event batch.
+    #[arg(long, requires = "events")]
+    pub dp_rank: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SpillAdmission {
+    Always,
+    SecondRead,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SpillEngineArg {
+    Uring,
+    Psync,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -178,6 +211,27 @@ pub struct ClearArgs {
 pub enum BenchCmd {
     /// Load against a running daemon on this node; compares with memcpy measured in the same run.
     Local(BenchArgs),
+    /// Demotion and promotion through a daemon it starts, next to fio on the same dir.
+    Spill(BenchSpillArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchSpillArgs {
+    /// Working directory (spill file, fio file, daemon log); on the device to measure.
+    #[arg(long, default_value = "/var/tmp/kvnode-bench-spill")]
+    pub dir: PathBuf,
+    /// Block size (also fio --bs).
+    #[arg(long, default_value = "1MiB")]
+    pub bs: String,
+    /// Queue depth: daemon demotions in flight and fio --iodepth.
+    #[arg(long, default_value_t = 8)]
+    pub qd: usize,
+    /// Bytes put through the daemon (and fio --size).
+    #[arg(long, default_value = "2GiB")]
+    pub size: String,
+    /// DRAM tier of the daemon.
+    #[arg(long, default_value = "256MiB")]
+    pub dram: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

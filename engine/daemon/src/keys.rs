@@ -1,6 +1,7 @@
 //! Namespace and key arguments to protocol values; deterministic page bytes.
 
 use anyhow::{Context, bail};
+use kvnode_proto::client::BlockMeta;
 use kvnode_proto::hash::{page_digests, sglang_namespace_seed};
 use kvnode_proto::size::parse_size;
 use kvnode_proto::{Digest, Key, NamespaceSpec};
@@ -62,6 +63,23 @@ pub fn keys(a: &KeyArgs) -> anyhow::Result<Vec<Key>> {
         .into_iter()
         .map(Key::page)
         .collect())
+}
+
+/// Router metadata for `--tokens` pages (their tokens and parent digest); empty for `--keys`.
+pub fn metas(a: &KeyArgs, keys: &[Key]) -> Vec<Option<BlockMeta>> {
+    if a.tokens.is_empty() {
+        return Vec::new();
+    }
+    let ps = a.ns.page_size as usize;
+    keys.iter()
+        .enumerate()
+        .map(|(i, _)| {
+            Some(BlockMeta {
+                tokens: a.tokens[i * ps..(i + 1) * ps].to_vec(),
+                parent: i.checked_sub(1).map(|p| keys[p].0),
+            })
+        })
+        .collect()
 }
 
 /// Deterministic bytes for a page: a splitmix64 stream seeded by `seed` and the digest.

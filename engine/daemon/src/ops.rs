@@ -40,7 +40,7 @@ pub fn put(a: &PutArgs) -> anyhow::Result<()> {
     };
     let (mut c, ns) = connect_ns(&a.keys)?;
     let refs: Vec<&[u8]> = blocks.iter().map(Vec::as_slice).collect();
-    let res = c.put(ns, &ks, &refs)?;
+    let res = c.put_with_meta(ns, &ks, &refs, keys::metas(&a.keys, &ks))?;
     let stored = res.iter().filter(|r| **r == PutStatus::Stored).count();
     let existed = res.iter().filter(|r| **r == PutStatus::Exists).count();
     println!(

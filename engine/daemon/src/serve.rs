@@ -6,7 +6,8 @@ use kvnode_engine::policy::PolicyKind;
 use kvnode_proto::size::parse_size;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::{Eviction, ServeArgs};
+use crate::cli::{Eviction, ServeArgs, SpillAdmission, SpillEngineArg};
+use kvnode_engine::tiering::config::{Admission, SpillDirSetting, SpillEngine};
 
 /// Builds the effective configuration.
 pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
@@ -37,10 +38,71 @@ pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
     cfg.pin &= !a.no_pin;
     cfg.populate &= !a.no_populate;
     cfg.hugetlb |= a.hugetlb;
+    apply_tiering_flags(a, &mut cfg)?;
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
     Ok(cfg)
+}
+
+/// `--spill-*` and `--events*` flags over the config file.
+fn apply_tiering_flags(a: &ServeArgs, cfg: &mut EngineConfig) -> anyhow::Result<()> {
+    if a.spill_dir.len() != a.spill_size.len() {
+        bail!(
+            "{} --spill-dir but {} --spill-size: give one size per directory",
+            a.spill_dir.len(),
+            a.spill_size.len()
+        );
+    }
+    if !a.spill_dir.is_empty() {
+        cfg.spill.dirs = a
+            .spill_dir
+            .iter()
+            .zip(&a.spill_size)
+            .map(|(p, s)| {
+                Ok(SpillDirSetting {
+                    path: p.clone(),
+                    size: parse_size(s).context("--spill-size")?,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    if let Some(x) = a.spill_admission {
+        cfg.spill.admission = match x {
+            SpillAdmission::Always => Admission::Always,
+            SpillAdmission::SecondRead => Admission::SecondRead,
+        };
+    }
+    if let Some(x) = a.spill_engine {
+        cfg.spill.engine = match x {
+            SpillEngineArg::Uring => SpillEngine::Uring,
+            SpillEngineArg::Psync => SpillEngine::Psync,
+        };
+    }
+    if a.events.is_some() {
+        cfg.events.endpoint.clone_from(&a.events);
+    }
+    if a.events_replay.is_some() {
+        cfg.events.replay.clone_from(&a.events_replay);
+    }
+    if a.dp_rank.is_some() {
+        cfg.events.dp_rank = a.dp_rank;
+    }
+    Ok(())
+}
+
+/// Binds the KV event publisher when `[events]` names an endpoint.
+fn start_events(cfg: &EngineConfig) -> anyhow::Result<Option<kvnode_events::Publisher>> {
+    let Some(ep) = &cfg.events.endpoint else {
+        return Ok(None);
+    };
+    let mut pc = kvnode_events::PublisherConfig::new(ep.clone()).with_dp_rank(cfg.events.dp_rank);
+    if let Some(r) = &cfg.events.replay {
+        pc = pc.with_replay(r.clone());
+    }
+    let p = kvnode_events::Publisher::start(pc).context("starting the KV event publisher")?;
+    tracing::info!(endpoint = p.endpoint(), replay = ?p.replay_endpoint(), "KV events on");
+    Ok(Some(p))
 }
 
 fn init_logging() {
@@ -69,9 +131,12 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     rt.block_on(async move {
         let listener = kvnode_engine::api::bind(&cfg.socket, cfg.socket_mode)?;
         let socket = cfg.socket.clone();
-        let engine = kvnode_engine::api::Engine::start(cfg).context("creating the DRAM arena")?;
-        tracing::info!(socket = %socket.display(), dram = engine.arena.len(), pid = std::process::id(), "kvnode ready");
+        let publisher = start_events(&cfg)?;
+        let announcer = kvnode_engine::residency::Announcer::new(publisher.as_ref().map(kvnode_events::Publisher::sink));
+        let engine = kvnode_engine::api::Engine::start_with(cfg, announcer).context("starting the engine")?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let demoter = engine.spawn_background(stop_rx.clone());
+        tracing::info!(socket = %socket.display(), dram = engine.arena.len(), spill = engine.tiering.is_some(), pid = std::process::id(), "kvnode ready");
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), listener, stop_rx));
@@ -83,6 +148,13 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
         engine.stop_background();
         server.await.context("server task")?;
+        if let Some(d) = demoter {
+            let _ = d.await;
+        }
+        // Dropping the engine's last handle closes the spill files (sealed, synced); the
+        // publisher then sends what is queued and lingers.
+        drop(engine);
+        drop(publisher);
         let _ = std::fs::remove_file(&socket);
         tracing::info!("kvnode stopped");
         anyhow::Ok(())

@@ -58,6 +58,7 @@ pub fn render(s: &StatsReport) -> String {
             }
         );
     }
+    render_movement(&mut o, s);
     let _ = writeln!(
         o,
         "\n{:<6} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>10}",
@@ -98,4 +99,39 @@ pub fn render(s: &StatsReport) -> String {
         );
     }
     o
+}
+
+/// Per-tier movement and health: demotions, promotions, drops, errors, IO queue, poisoning.
+fn render_movement(o: &mut String, s: &StatsReport) {
+    let _ = writeln!(
+        o,
+        "\n{:<6} {:>10} {:>10} {:>8} {:>8} {:>8} {:>9} {:>10} {:>8}",
+        "tier",
+        "demotions",
+        "promotions",
+        "dropped",
+        "errors",
+        "corrupt",
+        "in-flight",
+        "queue",
+        "oldest"
+    );
+    for t in &s.tiers {
+        let _ = writeln!(
+            o,
+            "{:<6} {:>10} {:>10} {:>8} {:>8} {:>8} {:>9} {:>10} {:>6}ms{}",
+            t.tier,
+            t.demotions,
+            t.promotions,
+            t.dropped,
+            t.errors,
+            t.corrupt,
+            t.in_flight,
+            t.queue_depth,
+            t.oldest_queued_ms,
+            t.poisoned
+                .as_ref()
+                .map_or(String::new(), |r| format!("  POISONED: {r}"))
+        );
+    }
 }

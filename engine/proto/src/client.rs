@@ -51,6 +51,10 @@ pub enum Op {
         keys: Vec<Key>,
         /// Byte length of each block.
         lens: Vec<u64>,
+        /// Optional router metadata per key (empty, or one entry per key); absent from old
+        /// clients. Blocks with tokens are announced as KV events.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        meta: Vec<Option<BlockMeta>>,
     },
     /// Reserves arena slots the client fills through its mapping, then commits.
     Alloc {
@@ -60,6 +64,9 @@ pub enum Op {
         keys: Vec<Key>,
         /// Byte length each block will have.
         lens: Vec<u64>,
+        /// Optional router metadata per key, as for `Put`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        meta: Vec<Option<BlockMeta>>,
     },
     /// Publishes filled slots; each becomes an immutable block.
     Commit {
@@ -106,6 +113,16 @@ pub enum Op {
     },
     /// Per-tier and per-namespace statistics.
     Stats,
+}
+
+/// What the KV router needs to know about a page: its exact tokens and its parent page.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockMeta {
+    /// The page's exact token ids (`page_size` of them).
+    pub tokens: Vec<u32>,
+    /// Digest of the page before this one in its chain; `None` for a chain root.
+    #[serde(default)]
+    pub parent: Option<crate::key::Digest>,
 }
 
 /// Outcome of one key of a `Put`.

@@ -54,6 +54,25 @@ pub struct TierStats {
     pub populated_bytes: u64,
     /// Whether pinning was refused (RLIMIT_MEMLOCK) and the tier runs unpinned.
     pub pin_refused: bool,
+    /// Blocks moved down to the next tier (DRAM -> NVMe).
+    pub demotions: u64,
+    /// Blocks copied up into DRAM from the next tier on a `get`.
+    pub promotions: u64,
+    /// DRAM: blocks evicted with no copy below (demotion lagged, not admitted, or no spill).
+    /// NVMe: not used.
+    pub dropped: u64,
+    /// Failed transfers (write/read errors, refused submissions).
+    pub errors: u64,
+    /// Operations queued to the tier's IO and not completed (NVMe).
+    pub queue_depth: u64,
+    /// Age of the oldest such operation in milliseconds (stalled offload shows here).
+    pub oldest_queued_ms: u64,
+    /// Demotions started and not finished (DRAM).
+    pub in_flight: u64,
+    /// Why the tier refuses writes, if it is poisoned (NVMe).
+    pub poisoned: Option<String>,
+    /// Reads whose bytes failed verification and were served as misses (NVMe).
+    pub corrupt: u64,
 }
 
 /// Counters of one slot class.

@@ -33,6 +33,8 @@ pub(super) struct Connection {
     pub leases: HashMap<u64, Vec<SlotId>>,
     /// Alloc handle -> reservation.
     pub reservations: HashMap<u64, Reservation>,
+    /// Alloc handle -> router metadata given with the alloc.
+    pub metas: HashMap<u64, Arc<crate::residency::RouterMeta>>,
     pub next_handle: u64,
     stop: watch::Receiver<bool>,
 }
@@ -55,6 +57,7 @@ impl Connection {
             cred,
             leases: HashMap::new(),
             reservations: HashMap::new(),
+            metas: HashMap::new(),
             next_handle: 1,
             stop,
         }

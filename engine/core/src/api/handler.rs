@@ -4,7 +4,7 @@ use std::io;
 
 use kvnode_proto::Key;
 use kvnode_proto::client::{
-    AllocSlot, CommitStatus, ErrorCode, GetMode, Op, PutStatus, Reply, Request,
+    AllocSlot, BlockMeta, CommitStatus, ErrorCode, GetMode, Op, PutStatus, Reply, Request,
 };
 use kvnode_proto::frame::MAX_PAYLOAD;
 
@@ -53,13 +53,26 @@ impl Connection {
                 }
                 Err(e) => tier_error(&e),
             },
-            Op::Put { ns, keys, lens } => return self.put(id, ns, &keys, &lens, payload_len).await,
-            Op::Alloc { ns, keys, lens } => self.alloc(ns, &keys, &lens),
+            Op::Put {
+                ns,
+                keys,
+                lens,
+                meta,
+            } => return self.put(id, ns, &keys, &lens, &meta, payload_len).await,
+            Op::Alloc {
+                ns,
+                keys,
+                lens,
+                meta,
+            } => self.alloc(ns, &keys, &lens, &meta),
             Op::Commit { handles } => self.commit(&handles),
             Op::Abort { handles } => {
                 let res: Vec<Reservation> = handles
                     .iter()
-                    .filter_map(|h| self.reservations.remove(h))
+                    .filter_map(|h| {
+                        self.metas.remove(h);
+                        self.reservations.remove(h)
+                    })
                     .collect();
                 self.engine.tier.abort(self.id, &res);
                 Reply::Aborted {
@@ -79,15 +92,15 @@ impl Connection {
                     ),
                 },
             },
-            Op::Exists { ns, keys } => match self.engine.tier.exists(ns, &keys) {
+            Op::Exists { ns, keys } => match self.engine.exists(ns, &keys) {
                 Ok(count) => Reply::Exists { count },
                 Err(e) => tier_error(&e),
             },
-            Op::Delete { ns, keys } => match self.engine.tier.delete(ns, &keys) {
+            Op::Delete { ns, keys } => match self.engine.delete(ns, &keys) {
                 Ok(count) => Reply::Deleted { count },
                 Err(e) => tier_error(&e),
             },
-            Op::Clear { ns } => match self.engine.tier.clear(ns) {
+            Op::Clear { ns } => match self.engine.clear(ns) {
                 Ok(count) => {
                     tracing::info!(conn = self.id, ?ns, count, "cleared");
                     Reply::Cleared { count }
@@ -105,6 +118,7 @@ impl Connection {
         ns: u32,
         keys: &[Key],
         lens: &[u64],
+        meta: &[Option<BlockMeta>],
         payload_len: u64,
     ) -> io::Result<()> {
         let sum: Option<u64> = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l));
@@ -116,6 +130,16 @@ impl Connection {
                 lens.len()
             );
             return self.send(id, invalid(msg), &[]).await;
+        }
+        let metas = match super::meta::router_metas(&self.engine, ns, keys, meta) {
+            Ok(m) => m,
+            Err(msg) => {
+                self.io.skip(payload_len).await?;
+                return self.send(id, invalid(msg), &[]).await;
+            }
+        };
+        if let Some(t) = &self.engine.tiering {
+            t.make_room(&self.engine, payload_len).await;
         }
         let reserved = match self.engine.tier.reserve(self.id, ns, keys, lens) {
             Ok(r) => r,
@@ -144,7 +168,12 @@ impl Connection {
                 return Err(e);
             }
         }
-        let committed = self.engine.tier.commit(self.id, &held);
+        let with_meta: Vec<_> = reserved
+            .iter()
+            .zip(metas)
+            .filter_map(|(r, m)| r.as_ref().ok().map(|r| (*r, m)))
+            .collect();
+        let committed = self.engine.tier.commit_with(self.id, &with_meta, false);
         held.clear();
         let mut it = committed.into_iter();
         let results = reserved
@@ -160,18 +189,26 @@ impl Connection {
         self.send(id, Reply::Put { results }, &[]).await
     }
 
-    fn alloc(&mut self, ns: u32, keys: &[Key], lens: &[u64]) -> Reply {
+    fn alloc(&mut self, ns: u32, keys: &[Key], lens: &[u64], meta: &[Option<BlockMeta>]) -> Reply {
+        let metas = match super::meta::router_metas(&self.engine, ns, keys, meta) {
+            Ok(m) => m,
+            Err(msg) => return invalid(msg),
+        };
         let reserved = match self.engine.tier.reserve(self.id, ns, keys, lens) {
             Ok(r) => r,
             Err(e) => return tier_error(&e),
         };
         let slots = reserved
             .into_iter()
-            .map(|r| match r {
+            .zip(metas)
+            .map(|(r, m)| match r {
                 Ok(res) => {
                     let handle = self.next_handle;
                     self.next_handle += 1;
                     self.reservations.insert(handle, res);
+                    if let Some(m) = m {
+                        self.metas.insert(handle, m);
+                    }
                     AllocSlot::Granted {
                         handle,
                         offset: res.offset,
@@ -189,8 +226,16 @@ impl Connection {
             .iter()
             .map(|h| self.reservations.remove(h))
             .collect();
-        let known: Vec<Reservation> = found.iter().flatten().copied().collect();
-        let mut done = self.engine.tier.commit(self.id, &known).into_iter();
+        let known: Vec<_> = handles
+            .iter()
+            .zip(&found)
+            .filter_map(|(h, f)| f.map(|r| (r, self.metas.remove(h))))
+            .collect();
+        let mut done = self
+            .engine
+            .tier
+            .commit_with(self.id, &known, false)
+            .into_iter();
         let results = found
             .iter()
             .map(|f| match f {
@@ -202,10 +247,13 @@ impl Connection {
     }
 
     async fn get(&mut self, id: u64, ns: u32, keys: &[Key], mode: GetMode) -> io::Result<()> {
-        let leased = match self.engine.tier.lease(ns, keys) {
+        let mut leased = match self.engine.tier.lease(ns, keys) {
             Ok(l) => l,
             Err(e) => return self.send(id, tier_error(&e), &[]).await,
         };
+        if let Some(t) = &self.engine.tiering {
+            t.promote_misses(&self.engine, ns, keys, &mut leased).await;
+        }
         let slots: Vec<_> = leased.iter().flatten().map(|l| l.slot).collect();
         match mode {
             GetMode::Lease => {

@@ -6,6 +6,7 @@
 mod conn;
 mod handler;
 pub mod io;
+mod meta;
 mod server;
 
 use std::sync::Arc;
@@ -16,9 +17,23 @@ use kvnode_proto::stats::StatsReport;
 
 use crate::arena::{Arena, ArenaError, PinOptions};
 use crate::config::EngineConfig;
-use crate::tier::{DramTier, TierConfig};
+use crate::residency::Announcer;
+use crate::tier::{DramTier, TierConfig, TierError};
+use crate::tiering::Tiering;
 
 pub use server::{ServeError, bind, serve};
+
+/// Failure to start the engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The DRAM arena could not be created.
+    #[error("creating the DRAM arena: {0}")]
+    Arena(#[from] ArenaError),
+    /// The spill tier could not be opened.
+    #[error("opening the spill tier: {0}")]
+    Spill(#[from] kvnode_spill::SpillError),
+}
 
 /// Everything a connection needs: config, arena, tier, counters.
 #[derive(Debug)]
@@ -29,6 +44,10 @@ pub struct Engine {
     pub arena: Arc<Arena>,
     /// The DRAM tier.
     pub tier: DramTier,
+    /// The NVMe spill tier, when configured.
+    pub tiering: Option<Arc<Tiering>>,
+    /// Publishes residency events (or nothing, when events are off).
+    pub announcer: Arc<Announcer>,
     clients: AtomicU32,
     next_conn: AtomicU64,
     started: Instant,
@@ -37,13 +56,37 @@ pub struct Engine {
 
 impl Engine {
     /// Creates the arena and tier and starts background pinning. Returns immediately.
-    pub fn start(config: EngineConfig) -> Result<Arc<Self>, ArenaError> {
+    pub fn start(config: EngineConfig) -> Result<Arc<Self>, StartError> {
+        Self::start_with(config, Announcer::new(None))
+    }
+
+    /// Like [`Engine::start`], announcing residencies through `announcer`, and opening
+    /// (recovering) the spill tier when one is configured. Call
+    /// [`Engine::spawn_background`] from inside a tokio runtime afterwards.
+    pub fn start_with(
+        config: EngineConfig,
+        announcer: Arc<Announcer>,
+    ) -> Result<Arc<Self>, StartError> {
         let arena = Arc::new(Arena::create(config.dram, config.hugetlb)?);
-        let tier = DramTier::new(&TierConfig {
-            capacity: arena.len(),
-            slab_bytes: config.slab_bytes(),
-            policy: config.eviction,
-        });
+        let tier = DramTier::with_announcer(
+            &TierConfig {
+                capacity: arena.len(),
+                slab_bytes: config.slab_bytes(),
+                policy: config.eviction,
+            },
+            Arc::clone(&announcer),
+        );
+        let tiering = if config.spill.dirs.is_empty() {
+            None
+        } else {
+            tier.set_has_lower(true);
+            Some(Arc::new(Tiering::open(
+                &config.spill,
+                config.slab_bytes(),
+                &arena,
+                Arc::clone(&announcer),
+            )?))
+        };
         let stop_pinning = Arc::new(AtomicBool::new(false));
         arena.start_pinning(
             PinOptions {
@@ -57,11 +100,53 @@ impl Engine {
             config,
             arena,
             tier,
+            tiering,
+            announcer,
             clients: AtomicU32::new(0),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
             stop_pinning,
         }))
+    }
+
+    /// Starts the demoter (with a spill tier); needs a tokio runtime.
+    pub fn spawn_background(
+        self: &Arc<Self>,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let t = self.tiering.as_ref()?;
+        Some(crate::tiering::spawn_demoter(
+            Arc::clone(t),
+            Arc::clone(self),
+            stop,
+        ))
+    }
+
+    /// Leading keys present in any tier.
+    pub fn exists(&self, ns: u32, keys: &[kvnode_proto::Key]) -> Result<u32, TierError> {
+        match &self.tiering {
+            Some(t) => t.exists(self, ns, keys),
+            None => self.tier.exists(ns, keys),
+        }
+    }
+
+    /// Removes keys from every tier; returns how many were present.
+    pub fn delete(&self, ns: u32, keys: &[kvnode_proto::Key]) -> Result<u32, TierError> {
+        match &self.tiering {
+            Some(t) => t.delete(self, ns, keys),
+            None => self.tier.delete(ns, keys),
+        }
+    }
+
+    /// Clears one namespace, or everything (announced as `AllBlocksCleared`), in every tier.
+    pub fn clear(&self, ns: Option<u32>) -> Result<u64, TierError> {
+        if let Some(t) = &self.tiering {
+            return t.clear(self, ns);
+        }
+        if ns.is_none() {
+            self.announcer.clear_all();
+        }
+        self.tier.clear(ns)
     }
 
     /// Stops background pinning (at shutdown).
@@ -87,7 +172,9 @@ impl Engine {
             pid: std::process::id(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             clients: self.clients(),
-            tiers: vec![dram],
+            tiers: std::iter::once(dram)
+                .chain(self.tiering.as_ref().map(|t| t.stats()))
+                .collect(),
             pools: snap.pools,
             namespaces: snap.namespaces,
         }

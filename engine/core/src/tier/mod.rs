@@ -6,16 +6,19 @@
 //! - a committed block's bytes never change (a key is committed at most once);
 //! - a key is only ever looked up inside its own namespace.
 
+mod demote;
 pub mod pool;
 mod state;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kvnode_proto::client::{CommitStatus, Extent, PutStatus, SegmentClass};
 use kvnode_proto::stats::{NamespaceStats, PoolStats, TierStats};
 use kvnode_proto::{BlockKey, Key, NamespaceId, NamespaceSpec};
 
 use crate::policy::{PolicyKind, SlotId};
+use crate::residency::{Announcer, RouterMeta};
+pub use demote::{DemoteEnd, Demotion, Finished};
 use state::State;
 
 /// A request the tier refuses as a whole.
@@ -119,11 +122,68 @@ pub struct DramTier {
 }
 
 impl DramTier {
-    /// A tier over `cfg.capacity` bytes of arena.
+    /// A tier over `cfg.capacity` bytes of arena, announcing no events.
     pub fn new(cfg: &TierConfig) -> Self {
+        Self::with_announcer(cfg, Announcer::new(None))
+    }
+
+    /// A tier whose residencies announce KV events through `announcer`.
+    pub fn with_announcer(cfg: &TierConfig, announcer: Arc<Announcer>) -> Self {
         Self {
-            state: Mutex::new(State::new(cfg)),
+            state: Mutex::new(State::new(cfg, announcer)),
         }
+    }
+
+    /// Declares that a lower tier exists (evictions without a copy below count as dropped).
+    pub fn set_has_lower(&self, yes: bool) {
+        self.with(|s| s.has_lower = yes);
+    }
+
+    /// The namespace spec of a handle.
+    pub fn namespace_spec(&self, ns: u32) -> Result<NamespaceSpec, TierError> {
+        self.with(|s| s.ns(ns).map(|e| e.spec.clone()))
+    }
+
+    /// Free slot bytes (unassigned slabs plus free slots), and the tier's capacity.
+    pub fn free_and_capacity(&self) -> (u64, u64) {
+        self.with(|s| (s.free_bytes(), s.capacity_bytes()))
+    }
+
+    /// Picks blocks to demote while free bytes (counting moves in flight) are below `high`.
+    pub fn pick_demotions(&self, max: usize, high: u64) -> Vec<Demotion> {
+        self.with(|s| s.pick_demotions(max, high))
+    }
+
+    /// Ends a demotion; see [`Demotion`]. `on_lower` runs under the tier lock.
+    pub fn finish_demotion(
+        &self,
+        d: &Demotion,
+        end: DemoteEnd,
+        on_lower: impl FnOnce(Option<&Arc<RouterMeta>>),
+    ) -> Finished {
+        self.with(|s| s.finish_demotion(d, end, on_lower))
+    }
+
+    /// Whether each key is resident in DRAM.
+    pub fn contains(&self, ns: u32, keys: &[Key]) -> Result<Vec<bool>, TierError> {
+        self.with(|s| {
+            let id = s.ns(ns)?.id;
+            Ok(keys
+                .iter()
+                .map(|k| {
+                    s.index.contains_key(&BlockKey {
+                        ns: id,
+                        digest: k.0,
+                        segment: k.1,
+                    })
+                })
+                .collect())
+        })
+    }
+
+    /// Counts blocks promoted into DRAM.
+    pub fn count_promotions(&self, n: u64) {
+        self.with(|s| s.totals.promotions += n);
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
@@ -165,7 +225,22 @@ impl DramTier {
 
     /// Publishes reserved slots as blocks.
     pub fn commit(&self, conn: u64, res: &[Reservation]) -> Vec<CommitStatus> {
-        self.with(|s| res.iter().map(|r| s.commit(conn, r)).collect())
+        self.with(|s| res.iter().map(|r| s.commit(conn, r, None, false)).collect())
+    }
+
+    /// Publishes reserved slots as blocks, announcing those with router metadata (in order,
+    /// so parents given first are announced first). `on_lower` marks promoted blocks.
+    pub fn commit_with(
+        &self,
+        conn: u64,
+        res: &[(Reservation, Option<Arc<RouterMeta>>)],
+        on_lower: bool,
+    ) -> Vec<CommitStatus> {
+        self.with(|s| {
+            res.iter()
+                .map(|(r, m)| s.commit(conn, r, m.as_ref(), on_lower))
+                .collect()
+        })
     }
 
     /// Frees reserved slots without publishing them.

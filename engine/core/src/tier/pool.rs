@@ -7,12 +7,13 @@
 use kvnode_proto::BlockKey;
 
 use crate::policy::{Policy, PolicyKind, SlotId};
+use crate::residency::Residency;
 
 /// Slot sizes are rounded up to this (O_DIRECT alignment for the spill tier).
 pub const SLOT_ALIGN: u64 = 4096;
 
 /// What a slot holds.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Slot {
     /// Available.
     Free,
@@ -26,7 +27,7 @@ pub enum Slot {
 }
 
 /// A committed block.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Resident {
     /// Key.
     pub key: BlockKey,
@@ -38,6 +39,14 @@ pub struct Resident {
     pub leases: u32,
     /// Removed from the index while leased: freed when the last lease ends.
     pub doomed: bool,
+    /// Being written to the next tier; holds one of `leases` until the write ends.
+    pub demoting: bool,
+    /// A copy exists in the next tier (the block was promoted from it).
+    pub on_lower: bool,
+    /// `get` hits so far (admission policy `second-read`).
+    pub reads: u32,
+    /// The block's KV-event residency in DRAM; dropping it announces the removal.
+    pub residency: Option<Residency>,
 }
 
 /// A slab: unassigned, or cut into slots of one class.

@@ -9,38 +9,46 @@ use kvnode_proto::{BlockKey, Key, NamespaceId, NamespaceSpec};
 use super::pool::{Pool, Resident, Slab, Slot, class_bytes, slot_id, slot_parts};
 use super::{LeasedBlock, Registered, Reservation, TierConfig, TierError, TierSnapshot};
 use crate::policy::{EvictionPolicy, PolicyKind, SlotId};
+use crate::residency::{Announcer, RouterMeta};
+use kvnode_events::Medium;
+use std::sync::Arc;
 
 const MAX_CLASSES: usize = 4096;
 
 #[derive(Debug)]
 pub(super) struct NsEntry {
     pub id: NamespaceId,
-    spec: NamespaceSpec,
+    pub spec: NamespaceSpec,
     classes: Vec<u32>,
     stats: NamespaceStats,
 }
 
 #[derive(Debug)]
 pub(super) struct State {
-    slab_bytes: u64,
+    pub slab_bytes: u64,
     capacity: u64,
     policy: PolicyKind,
-    slabs: Vec<Slab>,
-    free_slabs: Vec<u32>,
-    pools: Vec<Pool>,
+    pub slabs: Vec<Slab>,
+    pub free_slabs: Vec<u32>,
+    pub pools: Vec<Pool>,
     class_by_size: HashMap<u64, u32>,
-    index: HashMap<BlockKey, SlotId>,
-    namespaces: Vec<NsEntry>,
+    pub index: HashMap<BlockKey, SlotId>,
+    pub namespaces: Vec<NsEntry>,
     ns_by_id: HashMap<NamespaceId, u32>,
-    totals: TierStats,
+    pub totals: TierStats,
+    pub announcer: Arc<Announcer>,
+    /// A lower tier exists: evicting a block without a copy below counts as `dropped`.
+    pub has_lower: bool,
+    /// Bytes of slots whose demotion is in flight (free once it ends).
+    pub demoting_bytes: u64,
 }
 
-fn key_hash(k: &BlockKey) -> u64 {
+pub(super) fn key_hash(k: &BlockKey) -> u64 {
     k.digest.router_hash() ^ (k.ns.0 as u64) ^ (u64::from(k.segment) << 48)
 }
 
 impl State {
-    pub fn new(cfg: &TierConfig) -> Self {
+    pub fn new(cfg: &TierConfig, announcer: Arc<Announcer>) -> Self {
         let n = (cfg.capacity / cfg.slab_bytes) as u32;
         Self {
             slab_bytes: cfg.slab_bytes,
@@ -57,6 +65,9 @@ impl State {
                 tier: "dram".into(),
                 ..TierStats::default()
             },
+            announcer,
+            has_lower: false,
+            demoting_bytes: 0,
         }
     }
 
@@ -140,7 +151,7 @@ impl State {
         })
     }
 
-    fn offset(&self, slot: SlotId) -> u64 {
+    pub fn offset(&self, slot: SlotId) -> u64 {
         let (slab, idx) = slot_parts(slot);
         let class = self.slabs[slab as usize]
             .class
@@ -148,7 +159,7 @@ impl State {
         u64::from(slab) * self.slab_bytes + u64::from(idx) * self.pools[class as usize].slot_bytes
     }
 
-    fn slot_mut(&mut self, slot: SlotId) -> &mut Slot {
+    pub fn slot_mut(&mut self, slot: SlotId) -> &mut Slot {
         let (slab, idx) = slot_parts(slot);
         &mut self.slabs[slab as usize].slots[idx as usize]
     }
@@ -158,7 +169,7 @@ impl State {
         &self.slabs[slab as usize].slots[idx as usize]
     }
 
-    fn class_of(&self, slot: SlotId) -> u32 {
+    pub fn class_of(&self, slot: SlotId) -> u32 {
         self.slabs[slot_parts(slot).0 as usize]
             .class
             .expect("assigned")
@@ -233,7 +244,7 @@ impl State {
         let per = (self.slab_bytes / self.pools[class as usize].slot_bytes) as u32;
         let s = &mut self.slabs[slab as usize];
         s.class = Some(class);
-        s.slots = vec![Slot::Free; per as usize];
+        s.slots = (0..per).map(|_| Slot::Free).collect();
         let pool = &mut self.pools[class as usize];
         pool.slabs.push(slab);
         pool.free.extend((0..per).rev().map(|i| slot_id(slab, i)));
@@ -247,6 +258,7 @@ impl State {
             matches!(&slabs[slab as usize].slots[idx as usize], Slot::Block(r) if r.leases == 0)
         })?;
         self.pools[c].evictions += 1;
+        self.count_drop(victim);
         self.drop_block(victim, true);
         Some(victim)
     }
@@ -272,6 +284,7 @@ impl State {
                 if matches!(self.slot(id), Slot::Block(_)) {
                     self.pools[c as usize].policy.remove(id);
                     self.pools[c as usize].evictions += 1;
+                    self.count_drop(id);
                     self.drop_block(id, true);
                 }
             }
@@ -286,23 +299,34 @@ impl State {
 
     /// Removes the block in `slot` from the index and counters and marks the slot free
     /// (the caller owns the free slot; it is not put on a free list). Policy already updated.
-    fn drop_block(&mut self, slot: SlotId, evicted: bool) {
+    pub fn drop_block(&mut self, slot: SlotId, evicted: bool) {
         let Slot::Block(r) = std::mem::replace(self.slot_mut(slot), Slot::Free) else {
             unreachable!("drop_block on a non-block slot");
         };
         debug_assert_eq!(r.leases, 0);
         if !r.doomed {
             self.index.remove(&r.key);
-            self.account_removed(&r, evicted);
+            self.account_removed(r.ns, r.len, evicted);
+        }
+        // `r.residency` drops here: the block left DRAM.
+    }
+
+    /// Counts an eviction that leaves no copy in the lower tier.
+    fn count_drop(&mut self, slot: SlotId) {
+        if self.has_lower
+            && let Slot::Block(r) = self.slot(slot)
+            && !r.on_lower
+        {
+            self.totals.dropped += 1;
         }
     }
 
-    fn account_removed(&mut self, r: &Resident, evicted: bool) {
+    pub fn account_removed(&mut self, ns: u32, len: u64, evicted: bool) {
         self.totals.blocks -= 1;
-        self.totals.bytes -= r.len;
-        let st = &mut self.namespaces[r.ns as usize].stats;
+        self.totals.bytes -= len;
+        let st = &mut self.namespaces[ns as usize].stats;
         st.blocks -= 1;
-        st.bytes -= r.len;
+        st.bytes -= len;
         if evicted {
             st.evictions += 1;
             self.totals.evictions += 1;
@@ -311,7 +335,7 @@ impl State {
         }
     }
 
-    fn free_slot(&mut self, slot: SlotId) {
+    pub fn free_slot(&mut self, slot: SlotId) {
         *self.slot_mut(slot) = Slot::Free;
         let c = self.class_of(slot);
         self.pools[c as usize].free.push(slot);
@@ -325,7 +349,13 @@ impl State {
             .is_some_and(|s| matches!(s, Slot::Reserved { conn: c } if *c == conn))
     }
 
-    pub fn commit(&mut self, conn: u64, r: &Reservation) -> CommitStatus {
+    pub fn commit(
+        &mut self,
+        conn: u64,
+        r: &Reservation,
+        meta: Option<&Arc<RouterMeta>>,
+        on_lower: bool,
+    ) -> CommitStatus {
         if !self.owns_reservation(conn, r) {
             return CommitStatus::UnknownHandle;
         }
@@ -340,6 +370,10 @@ impl State {
             len: r.len,
             leases: 0,
             doomed: false,
+            demoting: false,
+            on_lower,
+            reads: 0,
+            residency: self.announcer.reside(Medium::CpuPinned, meta),
         });
         self.index.insert(r.key, r.slot);
         let c = self.class_of(r.slot) as usize;
@@ -383,6 +417,7 @@ impl State {
                 unreachable!("indexed slot holds a block")
             };
             r.leases += 1;
+            r.reads = r.reads.saturating_add(1);
             let len = r.len;
             self.pools[c].policy.touch(slot);
             out.push(Some(LeasedBlock {
@@ -436,14 +471,17 @@ impl State {
         let Slot::Block(r) = self.slot_mut(slot) else {
             unreachable!("indexed slot holds a block")
         };
-        let r2 = r.clone();
-        if r.leases > 0 {
+        let (ns, len, leases) = (r.ns, r.len, r.leases);
+        if leases > 0 {
             r.doomed = true;
         }
-        self.account_removed(&r2, false);
-        if r2.leases == 0 {
+        // The block leaves DRAM now, even if a lease keeps its bytes a while longer.
+        let residency = r.residency.take();
+        self.account_removed(ns, len, false);
+        if leases == 0 {
             self.free_slot(slot);
         }
+        drop(residency);
         true
     }
 

@@ -1,0 +1,138 @@
+//! Block residencies: a `Residency` announces its block's store on creation and its removal on drop.
+//!
+//! Every KV event the engine publishes comes from here. A tier that holds a block with known
+//! tokens owns one [`Residency`] per (tier, block); creating it publishes `BlockStored`, and
+//! dropping it (eviction, demotion, delete, clear, doomed-while-leased) publishes
+//! `BlockRemoved` with the same medium. So each residency yields exactly one store and one
+//! remove, whatever path ends it. `clear` of everything publishes `AllBlocksCleared` and
+//! advances an epoch, which silences the drops of residencies announced before it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvnode_events::{BlockStored, EventSink, Medium};
+use kvnode_proto::NamespaceSpec;
+use kvnode_proto::client::BlockMeta;
+
+/// What the router needs to announce one block, shared by all its residencies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouterMeta {
+    /// Router hash of the block (first 8 digest bytes, big-endian).
+    pub hash: u64,
+    /// Router hash of the parent block, `None` for a chain root.
+    pub parent: Option<u64>,
+    /// Exact tokens of the block.
+    pub tokens: Vec<u32>,
+    /// Tokens per block (the namespace's page size).
+    pub block_size: u32,
+    /// Tenant salt, if the namespace has one.
+    pub salt: Option<String>,
+}
+
+impl RouterMeta {
+    /// Builds the metadata of a block of namespace `spec`; `None` when the client gave no
+    /// tokens or their count is not the page size (such a block would be rejected anyway).
+    pub fn from_client(
+        spec: &NamespaceSpec,
+        hash: u64,
+        meta: Option<&BlockMeta>,
+    ) -> Option<Arc<Self>> {
+        let m = meta?;
+        if m.tokens.is_empty() || m.tokens.len() != spec.page_size as usize {
+            return None;
+        }
+        Some(Arc::new(Self {
+            hash,
+            parent: m.parent.map(|d| d.router_hash()),
+            tokens: m.tokens.clone(),
+            block_size: spec.page_size,
+            salt: (!spec.tenant_salt.is_empty()).then(|| spec.tenant_salt.clone()),
+        }))
+    }
+}
+
+/// Publishes residency events; cheap to share. Without a sink it announces nothing.
+#[derive(Debug, Default)]
+pub struct Announcer {
+    sink: Option<EventSink>,
+    epoch: AtomicU64,
+}
+
+impl Announcer {
+    /// An announcer publishing through `sink` (or nothing).
+    pub fn new(sink: Option<EventSink>) -> Arc<Self> {
+        Arc::new(Self {
+            sink,
+            epoch: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether events are published at all.
+    pub fn enabled(&self) -> bool {
+        self.sink.is_some()
+    }
+
+    /// The block became resident in `medium`: publishes `BlockStored` and returns the
+    /// residency whose drop publishes the removal. `None` without a sink or metadata.
+    pub fn reside(
+        self: &Arc<Self>,
+        medium: Medium,
+        meta: Option<&Arc<RouterMeta>>,
+    ) -> Option<Residency> {
+        let sink = self.sink.as_ref()?;
+        let meta = Arc::clone(meta?);
+        let ev = BlockStored::new(medium, meta.block_size)
+            .with_parent(meta.parent)
+            .with_salt(meta.salt.clone())
+            .block(meta.hash, &meta.tokens);
+        // A rejected or dropped event is counted and logged by the sink.
+        let _ = sink.stored(ev);
+        Some(Residency {
+            announcer: Arc::clone(self),
+            meta,
+            medium,
+            epoch: self.epoch.load(Ordering::Acquire),
+        })
+    }
+
+    /// Everything is gone: publishes `AllBlocksCleared`; residencies announced before this
+    /// call end silently.
+    pub fn clear_all(&self) {
+        if let Some(sink) = &self.sink {
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            let _ = sink.cleared();
+        }
+    }
+
+    /// The publisher's counters, if events are on.
+    pub fn stats(&self) -> Option<kvnode_events::Stats> {
+        self.sink.as_ref().map(EventSink::stats)
+    }
+}
+
+/// One block resident in one tier; dropping it announces the block left that tier.
+#[derive(Debug)]
+pub struct Residency {
+    announcer: Arc<Announcer>,
+    meta: Arc<RouterMeta>,
+    medium: Medium,
+    epoch: u64,
+}
+
+impl Residency {
+    /// The block's router metadata (to announce it in another tier).
+    pub fn meta(&self) -> &Arc<RouterMeta> {
+        &self.meta
+    }
+}
+
+impl Drop for Residency {
+    fn drop(&mut self) {
+        if self.announcer.epoch.load(Ordering::Acquire) != self.epoch {
+            return;
+        }
+        if let Some(sink) = &self.announcer.sink {
+            let _ = sink.removed(self.medium, vec![self.meta.hash]);
+        }
+    }
+}
