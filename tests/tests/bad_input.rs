@@ -186,6 +186,7 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
             id: 8,
             op: Op::Put {
                 ns,
+                meta: vec![],
                 keys: vec![key(900)],
                 lens: vec![10],
             },
@@ -212,6 +213,7 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
             id: 10,
             op: Op::Put {
                 ns,
+                meta: vec![],
                 keys: vec![key(901)],
                 lens: vec![8193],
             },
@@ -227,6 +229,7 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
             id: 11,
             op: Op::Put {
                 ns,
+                meta: vec![],
                 keys: vec![keys[0]],
                 lens: vec![8192],
             },
