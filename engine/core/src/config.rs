@@ -39,6 +39,14 @@ pub struct EngineConfig {
     pub drain_timeout_s: f64,
     /// Socket file permissions. Default: 0o660 (owner and group may connect).
     pub socket_mode: u32,
+    /// A lease held longer than this is reported once (log, `kvnode_leases_overdue`, the
+    /// `lease_overdue` probe). Default: 60.
+    pub lease_age_limit_s: f64,
+    /// A client op in flight longer than this (or arena pinning without progress for this
+    /// long) is reported once as a stall. Default: 10.
+    pub op_deadline_s: f64,
+    /// Serve Prometheus text at `http://HOST:PORT/metrics`. Default: off.
+    pub metrics: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +61,9 @@ impl Default for EngineConfig {
             hugetlb: false,
             drain_timeout_s: 5.0,
             socket_mode: 0o660,
+            lease_age_limit_s: 60.0,
+            op_deadline_s: 10.0,
+            metrics: None,
         }
     }
 }
@@ -85,6 +96,13 @@ impl EngineConfig {
         }
         if !(0.0..=3600.0).contains(&self.drain_timeout_s) {
             return Err("drain_timeout_s must be between 0 and 3600".into());
+        }
+        if !(0.001..=86400.0).contains(&self.lease_age_limit_s)
+            || !(0.001..=86400.0).contains(&self.op_deadline_s)
+        {
+            return Err(
+                "lease_age_limit_s and op_deadline_s must be between 0.001 and 86400".into(),
+            );
         }
         Ok(())
     }

@@ -11,11 +11,15 @@
 //! - [`tier`]: the DRAM tier's index, slot classes, leases and eviction.
 //! - [`policy`]: eviction policies (LRU, S3-FIFO).
 //! - [`config`]: engine configuration with documented defaults.
+//! - [`obs`]: histograms, counters, stall watchdog and Prometheus text.
+//! - [`probes`]: the USDT probes (provider `kvnode`) every component fires.
 
 pub mod api;
 pub mod arena;
 pub mod config;
+pub mod obs;
 pub mod policy;
+pub mod probes;
 pub mod tier;
 
 pub use config::EngineConfig;

@@ -5,14 +5,18 @@
 //! kvnode put|get|exists   move pages by hex key or by token sequence
 //! kvnode stats|clear      inspect or empty the cache
 //! kvnode bench local      load generator against a running daemon
+//! kvnode report           latency percentile tables and SVG (live daemon or kvtrace file)
 //! ```
 
 mod bench;
 mod cli;
 mod keys;
+mod metrics_http;
 mod ops;
+mod report;
 mod serve;
 mod stats_fmt;
+mod svg;
 
 use clap::Parser;
 
@@ -26,6 +30,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Stats(a) => ops::stats(&a),
         cli::Command::Clear(a) => ops::clear(&a),
         cli::Command::Bench(cli::BenchCmd::Local(a)) => bench::local(&a),
+        cli::Command::Report(a) => report::run(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -16,6 +16,7 @@ use kvnode_proto::stats::StatsReport;
 
 use crate::arena::{Arena, ArenaError, PinOptions};
 use crate::config::EngineConfig;
+use crate::obs::Metrics;
 use crate::tier::{DramTier, TierConfig};
 
 pub use server::{ServeError, bind, serve};
@@ -29,6 +30,8 @@ pub struct Engine {
     pub arena: Arc<Arena>,
     /// The DRAM tier.
     pub tier: DramTier,
+    /// Histograms, counters and the stall watchdog's view of connections.
+    pub metrics: Metrics,
     clients: AtomicU32,
     next_conn: AtomicU64,
     started: Instant,
@@ -57,6 +60,7 @@ impl Engine {
             config,
             arena,
             tier,
+            metrics: Metrics::default(),
             clients: AtomicU32::new(0),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),

@@ -304,6 +304,7 @@ impl State {
         st.blocks -= 1;
         st.bytes -= r.len;
         if evicted {
+            crate::probes::evict(kvnode_proto::obs::TierCode::Dram, r.ns, r.len);
             st.evictions += 1;
             self.totals.evictions += 1;
         } else {

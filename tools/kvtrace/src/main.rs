@@ -1,0 +1,5 @@
+//! kvtrace placeholder while building.
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/kvtrace.skel.rs"));
+}
+fn main() {}
