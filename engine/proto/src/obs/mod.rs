@@ -181,7 +181,7 @@ impl LatencyHistogram {
         let mut seen = 0u64;
         for b in &self.buckets {
             if (seen + b.count) as f64 >= rank {
-                let frac = (rank - seen as f64) / b.count as f64;
+                let frac = (rank - seen as f64 - 0.5) / b.count as f64;
                 let v = b.lo_ns as f64 + frac * (b.hi_ns - b.lo_ns) as f64;
                 return (v as u64).min(if self.max_ns > 0 {
                     self.max_ns
