@@ -39,7 +39,9 @@ impl Trace {
             match rx.recv_timeout(Duration::from_secs(30).saturating_sub(t.elapsed())) {
                 Ok(l) if l.contains("attached to kvnode pid") => break,
                 Ok(l) => eprintln!("kvtrace: {l}"),
-                Err(_) => panic!("kvtrace did not attach: {:?}", child.try_wait()),
+                Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("kvtrace did not attach: {:?}", child.try_wait())
+                }
             }
         }
         Self { child, err: rx }
@@ -48,7 +50,7 @@ impl Trace {
     /// SIGINT, wait, and return stdout.
     fn stop(mut self) -> String {
         // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        unsafe { libc::kill(self.child.id().cast_signed(), libc::SIGINT) };
         let mut out = String::new();
         self.child
             .stdout
