@@ -7,6 +7,16 @@ command -v cargo >/dev/null || { echo "install-deps: cargo (Rust >= 1.95) is req
 command -v cc >/dev/null || need+=(gcc)
 command -v fio >/dev/null || need+=(fio)
 command -v iperf3 >/dev/null || need+=(iperf3)
+# kvtrace: clang compiles the BPF programs, bpftool generates vmlinux.h, libbpf (vendored by
+# libbpf-sys) links against the system libelf and zlib found through pkg-config; asm/ headers
+# come from linux-libc-dev.
+command -v clang >/dev/null || need+=(clang)
+command -v bpftool >/dev/null || need+=(bpftool)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v make >/dev/null || need+=(make)
+for pkg in libelf-dev zlib1g-dev linux-libc-dev; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
 if ((${#need[@]})); then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   echo "install-deps: installing ${need[*]}" >&2

@@ -30,6 +30,23 @@ pub fn kvnode_bin() -> PathBuf {
     bin
 }
 
+/// Path of the `kvtrace` binary built alongside the tests (`KVTRACE_BIN` overrides).
+pub fn kvtrace_bin() -> PathBuf {
+    std::env::var_os("KVTRACE_BIN")
+        .map_or_else(|| kvnode_bin().with_file_name("kvtrace"), PathBuf::from)
+}
+
+/// Why BPF tests cannot run here (not root), or `None` when they can; loud on skip.
+pub fn bpf_skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let why = "not running as root: kvtrace needs CAP_BPF + CAP_PERFMON".to_owned();
+        eprintln!("\n!!!!! SKIPPING BPF TEST: {why} (CI runs these as root) !!!!!\n");
+        return Some(why);
+    }
+    None
+}
+
 /// A fresh private directory under the system temp dir.
 pub fn temp_dir(tag: &str) -> PathBuf {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

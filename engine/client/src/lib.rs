@@ -16,6 +16,7 @@ use kvnode_proto::client::{
     AllocSlot, BlockMeta, CommitStatus, ErrorCode, Extent, GetMode, Op, PutStatus, Reply,
     SegmentClass,
 };
+use kvnode_proto::obs::LatencyReport;
 use kvnode_proto::stats::StatsReport;
 use kvnode_proto::{Key, NamespaceSpec};
 
@@ -278,6 +279,14 @@ impl Client {
     pub fn stats(&mut self) -> Result<StatsReport> {
         match self.call(Op::Stats)? {
             Reply::Stats(s) => Ok(*s),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// The daemon's live latency histograms (per op and tier) and throughput over time.
+    pub fn histograms(&mut self) -> Result<LatencyReport> {
+        match self.call(Op::Histograms)? {
+            Reply::Histograms(h) => Ok(*h),
             r => Err(unexpected(&r)),
         }
     }

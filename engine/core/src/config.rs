@@ -44,6 +44,14 @@ pub struct EngineConfig {
     pub spill: SpillSettings,
     /// KV events (`[events]`); off by default.
     pub events: EventsSettings,
+    /// A lease held longer than this is reported once (log, `kvnode_leases_overdue`, the
+    /// `lease_overdue` probe). Default: 60.
+    pub lease_age_limit_s: f64,
+    /// A client op in flight longer than this (or arena pinning without progress for this
+    /// long) is reported once as a stall. Default: 10.
+    pub op_deadline_s: f64,
+    /// Serve Prometheus text at `http://HOST:PORT/metrics`. Default: off.
+    pub metrics: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +68,9 @@ impl Default for EngineConfig {
             socket_mode: 0o660,
             spill: SpillSettings::default(),
             events: EventsSettings::default(),
+            lease_age_limit_s: 60.0,
+            op_deadline_s: 10.0,
+            metrics: None,
         }
     }
 }
@@ -92,6 +103,13 @@ impl EngineConfig {
         }
         if !(0.0..=3600.0).contains(&self.drain_timeout_s) {
             return Err("drain_timeout_s must be between 0 and 3600".into());
+        }
+        if !(0.001..=86400.0).contains(&self.lease_age_limit_s)
+            || !(0.001..=86400.0).contains(&self.op_deadline_s)
+        {
+            return Err(
+                "lease_age_limit_s and op_deadline_s must be between 0.001 and 86400".into(),
+            );
         }
         self.spill.validate()
     }

@@ -13,11 +13,15 @@
 //! - [`residency`]: per-(tier, block) residencies whose lifecycle publishes KV events.
 //! - [`tiering`]: the NVMe spill tier under DRAM: demotion, promotion, restart survival.
 //! - [`config`]: engine configuration with documented defaults.
+//! - [`obs`]: histograms, counters, stall watchdog and Prometheus text.
+//! - [`probes`]: the USDT probes (provider `kvnode`) every component fires.
 
 pub mod api;
 pub mod arena;
 pub mod config;
+pub mod obs;
 pub mod policy;
+pub mod probes;
 pub mod residency;
 pub mod tier;
 pub mod tiering;

@@ -29,6 +29,23 @@ pub enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Latency report (percentile tables, SVG) from the live daemon or a `kvtrace record` file.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// Read a `kvtrace record` (or `kvnode report --json`) file instead of asking the daemon.
+    #[arg(long, value_name = "FILE")]
+    pub from: Option<PathBuf>,
+    /// Write an SVG with latency distributions per op and tier and throughput over time.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Save the report itself as JSON (readable again with --from).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 /// `serve` flags; each overrides the config file, which overrides the defaults.
@@ -62,6 +79,15 @@ pub struct ServeArgs {
     /// Back the arena with hugetlbfs pages.
     #[arg(long)]
     pub hugetlb: bool,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
+    /// Report leases held longer than this many seconds (log, metric, probe).
+    #[arg(long, value_name = "SECONDS")]
+    pub lease_age_limit: Option<f64>,
+    /// Report client ops in flight longer than this many seconds as stalls.
+    #[arg(long, value_name = "SECONDS")]
+    pub op_deadline: Option<f64>,
     /// Print the effective config and exit.
     #[arg(long)]
     pub print_config: bool,

@@ -6,15 +6,19 @@
 //! kvnode stats|clear      inspect or empty the cache
 //! kvnode bench local      load generator against a running daemon
 //! kvnode bench spill      demotion/promotion through a daemon vs fio on the same dir
+//! kvnode report           latency percentile tables and SVG (live daemon or kvtrace file)
 //! ```
 
 mod bench;
 mod bench_spill;
 mod cli;
 mod keys;
+mod metrics_http;
 mod ops;
+mod report;
 mod serve;
 mod stats_fmt;
+mod svg;
 
 use clap::Parser;
 
@@ -29,6 +33,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Clear(a) => ops::clear(&a),
         cli::Command::Bench(cli::BenchCmd::Local(a)) => bench::local(&a),
         cli::Command::Bench(cli::BenchCmd::Spill(a)) => bench_spill::spill(&a),
+        cli::Command::Report(a) => report::run(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -39,6 +39,15 @@ pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
     cfg.populate &= !a.no_populate;
     cfg.hugetlb |= a.hugetlb;
     apply_tiering_flags(a, &mut cfg)?;
+    if let Some(m) = &a.metrics {
+        cfg.metrics = Some(m.clone());
+    }
+    if let Some(s) = a.lease_age_limit {
+        cfg.lease_age_limit_s = s;
+    }
+    if let Some(s) = a.op_deadline {
+        cfg.op_deadline_s = s;
+    }
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
@@ -139,6 +148,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         tracing::info!(socket = %socket.display(), dram = engine.arena.len(), spill = engine.tiering.is_some(), pid = std::process::id(), "kvnode ready");
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
+        if let Some(addr) = &engine.config.metrics {
+            crate::metrics_http::spawn(std::sync::Arc::clone(&engine), addr, stop_rx.clone()).await?;
+        }
+        tokio::spawn(kvnode_engine::obs::watchdog(std::sync::Arc::clone(&engine), stop_rx.clone()));
         let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), listener, stop_rx));
         let sig = tokio::select! {
             _ = term.recv() => "SIGTERM",

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::key::Key;
 use crate::namespace::NamespaceSpec;
+use crate::obs::LatencyReport;
 use crate::stats::StatsReport;
 
 /// One request frame's header.
@@ -113,6 +114,8 @@ pub enum Op {
     },
     /// Per-tier and per-namespace statistics.
     Stats,
+    /// Live latency histograms per op and tier, and throughput over time.
+    Histograms,
 }
 
 /// What the KV router needs to know about a page: its exact tokens and its parent page.
@@ -296,6 +299,8 @@ pub enum Reply {
     },
     /// Statistics.
     Stats(Box<StatsReport>),
+    /// Latency histograms.
+    Histograms(Box<LatencyReport>),
     /// The request failed; nothing it would have changed was changed.
     Error {
         /// Category.

@@ -13,6 +13,7 @@
 //! - [`frame`]: the length-prefixed frame layout shared by client and daemon.
 //! - [`client`]: client requests and daemon replies.
 //! - [`stats`]: the statistics report returned by `stats`.
+//! - [`obs`]: probe codes and the latency report (`histograms` op, `kvtrace record`).
 //! - [`size`]: human byte sizes (`512MiB`, `16GiB`).
 
 pub mod client;
@@ -20,6 +21,7 @@ pub mod frame;
 pub mod hash;
 pub mod key;
 pub mod namespace;
+pub mod obs;
 pub mod size;
 pub mod stats;
 

@@ -35,13 +35,23 @@ fn op() -> impl Strategy<Value = Op> {
             keys(),
             proptest::collection::vec(any::<u64>(), 0..20)
         )
-            .prop_map(|(ns, keys, lens)| Op::Put { ns, keys, lens, meta: vec![] }),
+            .prop_map(|(ns, keys, lens)| Op::Put {
+                ns,
+                keys,
+                lens,
+                meta: vec![]
+            }),
         (
             any::<u32>(),
             keys(),
             proptest::collection::vec(any::<u64>(), 0..20)
         )
-            .prop_map(|(ns, keys, lens)| Op::Alloc { ns, keys, lens, meta: vec![] }),
+            .prop_map(|(ns, keys, lens)| Op::Alloc {
+                ns,
+                keys,
+                lens,
+                meta: vec![]
+            }),
         proptest::collection::vec(any::<u64>(), 0..10).prop_map(|handles| Op::Commit { handles }),
         (any::<u32>(), keys(), any::<bool>()).prop_map(|(ns, keys, l)| Op::Get {
             ns,

@@ -10,11 +10,14 @@ use kvnode_fdpass::PeerCred;
 use kvnode_proto::PROTOCOL_VERSION;
 use kvnode_proto::client::{ErrorCode, Op, Reply, Request, Response};
 use kvnode_proto::frame::{FramePrefix, decode_header, encode_frame};
+use kvnode_proto::obs::{OpKind, OpStatus};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
 use super::Engine;
 use super::io::{Incoming, SockIo};
+use crate::obs;
+use crate::obs::{ConnWatch, ReplyInfo};
 use crate::policy::SlotId;
 use crate::tier::Reservation;
 
@@ -36,6 +39,10 @@ pub(super) struct Connection {
     /// Alloc handle -> router metadata given with the alloc.
     pub metas: HashMap<u64, Arc<crate::residency::RouterMeta>>,
     pub next_handle: u64,
+    /// Op in flight and lease ages, read by the stall watchdog.
+    pub watch: Arc<ConnWatch>,
+    /// What the last reply sent said (status, bytes), for the op's probe and histograms.
+    reply_info: ReplyInfo,
     stop: watch::Receiver<bool>,
 }
 
@@ -50,6 +57,7 @@ impl Connection {
     pub fn new(engine: Arc<Engine>, stream: UnixStream, stop: watch::Receiver<bool>) -> Self {
         let cred = peer_cred(&stream);
         let id = engine.next_conn.fetch_add(1, Ordering::Relaxed);
+        let watch = engine.metrics.watch.add(id);
         Self {
             engine,
             io: SockIo::new(stream),
@@ -59,6 +67,8 @@ impl Connection {
             reservations: HashMap::new(),
             metas: HashMap::new(),
             next_handle: 1,
+            watch,
+            reply_info: ReplyInfo::default(),
             stop,
         }
     }
@@ -84,6 +94,7 @@ impl Connection {
             }
         }
         self.cleanup();
+        self.engine.metrics.watch.remove(self.id);
         self.engine.clients.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -91,6 +102,7 @@ impl Connection {
     fn cleanup(&mut self) {
         let leased: Vec<SlotId> = self.leases.drain().flat_map(|(_, v)| v).collect();
         let reserved: Vec<Reservation> = self.reservations.drain().map(|(_, r)| r).collect();
+        self.watch.leases_end();
         if !leased.is_empty() || !reserved.is_empty() {
             tracing::info!(
                 conn = self.id,
@@ -161,6 +173,7 @@ impl Connection {
     /// Sends a reply header followed by `payload` slices.
     pub async fn send(&mut self, id: u64, reply: Reply, payload: &[&[u8]]) -> std::io::Result<()> {
         let total: u64 = payload.iter().map(|p| p.len() as u64).sum();
+        self.reply_info = self.engine.metrics.reply(&reply, total);
         let frame = encode_frame(&Response { id, reply }, total)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
         let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(payload.len() + 1);
@@ -230,9 +243,23 @@ impl Connection {
             .map_err(End::Io)?;
             return Err(End::Closed);
         }
-        self.handle(req, u64::from(prefix.payload_len))
-            .await
-            .map_err(End::Io)
+        let (op, id, (ns, pages)) = (OpKind::of(&req.op), req.id, obs::shape(&req.op));
+        let payload = u64::from(prefix.payload_len);
+        let t0 = self.engine.metrics.op_begin(&self.watch, id, op, ns, pages);
+        self.reply_info = ReplyInfo::default();
+        let r = self.handle(req, payload).await;
+        let status = match (&r, self.reply_info.status) {
+            (Ok(()), Some(s)) => s,
+            _ => OpStatus::Io,
+        };
+        let bytes = if op == OpKind::Put {
+            payload
+        } else {
+            self.reply_info.bytes
+        };
+        let m = &self.engine.metrics;
+        m.op_end(&self.watch, id, op, ns, pages, bytes, status, t0);
+        r.map_err(End::Io)
     }
 
     fn stop_requested(&self) -> bool {

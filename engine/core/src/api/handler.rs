@@ -82,6 +82,7 @@ impl Connection {
             Op::Get { ns, keys, mode } => return self.get(id, ns, &keys, mode).await,
             Op::Release { lease } => match self.leases.remove(&lease) {
                 Some(slots) => {
+                    self.watch.lease_end(lease);
                     self.engine.tier.release(&slots);
                     Reply::Released
                 }
@@ -108,6 +109,7 @@ impl Connection {
                 Err(e) => tier_error(&e),
             },
             Op::Stats => Reply::Stats(Box::new(self.engine.stats())),
+            Op::Histograms => Reply::Histograms(Box::new(self.engine.metrics.report())),
         };
         self.send(id, reply, &[]).await
     }
@@ -262,6 +264,8 @@ impl Connection {
                 } else {
                     let l = self.next_handle;
                     self.next_handle += 1;
+                    let now = self.engine.metrics.now_ns();
+                    self.watch.lease_begin(l, slots.len() as u64, now);
                     self.leases.insert(l, slots);
                     l
                 };

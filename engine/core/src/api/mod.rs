@@ -17,6 +17,7 @@ use kvnode_proto::stats::StatsReport;
 
 use crate::arena::{Arena, ArenaError, PinOptions};
 use crate::config::EngineConfig;
+use crate::obs::Metrics;
 use crate::residency::Announcer;
 use crate::tier::{DramTier, TierConfig, TierError};
 use crate::tiering::Tiering;
@@ -48,6 +49,8 @@ pub struct Engine {
     pub tiering: Option<Arc<Tiering>>,
     /// Publishes residency events (or nothing, when events are off).
     pub announcer: Arc<Announcer>,
+    /// Histograms, counters and the stall watchdog's view of connections.
+    pub metrics: Metrics,
     clients: AtomicU32,
     next_conn: AtomicU64,
     started: Instant,
@@ -102,6 +105,7 @@ impl Engine {
             tier,
             tiering,
             announcer,
+            metrics: Metrics::default(),
             clients: AtomicU32::new(0),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),

@@ -328,6 +328,7 @@ impl State {
         st.blocks -= 1;
         st.bytes -= len;
         if evicted {
+            crate::probes::evict(kvnode_proto::obs::TierCode::Dram, ns, len);
             st.evictions += 1;
             self.totals.evictions += 1;
         } else {

@@ -1,0 +1,220 @@
+// kvtrace BPF programs: kvnode USDT probes and io_uring raw tracepoints -> log2 latency
+// histograms in maps, stall events in a ring buffer. Built by tools/kvtrace/build.rs.
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/usdt.bpf.h>
+#include "kvtrace.h"
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+/* Completed ops slower than this emit a KVT_EV_OP_SLOW event (0 = never). */
+const volatile __u64 op_slow_ns = 0;
+/* io_uring completions slower than this emit KVT_EV_URING_SLOW (0 = io_uring not traced). */
+const volatile __u64 uring_slow_ns = 0;
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 4096);
+    __type(key, struct kvt_hist_key);
+    __type(value, struct kvt_hist);
+} hists SEC(".maps");
+
+struct op_key { __u32 tgid; __u32 pad; __u64 conn; __u64 req; };
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct op_key);
+    __type(value, __u64);
+} inflight SEC(".maps");
+
+/* Traced processes (filled by kvtrace): io_uring tracepoints are global. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 256);
+    __type(key, __u32);
+    __type(value, __u8);
+} pids SEC(".maps");
+
+struct uring_start { __u64 ts; __u32 tgid; __u32 pad; };
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u64);
+    __type(value, struct uring_start);
+} uring_inflight SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, KVT_C_N);
+    __type(key, __u32);
+    __type(value, __u64);
+} counters SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 256 * 1024);
+} events SEC(".maps");
+
+static const struct kvt_hist zero_hist;
+
+static __always_inline __u32 tgid(void) { return bpf_get_current_pid_tgid() >> 32; }
+
+/* floor(log2(v)), 0 for v <= 1. Branchless: clang 14 rejects a 63-step loop here. */
+static __always_inline __u32 log2_u64(__u64 v) {
+    __u32 r, s;
+    r = (v > 0xFFFFFFFFULL) << 5; v >>= r;
+    s = (v > 0xFFFF) << 4; v >>= s; r |= s;
+    s = (v > 0xFF) << 3; v >>= s; r |= s;
+    s = (v > 0xF) << 2; v >>= s; r |= s;
+    s = (v > 0x3) << 1; v >>= s; r |= s;
+    r |= (__u32)(v >> 1);
+    return r;
+}
+
+static __always_inline void count(__u32 idx, __u64 n) {
+    __u64 *c = bpf_map_lookup_elem(&counters, &idx);
+    if (c) __sync_fetch_and_add(c, n);
+}
+
+static __always_inline void record(__u32 pid, __u32 kind, __u32 sub, __u32 aux, __u64 ns, __u64 bytes) {
+    struct kvt_hist_key k = { .tgid = pid, .kind = kind, .sub = sub, .aux = aux };
+    struct kvt_hist *h = bpf_map_lookup_elem(&hists, &k);
+    if (!h) {
+        bpf_map_update_elem(&hists, &k, &zero_hist, BPF_NOEXIST);
+        h = bpf_map_lookup_elem(&hists, &k);
+        if (!h) return;
+    }
+    __u32 slot = log2_u64(ns) & (KVT_SLOTS - 1);
+    __sync_fetch_and_add(&h->slots[slot], 1);
+    __sync_fetch_and_add(&h->count, 1);
+    __sync_fetch_and_add(&h->sum_ns, ns);
+    __sync_fetch_and_add(&h->bytes, bytes);
+    if (ns > h->max_ns) h->max_ns = ns; /* racy max: good enough for a display */
+}
+
+static __always_inline void emit(__u32 kind, __u32 pid, __u64 a, __u64 b, __u64 c, __u64 d, __u64 e) {
+    struct kvt_event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+    if (!ev) { count(KVT_C_EV_DROPPED, 1); return; }
+    ev->kind = kind; ev->tgid = pid; ev->ts_ns = bpf_ktime_get_ns();
+    ev->a = a; ev->b = b; ev->c = c; ev->d = d; ev->e = e;
+    bpf_ringbuf_submit(ev, 0);
+}
+
+SEC("usdt")
+int BPF_USDT(op_start, __u64 conn, __u64 req, __u32 op, __u32 ns, __u32 pages) {
+    struct op_key k = { .tgid = tgid(), .conn = conn, .req = req };
+    __u64 now = bpf_ktime_get_ns();
+    bpf_map_update_elem(&inflight, &k, &now, BPF_ANY);
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(op_done, __u64 conn, __u64 req, __u32 op, __u32 ns, __u32 pages, __u64 bytes,
+             __u32 status, __u64 daemon_ns) {
+    __u32 pid = tgid();
+    struct op_key k = { .tgid = pid, .conn = conn, .req = req };
+    __u64 lat = daemon_ns;
+    __u64 *t0 = bpf_map_lookup_elem(&inflight, &k);
+    if (t0) {
+        lat = bpf_ktime_get_ns() - *t0;
+        bpf_map_delete_elem(&inflight, &k);
+    } else {
+        count(KVT_C_UNMATCHED, 1);
+    }
+    record(pid, KVT_OP, op, status, lat, bytes);
+    if (op_slow_ns && lat > op_slow_ns) {
+        count(KVT_C_OP_SLOW, 1);
+        emit(KVT_EV_OP_SLOW, pid, op, conn, lat, req, status);
+    }
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(evict, __u32 tier, __u32 ns, __u64 bytes) {
+    count(KVT_C_EVICT, 1);
+    count(KVT_C_EVICT_BYTES, bytes);
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(lease_overdue, __u64 conn, __u64 lease, __u64 pages, __u64 age_ns) {
+    count(KVT_C_LEASE_OVERDUE, 1);
+    emit(KVT_EV_LEASE, tgid(), 0, conn, age_ns, lease, pages);
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(stall, __u32 kind, __u64 id, __u64 age_ns, __u64 detail) {
+    count(KVT_C_STALL, 1);
+    emit(KVT_EV_STALL, tgid(), kind, id, age_ns, detail, 0);
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(spill_complete, __u32 dir, __u64 id, __u64 bytes, __s64 status, __u64 ns) {
+    record(tgid(), KVT_SPILL, 1, dir, ns, bytes);
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(peer_pull_done, __u32 peer, __u64 id, __u32 pages, __u64 bytes, __u32 status, __u64 ns) {
+    record(tgid(), KVT_PEER, peer, status, ns, bytes);
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(promote, __u32 ns_handle, __u64 bytes, __u64 ns) {
+    record(tgid(), KVT_PROMOTE, 0, 0, ns, bytes);
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(demote, __u32 ns_handle, __u64 bytes) {
+    count(KVT_C_DEMOTE, 1);
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(cancel, __u64 conn, __u64 req, __u32 pages) {
+    count(KVT_C_CANCEL, 1);
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(fence, __u64 conn, __u64 req, __u64 ns) {
+    count(KVT_C_FENCE, 1);
+    return 0;
+}
+
+/* Raw tracepoints need no tracefs. io_uring_submit_req(req); io_uring_complete(ctx, req, ...):
+ * `req` is the same pointer and its position is stable across kernels 5.19 .. 6.18. */
+SEC("raw_tp/io_uring_submit_req")
+int uring_submit(struct bpf_raw_tracepoint_args *ctx) {
+    if (!uring_slow_ns) return 0;
+    __u32 pid = tgid();
+    if (!bpf_map_lookup_elem(&pids, &pid)) return 0;
+    __u64 req = ctx->args[0];
+    struct uring_start st = { .ts = bpf_ktime_get_ns(), .tgid = pid };
+    bpf_map_update_elem(&uring_inflight, &req, &st, BPF_ANY);
+    return 0;
+}
+
+SEC("raw_tp/io_uring_complete")
+int uring_complete(struct bpf_raw_tracepoint_args *ctx) {
+    if (!uring_slow_ns) return 0;
+    __u64 req = ctx->args[1];
+    struct uring_start *st = bpf_map_lookup_elem(&uring_inflight, &req);
+    if (!st) return 0; /* not one of ours (completion may run in any task's context) */
+    __u64 lat = bpf_ktime_get_ns() - st->ts;
+    __u32 pid = st->tgid;
+    bpf_map_delete_elem(&uring_inflight, &req);
+    record(pid, KVT_URING, 0, 0, lat, 0);
+    if (lat > uring_slow_ns) {
+        count(KVT_C_URING_SLOW, 1);
+        emit(KVT_EV_URING_SLOW, pid, 0, req, lat, 0, 0);
+    }
+    return 0;
+}

@@ -1,0 +1,129 @@
+//! The daemon's USDT probes (provider `kvnode`): one function per probe, a nop until traced.
+//!
+//! Every probe point in kvnode goes through this module so that `docs/observability.md`,
+//! `ebpf/kvtrace.bpf.c` and the code agree. Arguments are integers only (USDT); codes are
+//! [`kvnode_proto::obs`] values. Probes survive `strip` (they live in `.note.stapsdt`).
+//! Latencies are nanoseconds, measured by the caller with a monotonic clock.
+
+use kvnode_proto::obs::{OpKind, OpStatus, StallKind, TierCode};
+
+/// A client op began: connection id, request id, op, namespace handle, pages (keys).
+#[inline]
+pub fn op_start(conn: u64, req: u64, op: OpKind, ns: u32, pages: u32) {
+    probe::probe!(kvnode, op_start, conn, req, op.code(), ns, pages);
+}
+
+/// A client op ended (its reply is written): bytes moved, status, latency since `op_start`.
+#[inline]
+#[expect(clippy::too_many_arguments, reason = "one USDT argument per field")]
+pub fn op_done(
+    conn: u64,
+    req: u64,
+    op: OpKind,
+    ns: u32,
+    pages: u32,
+    bytes: u64,
+    status: OpStatus,
+    latency_ns: u64,
+) {
+    probe::probe!(
+        kvnode,
+        op_done,
+        conn,
+        req,
+        op.code(),
+        ns,
+        pages,
+        bytes,
+        status.code(),
+        latency_ns
+    );
+}
+
+/// A block was evicted from `tier` to make room.
+#[inline]
+pub fn evict(tier: TierCode, ns: u32, bytes: u64) {
+    probe::probe!(kvnode, evict, tier.code(), ns, bytes);
+}
+
+/// A lease is held past `lease_age_limit_s` (fired once per lease).
+#[inline]
+pub fn lease_overdue(conn: u64, lease: u64, pages: u64, age_ns: u64) {
+    probe::probe!(kvnode, lease_overdue, conn, lease, pages, age_ns);
+}
+
+/// Something stopped making progress: what, its id (connection, peer, queue...), how long
+/// it has been stuck, and one kind-specific detail (op code, queue depth, ...).
+#[inline]
+pub fn stall(kind: StallKind, id: u64, age_ns: u64, detail: u64) {
+    probe::probe!(kvnode, stall, kind.code(), id, age_ns, detail);
+}
+
+/// Spill I/O direction argument.
+pub const SPILL_READ: u32 = 0;
+/// Spill I/O direction argument.
+pub const SPILL_WRITE: u32 = 1;
+
+/// A spill read or write was submitted (`dir` = [`SPILL_READ`] / [`SPILL_WRITE`]).
+#[inline]
+pub fn spill_submit(dir: u32, id: u64, bytes: u64) {
+    probe::probe!(kvnode, spill_submit, dir, id, bytes);
+}
+
+/// A spill read or write completed: `status` is 0 or a negative errno.
+#[inline]
+pub fn spill_complete(dir: u32, id: u64, bytes: u64, status: i64, latency_ns: u64) {
+    probe::probe!(kvnode, spill_complete, dir, id, bytes, status, latency_ns);
+}
+
+/// A pull from peer index `peer` began.
+#[inline]
+pub fn peer_pull_start(peer: u32, id: u64, pages: u32) {
+    probe::probe!(kvnode, peer_pull_start, peer, id, pages);
+}
+
+/// A pull from a peer ended with `status` (an [`OpStatus`] code).
+#[inline]
+pub fn peer_pull_done(
+    peer: u32,
+    id: u64,
+    pages: u32,
+    bytes: u64,
+    status: OpStatus,
+    latency_ns: u64,
+) {
+    probe::probe!(
+        kvnode,
+        peer_pull_done,
+        peer,
+        id,
+        pages,
+        bytes,
+        status.code(),
+        latency_ns
+    );
+}
+
+/// A block left DRAM for a lower tier.
+#[inline]
+pub fn demote(ns: u32, bytes: u64) {
+    probe::probe!(kvnode, demote, ns, bytes);
+}
+
+/// A block came back into DRAM; latency of the read that brought it.
+#[inline]
+pub fn promote(ns: u32, bytes: u64, latency_ns: u64) {
+    probe::probe!(kvnode, promote, ns, bytes, latency_ns);
+}
+
+/// A client cancelled request `req` covering `pages`.
+#[inline]
+pub fn cancel(conn: u64, req: u64, pages: u32) {
+    probe::probe!(kvnode, cancel, conn, req, pages);
+}
+
+/// The cancel fence of `req` returned: nothing writes its buffers any more.
+#[inline]
+pub fn fence(conn: u64, req: u64, latency_ns: u64) {
+    probe::probe!(kvnode, fence, conn, req, latency_ns);
+}

@@ -1,0 +1,339 @@
+//! kvtrace against a real daemon: it counts exactly the ops the daemon counted, with consistent
+//! latencies; a frozen client and a leaked lease show up in `kvtrace stalls`, the metrics and
+//! the log (once). Needs root for the BPF parts (skipped loudly otherwise).
+//! Run: `sudo cargo test --release -p kvnode-e2e --test trace`.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use kvnode_e2e::{Daemon, block, bpf_skip_reason, key, kvnode_bin, kvtrace_bin, spec};
+use kvnode_proto::obs::LatencyReport;
+
+/// A kvtrace process whose stderr said it attached.
+struct Trace {
+    child: Child,
+    err: mpsc::Receiver<String>,
+}
+
+impl Trace {
+    fn start(args: &[&str], pid: u32) -> Self {
+        let mut child = Command::new(kvtrace_bin())
+            .args(args)
+            .args(["--pid", &pid.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kvtrace (built by cargo test --workspace)");
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        let t = Instant::now();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(30).saturating_sub(t.elapsed())) {
+                Ok(l) if l.contains("attached to kvnode pid") => break,
+                Ok(l) => eprintln!("kvtrace: {l}"),
+                Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("kvtrace did not attach: {:?}", child.try_wait())
+                }
+            }
+        }
+        Self { child, err: rx }
+    }
+
+    /// SIGINT, wait, and return stdout.
+    fn stop(mut self) -> String {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id().cast_signed(), libc::SIGINT) };
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_to_string(&mut out)
+            .unwrap();
+        let st = self.child.wait().unwrap();
+        let err: Vec<String> = self.err.try_iter().collect();
+        assert!(st.success(), "kvtrace failed: {st}\n{}", err.join("\n"));
+        out
+    }
+}
+
+fn counts(r: &LatencyReport) -> BTreeMap<String, (u64, u64)> {
+    r.histograms
+        .iter()
+        .filter(|h| h.group == "op")
+        .map(|h| (h.name.clone(), (h.count, h.sum_ns)))
+        .collect()
+}
+
+fn bench(d: &Daemon, op: &str) {
+    let o = Command::new(kvnode_bin())
+        .args(["bench", "local", "--socket"])
+        .arg(d.socket())
+        .args([
+            "--op",
+            op,
+            "--page-size",
+            "64KiB",
+            "--batch",
+            "4",
+            "--duration",
+            "1",
+        ])
+        .args([
+            "--working-set",
+            "64",
+            "--memcpy-pool",
+            "8MiB",
+            "--concurrency",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn kvtrace_counts_exactly_the_ops_the_daemon_counted() {
+    if bpf_skip_reason().is_some() {
+        return;
+    }
+    let d = Daemon::start(&["--dram", "64MiB", "--no-pin"]);
+    let pid = d.child.id();
+    let dir = d.dir.clone();
+    let out = dir.join("rec.json");
+    let trace = Trace::start(
+        &[
+            "record",
+            "--interval",
+            "0.2",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        pid,
+    );
+    let mut c = d.client();
+    let before = counts(&c.histograms().unwrap());
+    bench(&d, "get");
+    bench(&d, "put");
+    let after = counts(&c.histograms().unwrap());
+    let table = trace.stop();
+    let rec: LatencyReport = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(
+        rec.counters["unmatched_op_done"], 0,
+        "every op_done had its op_start"
+    );
+    let traced = counts(&rec);
+    for op in ["register", "put", "get", "release"] {
+        let (n1, s1) = after.get(op).copied().unwrap_or_default();
+        let (n0, s0) = before.get(op).copied().unwrap_or_default();
+        let (n, s) = (n1 - n0, s1 - s0);
+        let (tn, ts) = traced.get(op).copied().unwrap_or_default();
+        assert!(n > 0, "the bench drove no {op}");
+        assert_eq!(tn, n, "{op}: kvtrace counted {tn}, the daemon {n}\n{table}");
+        let (dm, tm) = (s as f64 / n as f64, ts as f64 / tn as f64);
+        assert!(
+            (tm - dm).abs() <= 0.5 * dm + 20_000.0,
+            "{op}: kvtrace mean {tm:.0}ns vs daemon mean {dm:.0}ns"
+        );
+    }
+    assert!(rec.timeline.iter().map(|p| p.ops).sum::<u64>() >= traced["get"].0);
+    // The recorded file renders as a report with the same counts.
+    let o = Command::new(kvnode_bin())
+        .arg("report")
+        .arg("--from")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}");
+    let get_row = text
+        .lines()
+        .find(|l| l.starts_with("op ") && l.split_whitespace().nth(1) == Some("get"));
+    let n: u64 = get_row
+        .expect("get row")
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(n, traced["get"].0);
+}
+
+fn scrape(port: u16) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    r
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Connects, handshakes, and sends a Put header whose payload never comes.
+fn frozen_client(d: &Daemon) -> std::os::unix::net::UnixStream {
+    use kvnode_proto::client::{Op, Request};
+    use kvnode_proto::frame::encode_frame;
+    let mut s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    let hello = Request {
+        id: 1,
+        op: Op::Hello {
+            version: kvnode_proto::PROTOCOL_VERSION,
+            client: "frozen".into(),
+        },
+    };
+    s.write_all(&encode_frame(&hello, 0).unwrap()).unwrap();
+    let mut buf = [0u8; 4096];
+    let _ = s.read(&mut buf).unwrap();
+    let put = Request {
+        id: 2,
+        op: Op::Put {
+            ns: 0,
+            keys: vec![key(9)],
+            lens: vec![4096],
+            meta: vec![],
+        },
+    };
+    s.write_all(&encode_frame(&put, 4096).unwrap()).unwrap();
+    s
+}
+
+#[test]
+fn frozen_client_and_leaked_lease_show_in_stalls_metrics_and_log() {
+    let port = free_port();
+    let d = Daemon::start(&[
+        "--dram",
+        "64MiB",
+        "--no-pin",
+        "--lease-age-limit",
+        "1",
+        "--op-deadline",
+        "1",
+        "--metrics",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let trace = bpf_skip_reason()
+        .is_none()
+        .then(|| Trace::start(&["stalls"], d.child.id()));
+    let mut holder = d.client();
+    let ns = holder.register(&spec("m", 4096)).unwrap().ns;
+    let b = block(1, 4096);
+    holder.put(ns, &[key(1)], &[&b]).unwrap();
+    let lease = holder.get_lease(ns, &[key(1)]).unwrap();
+    let _frozen = frozen_client(&d);
+    let m0 = scrape(port);
+    assert!(m0.contains("kvnode_leases_overdue_total 0"), "{m0}");
+    std::thread::sleep(Duration::from_millis(2500));
+    let m = scrape(port);
+    for want in [
+        "kvnode_leases_overdue_total 1",
+        "kvnode_leases_overdue 1",
+        "kvnode_ops_overdue 1",
+        "kvnode_stalls_total{kind=\"op_deadline\"} 1",
+        "kvnode_leases{tier=\"dram\"} 1",
+    ] {
+        assert!(m.contains(want), "missing {want}:\n{m}");
+    }
+    let log = d.log();
+    assert_eq!(
+        log.matches("lease held past its age limit").count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("stall detected").count(), 1, "{log}");
+    holder.release(lease.id).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(scrape(port).contains("kvnode_leases_overdue 0"));
+    if let Some(t) = trace {
+        let out = t.stop();
+        assert!(
+            out.contains(&format!("LEASE_OVERDUE pid={}", d.child.id())),
+            "{out}"
+        );
+        assert!(
+            out.contains("STALL op_deadline") && out.contains("detail=put"),
+            "{out}"
+        );
+        assert!(out.contains("summary: stalls 1 leases_overdue 1"), "{out}");
+    }
+}
+
+#[test]
+fn report_shows_percentiles_distributions_and_throughput() {
+    let d = Daemon::start(&["--dram", "64MiB", "--no-pin"]);
+    let mut c = d.client();
+    let ns = c.register(&spec("m", 65536)).unwrap().ns;
+    let b = block(3, 65536);
+    for i in 0..20 {
+        c.put(ns, &[key(i)], &[&b]).unwrap();
+    }
+    for i in 0..37 {
+        let _ = c.get(ns, &[key(i % 25)]).unwrap();
+    }
+    let svg = d.dir.join("r.svg");
+    let json = d.dir.join("r.json");
+    let o = Command::new(kvnode_bin())
+        .args(["report", "--socket"])
+        .arg(d.socket())
+        .arg("--svg")
+        .arg(&svg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{text}");
+    let row = |name: &str| -> Vec<String> {
+        text.lines()
+            .find(|l| l.starts_with("op ") && l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no {name} row:\n{text}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(row("get")[2], "37");
+    assert_eq!(row("put")[2], "20");
+    assert!(
+        text.contains("p99.9") && text.contains("distributions (log2 buckets)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("throughput over") && text.contains("ops"),
+        "{text}"
+    );
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+    for want in [
+        "op get",
+        "op put",
+        "tier dram read",
+        "p50 ",
+        "p99 ",
+        "Throughput over time",
+        "<polyline",
+    ] {
+        assert!(s.contains(want), "SVG lacks {want}");
+    }
+    let bars = s.matches("class=\"bar\"").count();
+    assert!(bars >= 4, "{bars} bars");
+    // The JSON round trip keeps every sample.
+    let r: LatencyReport = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let get = r.histograms.iter().find(|h| h.name == "get").unwrap();
+    assert_eq!(get.buckets.iter().map(|b| b.count).sum::<u64>(), 37);
+    assert!(get.quantile(0.5) <= get.quantile(0.99) && get.quantile(0.99) <= get.max_ns.max(1));
+}
