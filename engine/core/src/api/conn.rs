@@ -34,6 +34,9 @@ pub(super) struct Connection {
     /// Alloc handle -> reservation.
     pub reservations: HashMap<u64, Reservation>,
     pub next_handle: u64,
+    /// Region id -> client memory mapped by `AttachRegion` (unmapped on drop).
+    pub regions: HashMap<u32, super::region::Region>,
+    pub next_region: u32,
     stop: watch::Receiver<bool>,
 }
 
@@ -56,6 +59,8 @@ impl Connection {
             leases: HashMap::new(),
             reservations: HashMap::new(),
             next_handle: 1,
+            regions: HashMap::new(),
+            next_region: 0,
             stop,
         }
     }
@@ -77,7 +82,7 @@ impl Connection {
             End::Closed => tracing::info!(conn = self.id, "client disconnected"),
             End::Io(e) => tracing::info!(conn = self.id, error = %e, "client connection ended"),
             End::Protocol(why) => {
-                tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %why, "client dropped")
+                tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %why, "client dropped");
             }
         }
         self.cleanup();
@@ -98,6 +103,7 @@ impl Connection {
         }
         self.engine.tier.release(&leased);
         self.engine.tier.abort(self.id, &reserved);
+        self.regions.clear();
     }
 
     async fn handshake(&mut self) -> Result<(), End> {

@@ -6,6 +6,7 @@
 mod conn;
 mod handler;
 pub mod io;
+mod region;
 mod server;
 
 use std::sync::Arc;
