@@ -17,9 +17,29 @@ command -v make >/dev/null || need+=(make)
 for pkg in libelf-dev zlib1g-dev linux-libc-dev; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
+command -v c++ >/dev/null || need+=(g++)
+# SGLang JIT-compiles its page-hash extension against libcrypto on first use.
+dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 if ((${#need[@]})); then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   echo "install-deps: installing ${need[*]}" >&2
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# Python: the SGLang connector's tests run against the real sglang 0.5.23 wheel in a venv.
+# `import sglang.srt.mem_cache.hicache_storage` needs torch at module top, and PyPI's Linux torch
+# only imports with its CUDA runtime wheels (~3.5 GB download, ~5 min on a cold machine, cached in
+# the venv after). The rest is the minimal set found by importing hicache_storage and
+# mem_cache.utils (get_hash_str) until nothing was missing; ninja + g++ + libssl-dev build
+# SGLang's native hash extension (cached under ~/.cache/torch_extensions).
+VENV="${KVNODE_PY_VENV:-$HOME/.cache/kvnode-sglang-venv}"
+if ! "$VENV/bin/python" -c "import sglang.srt.mem_cache.hicache_storage, msgpack, pytest, kvnode" >/dev/null 2>&1; then
+  echo "install-deps: building the Python test venv at $VENV (torch + sglang 0.5.23 --no-deps)" >&2
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q torch==2.14.1
+  "$VENV/bin/pip" install -q --no-deps sglang==0.5.23
+  "$VENV/bin/pip" install -q numpy orjson psutil pybase64 requests pillow starlette msgspec \
+    pydantic pyzmq tqdm IPython aiohttp ninja msgpack pytest
+  "$VENV/bin/pip" install -q --no-deps -e clients/python
 fi

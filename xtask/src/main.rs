@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! cargo xtask check        fmt --check, clippy -D warnings (one release profile for everything)
-//! cargo xtask test         the whole test suite (unit, property, end-to-end with real daemons)
+//! cargo xtask test         the whole test suite (unit, property, end-to-end with real daemons,
+//!                          then the Python SGLang connector's pytest suite)
 //! cargo xtask fuzz-smoke   decoder property tests with many more cases (stable-toolchain fuzzing)
 //! cargo xtask bench-smoke  every benchmark for a short run against a real daemon
 //! cargo xtask ci           all of the above, in that order
@@ -57,6 +58,32 @@ fn test() -> Result<(), String> {
     run(
         "test",
         cargo().args(["test", "--release", "--workspace", "--", "--test-threads=2"]),
+    )?;
+    python_tests()
+}
+
+/// The Python connector's tests (real sglang wheel, real daemon) in the venv that
+/// `scripts/install-deps.sh` builds; a missing venv or zero collected tests is a failure.
+fn python_tests() -> Result<(), String> {
+    let venv = std::env::var("KVNODE_PY_VENV").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/kvnode-sglang-venv",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    let py = format!("{venv}/bin/python");
+    if !std::path::Path::new(&py).exists() {
+        return Err(format!(
+            "{py} missing: run scripts/install-deps.sh to build the Python test venv"
+        ));
+    }
+    let path = format!("{venv}/bin:{}", std::env::var("PATH").unwrap_or_default());
+    run(
+        "python-tests",
+        Command::new(py)
+            .args(["-m", "pytest", "-q", "clients/python/tests"])
+            .env("PATH", path)
+            .env("KVNODE_BIN", "target/release/kvnode"),
     )
 }
 

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
@@ -102,6 +102,23 @@ impl Conn {
 
     pub fn call(&mut self, op: Op, payload: &[&[u8]]) -> Result<Reply> {
         let id = self.send(op, payload)?;
+        let (reply, plen) = self.recv(id)?;
+        if plen != 0 {
+            return Err(ClientError::Protocol(format!(
+                "unexpected {plen}-byte payload"
+            )));
+        }
+        Ok(reply)
+    }
+
+    /// A payload-less request whose first byte carries `fd` (SCM_RIGHTS).
+    pub fn call_with_fd(&mut self, op: Op, fd: BorrowedFd<'_>) -> Result<Reply> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let frame = encode_frame(&Request { id, op }, 0)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let sent = kvnode_fdpass::send_with_fd(self.sock.as_raw_fd(), &frame, fd)?;
+        self.sock.write_all(&frame[sent..])?;
         let (reply, plen) = self.recv(id)?;
         if plen != 0 {
             return Err(ClientError::Protocol(format!(

@@ -10,6 +10,7 @@
 mod arena;
 mod conn;
 
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use kvnode_proto::client::{
@@ -271,6 +272,66 @@ impl Client {
     pub fn clear(&mut self, ns: Option<u32>) -> Result<u64> {
         match self.call(Op::Clear { ns })? {
             Reply::Cleared { count } => Ok(count),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Lets the daemon map `len` bytes of `fd` (a memfd opened read-write); returns the
+    /// region id for [`Client::get_to_region`] and [`Client::put_from_region`].
+    pub fn attach_region(&mut self, fd: BorrowedFd<'_>, len: u64) -> Result<u32> {
+        match self.conn.call_with_fd(Op::AttachRegion { len }, fd)? {
+            Reply::RegionAttached { region, .. } => Ok(region),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Unmaps a region from the daemon.
+    pub fn detach_region(&mut self, region: u32) -> Result<()> {
+        match self.call(Op::DetachRegion { region })? {
+            Reply::RegionDetached => Ok(()),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Copies blocks into the region at `offsets` (room `lens` each); returns the bytes
+    /// written per key (`None` = miss). All writes are complete when this returns.
+    pub fn get_to_region(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        region: u32,
+        offsets: &[u64],
+        lens: &[u64],
+    ) -> Result<Vec<Option<u64>>> {
+        match self.call(Op::GetToRegion {
+            ns,
+            keys: keys.to_vec(),
+            region,
+            offsets: offsets.to_vec(),
+            lens: lens.to_vec(),
+        })? {
+            Reply::GotToRegion { lens } => Ok(lens),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Stores blocks the daemon reads from the region at `offsets`, `lens` bytes each.
+    pub fn put_from_region(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        region: u32,
+        offsets: &[u64],
+        lens: &[u64],
+    ) -> Result<Vec<PutStatus>> {
+        match self.call(Op::PutFromRegion {
+            ns,
+            keys: keys.to_vec(),
+            region,
+            offsets: offsets.to_vec(),
+            lens: lens.to_vec(),
+        })? {
+            Reply::Put { results } => Ok(results),
             r => Err(unexpected(&r)),
         }
     }

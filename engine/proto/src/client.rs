@@ -116,6 +116,43 @@ pub enum Op {
     Stats,
     /// Live latency histograms per op and tier, and throughput over time.
     Histograms,
+    /// Maps client memory: this frame carries a memfd (SCM_RIGHTS) of at least `len` bytes,
+    /// which the daemon maps shared until `DetachRegion` or until the connection closes.
+    AttachRegion {
+        /// Bytes of the descriptor the client lets the daemon use, from offset 0.
+        len: u64,
+    },
+    /// Unmaps a region attached on this connection.
+    DetachRegion {
+        /// Region id from `AttachRegion`.
+        region: u32,
+    },
+    /// Copies blocks into the client's region; the reply is sent after every write is done.
+    GetToRegion {
+        /// Namespace handle.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Region id from `AttachRegion`.
+        region: u32,
+        /// Destination byte offset of each key in the region.
+        offsets: Vec<u64>,
+        /// Room at each offset; a hit longer than its room is an error (nothing written).
+        lens: Vec<u64>,
+    },
+    /// Stores blocks whose bytes the daemon reads from the client's region.
+    PutFromRegion {
+        /// Namespace handle.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Region id from `AttachRegion`.
+        region: u32,
+        /// Source byte offset of each key in the region.
+        offsets: Vec<u64>,
+        /// Byte length of each block.
+        lens: Vec<u64>,
+    },
 }
 
 /// What the KV router needs to know about a page: its exact tokens and its parent page.
@@ -301,6 +338,20 @@ pub enum Reply {
     Stats(Box<StatsReport>),
     /// Latency histograms.
     Histograms(Box<LatencyReport>),
+    /// Client memory mapped.
+    RegionAttached {
+        /// Id for `GetToRegion` / `PutFromRegion` (valid on this connection only).
+        region: u32,
+        /// Bytes mapped.
+        len: u64,
+    },
+    /// Region unmapped.
+    RegionDetached,
+    /// Per-key outcome of a `GetToRegion`: bytes written at the key's offset, `None` = miss.
+    GotToRegion {
+        /// In key order.
+        lens: Vec<Option<u64>>,
+    },
     /// The request failed; nothing it would have changed was changed.
     Error {
         /// Category.

@@ -43,6 +43,9 @@ pub(super) struct Connection {
     pub watch: Arc<ConnWatch>,
     /// What the last reply sent said (status, bytes), for the op's probe and histograms.
     reply_info: ReplyInfo,
+    /// Region id -> client memory mapped by `AttachRegion` (unmapped on drop).
+    pub regions: HashMap<u32, super::region::Region>,
+    pub next_region: u32,
     stop: watch::Receiver<bool>,
 }
 
@@ -69,6 +72,8 @@ impl Connection {
             next_handle: 1,
             watch,
             reply_info: ReplyInfo::default(),
+            regions: HashMap::new(),
+            next_region: 0,
             stop,
         }
     }
@@ -113,6 +118,7 @@ impl Connection {
         }
         self.engine.tier.release(&leased);
         self.engine.tier.abort(self.id, &reserved);
+        self.regions.clear();
     }
 
     async fn handshake(&mut self) -> Result<(), End> {

@@ -11,7 +11,7 @@ use kvnode_proto::frame::MAX_PAYLOAD;
 use super::conn::Connection;
 use crate::tier::{Reservation, TierError};
 
-fn tier_error(e: &TierError) -> Reply {
+pub(super) fn tier_error(e: &TierError) -> Reply {
     let code = match e {
         TierError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
         TierError::SlotTooLarge { .. } | TierError::TooManyClasses(_) => ErrorCode::Unsupported,
@@ -23,7 +23,7 @@ fn tier_error(e: &TierError) -> Reply {
     }
 }
 
-fn invalid(msg: impl Into<String>) -> Reply {
+pub(super) fn invalid(msg: impl Into<String>) -> Reply {
     Reply::Error {
         code: ErrorCode::Invalid,
         message: msg.into(),
@@ -110,6 +110,25 @@ impl Connection {
             },
             Op::Stats => Reply::Stats(Box::new(self.engine.stats())),
             Op::Histograms => Reply::Histograms(Box::new(self.engine.metrics.report())),
+            Op::AttachRegion { len } => self.attach_region(len),
+            Op::DetachRegion { region } => self.detach_region(region),
+            Op::GetToRegion {
+                ns,
+                keys,
+                region,
+                offsets,
+                lens,
+            } => self.get_to_region(ns, &keys, region, &offsets, &lens).await,
+            Op::PutFromRegion {
+                ns,
+                keys,
+                region,
+                offsets,
+                lens,
+            } => {
+                self.put_from_region(ns, &keys, region, &offsets, &lens)
+                    .await
+            }
         };
         self.send(id, reply, &[]).await
     }

@@ -7,6 +7,7 @@ mod conn;
 mod handler;
 pub mod io;
 mod meta;
+mod region;
 mod server;
 
 use std::sync::Arc;

@@ -59,6 +59,12 @@ codes!(
         Histograms = 12 => "histograms",
         /// A request whose header could not be decoded, or `Hello` after the handshake.
         Other = 13 => "other",
+        /// Attach or detach client memory.
+        Region = 14 => "region",
+        /// Get into client memory.
+        GetToRegion = 15 => "get_to_region",
+        /// Put from client memory.
+        PutFromRegion = 16 => "put_from_region",
     }
 );
 
@@ -121,6 +127,9 @@ impl OpKind {
             Op::Stats => Self::Stats,
             Op::Histograms => Self::Histograms,
             Op::Hello { .. } => Self::Other,
+            Op::AttachRegion { .. } | Op::DetachRegion { .. } => Self::Region,
+            Op::GetToRegion { .. } => Self::GetToRegion,
+            Op::PutFromRegion { .. } => Self::PutFromRegion,
         }
     }
 }

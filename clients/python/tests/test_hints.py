@@ -1,0 +1,37 @@
+"""Router hint extraction: compact form, Dynamo kv.fetch envelope, signed hashes, refusals."""
+
+from types import SimpleNamespace
+
+from kvnode.hints import extract_router_hint
+from kvnode.sglang_backend import router_hint_fields
+
+EP = "tcp://10.0.0.2:7000"
+
+
+def test_compact_and_envelope_forms_normalize_alike():
+    compact = {"kv_router_hint": {"source_control_endpoint": EP, "block_hashes": [1, -1]}}
+    env = {"kv_router_hint": {"protocol_version": "0.1", "message_id": "m", "actions": [
+        {"action_id": "a", "action_type": "kv.fetch", "action_version": "1.0",
+         "payload": {"source_control_endpoint": EP, "block_hashes": [1, (1 << 64) - 1], "mode": "copy"}}]}}
+    want = {"source": EP, "block_hashes": [1, (1 << 64) - 1]}
+    assert extract_router_hint(SimpleNamespace(extra_info=compact)) == want
+    assert extract_router_hint(env) == want
+
+
+def test_malformed_hints_are_ignored():
+    bad = [None, {}, {"kv_router_hint": 3},
+           {"kv_router_hint": {"source_control_endpoint": EP, "block_hashes": []}},
+           {"kv_router_hint": {"source_control_endpoint": EP, "block_hashes": ["ab"]}},
+           {"kv_router_hint": {"source_control_endpoint": EP, "block_hashes": [1 << 64]}},
+           {"kv_router_hint": {"source_control_endpoint": "udp://x:1", "block_hashes": [1]}},
+           {"protocol_version": "0.2", "actions": []},
+           {"protocol_version": "0.1", "actions": [{"action_type": "kv.drop", "payload": {}}]}]
+    for b in bad:
+        assert extract_router_hint(b) is None, b
+
+
+def test_hint_is_attached_only_when_the_daemon_supports_it():
+    h = {"source": EP, "block_hashes": [5]}
+    assert router_hint_fields(h, False) == {}
+    assert router_hint_fields(None, True) == {}
+    assert router_hint_fields(h, True) == {"hint": h}
