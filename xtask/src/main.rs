@@ -63,10 +63,15 @@ fn test() -> Result<(), String> {
 fn fuzz_smoke() -> Result<(), String> {
     // cargo-fuzz needs a nightly toolchain; CI has stable only, so the same decoders are
     // driven by proptest with a larger case count. `fuzz/` holds the cargo-fuzz targets.
-    for (krate, test) in [("kvnode-proto", "frame_decoders"), ("kvnode-spill", "decoders")] {
+    for (krate, test) in [
+        ("kvnode-proto", "frame_decoders"),
+        ("kvnode-spill", "decoders"),
+    ] {
         run(
             "fuzz-smoke",
-            cargo().args(["test", "--release", "-p", krate, "--test", test]).env("PROPTEST_CASES", "5000"),
+            cargo()
+                .args(["test", "--release", "-p", krate, "--test", test])
+                .env("PROPTEST_CASES", "5000"),
         )?;
     }
     Ok(())

@@ -12,11 +12,13 @@
 //! - [`hash`]: SGLang's chained SHA-256 page digests and the router's u64 hash.
 //! - [`frame`]: the length-prefixed frame layout shared by client and daemon.
 //! - [`client`]: client requests and daemon replies.
+//! - [`gpu`]: GPU path wire types: IPC handles, page layouts and their arithmetic.
 //! - [`stats`]: the statistics report returned by `stats`.
 //! - [`size`]: human byte sizes (`512MiB`, `16GiB`).
 
 pub mod client;
 pub mod frame;
+pub mod gpu;
 pub mod hash;
 pub mod key;
 pub mod namespace;

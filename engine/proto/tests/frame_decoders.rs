@@ -2,7 +2,9 @@
 //! `fuzz/fuzz_targets/client_frame.rs`): arbitrary bytes never panic, and every request and
 //! reply round-trips. More cases: `PROPTEST_CASES=5000 cargo xtask fuzz-smoke`.
 
-use kvnode_proto::client::{AllocSlot, CommitStatus, ErrorCode, Extent, GetMode, Op, PutStatus, Reply, Response};
+use kvnode_proto::client::{
+    AllocSlot, CommitStatus, ErrorCode, Extent, GetMode, Op, PutStatus, Reply, Response,
+};
 use kvnode_proto::frame::{FramePrefix, decode_header, encode_frame};
 use kvnode_proto::{Digest, Key, NamespaceSpec, Request};
 use proptest::prelude::*;
@@ -15,13 +17,37 @@ fn op() -> impl Strategy<Value = Op> {
     let keys = || proptest::collection::vec(key(), 0..20);
     prop_oneof![
         (any::<u32>(), ".{0,20}").prop_map(|(version, client)| Op::Hello { version, client }),
-        (".{0,10}", 1u32..512, proptest::collection::vec(1u64..1 << 30, 1..4)).prop_map(|(model, page_size, segments)| Op::Register {
-            spec: NamespaceSpec { model, page_size, segments, ..NamespaceSpec::default() }
-        }),
-        (any::<u32>(), keys(), proptest::collection::vec(any::<u64>(), 0..20)).prop_map(|(ns, keys, lens)| Op::Put { ns, keys, lens }),
-        (any::<u32>(), keys(), proptest::collection::vec(any::<u64>(), 0..20)).prop_map(|(ns, keys, lens)| Op::Alloc { ns, keys, lens }),
+        (
+            ".{0,10}",
+            1u32..512,
+            proptest::collection::vec(1u64..1 << 30, 1..4)
+        )
+            .prop_map(|(model, page_size, segments)| Op::Register {
+                spec: NamespaceSpec {
+                    model,
+                    page_size,
+                    segments,
+                    ..NamespaceSpec::default()
+                }
+            }),
+        (
+            any::<u32>(),
+            keys(),
+            proptest::collection::vec(any::<u64>(), 0..20)
+        )
+            .prop_map(|(ns, keys, lens)| Op::Put { ns, keys, lens }),
+        (
+            any::<u32>(),
+            keys(),
+            proptest::collection::vec(any::<u64>(), 0..20)
+        )
+            .prop_map(|(ns, keys, lens)| Op::Alloc { ns, keys, lens }),
         proptest::collection::vec(any::<u64>(), 0..10).prop_map(|handles| Op::Commit { handles }),
-        (any::<u32>(), keys(), any::<bool>()).prop_map(|(ns, keys, l)| Op::Get { ns, keys, mode: if l { GetMode::Lease } else { GetMode::Inline } }),
+        (any::<u32>(), keys(), any::<bool>()).prop_map(|(ns, keys, l)| Op::Get {
+            ns,
+            keys,
+            mode: if l { GetMode::Lease } else { GetMode::Inline }
+        }),
         any::<u64>().prop_map(|lease| Op::Release { lease }),
         (any::<u32>(), keys()).prop_map(|(ns, keys)| Op::Exists { ns, keys }),
         (any::<u32>(), keys()).prop_map(|(ns, keys)| Op::Delete { ns, keys }),
@@ -32,19 +58,47 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn reply() -> impl Strategy<Value = Reply> {
     prop_oneof![
-        proptest::collection::vec(prop_oneof![Just(PutStatus::Stored), Just(PutStatus::NoSpace), Just(PutStatus::TooLarge)], 0..8)
-            .prop_map(|results| Reply::Put { results }),
-        proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 0..8).prop_map(|v| Reply::Alloc {
-            slots: v.into_iter().map(|(handle, offset, len)| AllocSlot::Granted { handle, offset, len }).collect()
+        proptest::collection::vec(
+            prop_oneof![
+                Just(PutStatus::Stored),
+                Just(PutStatus::NoSpace),
+                Just(PutStatus::TooLarge)
+            ],
+            0..8
+        )
+        .prop_map(|results| Reply::Put { results }),
+        proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 0..8).prop_map(|v| {
+            Reply::Alloc {
+                slots: v
+                    .into_iter()
+                    .map(|(handle, offset, len)| AllocSlot::Granted {
+                        handle,
+                        offset,
+                        len,
+                    })
+                    .collect(),
+            }
         }),
-        proptest::collection::vec(Just(CommitStatus::Committed), 0..4).prop_map(|results| Reply::Commit { results }),
-        proptest::collection::vec(proptest::option::of(any::<u64>()), 0..8).prop_map(|lens| Reply::GetInline { lens }),
-        (any::<u64>(), proptest::collection::vec(proptest::option::of((any::<u64>(), any::<u64>())), 0..8)).prop_map(|(lease, e)| Reply::GetLease {
-            lease,
-            extents: e.into_iter().map(|x| x.map(|(offset, len)| Extent { offset, len })).collect()
-        }),
+        proptest::collection::vec(Just(CommitStatus::Committed), 0..4)
+            .prop_map(|results| Reply::Commit { results }),
+        proptest::collection::vec(proptest::option::of(any::<u64>()), 0..8)
+            .prop_map(|lens| Reply::GetInline { lens }),
+        (
+            any::<u64>(),
+            proptest::collection::vec(proptest::option::of((any::<u64>(), any::<u64>())), 0..8)
+        )
+            .prop_map(|(lease, e)| Reply::GetLease {
+                lease,
+                extents: e
+                    .into_iter()
+                    .map(|x| x.map(|(offset, len)| Extent { offset, len }))
+                    .collect()
+            }),
         any::<u32>().prop_map(|count| Reply::Exists { count }),
-        ".{0,40}".prop_map(|message| Reply::Error { code: ErrorCode::Invalid, message }),
+        ".{0,40}".prop_map(|message| Reply::Error {
+            code: ErrorCode::Invalid,
+            message
+        }),
     ]
 }
 
