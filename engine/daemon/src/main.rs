@@ -5,9 +5,11 @@
 //! kvnode put|get|exists   move pages by hex key or by token sequence
 //! kvnode stats|clear      inspect or empty the cache
 //! kvnode bench local      load generator against a running daemon
+//! kvnode bench gpu        GPU offload/onload next to plain pinned cuMemcpy
 //! ```
 
 mod bench;
+mod bench_gpu;
 mod cli;
 mod keys;
 mod ops;
@@ -26,6 +28,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Stats(a) => ops::stats(&a),
         cli::Command::Clear(a) => ops::clear(&a),
         cli::Command::Bench(cli::BenchCmd::Local(a)) => bench::local(&a),
+        cli::Command::Bench(cli::BenchCmd::Gpu(a)) => bench_gpu::run(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

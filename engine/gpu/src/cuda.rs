@@ -6,6 +6,10 @@ use crate::GpuError;
 use crate::backend::{Backend, CopyOp, Dir};
 use crate::driver::{bind_primary, check};
 
+/// An event recorded by [`CudaBackend`]'s `fence` (only it can make one).
+#[derive(Debug)]
+pub struct CudaFence(sys::CUevent);
+
 /// Copies on `device` through its primary context.
 #[derive(Debug)]
 pub struct CudaBackend {
@@ -46,12 +50,12 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    type Fence = sys::CUevent;
+    type Fence = CudaFence;
 
     fn open(&mut self, handle: &[u8; 64]) -> Result<(u64, u64), GpuError> {
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
         for (d, s) in h.reserved.iter_mut().zip(handle) {
-            *d = *s as std::ffi::c_char;
+            *d = (*s).cast_signed();
         }
         let mut dev = 0;
         // SAFETY: out-pointer to a local; the handle is plain bytes the driver validates.
@@ -96,32 +100,33 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn fence(&mut self, dir: Dir) -> Result<sys::CUevent, GpuError> {
-        let e = match self.events.pop() {
-            Some(e) => e,
-            None => {
-                let mut e = std::ptr::null_mut();
-                // SAFETY: out-pointer to a local; our context is current.
-                check("cuEventCreate", unsafe {
-                    sys::cuEventCreate(
-                        &raw mut e,
-                        sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                    )
-                })?;
-                e
-            }
+    fn fence(&mut self, dir: Dir) -> Result<CudaFence, GpuError> {
+        let e = if let Some(e) = self.events.pop() {
+            e
+        } else {
+            let mut e = std::ptr::null_mut();
+            // SAFETY: out-pointer to a local; our context is current.
+            check("cuEventCreate", unsafe {
+                sys::cuEventCreate(
+                    &raw mut e,
+                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                )
+            })?;
+            e
         };
         // SAFETY: e and the stream belong to this thread's context.
         check("cuEventRecord", unsafe {
             sys::cuEventRecord(e, self.stream(dir))
         })?;
-        Ok(e)
+        Ok(CudaFence(e))
     }
 
-    fn wait(&mut self, e: sys::CUevent) -> Result<(), GpuError> {
-        // SAFETY: e was recorded by fence().
-        let r = check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(e) });
-        self.events.push(e);
+    fn wait(&mut self, f: CudaFence) -> Result<(), GpuError> {
+        // SAFETY: f.0 was created and recorded by fence() (the field is private).
+        let r = check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(f.0)
+        });
+        self.events.push(f.0);
         r
     }
 }

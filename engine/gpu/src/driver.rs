@@ -22,6 +22,11 @@ pub fn init() -> Result<(), GpuError> {
     .clone()
 }
 
+/// The outcome of [`init`] if it has run, without initialising.
+pub fn state() -> Option<Result<(), GpuError>> {
+    INIT.get().cloned()
+}
+
 /// Whether [`init`] succeeded, without initialising.
 pub fn ready() -> bool {
     matches!(INIT.get(), Some(Ok(())))
@@ -62,7 +67,7 @@ pub fn bind_primary(device: u32) -> Result<sys::CUcontext, GpuError> {
     let mut dev = 0;
     // SAFETY: out-pointer to a local; ordinal checked above.
     check("cuDeviceGet", unsafe {
-        sys::cuDeviceGet(&raw mut dev, device as i32)
+        sys::cuDeviceGet(&raw mut dev, device.cast_signed())
     })?;
     let mut ctx = std::ptr::null_mut();
     // SAFETY: out-pointer to a local; dev is valid.

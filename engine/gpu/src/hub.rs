@@ -139,8 +139,12 @@ impl GpuHub {
 
     /// The stats section.
     pub fn stats(&self) -> GpuStats {
+        let mut driver = self.reg.status.lock().expect("status lock").clone();
+        if let Some(Err(e)) = driver::state() {
+            driver = e.to_string();
+        }
         GpuStats {
-            driver: self.reg.status.lock().expect("status lock").clone(),
+            driver,
             registered_bytes: self.reg.registered.load(Ordering::Relaxed),
             register_piece_bytes: self.reg.piece.load(Ordering::Relaxed),
             attached: self.counters.attached.load(Ordering::Relaxed),

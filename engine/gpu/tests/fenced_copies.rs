@@ -49,7 +49,7 @@ async fn offloaded_pages_round_trip_through_the_device() {
     dev.write(&h, |b| {
         b.iter_mut()
             .enumerate()
-            .for_each(|(i, x)| *x = (i % 251) as u8)
+            .for_each(|(i, x)| *x = (i % 251) as u8);
     });
     let w = worker(&dev, 2 * PAGE as u64, 2);
     let m = w.open(h, 8 * PAGE as u64).await.unwrap();

@@ -196,7 +196,7 @@ impl GpuLayout {
             return Err(LayoutError::TooManyObjects(self.objects.len()));
         }
         let aligned = |what, value: u64| {
-            if value % GPU_ALIGN == 0 {
+            if value.is_multiple_of(GPU_ALIGN) {
                 Ok(())
             } else {
                 Err(LayoutError::Misaligned { what, value })

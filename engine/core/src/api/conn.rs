@@ -34,6 +34,8 @@ pub(super) struct Connection {
     /// Alloc handle -> reservation.
     pub reservations: HashMap<u64, Reservation>,
     pub next_handle: u64,
+    /// Attached GPU buffers and pending onloads.
+    pub gpu: super::gpu::GpuConn,
     stop: watch::Receiver<bool>,
 }
 
@@ -56,6 +58,7 @@ impl Connection {
             leases: HashMap::new(),
             reservations: HashMap::new(),
             next_handle: 1,
+            gpu: super::gpu::GpuConn::default(),
             stop,
         }
     }
@@ -77,9 +80,10 @@ impl Connection {
             End::Closed => tracing::info!(conn = self.id, "client disconnected"),
             End::Io(e) => tracing::info!(conn = self.id, error = %e, "client connection ended"),
             End::Protocol(why) => {
-                tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %why, "client dropped")
+                tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %why, "client dropped");
             }
         }
+        self.gpu_cleanup().await;
         self.cleanup();
         self.engine.clients.fetch_sub(1, Ordering::Relaxed);
     }

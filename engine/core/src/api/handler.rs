@@ -11,7 +11,7 @@ use kvnode_proto::frame::MAX_PAYLOAD;
 use super::conn::Connection;
 use crate::tier::{Reservation, TierError};
 
-fn tier_error(e: &TierError) -> Reply {
+pub(super) fn tier_error(e: &TierError) -> Reply {
     let code = match e {
         TierError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
         TierError::SlotTooLarge { .. } | TierError::TooManyClasses(_) => ErrorCode::Unsupported,
@@ -95,6 +95,12 @@ impl Connection {
                 Err(e) => tier_error(&e),
             },
             Op::Stats => Reply::Stats(Box::new(self.engine.stats())),
+            op @ (Op::AttachGpu(_)
+            | Op::Offload(_)
+            | Op::Onload(_)
+            | Op::OnloadAsync(_)
+            | Op::OnloadWait { .. }
+            | Op::OnloadCancel { .. }) => self.gpu_op(op).await,
         };
         self.send(id, reply, &[]).await
     }
