@@ -69,6 +69,12 @@ def main():
     chunk = TOKENS * HEADS * DIM * 2  # bytes of one (layer, K/V) slice of a page
     storage = kv.untyped_storage()
     dev, handle, size, offset = storage._share_cuda_()[:4]
+    if len(handle) == 66:
+        # torch >= 2.x prefixes cudaIpcMemHandle_t with a version byte and a kind byte
+        # ('c' = plain cudaMalloc segment); the daemon takes the raw 64-byte handle.
+        print(f"torch handle header: version {handle[0]}, kind {chr(handle[1])!r}")
+        assert chr(handle[1]) == "c", "expandable segments cannot be exported as one IPC handle"
+        handle = handle[2:]
     print(f"exported storage: device {dev} handle {len(handle)} bytes, storage {size} bytes at offset {offset}")
     layout = {
         "base": offset,
