@@ -76,6 +76,31 @@ impl ArenaMap {
     }
 }
 
+impl ArenaMap {
+    /// Registers this mapping with CUDA in the calling thread's current context (device 0's
+    /// primary context if none is current), page-locked and portable, in `piece`-byte pieces
+    /// (use the daemon's `gpu.register_piece_bytes` so no slot straddles two pieces). GPU copies
+    /// to and from arena extents then run at pinned speed. Unregistered when the value drops;
+    /// keep it alive no longer than this mapping.
+    pub fn register_cuda(
+        &self,
+        piece: u64,
+    ) -> Result<kvnode_gpu::register::HostRegistration, kvnode_gpu::GpuError> {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        // SAFETY: the range is this mapping; the caller drops the registration before it.
+        unsafe {
+            kvnode_gpu::register::HostRegistration::register(
+                self.base,
+                self.len,
+                piece,
+                &stop,
+                |_| {},
+            )
+        }
+        .map_err(|(_, e)| e)
+    }
+}
+
 impl Drop for ArenaMap {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping.

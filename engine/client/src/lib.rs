@@ -9,6 +9,7 @@
 
 mod arena;
 mod conn;
+mod gpu;
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;
@@ -22,12 +23,16 @@ use kvnode_proto::stats::StatsReport;
 use kvnode_proto::{Key, NamespaceSpec};
 
 pub use arena::ArenaMap;
+pub use gpu::GpuBuffer;
 pub use kvnode_proto;
 
 /// Client failure.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
+    /// A local CUDA call failed (registering the arena mapping).
+    #[error("{0}")]
+    Gpu(#[from] kvnode_gpu::GpuError),
     /// Socket I/O.
     #[error("kvnode socket I/O failed: {0} (is the daemon running? `kvnode serve`)")]
     Io(#[from] std::io::Error),
@@ -82,7 +87,7 @@ pub struct Client {
     pid: u32,
 }
 
-fn unexpected(r: &Reply) -> ClientError {
+pub(crate) fn unexpected(r: &Reply) -> ClientError {
     match r {
         Reply::Error { code, message } => ClientError::Server {
             code: *code,
@@ -118,7 +123,7 @@ impl Client {
         &self.arena
     }
 
-    fn call(&mut self, op: Op) -> Result<Reply> {
+    pub(crate) fn call(&mut self, op: Op) -> Result<Reply> {
         self.conn.call(op, &[])
     }
 

@@ -239,6 +239,8 @@ pub enum BenchCmd {
     Local(BenchArgs),
     /// Demotion and promotion through a daemon it starts, next to fio on the same dir.
     Spill(BenchSpillArgs),
+    /// Daemon-driven GPU offload/onload next to plain pinned cuMemcpy (needs a CUDA GPU).
+    Gpu(GpuBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -258,6 +260,37 @@ pub struct BenchSpillArgs {
     /// DRAM tier of the daemon.
     #[arg(long, default_value = "256MiB")]
     pub dram: String,
+}
+
+#[derive(Debug, Args)]
+pub struct GpuBenchArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: u32,
+    /// Page sizes to measure.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1MiB,2MiB,4MiB,8MiB,16MiB"
+    )]
+    pub sizes: Vec<String>,
+    /// Bytes moved per request (pages per request = this / page size).
+    #[arg(long, default_value = "64MiB")]
+    pub batch_bytes: String,
+    /// GPU buffer per page size (and the pinned buffer of the baseline).
+    #[arg(long, default_value = "1GiB")]
+    pub gpu_buffer: String,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// Seconds to wait for the daemon to finish registering its arena.
+    #[arg(long, default_value_t = 120)]
+    pub register_timeout: u64,
+    /// Print a JSON line per size as well.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

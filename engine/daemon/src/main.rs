@@ -6,10 +6,12 @@
 //! kvnode stats|clear      inspect or empty the cache
 //! kvnode bench local      load generator against a running daemon
 //! kvnode bench spill      demotion/promotion through a daemon vs fio on the same dir
+//! kvnode bench gpu        GPU offload/onload next to plain pinned cuMemcpy
 //! kvnode report           latency percentile tables and SVG (live daemon or kvtrace file)
 //! ```
 
 mod bench;
+mod bench_gpu;
 mod bench_spill;
 mod cli;
 mod keys;
@@ -34,6 +36,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Bench(cli::BenchCmd::Local(a)) => bench::local(&a),
         cli::Command::Bench(cli::BenchCmd::Spill(a)) => bench_spill::spill(&a),
         cli::Command::Report(a) => report::run(&a),
+        cli::Command::Bench(cli::BenchCmd::Gpu(a)) => bench_gpu::run(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

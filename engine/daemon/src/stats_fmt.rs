@@ -21,6 +21,16 @@ pub fn render(s: &StatsReport) -> String {
         "kvnode {}  pid {}  up {:.0}s  clients {}",
         s.version, s.pid, s.uptime_s, s.clients
     );
+    let g = &s.gpu;
+    let _ = writeln!(
+        o,
+        "gpu: {}  registered {}  attached {}  offloaded {}  onloaded {}",
+        g.driver,
+        ByteSize(g.registered_bytes),
+        g.attached,
+        ByteSize(g.offload_bytes),
+        ByteSize(g.onload_bytes)
+    );
     let _ = writeln!(
         o,
         "\n{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>10}",

@@ -153,6 +153,25 @@ pub enum Op {
         /// Byte length of each block.
         lens: Vec<u64>,
     },
+    /// Maps a GPU buffer exported as a CUDA IPC handle (docs/gpu.md); replies `GpuAttached`.
+    AttachGpu(crate::gpu::AttachGpu),
+    /// Copies GPU pages into the DRAM tier; replies `Offloaded` once committed.
+    Offload(crate::gpu::PageMove),
+    /// Copies blocks into GPU pages; replies `Onloaded` once every copy has completed.
+    Onload(crate::gpu::PageMove),
+    /// Starts an onload; replies `OnloadStarted` at once. Finish with `OnloadWait` or `OnloadCancel`.
+    OnloadAsync(crate::gpu::PageMove),
+    /// Waits for a started onload; replies `Onloaded`.
+    OnloadWait {
+        /// Ticket from `OnloadStarted`.
+        ticket: u64,
+    },
+    /// Stops issuing a started onload's copies and waits for those issued; replies `Onloaded`.
+    /// Once it returns, the daemon never writes that onload's pages again.
+    OnloadCancel {
+        /// Ticket from `OnloadStarted`.
+        ticket: u64,
+    },
 }
 
 /// What the KV router needs to know about a page: its exact tokens and its parent page.
@@ -351,6 +370,28 @@ pub enum Reply {
     GotToRegion {
         /// In key order.
         lens: Vec<Option<u64>>,
+    },
+    /// A GPU buffer is mapped.
+    GpuAttached {
+        /// Buffer id for `PageMove::buffer`.
+        buffer: u32,
+        /// Bytes of each page's block.
+        page_bytes: u64,
+    },
+    /// Per-key outcome of an `Offload` (all copies done and committed).
+    Offloaded {
+        /// In key order.
+        results: Vec<PutStatus>,
+    },
+    /// Per-key outcome of an onload; every copy it issued has completed.
+    Onloaded {
+        /// In key order.
+        results: Vec<crate::gpu::OnloadStatus>,
+    },
+    /// An onload was started.
+    OnloadStarted {
+        /// For `OnloadWait` / `OnloadCancel`.
+        ticket: u64,
     },
     /// The request failed; nothing it would have changed was changed.
     Error {

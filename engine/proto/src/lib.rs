@@ -12,12 +12,14 @@
 //! - [`hash`]: SGLang's chained SHA-256 page digests and the router's u64 hash.
 //! - [`frame`]: the length-prefixed frame layout shared by client and daemon.
 //! - [`client`]: client requests and daemon replies.
+//! - [`gpu`]: GPU path wire types: IPC handles, page layouts and their arithmetic.
 //! - [`stats`]: the statistics report returned by `stats`.
 //! - [`obs`]: probe codes and the latency report (`histograms` op, `kvtrace record`).
 //! - [`size`]: human byte sizes (`512MiB`, `16GiB`).
 
 pub mod client;
 pub mod frame;
+pub mod gpu;
 pub mod hash;
 pub mod key;
 pub mod namespace;

@@ -20,6 +20,8 @@ pub struct StatsReport {
     pub pools: Vec<PoolStats>,
     /// One entry per registered namespace.
     pub namespaces: Vec<NamespaceStats>,
+    /// GPU path (driver state, registered arena bytes, copies).
+    pub gpu: crate::gpu::GpuStats,
 }
 
 /// Counters of one tier.

@@ -46,6 +46,8 @@ pub(super) struct Connection {
     /// Region id -> client memory mapped by `AttachRegion` (unmapped on drop).
     pub regions: HashMap<u32, super::region::Region>,
     pub next_region: u32,
+    /// Attached GPU buffers and pending onloads.
+    pub gpu: super::gpu::GpuConn,
     stop: watch::Receiver<bool>,
 }
 
@@ -74,6 +76,7 @@ impl Connection {
             reply_info: ReplyInfo::default(),
             regions: HashMap::new(),
             next_region: 0,
+            gpu: super::gpu::GpuConn::default(),
             stop,
         }
     }
@@ -98,6 +101,7 @@ impl Connection {
                 tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %why, "client dropped");
             }
         }
+        self.gpu_cleanup().await;
         self.cleanup();
         self.engine.metrics.watch.remove(self.id);
         self.engine.clients.fetch_sub(1, Ordering::Relaxed);

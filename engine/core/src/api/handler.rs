@@ -129,6 +129,12 @@ impl Connection {
                 self.put_from_region(ns, &keys, region, &offsets, &lens)
                     .await
             }
+            op @ (Op::AttachGpu(_)
+            | Op::Offload(_)
+            | Op::Onload(_)
+            | Op::OnloadAsync(_)
+            | Op::OnloadWait { .. }
+            | Op::OnloadCancel { .. }) => self.gpu_op(op).await,
         };
         self.send(id, reply, &[]).await
     }

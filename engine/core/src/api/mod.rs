@@ -4,6 +4,7 @@
 //! they are released, so a crashed client leaks nothing.
 
 mod conn;
+mod gpu;
 mod handler;
 pub mod io;
 mod meta;
@@ -42,6 +43,8 @@ pub enum StartError {
 pub struct Engine {
     /// Configuration in force.
     pub config: EngineConfig,
+    /// GPU path (declared before the arena: its registration is dropped first).
+    pub gpu: kvnode_gpu::GpuHub,
     /// The DRAM arena.
     pub arena: Arc<Arena>,
     /// The DRAM tier.
@@ -100,8 +103,17 @@ impl Engine {
             },
             Arc::clone(&stop_pinning),
         );
+        let gpu = kvnode_gpu::GpuHub::cuda(kvnode_gpu::WorkerConfig::default());
+        gpu.start_registration(
+            arena.base(),
+            arena.len(),
+            kvnode_gpu::register::piece_for_slab(config.slab_bytes()),
+            Arc::clone(&stop_pinning),
+            Arc::clone(&arena) as Arc<dyn Send + Sync>,
+        );
         Ok(Arc::new(Self {
             config,
+            gpu,
             arena,
             tier,
             tiering,
@@ -182,6 +194,7 @@ impl Engine {
                 .collect(),
             pools: snap.pools,
             namespaces: snap.namespaces,
+            gpu: self.gpu.stats(),
         }
     }
 }

@@ -65,6 +65,12 @@ codes!(
         GetToRegion = 15 => "get_to_region",
         /// Put from client memory.
         PutFromRegion = 16 => "put_from_region",
+        /// Attach a GPU buffer (CUDA IPC).
+        AttachGpu = 17 => "attach_gpu",
+        /// GPU pages into the DRAM tier.
+        Offload = 18 => "offload",
+        /// DRAM blocks into GPU pages (sync, async, wait, cancel).
+        Onload = 19 => "onload",
     }
 );
 
@@ -130,6 +136,12 @@ impl OpKind {
             Op::AttachRegion { .. } | Op::DetachRegion { .. } => Self::Region,
             Op::GetToRegion { .. } => Self::GetToRegion,
             Op::PutFromRegion { .. } => Self::PutFromRegion,
+            Op::AttachGpu(_) => Self::AttachGpu,
+            Op::Offload(_) => Self::Offload,
+            Op::Onload(_)
+            | Op::OnloadAsync(_)
+            | Op::OnloadWait { .. }
+            | Op::OnloadCancel { .. } => Self::Onload,
         }
     }
 }

@@ -1,0 +1,33 @@
+//! kvnode-gpu: the GPU path: CUDA driver loaded at run time, arena registration, IPC mappings,
+//! and one copy thread per device.
+//!
+//! ```text
+//!  connection task ──Cmd──> device thread (kvnode-gpuN): IPC open/close, fenced copy batches
+//!        ^                         │ cuMemcpy{DtoH,HtoD}Async on its own streams, events
+//!        └──── oneshot reply <─────┘ (sent only after every issued copy completed)
+//!  registration thread (kvnode-cureg): cuMemHostRegister(arena, portable, ≤ 1 GiB pieces)
+//! ```
+//!
+//! With no driver every entry point returns [`GpuError::NoDriver`]; nothing panics.
+//!
+//! - [`driver`]: loading the driver, result checks, contexts.
+//! - [`backend`]: the copy-engine seam ([`cuda`] in production, [`fake`] in tests).
+//! - [`worker`]: the per-device copy thread and its cancellable tickets.
+//! - [`hub`]: the daemon's GPU state (workers, registration, counters).
+//! - [`register`]: host-memory registration in pieces.
+//! - [`mem`]: device and pinned buffers, IPC export, plain-copy bandwidth (bench baseline).
+
+pub mod backend;
+pub mod cuda;
+pub mod driver;
+mod error;
+pub mod fake;
+pub mod hub;
+pub mod mem;
+pub mod register;
+pub mod worker;
+
+pub use backend::{CopyOp, Dir};
+pub use error::GpuError;
+pub use hub::GpuHub;
+pub use worker::{CopyTicket, DeviceWorker, WorkerConfig};
