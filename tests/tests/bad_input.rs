@@ -196,6 +196,7 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
             op: Op::Exists {
                 ns: 4242,
                 keys: vec![key(1)],
+                hint: None,
             },
         },
         &[],
@@ -240,6 +241,8 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
                 ns,
                 keys: keys[..2].to_vec(),
                 mode: kvnode_proto::GetMode::Lease,
+                hint: None,
+                deadline_ms: None,
             },
         },
         &[],
@@ -282,13 +285,17 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
             op: Op::Exists {
                 ns,
                 keys: keys.clone(),
+                hint: None,
             },
         },
         &[],
     );
     assert!(matches!(
         r.recv().unwrap().reply,
-        Reply::Exists { count: 16 }
+        Reply::Exists {
+            count: 16,
+            pull: None
+        }
     ));
 
     // A prefix with an impossible length: error frame, then the connection is dropped.

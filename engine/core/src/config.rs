@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::peer::PeerConfig;
 use crate::policy::PolicyKind;
 
 /// Smallest DRAM tier accepted.
@@ -39,6 +40,8 @@ pub struct EngineConfig {
     pub drain_timeout_s: f64,
     /// Socket file permissions. Default: 0o660 (owner and group may connect).
     pub socket_mode: u32,
+    /// Peer pulls (`[peer]` table). Default: disabled.
+    pub peer: PeerConfig,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +56,7 @@ impl Default for EngineConfig {
             hugetlb: false,
             drain_timeout_s: 5.0,
             socket_mode: 0o660,
+            peer: PeerConfig::default(),
         }
     }
 }
@@ -86,7 +90,7 @@ impl EngineConfig {
         if !(0.0..=3600.0).contains(&self.drain_timeout_s) {
             return Err("drain_timeout_s must be between 0 and 3600".into());
         }
-        Ok(())
+        self.peer.validate()
     }
 }
 

@@ -65,6 +65,8 @@ pub struct ServeArgs {
     /// Print the effective config and exit.
     #[arg(long)]
     pub print_config: bool,
+    #[command(flatten)]
+    pub peer: crate::serve_peer::PeerArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -152,6 +154,12 @@ pub struct GetArgs {
     /// Read through a lease on the shared arena instead of inline bytes.
     #[arg(long)]
     pub zero_copy: bool,
+    /// Router hint (Dynamo kv.fetch envelope or compact JSON), or @FILE to read it from.
+    #[arg(long)]
+    pub hint: Option<String>,
+    /// Milliseconds to wait for a hinted pull (default: the daemon's declared timeouts).
+    #[arg(long)]
+    pub deadline_ms: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -178,6 +186,8 @@ pub struct ClearArgs {
 pub enum BenchCmd {
     /// Load against a running daemon on this node; compares with memcpy measured in the same run.
     Local(BenchArgs),
+    /// Two daemons on loopback: peer pull throughput and latency next to iperf3 in the same run.
+    Pull(crate::bench_pull::PullArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

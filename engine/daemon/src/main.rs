@@ -5,13 +5,16 @@
 //! kvnode put|get|exists   move pages by hex key or by token sequence
 //! kvnode stats|clear      inspect or empty the cache
 //! kvnode bench local      load generator against a running daemon
+//! kvnode bench pull       two daemons on loopback: peer pulls next to iperf3
 //! ```
 
 mod bench;
+mod bench_pull;
 mod cli;
 mod keys;
 mod ops;
 mod serve;
+mod serve_peer;
 mod stats_fmt;
 
 use clap::Parser;
@@ -26,6 +29,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Stats(a) => ops::stats(&a),
         cli::Command::Clear(a) => ops::clear(&a),
         cli::Command::Bench(cli::BenchCmd::Local(a)) => bench::local(&a),
+        cli::Command::Bench(cli::BenchCmd::Pull(a)) => bench_pull::run(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

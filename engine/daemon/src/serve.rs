@@ -37,6 +37,7 @@ pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
     cfg.pin &= !a.no_pin;
     cfg.populate &= !a.no_populate;
     cfg.hugetlb |= a.hugetlb;
+    crate::serve_peer::apply(&a.peer, &mut cfg.peer);
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
@@ -69,11 +70,12 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     rt.block_on(async move {
         let listener = kvnode_engine::api::bind(&cfg.socket, cfg.socket_mode)?;
         let socket = cfg.socket.clone();
-        let engine = kvnode_engine::api::Engine::start(cfg).context("creating the DRAM arena")?;
+        let engine = kvnode_engine::api::Engine::start(cfg).context("starting the engine")?;
         tracing::info!(socket = %socket.display(), dram = engine.arena.len(), pid = std::process::id(), "kvnode ready");
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
+        let peer_server = crate::serve_peer::start(&engine, stop_rx.clone()).await?;
         let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), listener, stop_rx));
         let sig = tokio::select! {
             _ = term.recv() => "SIGTERM",
@@ -83,6 +85,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
         engine.stop_background();
         server.await.context("server task")?;
+        if let Some(p) = peer_server {
+            let _ = p.await;
+        }
         let _ = std::fs::remove_file(&socket);
         tracing::info!("kvnode stopped");
         anyhow::Ok(())

@@ -12,14 +12,20 @@
 //! - [`hash`]: SGLang's chained SHA-256 page digests and the router's u64 hash.
 //! - [`frame`]: the length-prefixed frame layout shared by client and daemon.
 //! - [`client`]: client requests and daemon replies.
+//! - [`peer`]: peer-to-peer pull protocol messages.
+//! - [`pull`]: client-visible pull operations and declared timeouts.
+//! - [`hint`]: router `kv.fetch` hints, parsed as untrusted input.
 //! - [`stats`]: the statistics report returned by `stats`.
 //! - [`size`]: human byte sizes (`512MiB`, `16GiB`).
 
 pub mod client;
 pub mod frame;
 pub mod hash;
+pub mod hint;
 pub mod key;
 pub mod namespace;
+pub mod peer;
+pub mod pull;
 pub mod size;
 pub mod stats;
 

@@ -5,6 +5,7 @@
 
 mod conn;
 mod handler;
+mod hinted;
 pub mod io;
 mod server;
 
@@ -16,9 +17,22 @@ use kvnode_proto::stats::StatsReport;
 
 use crate::arena::{Arena, ArenaError, PinOptions};
 use crate::config::EngineConfig;
+use crate::peer::{PeerError, Peers};
 use crate::tier::{DramTier, TierConfig};
 
 pub use server::{ServeError, bind, serve};
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The DRAM arena.
+    #[error("creating the DRAM arena: {0}")]
+    Arena(#[from] ArenaError),
+    /// The peer service.
+    #[error("starting the peer service: {0}")]
+    Peer(#[from] PeerError),
+}
 
 /// Everything a connection needs: config, arena, tier, counters.
 #[derive(Debug)]
@@ -29,6 +43,8 @@ pub struct Engine {
     pub arena: Arc<Arena>,
     /// The DRAM tier.
     pub tier: DramTier,
+    /// Peer pulls and operations.
+    pub peers: Peers,
     clients: AtomicU32,
     next_conn: AtomicU64,
     started: Instant,
@@ -36,8 +52,10 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Creates the arena and tier and starts background pinning. Returns immediately.
-    pub fn start(config: EngineConfig) -> Result<Arc<Self>, ArenaError> {
+    /// Creates the arena, tier and peer service and starts background pinning. Returns
+    /// immediately.
+    pub fn start(config: EngineConfig) -> Result<Arc<Self>, StartError> {
+        let peers = Peers::new(&config.peer)?;
         let arena = Arc::new(Arena::create(config.dram, config.hugetlb)?);
         let tier = DramTier::new(&TierConfig {
             capacity: arena.len(),
@@ -57,6 +75,7 @@ impl Engine {
             config,
             arena,
             tier,
+            peers,
             clients: AtomicU32::new(0),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
