@@ -160,3 +160,44 @@ pub fn block(i: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A free loopback TCP port (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+/// A compact router hint naming `tcp://127.0.0.1:port` for `keys`.
+pub fn hint(port: u16, keys: &[Key]) -> String {
+    let hashes: Vec<String> = keys.iter().map(|k| k.0.router_hash().to_string()).collect();
+    format!(
+        r#"{{"source_control_endpoint":"tcp://127.0.0.1:{port}","block_hashes":[{}]}}"#,
+        hashes.join(",")
+    )
+}
+
+/// A source daemon serving peers on `127.0.0.1:port`, plus `extra` flags.
+pub fn peer_source(port: u16, extra: &[&str]) -> Daemon {
+    let listen = format!("127.0.0.1:{port}");
+    let adv = format!("tcp://{listen}");
+    let mut args = vec![
+        "--dram",
+        "256MiB",
+        "--no-pin",
+        "--peer-listen",
+        &listen,
+        "--advertise",
+        &adv,
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start(&args)
+}
+
+/// A destination daemon allowed to pull from `peers`, plus `extra` flags.
+pub fn peer_dest(peers: &str, extra: &[&str]) -> Daemon {
+    let mut args = vec!["--dram", "256MiB", "--no-pin", "--peers", peers];
+    args.extend_from_slice(extra);
+    Daemon::start(&args)
+}

@@ -69,7 +69,7 @@ pub enum HintError {
     Mode(String),
     /// The hashes do not match the request's first page.
     #[error(
-        "hint block_hashes[0] = {hint:#x} does not match the request's first page (router hash {page:#x}): the hint is for another prefix"
+        "hint block_hashes (first {hint:#x}) do not contain the request's first page (router hash {page:#x}): the hint is for another prefix"
     )]
     NoOverlap {
         /// The hint's first hash.
@@ -241,26 +241,29 @@ pub fn parse_hint(text: &str) -> Result<FetchHint, HintError> {
     Err(HintError::NoFetch)
 }
 
-/// How many leading `keys` the hint covers: keys are grouped into pages by consecutive equal
-/// digests (several segments of one page), and page `p` is covered while
-/// `hashes[p] == digest.router_hash()` for it and every earlier page.
+/// How many leading `keys` the hint covers. Keys are grouped into pages by consecutive equal
+/// digests (several segments of one page). The hint is root-aligned and the request may start
+/// further down the chain (earlier pages already held elsewhere), so the request's first page
+/// is located in `hashes` and pages are matched from there while each router hash agrees.
 pub fn covered_keys(hashes: &[u64], keys: &[Key]) -> Result<usize, HintError> {
-    let mut page = 0usize;
-    let mut prev = None;
+    let Some(first) = keys.first() else {
+        return Ok(0);
+    };
+    let Some(start) = hashes.iter().position(|&h| h == first.0.router_hash()) else {
+        return Err(HintError::NoOverlap {
+            hint: hashes.first().copied().unwrap_or_default(),
+            page: first.0.router_hash(),
+        });
+    };
+    let mut page = start;
+    let mut prev = first.0;
     for (i, k) in keys.iter().enumerate() {
-        if prev.is_some_and(|d| d != k.0) {
+        if k.0 != prev {
             page += 1;
+            prev = k.0;
         }
-        prev = Some(k.0);
-        match hashes.get(page) {
-            Some(&h) if h == k.0.router_hash() => {}
-            _ if i == 0 => {
-                return Err(HintError::NoOverlap {
-                    hint: hashes.first().copied().unwrap_or_default(),
-                    page: k.0.router_hash(),
-                });
-            }
-            _ => return Ok(i),
+        if hashes.get(page) != Some(&k.0.router_hash()) {
+            return Ok(i);
         }
     }
     Ok(keys.len())

@@ -183,8 +183,10 @@ impl Chunk<'_> {
                     xxh3,
                 } => {
                     let i = at(req, idx)?;
-                    self.answered(i)?;
+                    // Stays open until received, so a failure mid-block fails this key too.
+                    let pos = self.position(i)?;
                     self.receive(w, i, len, xxh3).await?;
+                    self.open.swap_remove(pos);
                     first.get_or_insert(sent.elapsed());
                     last = sent.elapsed();
                     blocks += 1;
@@ -221,12 +223,15 @@ impl Chunk<'_> {
         Ok(())
     }
 
-    fn answered(&mut self, i: usize) -> Result<(), PeerError> {
-        let pos = self
-            .open
+    fn position(&self, i: usize) -> Result<usize, PeerError> {
+        self.open
             .iter()
             .position(|&x| x == i)
-            .ok_or_else(|| PeerError::Protocol(format!("key {i} answered twice")))?;
+            .ok_or_else(|| PeerError::Protocol(format!("key {i} answered twice")))
+    }
+
+    fn answered(&mut self, i: usize) -> Result<(), PeerError> {
+        let pos = self.position(i)?;
         self.open.swap_remove(pos);
         Ok(())
     }

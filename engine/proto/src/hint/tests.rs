@@ -101,6 +101,8 @@ fn covered_keys_stops_at_the_first_mismatching_page() {
     assert_eq!(covered_keys(&[h(1), h(2), h(3)], &keys).unwrap(), 4);
     assert_eq!(covered_keys(&[h(1), h(2)], &keys).unwrap(), 3);
     assert_eq!(covered_keys(&[h(1), h(9), h(3)], &keys).unwrap(), 2);
+    // A request further down the chain matches from its own first page.
+    assert_eq!(covered_keys(&[h(1), h(2), h(3)], &keys[2..]).unwrap(), 2);
     let e = covered_keys(&[h(9)], &keys).unwrap_err();
     assert!(e.to_string().contains("another prefix"), "{e}");
 }
