@@ -138,6 +138,10 @@ fn handshake_errors_are_reported_and_the_connection_closed() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted session over one raw connection"
+)]
 fn malformed_frames_get_clear_errors_and_nothing_changes() {
     let d = Daemon::start(&["--dram", "16MiB"]);
     let (mut c, ns, keys, data) = seed_blocks(&d);

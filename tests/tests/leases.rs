@@ -55,7 +55,7 @@ fn lease_holder_child_role() {
     let slots = c.alloc(ns, &[key(50), key(51)], &[MIB, MIB]).unwrap();
     assert!(slots.iter().all(|s| matches!(s, AllocSlot::Granted { .. })));
     println!("HOLDING");
-    std::thread::sleep(Duration::from_secs(600));
+    std::thread::sleep(Duration::from_mins(10));
 }
 
 #[test]

@@ -83,7 +83,7 @@ fn bad_hints_are_refused_with_a_reason_while_local_hits_still_succeed() {
             "another prefix",
         ),
         (
-            format!(r#"{{"protocol_version":"9","actions":[]}}"#),
+            r#"{"protocol_version":"9","actions":[]}"#.to_owned(),
             "protocol_version",
         ),
     ];

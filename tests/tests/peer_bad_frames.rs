@@ -203,7 +203,7 @@ fn garbage_and_out_of_protocol_frames_fail_the_pull_cleanly() {
                         idx: n as u32 + 5,
                     },
                     &[],
-                )
+                );
             }),
             "unknown key",
         ),

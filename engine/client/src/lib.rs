@@ -45,6 +45,9 @@ pub enum ClientError {
 /// Result alias.
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// Inline get results: bytes per key, `None` for misses.
+pub type Pages = Vec<Option<Vec<u8>>>;
+
 /// A registered namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Namespace {
@@ -189,7 +192,7 @@ impl Client {
         keys: &[Key],
         hint: Option<&str>,
         deadline_ms: Option<u64>,
-    ) -> Result<(Vec<Option<Vec<u8>>>, Option<OpReport>)> {
+    ) -> Result<(Pages, Option<OpReport>)> {
         let (reply, mut payload) = self.conn.call_with_payload(Op::Get {
             ns,
             keys: keys.to_vec(),

@@ -218,9 +218,8 @@ pub fn parse_hint(text: &str) -> Result<FetchHint, HintError> {
     if pv != HINT_PROTOCOL_VERSION {
         return Err(HintError::ProtocolVersion(pv.to_owned()));
     }
-    let actions = match o.get("actions") {
-        Some(Value::Array(a)) => a,
-        _ => return Err(field("actions", "expected an array")),
+    let Some(Value::Array(actions)) = o.get("actions") else {
+        return Err(field("actions", "expected an array"));
     };
     for a in actions {
         let Value::Object(a) = a else {

@@ -77,7 +77,7 @@ impl Connection {
             End::Closed => tracing::info!(conn = self.id, "client disconnected"),
             End::Io(e) => tracing::info!(conn = self.id, error = %e, "client connection ended"),
             End::Protocol(why) => {
-                tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %why, "client dropped")
+                tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %why, "client dropped");
             }
         }
         self.cleanup();

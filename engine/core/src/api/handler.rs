@@ -75,7 +75,7 @@ impl Connection {
                 deadline_ms,
             } => {
                 let pull = match hint {
-                    Some(h) => Some(self.get_pull(ns, &keys, &h, deadline_ms).await),
+                    Some(h) => Some(Box::new(self.get_pull(ns, &keys, &h, deadline_ms).await)),
                     None => None,
                 };
                 return self.get(id, ns, &keys, mode, pull).await;
@@ -95,7 +95,7 @@ impl Connection {
             Op::Exists { ns, keys, hint } => match self.engine.tier.exists(ns, &keys) {
                 Ok(count) => Reply::Exists {
                     count,
-                    pull: hint.map(|h| self.exists_pull(ns, &keys, &h)),
+                    pull: hint.map(|h| Box::new(self.exists_pull(ns, &keys, &h))),
                 },
                 Err(e) => tier_error(&e),
             },

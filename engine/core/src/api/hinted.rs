@@ -11,7 +11,7 @@ use crate::peer::PullOp;
 use crate::tier::Reservation;
 
 /// Longest `Wait` accepted.
-const MAX_WAIT: Duration = Duration::from_secs(600);
+const MAX_WAIT: Duration = Duration::from_mins(10);
 
 fn error(code: ErrorCode, message: String) -> Reply {
     Reply::Error { code, message }
@@ -26,7 +26,7 @@ impl Connection {
         keys: &[Key],
         hint: &str,
         deadline_ms: Option<u64>,
-    ) -> Box<OpReport> {
+    ) -> OpReport {
         let e = std::sync::Arc::clone(&self.engine);
         let op = e
             .peers
@@ -38,14 +38,14 @@ impl Connection {
             "deadline passed; the transfer continues into the DRAM tier",
         );
         e.peers.ops.remove(op.id);
-        Box::new(op.report())
+        op.report()
     }
 
     /// Starts a background pull for `Exists` with a hint.
-    pub(super) fn exists_pull(&mut self, ns: u32, keys: &[Key], hint: &str) -> Box<OpReport> {
+    pub(super) fn exists_pull(&mut self, ns: u32, keys: &[Key], hint: &str) -> OpReport {
         let e = std::sync::Arc::clone(&self.engine);
         let op = e.peers.start(&e, self.id, ns, keys, hint, Vec::new(), None);
-        Box::new(op.report())
+        op.report()
     }
 
     /// `Pull`: an async op, optionally filling the client's Alloc'd slots.

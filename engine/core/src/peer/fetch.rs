@@ -217,7 +217,7 @@ impl Chunk<'_> {
             }
         }
         if let Some(f) = first {
-            let per = (blocks > 1).then(|| (last - f) / (blocks - 1));
+            let per = (blocks > 1).then(|| last.saturating_sub(f) / (blocks - 1));
             p.stats.record(&self.link.name, page, f, per);
         }
         Ok(())
@@ -254,13 +254,12 @@ impl Chunk<'_> {
             _ => None,
         };
         let mut scratch = Vec::new();
-        let dst: &mut [u8] = match slot {
+        let dst: &mut [u8] = if let Some(r) = slot {
             // SAFETY: this chunk holds the reservation; no one else touches the slot.
-            Some(r) => unsafe { e.arena.slice_mut(r.offset, r.len) },
-            None => {
-                scratch.resize(len as usize, 0);
-                &mut scratch
-            }
+            unsafe { e.arena.slice_mut(r.offset, r.len) }
+        } else {
+            scratch.resize(len as usize, 0);
+            &mut scratch
         };
         if let Err(err) = w.read_payload(dst, io).await {
             if let Some(r) = slot {

@@ -56,6 +56,10 @@ fn leading(r: &[KeyOutcome]) -> u32 {
 
 impl PullOp {
     /// A new op; keys marked `Pending` are to be pulled.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "plain fields of the op, set once here"
+    )]
     pub fn new(
         id: u64,
         ns: u32,
@@ -234,7 +238,7 @@ pub struct OpTable {
 }
 
 /// Ended ops nobody asked about are dropped after this long.
-const KEEP_ENDED: Duration = Duration::from_secs(60);
+const KEEP_ENDED: Duration = Duration::from_mins(1);
 
 impl OpTable {
     /// A fresh op id.

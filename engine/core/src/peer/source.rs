@@ -20,7 +20,7 @@ use crate::policy::SlotId;
 use crate::tier::LeasedBlock;
 
 /// Idle pooled connections are closed after this long without a request.
-const IDLE_LIMIT: Duration = Duration::from_secs(600);
+const IDLE_LIMIT: Duration = Duration::from_mins(10);
 
 /// Where a source finds blocks. The DRAM tier answers today; an NVMe-backed source would
 /// promote a DRAM miss into DRAM and lease it, so the sender code stays the same.

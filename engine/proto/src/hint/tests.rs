@@ -83,7 +83,7 @@ fn every_interop_rejection_rule_has_a_clear_reason() {
             "source_control_endpoint: missing",
         ),
         (
-            ok.replace("}", r#","mode":"move"}"#),
+            ok.replace('}', r#","mode":"move"}"#),
             "mode \"move\" is not supported",
         ),
     ];
