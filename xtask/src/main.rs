@@ -76,6 +76,7 @@ fn fuzz_smoke() -> Result<(), String> {
                 "--",
                 "decod",
                 "frame",
+                "hint",
             ])
             .env("PROPTEST_CASES", "5000"),
     )
