@@ -179,3 +179,43 @@ fn wrong_or_missing_cluster_key_is_refused_and_nothing_is_committed() {
     assert!(src.log().contains("peer refused"), "{}", src.log());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn each_request_follows_its_own_hint_to_its_own_peer() {
+    let (pa, pb) = (free_port(), free_port());
+    let (a, b) = (peer_source(pa, &[]), peer_source(pb, &[]));
+    let ka: Vec<Key> = (0..3).map(key).collect();
+    let kb: Vec<Key> = (100..103).map(key).collect();
+    fill(&a, &ka);
+    fill(&b, &kb);
+    // A CIDR admits both sources.
+    let dst = peer_dest("127.0.0.0/8", &[]);
+    let mut c = dst.client();
+    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
+    let (_, ra) = c
+        .get_hinted(ns, &ka, Some(&hint(pa, &ka)), Some(3000))
+        .unwrap();
+    let (_, rb) = c
+        .get_hinted(ns, &kb, Some(&hint(pb, &kb)), Some(3000))
+        .unwrap();
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(
+        (ra.state, rb.state),
+        (OpState::Done, OpState::Done),
+        "{ra:?} {rb:?}"
+    );
+    assert_eq!(ra.peer, Some(format!("tcp://127.0.0.1:{pa}")));
+    assert_eq!(rb.peer, Some(format!("tcp://127.0.0.1:{pb}")));
+    // A hint naming the wrong peer for a prefix pulls nothing wrong: the peer misses.
+    let (pages, r) = c
+        .get_hinted(ns, &kb[..1], Some(&hint(pa, &kb[..1])), Some(3000))
+        .unwrap();
+    assert!(pages[0].is_some(), "already local");
+    assert_eq!(r.unwrap().results[0], KeyOutcome::HitLocal);
+    let fresh = [key(200)];
+    let (pages, r) = c
+        .get_hinted(ns, &fresh, Some(&hint(pa, &fresh)), Some(3000))
+        .unwrap();
+    assert!(pages[0].is_none());
+    assert_eq!(r.unwrap().results[0], KeyOutcome::Missed);
+}
