@@ -104,6 +104,24 @@ impl Daemon {
         };
     }
 
+    /// Sends SIGSTOP and waits until the kernel reports the process stopped (`T`), since
+    /// delivery is asynchronous and a busy machine may let it run a while longer.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let stat = format!("/proc/{}/stat", self.child.id());
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            let s = std::fs::read_to_string(&stat).unwrap_or_default();
+            if s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("daemon {} did not stop after SIGSTOP", self.child.id());
+    }
+
     /// Waits for exit up to `limit`.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let t = Instant::now();

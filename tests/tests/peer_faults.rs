@@ -43,7 +43,7 @@ fn frozen_source_costs_at_most_the_heartbeat_and_recovers_after_sigcont() {
         .get_hinted(ns, &keys[..1], Some(&hint(port, &keys[..1])), Some(3000))
         .unwrap();
     assert_eq!(op.unwrap().state, OpState::Done);
-    src.signal(libc::SIGSTOP);
+    src.freeze();
     for _ in 0..5 {
         let t = Instant::now();
         let (_, op) = c
@@ -170,7 +170,7 @@ fn cancel_is_a_fence_no_late_byte_lands_in_reused_buffers_and_late_blocks_are_ke
     {
         assert!(t.elapsed() < Duration::from_secs(10), "no block arrived");
     }
-    src.signal(libc::SIGSTOP);
+    src.freeze();
     let cancelled = c.cancel(op.op).unwrap();
     assert_eq!(cancelled.state, OpState::Cancelled);
     let landed = cancelled
