@@ -202,10 +202,7 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
             r.median / limit * 100.0
         );
     }
-    println!(
-        "declared timeouts after the run: base_s {:.3}, per_page_s {:.4}",
-        t.base_s, t.per_page_s
-    );
+    print!("{}", crate::stats_fmt::render_timeouts(t));
     if a.json {
         println!(
             "{}",
