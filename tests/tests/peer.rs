@@ -219,3 +219,65 @@ fn each_request_follows_its_own_hint_to_its_own_peer() {
     assert!(pages[0].is_none());
     assert_eq!(r.unwrap().results[0], KeyOutcome::Missed);
 }
+
+#[test]
+fn cli_get_takes_a_hint_from_a_file_and_stats_show_the_declared_timeouts() {
+    let port = free_port();
+    let src = peer_source(port, &[]);
+    let dst = peer_dest(&format!("tcp://127.0.0.1:{port}"), &[]);
+    let keys: Vec<Key> = (0..2).map(key).collect();
+    let hex: Vec<String> = keys.iter().map(|k| k.0.to_hex()).collect();
+    let file = dst.dir.join("hint.json");
+    let envelope = format!(
+        r#"{{"protocol_version":"0.1","message_id":"m","actions":[{{"action_id":"a","action_type":"kv.fetch","action_version":"1.0","payload":{}}}]}}"#,
+        hint(port, &keys)
+    );
+    std::fs::write(&file, envelope).unwrap();
+    let run = |d: &kvnode_e2e::Daemon, args: &[&str]| {
+        let out = std::process::Command::new(kvnode_e2e::kvnode_bin())
+            .args(args)
+            .arg("--socket")
+            .arg(d.socket())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let page = format!("{PAGE}");
+    let hint_arg = format!("@{}", file.display());
+    // The CLI's namespace flags are identical on both sides, so the keys match.
+    let ns_args = [
+        "--model",
+        "m",
+        "--page-bytes",
+        &page,
+        "--keys",
+        &hex.join(","),
+    ];
+    run(&src, &[&["put", "--seed", "1"][..], &ns_args].concat());
+    let got = run(
+        &dst,
+        &[
+            "get",
+            "--model",
+            "m",
+            "--page-bytes",
+            &page,
+            "--keys",
+            &hex.join(","),
+            "--hint",
+            &hint_arg,
+        ],
+    );
+    assert!(got.contains("Done, 2 leading usable"), "{got}");
+    assert!(got.contains("2 of 2 leading pages hit"), "{got}");
+    let stats = run(&dst, &["stats"]);
+    assert!(
+        stats.contains("prefetch timeout: base_s") && stats.contains("(measured)"),
+        "{stats}"
+    );
+    assert!(
+        stats.contains(&format!("tcp://127.0.0.1:{port}")),
+        "{stats}"
+    );
+}
