@@ -121,6 +121,24 @@ impl Daemon {
         };
     }
 
+    /// Sends SIGSTOP and waits until the kernel reports the process stopped (`T`), since
+    /// delivery is asynchronous and a busy machine may let it run a while longer.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let stat = format!("/proc/{}/stat", self.child.id());
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            let s = std::fs::read_to_string(&stat).unwrap_or_default();
+            if s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("daemon {} did not stop after SIGSTOP", self.child.id());
+    }
+
     /// Waits for exit up to `limit`.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let t = Instant::now();
@@ -186,4 +204,45 @@ pub fn stats_text(socket: &Path) -> String {
         .output()
         .expect("run kvnode stats");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A free loopback TCP port (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+/// A compact router hint naming `tcp://127.0.0.1:port` for `keys`.
+pub fn hint(port: u16, keys: &[Key]) -> String {
+    let hashes: Vec<String> = keys.iter().map(|k| k.0.router_hash().to_string()).collect();
+    format!(
+        r#"{{"source_control_endpoint":"tcp://127.0.0.1:{port}","block_hashes":[{}]}}"#,
+        hashes.join(",")
+    )
+}
+
+/// A source daemon serving peers on `127.0.0.1:port`, plus `extra` flags.
+pub fn peer_source(port: u16, extra: &[&str]) -> Daemon {
+    let listen = format!("127.0.0.1:{port}");
+    let adv = format!("tcp://{listen}");
+    let mut args = vec![
+        "--dram",
+        "256MiB",
+        "--no-pin",
+        "--peer-listen",
+        &listen,
+        "--advertise",
+        &adv,
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start(&args)
+}
+
+/// A destination daemon allowed to pull from `peers`, plus `extra` flags.
+pub fn peer_dest(peers: &str, extra: &[&str]) -> Daemon {
+    let mut args = vec!["--dram", "256MiB", "--no-pin", "--peers", peers];
+    args.extend_from_slice(extra);
+    Daemon::start(&args)
 }

@@ -199,6 +199,7 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
         &Request {
             id: 9,
             op: Op::Exists {
+                hint: None,
                 ns: 4242,
                 keys: vec![key(1)],
             },
@@ -244,6 +245,8 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
         &Request {
             id: 12,
             op: Op::Get {
+                hint: None,
+                deadline_ms: None,
                 ns,
                 keys: keys[..2].to_vec(),
                 mode: kvnode_proto::GetMode::Lease,
@@ -287,6 +290,7 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
         &Request {
             id: 16,
             op: Op::Exists {
+                hint: None,
                 ns,
                 keys: keys.clone(),
             },
@@ -295,7 +299,7 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
     );
     assert!(matches!(
         r.recv().unwrap().reply,
-        Reply::Exists { count: 16 }
+        Reply::Exists { count: 16, .. }
     ));
 
     // A prefix with an impossible length: error frame, then the connection is dropped.

@@ -101,7 +101,21 @@ fn fuzz_smoke() -> Result<(), String> {
                 .env("PROPTEST_CASES", "5000"),
         )?;
     }
-    Ok(())
+    run(
+        "fuzz-smoke",
+        cargo()
+            .args([
+                "test",
+                "--release",
+                "-p",
+                "kvnode-proto",
+                "--lib",
+                "--",
+                "hint",
+                "peer",
+            ])
+            .env("PROPTEST_CASES", "5000"),
+    )
 }
 
 fn bench_smoke() -> Result<(), String> {

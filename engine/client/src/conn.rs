@@ -154,11 +154,13 @@ impl Conn {
                 ns,
                 keys: keys.to_vec(),
                 mode: GetMode::Inline,
+                hint: None,
+                deadline_ms: None,
             },
             &[],
         )?;
         let (reply, plen) = self.recv(id)?;
-        let Reply::GetInline { lens } = reply else {
+        let Reply::GetInline { lens, .. } = reply else {
             let mut skip = vec![0u8; plen as usize];
             self.sock.read_exact(&mut skip)?;
             return Err(unexpected(&reply));

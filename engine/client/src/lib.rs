@@ -19,6 +19,7 @@ use kvnode_proto::client::{
     SegmentClass,
 };
 use kvnode_proto::obs::LatencyReport;
+use kvnode_proto::pull::{OpReport, TimeoutReport};
 use kvnode_proto::stats::StatsReport;
 use kvnode_proto::{Key, NamespaceSpec};
 
@@ -51,6 +52,9 @@ pub enum ClientError {
 
 /// Result alias.
 pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// Inline get results: bytes per key, `None` for misses.
+pub type Pages = Vec<Option<Vec<u8>>>;
 
 /// A registered namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,12 +203,26 @@ impl Client {
 
     /// Gets blocks inline as owned vectors.
     pub fn get(&mut self, ns: u32, keys: &[Key]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.get_hinted(ns, keys, None, None).map(|(v, _)| v)
+    }
+
+    /// Gets blocks inline; with a router hint the daemon first pulls the covered missing
+    /// prefix from the hinted peer (waiting up to `deadline_ms`) and reports the operation.
+    pub fn get_hinted(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        hint: Option<&str>,
+        deadline_ms: Option<u64>,
+    ) -> Result<(Pages, Option<OpReport>)> {
         let (reply, mut payload) = self.conn.call_with_payload(Op::Get {
             ns,
             keys: keys.to_vec(),
             mode: GetMode::Inline,
+            hint: hint.map(str::to_owned),
+            deadline_ms,
         })?;
-        let Reply::GetInline { lens } = reply else {
+        let Reply::GetInline { lens, pull } = reply else {
             return Err(unexpected(&reply));
         };
         let mut out = Vec::with_capacity(lens.len());
@@ -217,7 +235,7 @@ impl Client {
             }));
         }
         payload.clear();
-        Ok(out)
+        Ok((out, pull.map(|p| *p)))
     }
 
     /// Gets blocks inline straight into caller buffers (one per key, each large enough);
@@ -233,12 +251,29 @@ impl Client {
 
     /// Gets blocks as a lease on arena extents.
     pub fn get_lease(&mut self, ns: u32, keys: &[Key]) -> Result<Lease> {
+        self.get_lease_hinted(ns, keys, None, None).map(|(l, _)| l)
+    }
+
+    /// Lease get with an optional router hint (see [`Client::get_hinted`]).
+    pub fn get_lease_hinted(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        hint: Option<&str>,
+        deadline_ms: Option<u64>,
+    ) -> Result<(Lease, Option<OpReport>)> {
         match self.call(Op::Get {
             ns,
             keys: keys.to_vec(),
             mode: GetMode::Lease,
+            hint: hint.map(str::to_owned),
+            deadline_ms,
         })? {
-            Reply::GetLease { lease, extents } => Ok(Lease { id: lease, extents }),
+            Reply::GetLease {
+                lease,
+                extents,
+                pull,
+            } => Ok((Lease { id: lease, extents }, pull.map(|p| *p))),
             r => Err(unexpected(&r)),
         }
     }
@@ -253,11 +288,67 @@ impl Client {
 
     /// Number of leading keys present.
     pub fn exists(&mut self, ns: u32, keys: &[Key]) -> Result<u32> {
+        self.exists_hinted(ns, keys, None).map(|(n, _)| n)
+    }
+
+    /// Number of leading keys present; with a hint, also starts pulling the covered missing
+    /// prefix in the background and reports that operation.
+    pub fn exists_hinted(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        hint: Option<&str>,
+    ) -> Result<(u32, Option<OpReport>)> {
         match self.call(Op::Exists {
             ns,
             keys: keys.to_vec(),
+            hint: hint.map(str::to_owned),
         })? {
-            Reply::Exists { count } => Ok(count),
+            Reply::Exists { count, pull } => Ok((count, pull.map(|p| *p))),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Starts a pull operation; with `into` (Alloc handles, one per key) pulled bytes are
+    /// copied into those slots, which come back when the op ends.
+    pub fn pull(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        hint: &str,
+        into: &[u64],
+        deadline_ms: Option<u64>,
+    ) -> Result<OpReport> {
+        self.op_reply(Op::Pull {
+            ns,
+            keys: keys.to_vec(),
+            hint: hint.to_owned(),
+            into: into.to_vec(),
+            deadline_ms,
+        })
+    }
+
+    /// Waits up to `timeout_ms` for an operation to end.
+    pub fn wait(&mut self, op: u64, timeout_ms: u64) -> Result<OpReport> {
+        self.op_reply(Op::Wait { op, timeout_ms })
+    }
+
+    /// Cancels an operation; returns once nothing will write into its buffers again.
+    pub fn cancel(&mut self, op: u64) -> Result<OpReport> {
+        self.op_reply(Op::Cancel { op })
+    }
+
+    fn op_reply(&mut self, op: Op) -> Result<OpReport> {
+        match self.call(op)? {
+            Reply::Op(r) => Ok(*r),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// The daemon's declared prefetch timeout model.
+    pub fn timeouts(&mut self) -> Result<TimeoutReport> {
+        match self.call(Op::Timeouts)? {
+            Reply::Timeouts(t) => Ok(*t),
             r => Err(unexpected(&r)),
         }
     }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::peer::PeerConfig;
 use crate::policy::PolicyKind;
 use crate::tiering::config::{EventsSettings, SpillSettings};
 
@@ -52,6 +53,8 @@ pub struct EngineConfig {
     pub op_deadline_s: f64,
     /// Serve Prometheus text at `http://HOST:PORT/metrics`. Default: off.
     pub metrics: Option<String>,
+    /// Peer pulls (`[peer]` table). Default: disabled.
+    pub peer: PeerConfig,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +74,7 @@ impl Default for EngineConfig {
             lease_age_limit_s: 60.0,
             op_deadline_s: 10.0,
             metrics: None,
+            peer: PeerConfig::default(),
         }
     }
 }
@@ -111,7 +115,8 @@ impl EngineConfig {
                 "lease_age_limit_s and op_deadline_s must be between 0.001 and 86400".into(),
             );
         }
-        self.spill.validate()
+        self.spill.validate()?;
+        self.peer.validate()
     }
 }
 

@@ -112,6 +112,8 @@ pub struct ServeArgs {
     /// Data-parallel rank written into every event batch.
     #[arg(long, requires = "events")]
     pub dp_rank: Option<u32>,
+    #[command(flatten)]
+    pub peer: crate::serve_peer::PeerArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -211,6 +213,12 @@ pub struct GetArgs {
     /// Read through a lease on the shared arena instead of inline bytes.
     #[arg(long)]
     pub zero_copy: bool,
+    /// Router hint (Dynamo kv.fetch envelope or compact JSON), or @FILE to read it from.
+    #[arg(long)]
+    pub hint: Option<String>,
+    /// Milliseconds to wait for a hinted pull (default: the daemon's declared timeouts).
+    #[arg(long)]
+    pub deadline_ms: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -241,6 +249,8 @@ pub enum BenchCmd {
     Spill(BenchSpillArgs),
     /// Daemon-driven GPU offload/onload next to plain pinned cuMemcpy (needs a CUDA GPU).
     Gpu(GpuBenchArgs),
+    /// Two daemons on loopback: peer pull throughput and latency next to iperf3 in the same run.
+    Pull(crate::bench_pull::PullArgs),
 }
 
 #[derive(Debug, Args)]

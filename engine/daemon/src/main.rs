@@ -7,11 +7,13 @@
 //! kvnode bench local      load generator against a running daemon
 //! kvnode bench spill      demotion/promotion through a daemon vs fio on the same dir
 //! kvnode bench gpu        GPU offload/onload next to plain pinned cuMemcpy
+//! kvnode bench pull       two daemons on loopback: peer pulls next to iperf3
 //! kvnode report           latency percentile tables and SVG (live daemon or kvtrace file)
 //! ```
 
 mod bench;
 mod bench_gpu;
+mod bench_pull;
 mod bench_spill;
 mod cli;
 mod keys;
@@ -19,6 +21,7 @@ mod metrics_http;
 mod ops;
 mod report;
 mod serve;
+mod serve_peer;
 mod stats_fmt;
 mod svg;
 
@@ -37,6 +40,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Bench(cli::BenchCmd::Spill(a)) => bench_spill::spill(&a),
         cli::Command::Report(a) => report::run(&a),
         cli::Command::Bench(cli::BenchCmd::Gpu(a)) => bench_gpu::run(&a),
+        cli::Command::Bench(cli::BenchCmd::Pull(a)) => bench_pull::run(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -58,11 +58,41 @@ pub fn put(a: &PutArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn hint_text(h: &str) -> anyhow::Result<String> {
+    match h.strip_prefix('@') {
+        Some(f) => std::fs::read_to_string(f).with_context(|| format!("reading hint file {f}")),
+        None => Ok(h.to_owned()),
+    }
+}
+
+fn print_pull(r: &kvnode_proto::pull::OpReport) {
+    println!(
+        "pull op {}: {:?}, {} leading usable, peer {}, {:.2} ms{}",
+        r.op,
+        r.state,
+        r.leading,
+        r.peer.as_deref().unwrap_or("-"),
+        r.elapsed_ms,
+        r.reason
+            .as_deref()
+            .map(|s| format!(", reason: {s}"))
+            .unwrap_or_default()
+    );
+    for (i, o) in r.results.iter().enumerate() {
+        println!("  key {i}: {o:?}");
+    }
+}
+
 pub fn get(a: &GetArgs) -> anyhow::Result<()> {
     let ks = keys::keys(&a.keys)?;
     let (mut c, ns) = connect_ns(&a.keys)?;
+    let hint = a.hint.as_deref().map(hint_text).transpose()?;
+    let hint = hint.as_deref();
     let pages: Vec<Option<Vec<u8>>> = if a.zero_copy {
-        let lease = c.get_lease(ns, &ks)?;
+        let (lease, pull) = c.get_lease_hinted(ns, &ks, hint, a.deadline_ms)?;
+        if let Some(p) = &pull {
+            print_pull(p);
+        }
         let v = lease
             .extents
             .iter()
@@ -73,7 +103,11 @@ pub fn get(a: &GetArgs) -> anyhow::Result<()> {
         }
         v
     } else {
-        c.get(ns, &ks)?
+        let (pages, pull) = c.get_hinted(ns, &ks, hint, a.deadline_ms)?;
+        if let Some(p) = &pull {
+            print_pull(p);
+        }
+        pages
     };
     let lead = pages.iter().take_while(|p| p.is_some()).count();
     let total = pages.iter().filter(|p| p.is_some()).count();
@@ -102,10 +136,13 @@ pub fn stats(a: &StatsArgs) -> anyhow::Result<()> {
     let mut c =
         Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
     let s = c.stats()?;
+    let t = c.timeouts()?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        let v = serde_json::json!({ "stats": s, "timeouts": t });
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", crate::stats_fmt::render(&s));
+        print!("{}", crate::stats_fmt::render_timeouts(&t));
     }
     Ok(())
 }

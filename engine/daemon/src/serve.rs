@@ -48,6 +48,7 @@ pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
     if let Some(s) = a.op_deadline {
         cfg.op_deadline_s = s;
     }
+    crate::serve_peer::apply(&a.peer, &mut cfg.peer);
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
@@ -152,6 +153,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             crate::metrics_http::spawn(std::sync::Arc::clone(&engine), addr, stop_rx.clone()).await?;
         }
         tokio::spawn(kvnode_engine::obs::watchdog(std::sync::Arc::clone(&engine), stop_rx.clone()));
+        let peer_server = crate::serve_peer::start(&engine, stop_rx.clone()).await?;
         let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), listener, stop_rx));
         let sig = tokio::select! {
             _ = term.recv() => "SIGTERM",
@@ -163,6 +165,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         server.await.context("server task")?;
         if let Some(d) = demoter {
             let _ = d.await;
+        }
+        if let Some(p) = peer_server {
+            let _ = p.await;
         }
         // Dropping the engine's last handle closes the spill files (sealed, synced); the
         // publisher then sends what is queued and lingers.

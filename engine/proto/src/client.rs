@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::key::Key;
 use crate::namespace::NamespaceSpec;
 use crate::obs::LatencyReport;
+use crate::pull::{OpReport, TimeoutReport};
 use crate::stats::StatsReport;
 
 /// One request frame's header.
@@ -87,6 +88,13 @@ pub enum Op {
         keys: Vec<Key>,
         /// Inline bytes or a lease on arena extents.
         mode: GetMode,
+        /// Router hint (`kv.fetch` envelope or compact JSON): pull the covered missing
+        /// prefix from the named peer before answering. Untrusted; refused with a reason.
+        #[serde(default)]
+        hint: Option<String>,
+        /// Milliseconds to wait for the pull (default: the declared timeout model).
+        #[serde(default)]
+        deadline_ms: Option<u64>,
     },
     /// Ends a lease taken by `Get { mode: Lease }`.
     Release {
@@ -99,6 +107,9 @@ pub enum Op {
         ns: u32,
         /// Keys.
         keys: Vec<Key>,
+        /// Router hint: start pulling the covered missing prefix in the background.
+        #[serde(default)]
+        hint: Option<String>,
     },
     /// Removes blocks.
     Delete {
@@ -114,6 +125,38 @@ pub enum Op {
     },
     /// Per-tier and per-namespace statistics.
     Stats,
+    /// Starts a pull operation and answers at once with its report. With `into` (handles from
+    /// `Alloc`, one per key), pulled bytes are also copied into those slots, which the op
+    /// owns until it ends: `Wait` or `Cancel` hands them back.
+    Pull {
+        /// Namespace handle.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Router hint.
+        hint: String,
+        /// Alloc handles to fill (empty: only the daemon's DRAM tier).
+        #[serde(default)]
+        into: Vec<u64>,
+        /// Deadline in milliseconds (default: the declared timeout model).
+        #[serde(default)]
+        deadline_ms: Option<u64>,
+    },
+    /// Waits up to `timeout_ms` for an operation to end; answers with its report.
+    Wait {
+        /// Operation id.
+        op: u64,
+        /// Milliseconds.
+        timeout_ms: u64,
+    },
+    /// Cancels an operation. The reply is a fence: no byte is written into the op's buffers
+    /// after it. Blocks still in flight land in the DRAM tier (never in the op's buffers).
+    Cancel {
+        /// Operation id.
+        op: u64,
+    },
+    /// The declared prefetch timeout model and the measurements behind it.
+    Timeouts,
     /// Live latency histograms per op and tier, and throughput over time.
     Histograms,
     /// Maps client memory: this frame carries a memfd (SCM_RIGHTS) of at least `len` bytes,
@@ -328,6 +371,9 @@ pub enum Reply {
     GetInline {
         /// In key order.
         lens: Vec<Option<u64>>,
+        /// The pull operation a hint started, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pull: Option<Box<OpReport>>,
     },
     /// Lease get: extents per key (`None` = miss).
     GetLease {
@@ -335,6 +381,9 @@ pub enum Reply {
         lease: u64,
         /// In key order.
         extents: Vec<Option<Extent>>,
+        /// The pull operation a hint started, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pull: Option<Box<OpReport>>,
     },
     /// Lease ended.
     Released,
@@ -342,6 +391,9 @@ pub enum Reply {
     Exists {
         /// Count.
         count: u32,
+        /// The background pull a hint started, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pull: Option<Box<OpReport>>,
     },
     /// Blocks removed by `Delete`.
     Deleted {
@@ -355,6 +407,10 @@ pub enum Reply {
     },
     /// Statistics.
     Stats(Box<StatsReport>),
+    /// A pull operation's report (`Pull`, `Wait`, `Cancel`).
+    Op(Box<OpReport>),
+    /// Declared timeouts.
+    Timeouts(Box<TimeoutReport>),
     /// Latency histograms.
     Histograms(Box<LatencyReport>),
     /// Client memory mapped.

@@ -13,6 +13,9 @@
 //! - [`frame`]: the length-prefixed frame layout shared by client and daemon.
 //! - [`client`]: client requests and daemon replies.
 //! - [`gpu`]: GPU path wire types: IPC handles, page layouts and their arithmetic.
+//! - [`peer`]: peer-to-peer pull protocol messages.
+//! - [`pull`]: client-visible pull operations and declared timeouts.
+//! - [`hint`]: router `kv.fetch` hints, parsed as untrusted input.
 //! - [`stats`]: the statistics report returned by `stats`.
 //! - [`obs`]: probe codes and the latency report (`histograms` op, `kvtrace record`).
 //! - [`size`]: human byte sizes (`512MiB`, `16GiB`).
@@ -21,9 +24,12 @@ pub mod client;
 pub mod frame;
 pub mod gpu;
 pub mod hash;
+pub mod hint;
 pub mod key;
 pub mod namespace;
 pub mod obs;
+pub mod peer;
+pub mod pull;
 pub mod size;
 pub mod stats;
 

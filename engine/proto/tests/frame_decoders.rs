@@ -56,10 +56,16 @@ fn op() -> impl Strategy<Value = Op> {
         (any::<u32>(), keys(), any::<bool>()).prop_map(|(ns, keys, l)| Op::Get {
             ns,
             keys,
-            mode: if l { GetMode::Lease } else { GetMode::Inline }
+            mode: if l { GetMode::Lease } else { GetMode::Inline },
+            hint: l.then(|| "{}".to_owned()),
+            deadline_ms: l.then_some(5),
         }),
         any::<u64>().prop_map(|lease| Op::Release { lease }),
-        (any::<u32>(), keys()).prop_map(|(ns, keys)| Op::Exists { ns, keys }),
+        (any::<u32>(), keys()).prop_map(|(ns, keys)| Op::Exists {
+            ns,
+            keys,
+            hint: None
+        }),
         (any::<u32>(), keys()).prop_map(|(ns, keys)| Op::Delete { ns, keys }),
         proptest::option::of(any::<u32>()).prop_map(|ns| Op::Clear { ns }),
         Just(Op::Stats),
@@ -92,7 +98,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         proptest::collection::vec(Just(CommitStatus::Committed), 0..4)
             .prop_map(|results| Reply::Commit { results }),
         proptest::collection::vec(proptest::option::of(any::<u64>()), 0..8)
-            .prop_map(|lens| Reply::GetInline { lens }),
+            .prop_map(|lens| Reply::GetInline { lens, pull: None }),
         (
             any::<u64>(),
             proptest::collection::vec(proptest::option::of((any::<u64>(), any::<u64>())), 0..8)
@@ -102,9 +108,10 @@ fn reply() -> impl Strategy<Value = Reply> {
                 extents: e
                     .into_iter()
                     .map(|x| x.map(|(offset, len)| Extent { offset, len }))
-                    .collect()
+                    .collect(),
+                pull: None,
             }),
-        any::<u32>().prop_map(|count| Reply::Exists { count }),
+        any::<u32>().prop_map(|count| Reply::Exists { count, pull: None }),
         ".{0,40}".prop_map(|message| Reply::Error {
             code: ErrorCode::Invalid,
             message

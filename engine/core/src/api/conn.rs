@@ -109,6 +109,9 @@ impl Connection {
 
     /// Releases every lease and reservation this connection still holds.
     fn cleanup(&mut self) {
+        // Fence first: ops filling this client's buffers stop before the buffers are freed.
+        let back = self.engine.peers.cancel_conn(self.id);
+        self.reservations.extend(back);
         let leased: Vec<SlotId> = self.leases.drain().flat_map(|(_, v)| v).collect();
         let reserved: Vec<Reservation> = self.reservations.drain().map(|(_, r)| r).collect();
         self.watch.leases_end();

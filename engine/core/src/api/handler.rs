@@ -7,6 +7,7 @@ use kvnode_proto::client::{
     AllocSlot, BlockMeta, CommitStatus, ErrorCode, GetMode, Op, PutStatus, Reply, Request,
 };
 use kvnode_proto::frame::MAX_PAYLOAD;
+use kvnode_proto::pull::OpReport;
 
 use super::conn::Connection;
 use crate::tier::{Reservation, TierError};
@@ -79,7 +80,19 @@ impl Connection {
                     count: res.len() as u32,
                 }
             }
-            Op::Get { ns, keys, mode } => return self.get(id, ns, &keys, mode).await,
+            Op::Get {
+                ns,
+                keys,
+                mode,
+                hint,
+                deadline_ms,
+            } => {
+                let pull = match hint {
+                    Some(h) => Some(Box::new(self.get_pull(ns, &keys, &h, deadline_ms).await)),
+                    None => None,
+                };
+                return self.get(id, ns, &keys, mode, pull).await;
+            }
             Op::Release { lease } => match self.leases.remove(&lease) {
                 Some(slots) => {
                     self.watch.lease_end(lease);
@@ -93,8 +106,11 @@ impl Connection {
                     ),
                 },
             },
-            Op::Exists { ns, keys } => match self.engine.exists(ns, &keys) {
-                Ok(count) => Reply::Exists { count },
+            Op::Exists { ns, keys, hint } => match self.engine.exists(ns, &keys) {
+                Ok(count) => Reply::Exists {
+                    count,
+                    pull: hint.map(|h| Box::new(self.exists_pull(ns, &keys, &h))),
+                },
                 Err(e) => tier_error(&e),
             },
             Op::Delete { ns, keys } => match self.engine.delete(ns, &keys) {
@@ -109,6 +125,16 @@ impl Connection {
                 Err(e) => tier_error(&e),
             },
             Op::Stats => Reply::Stats(Box::new(self.engine.stats())),
+            Op::Pull {
+                ns,
+                keys,
+                hint,
+                into,
+                deadline_ms,
+            } => self.pull_op(ns, &keys, &hint, &into, deadline_ms),
+            Op::Wait { op, timeout_ms } => self.wait_op(op, timeout_ms).await,
+            Op::Cancel { op } => self.cancel_op(op),
+            Op::Timeouts => Reply::Timeouts(Box::new(self.engine.peers.stats.report())),
             Op::Histograms => Reply::Histograms(Box::new(self.engine.metrics.report())),
             Op::AttachRegion { len } => self.attach_region(len),
             Op::DetachRegion { region } => self.detach_region(region),
@@ -273,7 +299,14 @@ impl Connection {
         Reply::Commit { results }
     }
 
-    async fn get(&mut self, id: u64, ns: u32, keys: &[Key], mode: GetMode) -> io::Result<()> {
+    async fn get(
+        &mut self,
+        id: u64,
+        ns: u32,
+        keys: &[Key],
+        mode: GetMode,
+        pull: Option<Box<OpReport>>,
+    ) -> io::Result<()> {
         let mut leased = match self.engine.tier.lease(ns, keys) {
             Ok(l) => l,
             Err(e) => return self.send(id, tier_error(&e), &[]).await,
@@ -295,7 +328,12 @@ impl Connection {
                     l
                 };
                 let extents = leased.iter().map(|l| l.map(|b| b.extent)).collect();
-                self.send(id, Reply::GetLease { lease, extents }, &[]).await
+                let reply = Reply::GetLease {
+                    lease,
+                    extents,
+                    pull,
+                };
+                self.send(id, reply, &[]).await
             }
             GetMode::Inline => {
                 let total: u64 = leased.iter().flatten().map(|l| l.extent.len).sum();
@@ -315,7 +353,9 @@ impl Connection {
                     .map(|l| unsafe { engine.arena.slice(l.extent.offset, l.extent.len) })
                     .collect();
                 let lens = leased.iter().map(|l| l.map(|b| b.extent.len)).collect();
-                let r = self.send(id, Reply::GetInline { lens }, &payload).await;
+                let r = self
+                    .send(id, Reply::GetInline { lens, pull }, &payload)
+                    .await;
                 drop(payload);
                 self.engine.tier.release(&slots);
                 r

@@ -6,6 +6,7 @@
 mod conn;
 mod gpu;
 mod handler;
+mod hinted;
 pub mod io;
 mod meta;
 mod region;
@@ -20,6 +21,7 @@ use kvnode_proto::stats::StatsReport;
 use crate::arena::{Arena, ArenaError, PinOptions};
 use crate::config::EngineConfig;
 use crate::obs::Metrics;
+use crate::peer::{PeerError, Peers};
 use crate::residency::Announcer;
 use crate::tier::{DramTier, TierConfig, TierError};
 use crate::tiering::Tiering;
@@ -36,6 +38,9 @@ pub enum StartError {
     /// The spill tier could not be opened.
     #[error("opening the spill tier: {0}")]
     Spill(#[from] kvnode_spill::SpillError),
+    /// The peer service.
+    #[error("starting the peer service: {0}")]
+    Peer(#[from] PeerError),
 }
 
 /// Everything a connection needs: config, arena, tier, counters.
@@ -55,6 +60,8 @@ pub struct Engine {
     pub announcer: Arc<Announcer>,
     /// Histograms, counters and the stall watchdog's view of connections.
     pub metrics: Metrics,
+    /// Peer pulls and operations.
+    pub peers: Peers,
     clients: AtomicU32,
     next_conn: AtomicU64,
     started: Instant,
@@ -74,6 +81,7 @@ impl Engine {
         config: EngineConfig,
         announcer: Arc<Announcer>,
     ) -> Result<Arc<Self>, StartError> {
+        let peers = Peers::new(&config.peer)?;
         let arena = Arc::new(Arena::create(config.dram, config.hugetlb)?);
         let tier = DramTier::with_announcer(
             &TierConfig {
@@ -119,6 +127,7 @@ impl Engine {
             tiering,
             announcer,
             metrics: Metrics::default(),
+            peers,
             clients: AtomicU32::new(0),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),

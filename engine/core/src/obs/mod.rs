@@ -214,7 +214,9 @@ impl Metrics {
                     0,
                 )
             }
-            Reply::GetInline { lens } => (partial_if(lens.iter().any(Option::is_none)), payload),
+            Reply::GetInline { lens, .. } => {
+                (partial_if(lens.iter().any(Option::is_none)), payload)
+            }
             Reply::GetLease { extents, .. } => (
                 partial_if(extents.iter().any(Option::is_none)),
                 extents.iter().flatten().map(|e| e.len).sum(),
@@ -316,7 +318,10 @@ pub fn shape(op: &Op) -> (u32, u32) {
         Op::Put { ns, keys, .. }
         | Op::Alloc { ns, keys, .. }
         | Op::Get { ns, keys, .. }
-        | Op::Exists { ns, keys }
+        | Op::Exists { ns, keys, .. }
+        | Op::Pull { ns, keys, .. }
+        | Op::GetToRegion { ns, keys, .. }
+        | Op::PutFromRegion { ns, keys, .. }
         | Op::Delete { ns, keys } => (*ns, keys.len() as u32),
         Op::Commit { handles } | Op::Abort { handles } => (0, handles.len() as u32),
         Op::Clear { ns } => (ns.unwrap_or(u32::MAX), 0),

@@ -206,6 +206,11 @@ impl DramTier {
         self.with(|s| s.ns(ns).map(|e| e.id))
     }
 
+    /// The handle of a registered namespace id (peers name namespaces by id).
+    pub fn handle_of(&self, id: NamespaceId) -> Option<u32> {
+        self.with(|s| s.handle_of(id))
+    }
+
     /// Reserves slots for `keys`; each either gets a reservation or a refusal status.
     pub fn reserve(
         &self,

@@ -77,6 +77,10 @@ impl State {
             .ok_or(TierError::UnknownNamespace(ns))
     }
 
+    pub fn handle_of(&self, id: NamespaceId) -> Option<u32> {
+        self.ns_by_id.get(&id).copied()
+    }
+
     pub fn register(&mut self, spec: &NamespaceSpec) -> Result<Registered, TierError> {
         spec.validate()?;
         let id = spec.id();

@@ -71,6 +71,14 @@ codes!(
         Offload = 18 => "offload",
         /// DRAM blocks into GPU pages (sync, async, wait, cancel).
         Onload = 19 => "onload",
+        /// Start a hinted pull operation.
+        Pull = 20 => "pull",
+        /// Wait for a pull operation.
+        Wait = 21 => "wait",
+        /// Cancel a pull operation (the fence).
+        Cancel = 22 => "cancel",
+        /// Declared prefetch timeouts.
+        Timeouts = 23 => "timeouts",
     }
 );
 
@@ -136,6 +144,10 @@ impl OpKind {
             Op::AttachRegion { .. } | Op::DetachRegion { .. } => Self::Region,
             Op::GetToRegion { .. } => Self::GetToRegion,
             Op::PutFromRegion { .. } => Self::PutFromRegion,
+            Op::Pull { .. } => Self::Pull,
+            Op::Wait { .. } => Self::Wait,
+            Op::Cancel { .. } => Self::Cancel,
+            Op::Timeouts => Self::Timeouts,
             Op::AttachGpu(_) => Self::AttachGpu,
             Op::Offload(_) => Self::Offload,
             Op::Onload(_)

@@ -1,0 +1,138 @@
+//! Client ops of the peer path: get/exists with a hint, `Pull`, `Wait`, `Cancel`.
+
+use std::time::{Duration, Instant};
+
+use kvnode_proto::Key;
+use kvnode_proto::client::{ErrorCode, Reply};
+use kvnode_proto::pull::{OpReport, OpState};
+
+use super::conn::Connection;
+use crate::peer::PullOp;
+use crate::tier::Reservation;
+
+/// Longest `Wait` accepted.
+const MAX_WAIT: Duration = Duration::from_mins(10);
+
+fn error(code: ErrorCode, message: String) -> Reply {
+    Reply::Error { code, message }
+}
+
+impl Connection {
+    /// Runs a get's hinted pull up to its deadline and reports it. Blocks still in flight
+    /// at the deadline keep landing in the DRAM tier and become local hits later.
+    pub(super) async fn get_pull(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        hint: &str,
+        deadline_ms: Option<u64>,
+    ) -> OpReport {
+        let e = std::sync::Arc::clone(&self.engine);
+        let op = e
+            .peers
+            .start(&e, self.id, ns, keys, hint, Vec::new(), deadline_ms);
+        op.wait(op.deadline.saturating_duration_since(Instant::now()))
+            .await;
+        op.end(
+            OpState::Failed,
+            "deadline passed; the transfer continues into the DRAM tier",
+        );
+        e.peers.ops.remove(op.id);
+        op.report()
+    }
+
+    /// Starts a background pull for `Exists` with a hint.
+    pub(super) fn exists_pull(&mut self, ns: u32, keys: &[Key], hint: &str) -> OpReport {
+        let e = std::sync::Arc::clone(&self.engine);
+        let op = e.peers.start(&e, self.id, ns, keys, hint, Vec::new(), None);
+        op.report()
+    }
+
+    /// `Pull`: an async op, optionally filling the client's Alloc'd slots.
+    pub(super) fn pull_op(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        hint: &str,
+        into: &[u64],
+        deadline_ms: Option<u64>,
+    ) -> Reply {
+        if !into.is_empty() && into.len() != keys.len() {
+            let msg = format!("{} keys but {} into handles", keys.len(), into.len());
+            return error(ErrorCode::Invalid, msg);
+        }
+        for (h, k) in into.iter().zip(keys) {
+            match self.reservations.get(h) {
+                None => {
+                    let msg = format!("alloc handle {h} is not held by this connection");
+                    return error(ErrorCode::NotOwned, msg);
+                }
+                Some(r) if r.ns != ns || r.key.digest != k.0 || r.key.segment != k.1 => {
+                    let msg = format!("alloc handle {h} was reserved for another key");
+                    return error(ErrorCode::Invalid, msg);
+                }
+                Some(_) => {}
+            }
+        }
+        // The op owns these buffers until it ends; the client cannot commit or abort them.
+        let owned: Vec<(u64, Reservation)> = into
+            .iter()
+            .map(|h| (*h, self.reservations.remove(h).expect("checked above")))
+            .collect();
+        let e = std::sync::Arc::clone(&self.engine);
+        let op = e
+            .peers
+            .start(&e, self.id, ns, keys, hint, owned, deadline_ms);
+        let r = op.report();
+        if r.state.is_terminal() {
+            self.finish(&op);
+        }
+        Reply::Op(Box::new(r))
+    }
+
+    fn lookup(&self, id: u64) -> Result<std::sync::Arc<PullOp>, Reply> {
+        match self.engine.peers.ops.get(id) {
+            Some(op) if op.conn == self.id || !op.has_into() => Ok(op),
+            Some(_) => Err(error(
+                ErrorCode::NotOwned,
+                format!("op {id} fills another connection's buffers"),
+            )),
+            None => Err(error(
+                ErrorCode::Invalid,
+                format!("no operation {id} (unknown, or already reported as ended)"),
+            )),
+        }
+    }
+
+    /// Hands an ended op's buffers back to this connection and forgets the op.
+    fn finish(&mut self, op: &PullOp) {
+        self.reservations.extend(op.take_into());
+        self.engine.peers.ops.remove(op.id);
+    }
+
+    /// `Wait`.
+    pub(super) async fn wait_op(&mut self, id: u64, timeout_ms: u64) -> Reply {
+        let op = match self.lookup(id) {
+            Ok(op) => op,
+            Err(r) => return r,
+        };
+        op.wait(Duration::from_millis(timeout_ms).min(MAX_WAIT))
+            .await;
+        let r = op.report();
+        if r.state.is_terminal() {
+            self.finish(&op);
+        }
+        Reply::Op(Box::new(r))
+    }
+
+    /// `Cancel`: the reply is sent only after the fence is in force.
+    pub(super) fn cancel_op(&mut self, id: u64) -> Reply {
+        let op = match self.lookup(id) {
+            Ok(op) => op,
+            Err(r) => return r,
+        };
+        self.engine.peers.cancel(&op);
+        self.finish(&op);
+        Reply::Op(Box::new(op.report()))
+    }
+}

@@ -1,0 +1,197 @@
+//! Peer configuration (`[peer]` in the config file) and the endpoint allowlist.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use kvnode_proto::hint::Endpoint;
+use serde::{Deserialize, Serialize};
+
+/// Peer service settings. Every field has a default; with no `listen` the daemon serves no
+/// peers, and with an empty `peers` list it dials none.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PeerConfig {
+    /// `HOST:PORT` to accept peer connections on. Default: none (no peer service).
+    pub listen: Option<String>,
+    /// `tcp://HOST:PORT` other daemons and the router use to reach this one. Default: the
+    /// listen address when it is not a wildcard.
+    pub advertise: Option<String>,
+    /// File holding the shared cluster key (at least 16 bytes). Default: none, and then the
+    /// daemon only talks to loopback peers.
+    pub cluster_key: Option<PathBuf>,
+    /// Authorized peers: `tcp://host:port` entries or CIDRs (`10.0.0.0/8`). Default: none.
+    pub peers: Vec<String>,
+    /// Connect plus authentication limit, milliseconds. Default: 500.
+    pub connect_timeout_ms: u64,
+    /// Longest silence tolerated while answers are owed (the heartbeat), milliseconds.
+    /// Default: 1000.
+    pub io_timeout_ms: u64,
+    /// Connections per peer (pulls are split across them). Default: 2.
+    pub connections: u32,
+    /// Keys in flight per peer; more are refused at once. Default: 8192.
+    pub max_outstanding_keys: u32,
+    /// Keys per `Pull` frame (requests are pipelined). Default: 16.
+    pub batch_keys: u32,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            advertise: None,
+            cluster_key: None,
+            peers: Vec::new(),
+            connect_timeout_ms: 500,
+            io_timeout_ms: 1000,
+            connections: 2,
+            max_outstanding_keys: 8192,
+            batch_keys: 16,
+        }
+    }
+}
+
+/// One allowlist entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Allowed {
+    /// Exactly this endpoint.
+    Endpoint(Endpoint),
+    /// Any port on an address in this network.
+    Cidr(IpAddr, u8),
+}
+
+fn in_cidr(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
+    match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let m = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            u32::from(a) & m == u32::from(n) & m
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let m = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            u128::from(a) & m == u128::from(n) & m
+        }
+        _ => false,
+    }
+}
+
+/// Whether `e` certainly names this host's loopback.
+pub fn is_loopback(e: &Endpoint) -> bool {
+    e.host.eq_ignore_ascii_case("localhost") || e.ip().is_some_and(|ip| ip.is_loopback())
+}
+
+impl Allowed {
+    /// Parses `tcp://host:port` or `addr/bits`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s.starts_with("tcp://") {
+            return Endpoint::parse(s)
+                .map(Allowed::Endpoint)
+                .map_err(|e| e.to_string());
+        }
+        let (a, b) = s
+            .split_once('/')
+            .ok_or_else(|| format!("peer {s:?} is neither tcp://host:port nor a CIDR"))?;
+        let ip: IpAddr = a
+            .parse()
+            .map_err(|_| format!("bad CIDR address in {s:?}"))?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        let bits: u8 = b
+            .parse()
+            .ok()
+            .filter(|&n| n <= max)
+            .ok_or_else(|| format!("bad CIDR prefix length in {s:?}"))?;
+        Ok(Allowed::Cidr(ip, bits))
+    }
+
+    /// Whether this entry admits `e`.
+    pub fn admits(&self, e: &Endpoint) -> bool {
+        match self {
+            Allowed::Endpoint(a) => a.host.eq_ignore_ascii_case(&e.host) && a.port == e.port,
+            Allowed::Cidr(net, bits) => e.ip().is_some_and(|ip| in_cidr(ip, *net, *bits)),
+        }
+    }
+
+    /// Whether every endpoint this entry admits is on loopback.
+    pub fn loopback_only(&self) -> bool {
+        match self {
+            Allowed::Endpoint(e) => is_loopback(e),
+            Allowed::Cidr(IpAddr::V4(n), bits) => *bits >= 8 && n.octets()[0] == 127,
+            Allowed::Cidr(IpAddr::V6(n), bits) => *bits == 128 && n.is_loopback(),
+        }
+    }
+}
+
+impl PeerConfig {
+    /// Parses the allowlist; without a key, refuses entries that reach beyond loopback.
+    pub fn allowlist(&self) -> Result<Vec<Allowed>, String> {
+        let list: Vec<Allowed> = self
+            .peers
+            .iter()
+            .map(|p| Allowed::parse(p))
+            .collect::<Result<_, _>>()?;
+        if self.cluster_key.is_none()
+            && let Some(bad) = self
+                .peers
+                .iter()
+                .zip(&list)
+                .find(|(_, a)| !a.loopback_only())
+        {
+            return Err(format!(
+                "peer {:?} is not on loopback: without --cluster-key only loopback peers are allowed",
+                bad.0
+            ));
+        }
+        Ok(list)
+    }
+
+    /// Checks values that cannot work.
+    pub fn validate(&self) -> Result<(), String> {
+        self.allowlist()?;
+        if let Some(a) = &self.advertise {
+            Endpoint::parse(a).map_err(|e| format!("advertise: {e}"))?;
+        }
+        if self.connections == 0 || self.connections > 64 {
+            return Err("peer connections must be 1..=64".into());
+        }
+        if self.batch_keys == 0 || self.batch_keys as usize > kvnode_proto::peer::MAX_PULL_KEYS {
+            return Err("peer batch_keys must be 1..=4096".into());
+        }
+        if self.connect_timeout_ms == 0 || self.io_timeout_ms == 0 {
+            return Err("peer timeouts must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(s: &str) -> Endpoint {
+        Endpoint::parse(s).unwrap()
+    }
+
+    #[test]
+    fn allowlist_admits_exact_endpoints_and_cidrs_only() {
+        let e = Allowed::parse("tcp://10.0.0.5:7000").unwrap();
+        assert!(e.admits(&ep("tcp://10.0.0.5:7000")));
+        assert!(!e.admits(&ep("tcp://10.0.0.5:7001")));
+        let c = Allowed::parse("10.1.0.0/16").unwrap();
+        assert!(c.admits(&ep("tcp://10.1.200.3:1")));
+        assert!(!c.admits(&ep("tcp://10.2.0.1:1")));
+        assert!(!c.admits(&ep("tcp://evil.example:1")));
+        assert!(Allowed::parse("10.0.0.0/33").is_err());
+        assert!(Allowed::parse("garbage").is_err());
+    }
+
+    #[test]
+    fn keyless_config_refuses_non_loopback_peers() {
+        let mut c = PeerConfig {
+            peers: vec!["127.0.0.0/8".into(), "tcp://[::1]:5".into()],
+            ..PeerConfig::default()
+        };
+        assert!(c.validate().is_ok());
+        c.peers.push("10.0.0.0/8".into());
+        assert!(c.validate().unwrap_err().contains("only loopback"));
+        c.cluster_key = Some("/k".into());
+        assert!(c.validate().is_ok());
+    }
+}

@@ -1,0 +1,308 @@
+//! Destination side: per-peer connection pools and the pull of one chunk of an op's keys.
+//!
+//! Bytes are read straight from the socket into DRAM slots this daemon reserved, verified
+//! (XXH3-64) and committed whether or not the op is still waiting: nothing completed is
+//! thrown away. Only then, under the op's fence, are they copied into client buffers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use kvnode_proto::client::PutStatus;
+use kvnode_proto::hint::Endpoint;
+use kvnode_proto::peer::{PeerMsg, PullKey};
+use kvnode_proto::pull::KeyOutcome;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::PeerError;
+use super::auth::dial_handshake;
+use super::op::PullOp;
+use super::wire::PeerWire;
+use crate::api::Engine;
+
+/// Everything this daemon keeps about one peer it pulls from.
+#[derive(Debug)]
+pub struct PeerLink {
+    /// Endpoint.
+    pub endpoint: Endpoint,
+    /// `tcp://host:port`.
+    pub name: String,
+    idle: Mutex<Vec<PeerWire>>,
+    permits: Arc<Semaphore>,
+    /// Keys requested and not yet answered or failed.
+    pub outstanding: AtomicU64,
+    next_req: AtomicU64,
+}
+
+impl PeerLink {
+    /// A link with no connection yet.
+    pub fn new(endpoint: Endpoint, connections: u32) -> Self {
+        Self {
+            name: endpoint.to_string(),
+            endpoint,
+            idle: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(connections as usize)),
+            outstanding: AtomicU64::new(0),
+            next_req: AtomicU64::new(1),
+        }
+    }
+
+    async fn dial(&self, engine: &Engine) -> Result<PeerWire, PeerError> {
+        let p = &engine.peers;
+        let limit = p.connect_timeout();
+        let t = Instant::now();
+        let connect = TcpStream::connect((self.endpoint.host.as_str(), self.endpoint.port));
+        let s = tokio::time::timeout(limit, connect)
+            .await
+            .map_err(|_| PeerError::Timeout("peer connect", limit))??;
+        let mut w = PeerWire::new(s)?;
+        let left = limit.saturating_sub(t.elapsed());
+        tokio::time::timeout(left, dial_handshake(&mut w, p.key(), p.node(), left))
+            .await
+            .map_err(|_| PeerError::Timeout("peer handshake", limit))??;
+        p.stats.record_connect(&self.name, t.elapsed());
+        Ok(w)
+    }
+
+    fn checkin(&self, w: PeerWire) {
+        self.idle.lock().expect("idle lock").push(w);
+    }
+}
+
+/// Whether an error on a pooled connection, before any answer, means it went stale (the
+/// peer restarted): then one retry on a fresh connection is safe.
+fn stale(e: &PeerError) -> bool {
+    matches!(e, PeerError::Io(_) | PeerError::Truncated(..))
+}
+
+struct Chunk<'a> {
+    engine: &'a Arc<Engine>,
+    link: &'a PeerLink,
+    op: &'a PullOp,
+    /// Keys of this chunk not yet answered (op key indices).
+    open: Vec<usize>,
+}
+
+/// Pulls op keys `idxs` from `link`, bounded by its connection permits and timeouts.
+pub async fn run_chunk(
+    engine: Arc<Engine>,
+    link: Arc<PeerLink>,
+    op: Arc<PullOp>,
+    idxs: Vec<usize>,
+) {
+    let n = idxs.len() as u64;
+    let mut c = Chunk {
+        engine: &engine,
+        link: &link,
+        op: &op,
+        open: idxs,
+    };
+    let r = c.run().await;
+    if let Err(e) = r {
+        let why = e.to_string();
+        tracing::debug!(peer = %link.name, op = op.id, error = %why, "pull chunk failed");
+        for &i in &c.open {
+            op.set(i, KeyOutcome::Failed(why.clone()));
+        }
+        engine.peers.count_failure();
+    }
+    link.outstanding.fetch_sub(n, Ordering::Relaxed);
+}
+
+impl Chunk<'_> {
+    async fn run(&mut self) -> Result<(), PeerError> {
+        let p = &self.engine.peers;
+        let permit = tokio::time::timeout(
+            p.connect_timeout(),
+            Arc::clone(&self.link.permits).acquire_owned(),
+        )
+        .await
+        .map_err(|_| PeerError::Busy(self.link.name.clone()))?
+        .expect("semaphore never closed");
+        let pooled = self.link.idle.lock().expect("idle lock").pop();
+        let (mut w, was_pooled) = match pooled {
+            Some(w) => (w, true),
+            None => (self.link.dial(self.engine).await?, false),
+        };
+        let before = self.open.len();
+        let r = match self.pull_on(&mut w).await {
+            Err(e) if was_pooled && self.open.len() == before && stale(&e) => {
+                tracing::debug!(peer = %self.link.name, error = %e, "pooled connection went stale; redialling");
+                w = self.link.dial(self.engine).await?;
+                self.pull_on(&mut w).await
+            }
+            r => r,
+        };
+        if r.is_ok() {
+            self.link.checkin(w);
+        }
+        drop(permit);
+        r
+    }
+
+    async fn pull_on(&mut self, w: &mut PeerWire) -> Result<(), PeerError> {
+        let p = &self.engine.peers;
+        let io = p.io_timeout();
+        let ns = self
+            .engine
+            .tier
+            .namespace_id(self.op.ns)
+            .map_err(|e| PeerError::Protocol(e.to_string()))?;
+        let mut reqs: HashMap<u64, Vec<usize>> = HashMap::new();
+        let mut msgs = Vec::new();
+        for part in self.open.chunks(p.batch_keys()) {
+            let req = self.link.next_req.fetch_add(1, Ordering::Relaxed);
+            let keys = part
+                .iter()
+                .map(|&i| PullKey(self.op.keys[i].0, self.op.keys[i].1))
+                .collect();
+            msgs.push(PeerMsg::Pull { req, ns, keys });
+            reqs.insert(req, part.to_vec());
+        }
+        let sent = Instant::now();
+        w.send_all(&msgs).await?;
+        let (mut first, mut last, mut blocks, mut page) = (None, sent.elapsed(), 0u32, 0u64);
+        while !reqs.is_empty() {
+            let (msg, _) = w.recv(io).await?;
+            let at = |req: u64, idx: u32| {
+                reqs.get(&req)
+                    .and_then(|v| v.get(idx as usize))
+                    .copied()
+                    .ok_or_else(|| {
+                        PeerError::Protocol(format!("answer for unknown key {req}/{idx}"))
+                    })
+            };
+            match msg {
+                PeerMsg::Block {
+                    req,
+                    idx,
+                    len,
+                    xxh3,
+                } => {
+                    let i = at(req, idx)?;
+                    // Stays open until received, so a failure mid-block fails this key too.
+                    let pos = self.position(i)?;
+                    self.receive(w, i, len, xxh3).await?;
+                    self.open.swap_remove(pos);
+                    first.get_or_insert(sent.elapsed());
+                    last = sent.elapsed();
+                    blocks += 1;
+                    page = u64::from(len);
+                }
+                PeerMsg::Miss { req, idx } => {
+                    let i = at(req, idx)?;
+                    self.answered(i)?;
+                    self.op.set(i, KeyOutcome::Missed);
+                }
+                PeerMsg::Done { req } => {
+                    let keys = reqs.remove(&req).ok_or_else(|| {
+                        PeerError::Protocol(format!("Done for unknown request {req}"))
+                    })?;
+                    if keys.iter().any(|i| self.open.contains(i)) {
+                        return Err(PeerError::Protocol(format!(
+                            "request {req} ended with keys unanswered"
+                        )));
+                    }
+                }
+                PeerMsg::Pong { .. } => {}
+                PeerMsg::Refused { reason } => return Err(PeerError::Refused(reason)),
+                other => {
+                    return Err(PeerError::Protocol(format!(
+                        "unexpected {other:?} from a source"
+                    )));
+                }
+            }
+        }
+        if let Some(f) = first {
+            let per = (blocks > 1).then(|| last.saturating_sub(f) / (blocks - 1));
+            p.stats.record(&self.link.name, page, f, per);
+        }
+        Ok(())
+    }
+
+    fn position(&self, i: usize) -> Result<usize, PeerError> {
+        self.open
+            .iter()
+            .position(|&x| x == i)
+            .ok_or_else(|| PeerError::Protocol(format!("key {i} answered twice")))
+    }
+
+    fn answered(&mut self, i: usize) -> Result<(), PeerError> {
+        let pos = self.position(i)?;
+        self.open.swap_remove(pos);
+        Ok(())
+    }
+
+    /// Reads one block's payload into a reserved DRAM slot, verifies and commits it.
+    async fn receive(
+        &mut self,
+        w: &mut PeerWire,
+        i: usize,
+        len: u32,
+        xxh3: u64,
+    ) -> Result<(), PeerError> {
+        let e = self.engine;
+        let io = e.peers.io_timeout();
+        let conn = e.peers.reservation_owner();
+        let key = self.op.keys[i];
+        let reserved = e.tier.reserve(conn, self.op.ns, &[key], &[u64::from(len)]);
+        let slot = match reserved.as_deref() {
+            Ok([Ok(r)]) => Some(*r),
+            _ => None,
+        };
+        let mut scratch = Vec::new();
+        let dst: &mut [u8] = if let Some(r) = slot {
+            // SAFETY: this chunk holds the reservation; no one else touches the slot.
+            unsafe { e.arena.slice_mut(r.offset, r.len) }
+        } else {
+            scratch.resize(len as usize, 0);
+            &mut scratch
+        };
+        if let Err(err) = w.read_payload(dst, io).await {
+            if let Some(r) = slot {
+                e.tier.abort(conn, &[r]);
+            }
+            return Err(err);
+        }
+        if xxh3_64(dst) != xxh3 {
+            if let Some(r) = slot {
+                e.tier.abort(conn, &[r]);
+            }
+            e.peers.count_failure();
+            let why = format!(
+                "checksum mismatch on a {len}-byte block from {}: not committed",
+                self.link.name
+            );
+            tracing::warn!(op = self.op.id, "{why}");
+            self.op.set(i, KeyOutcome::Failed(why));
+            return Ok(());
+        }
+        let copied = self.op.copy_into(&e.arena, i, dst);
+        let outcome = match (slot, reserved) {
+            (Some(r), _) => {
+                e.tier.commit(conn, &[r]);
+                e.peers.count_pulled(u64::from(len));
+                KeyOutcome::Pulled
+            }
+            (None, Ok(v)) if matches!(v.first(), Some(Err(PutStatus::Exists))) => {
+                KeyOutcome::Pulled
+            }
+            (None, Ok(v)) if copied == Ok(true) => {
+                tracing::debug!(status = ?v.first(), "pulled block copied to the client only");
+                KeyOutcome::Pulled
+            }
+            (None, Ok(v)) => {
+                KeyOutcome::Failed(format!("cannot store the pulled block: {:?}", v.first()))
+            }
+            (None, Err(t)) => KeyOutcome::Failed(t.to_string()),
+        };
+        match copied {
+            Err(why) => self.op.set(i, KeyOutcome::Failed(why)),
+            Ok(_) => self.op.set(i, outcome),
+        }
+        Ok(())
+    }
+}

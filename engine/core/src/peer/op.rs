@@ -1,0 +1,273 @@
+//! Pull operations: per-key outcomes, deadline, and the buffer fence.
+//!
+//! An op may own client buffers (`into`: Alloc reservations). Every write into them happens
+//! under the op's mutex and only while the op is not terminal; cancel, deadline and
+//! completion make it terminal under the same mutex. So once `cancel` has returned, no byte
+//! is written into those buffers again. Blocks that arrive later still land in the daemon's
+//! own DRAM slots (see `fetch`), never in the op's buffers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvnode_proto::Key;
+use kvnode_proto::pull::{KeyOutcome, OpReport, OpState};
+use tokio::sync::watch;
+
+use crate::arena::Arena;
+use crate::tier::Reservation;
+
+#[derive(Debug)]
+struct Inner {
+    results: Vec<KeyOutcome>,
+    state: OpState,
+    reason: Option<String>,
+    /// Client buffers: (alloc handle, reservation) per key.
+    into: Vec<(u64, Reservation)>,
+    pending: usize,
+    ended: Option<Instant>,
+}
+
+/// One operation.
+#[derive(Debug)]
+pub struct PullOp {
+    /// Id.
+    pub id: u64,
+    /// Destination namespace handle.
+    pub ns: u32,
+    /// Keys, in request order.
+    pub keys: Vec<Key>,
+    /// Owning client connection.
+    pub conn: u64,
+    /// Peer endpoint, if a pull was started.
+    pub peer: Option<String>,
+    /// Deadline.
+    pub deadline: Instant,
+    started: Instant,
+    inner: Mutex<Inner>,
+    done: watch::Sender<bool>,
+}
+
+fn leading(r: &[KeyOutcome]) -> u32 {
+    r.iter()
+        .take_while(|o| matches!(o, KeyOutcome::HitLocal | KeyOutcome::Pulled))
+        .count() as u32
+}
+
+impl PullOp {
+    /// A new op; keys marked `Pending` are to be pulled.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "plain fields of the op, set once here"
+    )]
+    pub fn new(
+        id: u64,
+        ns: u32,
+        keys: Vec<Key>,
+        conn: u64,
+        peer: Option<String>,
+        results: Vec<KeyOutcome>,
+        into: Vec<(u64, Reservation)>,
+        deadline: Duration,
+    ) -> Arc<Self> {
+        let pending = results
+            .iter()
+            .filter(|r| **r == KeyOutcome::Pending)
+            .count();
+        let now = Instant::now();
+        let op = Arc::new(Self {
+            id,
+            ns,
+            keys,
+            conn,
+            peer,
+            deadline: now + deadline,
+            started: now,
+            inner: Mutex::new(Inner {
+                results,
+                state: OpState::Pulling,
+                reason: None,
+                into,
+                pending,
+                ended: None,
+            }),
+            done: watch::channel(false).0,
+        });
+        if pending == 0 {
+            op.with(|i| Self::finish(i, None));
+            op.done.send_replace(true);
+        }
+        op
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        f(&mut self.inner.lock().expect("op lock poisoned"))
+    }
+
+    fn finish(i: &mut Inner, state: Option<OpState>) {
+        let lead = leading(&i.results) as usize;
+        i.state = state.unwrap_or(if lead == i.results.len() {
+            OpState::Done
+        } else if lead > 0 {
+            OpState::Partial
+        } else {
+            OpState::Failed
+        });
+        i.ended = Some(Instant::now());
+    }
+
+    /// Records key `idx`'s outcome. Ignored once the op has ended (the block itself is
+    /// already committed to the DRAM tier by the caller: nothing completed is lost).
+    pub fn set(&self, idx: usize, outcome: KeyOutcome) {
+        let ended = self.with(|i| {
+            if i.state.is_terminal() || i.results.get(idx) != Some(&KeyOutcome::Pending) {
+                return false;
+            }
+            i.results[idx] = outcome;
+            i.pending -= 1;
+            if i.pending == 0 {
+                Self::finish(i, None);
+                return true;
+            }
+            false
+        });
+        if ended {
+            self.done.send_replace(true);
+        }
+    }
+
+    /// Copies `src` into key `idx`'s client buffer, if the op has one and is still live.
+    /// Returns whether it wrote. This is the only writer of client buffers.
+    pub fn copy_into(&self, arena: &Arena, idx: usize, src: &[u8]) -> Result<bool, String> {
+        self.with(|i| {
+            if i.state.is_terminal() {
+                return Ok(false);
+            }
+            let Some((_, r)) = i.into.get(idx) else {
+                return Ok(false);
+            };
+            if src.len() as u64 != r.len {
+                return Err(format!(
+                    "peer block is {} bytes but the client buffer was allocated for {}",
+                    src.len(),
+                    r.len
+                ));
+            }
+            // SAFETY: the op owns this reservation (taken from the client connection) and
+            // writes it only here, under the op lock, before the op becomes terminal.
+            unsafe { arena.slice_mut(r.offset, r.len) }.copy_from_slice(src);
+            Ok(true)
+        })
+    }
+
+    /// Whether this op fills client buffers.
+    pub fn has_into(&self) -> bool {
+        self.with(|i| !i.into.is_empty())
+    }
+
+    /// Ends the op as cancelled (or with the deadline's reason). Returns once no byte can be
+    /// written into its buffers again: the state change happens under the copy lock.
+    pub fn end(&self, state: OpState, reason: &str) {
+        let changed = self.with(|i| {
+            if i.state.is_terminal() {
+                return false;
+            }
+            for r in &mut i.results {
+                if *r == KeyOutcome::Pending {
+                    *r = KeyOutcome::Failed(reason.to_owned());
+                }
+            }
+            i.pending = 0;
+            if state == OpState::Cancelled {
+                i.reason = Some(reason.to_owned());
+            }
+            Self::finish(i, (state == OpState::Cancelled).then_some(state));
+            true
+        });
+        if changed {
+            self.done.send_replace(true);
+        }
+    }
+
+    /// Fails the whole op before any pull starts (bad hint, unauthorized peer).
+    pub fn refuse(&self, reason: &str) {
+        self.with(|i| i.reason = Some(reason.to_owned()));
+        self.end(OpState::Failed, reason);
+    }
+
+    /// Waits until the op ends or `limit` passes.
+    pub async fn wait(&self, limit: Duration) {
+        let mut rx = self.done.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|d| *d)).await;
+    }
+
+    /// A snapshot.
+    pub fn report(&self) -> OpReport {
+        self.with(|i| OpReport {
+            op: self.id,
+            state: i.state,
+            leading: leading(&i.results),
+            results: i.results.clone(),
+            peer: self.peer.clone(),
+            reason: i.reason.clone(),
+            elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// Hands the client buffers back once the op has ended (empty before).
+    pub fn take_into(&self) -> Vec<(u64, Reservation)> {
+        self.with(|i| {
+            if i.state.is_terminal() {
+                std::mem::take(&mut i.into)
+            } else {
+                Vec::new()
+            }
+        })
+    }
+
+    fn ended_before(&self, t: Instant) -> bool {
+        self.with(|i| i.ended.is_some_and(|e| e < t))
+    }
+}
+
+/// Live and recently ended operations.
+#[derive(Debug, Default)]
+pub struct OpTable {
+    ops: Mutex<HashMap<u64, Arc<PullOp>>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// Ended ops nobody asked about are dropped after this long.
+const KEEP_ENDED: Duration = Duration::from_mins(1);
+
+impl OpTable {
+    /// A fresh op id.
+    pub fn next_id(&self) -> u64 {
+        self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    }
+
+    /// Registers an op, dropping long-ended ones.
+    pub fn insert(&self, op: Arc<PullOp>) {
+        let mut m = self.ops.lock().expect("op table lock");
+        if let Some(cutoff) = Instant::now().checked_sub(KEEP_ENDED) {
+            m.retain(|_, o| !o.ended_before(cutoff) || o.has_into());
+        }
+        m.insert(op.id, op);
+    }
+
+    /// Looks an op up.
+    pub fn get(&self, id: u64) -> Option<Arc<PullOp>> {
+        self.ops.lock().expect("op table lock").get(&id).cloned()
+    }
+
+    /// Forgets an op.
+    pub fn remove(&self, id: u64) {
+        self.ops.lock().expect("op table lock").remove(&id);
+    }
+
+    /// Ops owned by a connection.
+    pub fn of_conn(&self, conn: u64) -> Vec<Arc<PullOp>> {
+        let m = self.ops.lock().expect("op table lock");
+        m.values().filter(|o| o.conn == conn).cloned().collect()
+    }
+}

@@ -1,0 +1,186 @@
+//! Source side: accepts authenticated peers and answers pulls from the local tiers.
+//!
+//! Each answered block is leased from the moment the pull is read until its last byte is
+//! handed to the socket, so it cannot be evicted or reused while it is being sent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvnode_proto::NamespaceId;
+use kvnode_proto::peer::{PeerMsg, PullKey};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::PeerError;
+use super::auth::accept_handshake;
+use super::wire::PeerWire;
+use crate::api::Engine;
+use crate::policy::SlotId;
+use crate::tier::LeasedBlock;
+
+/// Idle pooled connections are closed after this long without a request.
+const IDLE_LIMIT: Duration = Duration::from_mins(10);
+
+/// Where a source finds blocks. The DRAM tier answers today; an NVMe-backed source would
+/// promote a DRAM miss into DRAM and lease it, so the sender code stays the same.
+pub trait BlockSource: Send + Sync {
+    /// Leases each key that is held (`None` for misses).
+    fn lease(&self, ns: NamespaceId, keys: &[PullKey]) -> Vec<Option<LeasedBlock>>;
+    /// Ends leases taken by `lease`.
+    fn release(&self, slots: &[SlotId]);
+    /// The bytes of a leased block.
+    fn bytes(&self, b: &LeasedBlock) -> &[u8];
+}
+
+/// The DRAM tier as a block source.
+#[derive(Debug)]
+pub struct DramSource(pub Arc<Engine>);
+
+impl BlockSource for DramSource {
+    fn lease(&self, ns: NamespaceId, keys: &[PullKey]) -> Vec<Option<LeasedBlock>> {
+        let keys: Vec<kvnode_proto::Key> =
+            keys.iter().map(|k| kvnode_proto::Key(k.0, k.1)).collect();
+        self.0
+            .tier
+            .handle_of(ns)
+            .and_then(|h| self.0.tier.lease(h, &keys).ok())
+            .unwrap_or_else(|| vec![None; keys.len()])
+    }
+
+    fn release(&self, slots: &[SlotId]) {
+        self.0.tier.release(slots);
+    }
+
+    fn bytes(&self, b: &LeasedBlock) -> &[u8] {
+        // SAFETY: the block is leased (committed, immutable, not reusable) until released.
+        unsafe { self.0.arena.slice(b.extent.offset, b.extent.len) }
+    }
+}
+
+/// Releases whatever leases a pull still holds when it ends early.
+struct Leases<'a, S: BlockSource> {
+    src: &'a S,
+    held: Vec<Option<SlotId>>,
+}
+
+impl<S: BlockSource> Drop for Leases<'_, S> {
+    fn drop(&mut self) {
+        let left: Vec<SlotId> = self.held.iter().flatten().copied().collect();
+        self.src.release(&left);
+    }
+}
+
+async fn serve_pull<S: BlockSource>(
+    src: &S,
+    w: &mut PeerWire,
+    req: u64,
+    ns: NamespaceId,
+    keys: &[PullKey],
+) -> Result<(), PeerError> {
+    let leased = src.lease(ns, keys);
+    let mut guard = Leases {
+        src,
+        held: leased.iter().map(|l| l.map(|b| b.slot)).collect(),
+    };
+    for (idx, l) in leased.iter().enumerate() {
+        let idx = idx as u32;
+        match l {
+            Some(b) => {
+                let bytes = src.bytes(b);
+                let msg = PeerMsg::Block {
+                    req,
+                    idx,
+                    len: bytes.len() as u32,
+                    xxh3: xxh3_64(bytes),
+                };
+                w.send(&msg, bytes).await?;
+                if let Some(slot) = guard.held[idx as usize].take() {
+                    src.release(&[slot]);
+                }
+            }
+            None => w.send(&PeerMsg::Miss { req, idx }, &[]).await?,
+        }
+    }
+    w.send(&PeerMsg::Done { req }, &[]).await
+}
+
+async fn serve_conn(engine: Arc<Engine>, mut w: PeerWire, mut stop: watch::Receiver<bool>) {
+    let p = &engine.peers;
+    let dst = match accept_handshake(&mut w, p.key(), p.node(), p.connect_timeout()).await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(peer = %w.addr, error = %e, "peer refused");
+            return;
+        }
+    };
+    tracing::debug!(peer = %w.addr, node = %dst, "peer authenticated");
+    let src = DramSource(Arc::clone(&engine));
+    loop {
+        let next = tokio::select! {
+            r = w.recv(IDLE_LIMIT) => r,
+            _ = stop.changed() => return,
+        };
+        let r = match next {
+            Ok((PeerMsg::Pull { req, ns, keys }, _)) => {
+                serve_pull(&src, &mut w, req, ns, &keys).await
+            }
+            Ok((PeerMsg::Ping { t }, _)) => w.send(&PeerMsg::Pong { t }, &[]).await,
+            Ok((PeerMsg::Pong { .. }, _)) => Ok(()),
+            Ok((other, _)) => {
+                let reason = format!("unexpected {other:?} from a destination");
+                let _ = w
+                    .send(
+                        &PeerMsg::Refused {
+                            reason: reason.clone(),
+                        },
+                        &[],
+                    )
+                    .await;
+                Err(PeerError::Protocol(reason))
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            match e {
+                PeerError::Io(_) | PeerError::Timeout(..) => {
+                    tracing::debug!(peer = %w.addr, error = %e, "peer connection closed");
+                }
+                PeerError::Frame(_) => {
+                    let _ = w
+                        .send(
+                            &PeerMsg::Refused {
+                                reason: e.to_string(),
+                            },
+                            &[],
+                        )
+                        .await;
+                    tracing::warn!(peer = %w.addr, error = %e, "peer sent a bad frame; closing");
+                }
+                _ => tracing::warn!(peer = %w.addr, error = %e, "peer connection dropped"),
+            }
+            return;
+        }
+    }
+}
+
+/// Accepts peer connections until `stop` turns true.
+pub async fn serve(engine: Arc<Engine>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            a = listener.accept() => match a.and_then(|(s, _)| PeerWire::new(s)) {
+                Ok(w) => {
+                    conns.spawn(serve_conn(Arc::clone(&engine), w, stop.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "peer accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+            _ = stop.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    conns.shutdown().await;
+}

@@ -1,0 +1,286 @@
+//! `kvnode bench pull`: two daemons on loopback, peer pull throughput and latency, with
+//! `iperf3 -c 127.0.0.1 -l 1M` measured in the same run as the limit.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use hdrhistogram::Histogram;
+use kvnode_client::Client;
+use kvnode_proto::pull::OpState;
+use kvnode_proto::size::{ByteSize, parse_size};
+use kvnode_proto::{Digest, Key, NamespaceSpec};
+
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    /// Page size of the throughput run.
+    #[arg(long, default_value = "1MiB")]
+    pub page_size: String,
+    /// Pages per throughput pull.
+    #[arg(long, default_value_t = 64)]
+    pub pages: usize,
+    /// Throughput pulls.
+    #[arg(long, default_value_t = 20)]
+    pub iterations: usize,
+    /// Page size of the latency run.
+    #[arg(long, default_value = "64KiB")]
+    pub latency_page: String,
+    /// Single-page pulls timed for the latency percentiles.
+    #[arg(long, default_value_t = 1000)]
+    pub latency_samples: usize,
+    /// Connections per peer.
+    #[arg(long, default_value_t = 2)]
+    pub connections: u32,
+    /// Seconds of iperf3 (0 skips it).
+    #[arg(long, default_value_t = 3)]
+    pub iperf_seconds: u32,
+    /// Print a JSON summary line as well.
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct Proc(Child, PathBuf);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn daemon(tag: &str, args: &[String]) -> anyhow::Result<(Proc, PathBuf)> {
+    let dir = std::env::temp_dir().join(format!("kvnode-bench-pull-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let sock = dir.join("kvnode.sock");
+    let child = Command::new(std::env::current_exe()?)
+        .args(["serve", "--dram", "512MiB", "--no-pin", "--socket"])
+        .arg(&sock)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("log"))?)
+        .spawn()
+        .context("starting a daemon")?;
+    let p = Proc(child, dir);
+    let t = Instant::now();
+    while Client::connect(&sock).is_err() {
+        if t.elapsed() > Duration::from_secs(10) {
+            bail!(
+                "daemon {tag} did not start; see {}",
+                p.1.join("log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok((p, sock))
+}
+
+fn spec(page: u64) -> NamespaceSpec {
+    NamespaceSpec {
+        model: format!("bench-pull-{}", ByteSize(page)),
+        page_size: 64,
+        segments: vec![page],
+        ..NamespaceSpec::default()
+    }
+}
+
+fn key(tag: u64, i: u64) -> Key {
+    let mut d = [0u8; 32];
+    d[..8].copy_from_slice(&(tag << 32 | i).to_be_bytes());
+    d[8] = 0xb7;
+    Key::page(Digest(d))
+}
+
+fn hint(port: u16, keys: &[Key]) -> String {
+    let hashes: Vec<u64> = keys.iter().map(|k| k.0.router_hash()).collect();
+    serde_json::json!({"source_control_endpoint": format!("tcp://127.0.0.1:{port}"), "block_hashes": hashes}).to_string()
+}
+
+/// Pulls `keys` with a hint through a lease get; returns the seconds taken.
+fn pull(c: &mut Client, ns: u32, keys: &[Key], hint: &str) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let (lease, op) = c.get_lease_hinted(ns, keys, Some(hint), Some(30_000))?;
+    let secs = t.elapsed().as_secs_f64();
+    let op = op.context("no pull report")?;
+    if op.state != OpState::Done || lease.leading_hits() != keys.len() {
+        bail!("pull incomplete: {op:?}");
+    }
+    c.release(lease.id)?;
+    c.delete(ns, keys)?;
+    Ok(secs)
+}
+
+fn iperf3(secs: u32) -> anyhow::Result<f64> {
+    let port = free_port()?;
+    let server = Command::new("iperf3")
+        .args(["-s", "-1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting iperf3 -s (apt-get install iperf3)")?;
+    let _server = Proc(server, PathBuf::from("/nonexistent-kvnode-bench"));
+    let t = Instant::now();
+    loop {
+        let out = Command::new("iperf3")
+            .args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-l",
+                "1M",
+                "-J",
+                "-t",
+            ])
+            .arg(secs.to_string())
+            .output()?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if let Some(bps) = v["end"]["sum_received"]["bits_per_second"].as_f64() {
+            return Ok(bps / 8.0);
+        }
+        if t.elapsed() > Duration::from_secs(5) {
+            bail!("iperf3 failed: {}", String::from_utf8_lossy(&out.stdout));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn put_all(c: &mut Client, ns: u32, keys: &[Key], page: u64) -> anyhow::Result<()> {
+    let buf: Vec<u8> = (0..page).map(|i| (i * 31 % 251) as u8).collect();
+    for part in keys.chunks(32) {
+        let blocks: Vec<&[u8]> = part.iter().map(|_| buf.as_slice()).collect();
+        c.put(ns, part, &blocks)?;
+    }
+    Ok(())
+}
+
+struct Results {
+    page: u64,
+    small: u64,
+    cold: f64,
+    lat: Histogram<u64>,
+    median: f64,
+    best: f64,
+    iperf: Vec<f64>,
+}
+
+fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
+    let (small, h) = (ByteSize(r.small), &r.lat);
+    println!(
+        "cold first pull (connect + auth + 1 x {small}): {:.3} ms",
+        r.cold * 1e3
+    );
+    println!(
+        "warm 1 x {small} pull latency (us): p50 {} p90 {} p99 {} max {}",
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.9),
+        h.value_at_quantile(0.99),
+        h.max()
+    );
+    println!(
+        "{} x {} pull: median {:.2} GB/s, best {:.2} GB/s",
+        a.pages,
+        ByteSize(r.page),
+        r.median / 1e9,
+        r.best / 1e9
+    );
+    let limit = r.iperf.iter().copied().fold(0.0, f64::max);
+    if limit > 0.0 {
+        let runs: Vec<String> = r.iperf.iter().map(|i| format!("{:.2}", i / 1e9)).collect();
+        println!(
+            "iperf3 -c 127.0.0.1 -l 1M ({} s, before and after): {} GB/s; pull median / best iperf3 = {:.0} %",
+            a.iperf_seconds,
+            runs.join(" / "),
+            r.median / limit * 100.0
+        );
+    }
+    print!("{}", crate::stats_fmt::render_timeouts(t));
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "pages": a.pages, "page": r.page, "median_gbps": r.median / 1e9, "best_gbps": r.best / 1e9,
+                "iperf3_gbps": limit / 1e9, "ratio": r.median / limit,
+                "cold_ms": r.cold * 1e3, "lat_p50_us": h.value_at_quantile(0.5), "lat_p99_us": h.value_at_quantile(0.99),
+                "base_s": t.base_s, "per_page_s": t.per_page_s,
+            })
+        );
+    }
+}
+
+/// Runs the benchmark.
+pub fn run(a: &PullArgs) -> anyhow::Result<()> {
+    let page = parse_size(&a.page_size).context("--page-size")?;
+    let small = parse_size(&a.latency_page).context("--latency-page")?;
+    let port = free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let src_args = [
+        "--peer-listen".into(),
+        listen.clone(),
+        "--advertise".into(),
+        format!("tcp://{listen}"),
+    ];
+    let (_src, src_sock) = daemon("src", &src_args)?;
+    let dst_args = [
+        "--peers".into(),
+        format!("tcp://{listen}"),
+        "--peer-connections".into(),
+        a.connections.to_string(),
+    ];
+    let (_dst, dst_sock) = daemon("dst", &dst_args)?;
+    let (mut s, mut d) = (Client::connect(&src_sock)?, Client::connect(&dst_sock)?);
+    let (sb, db) = (s.register(&spec(page))?.ns, d.register(&spec(page))?.ns);
+    let (ss, ds) = (s.register(&spec(small))?.ns, d.register(&spec(small))?.ns);
+    let big: Vec<Key> = (0..a.pages as u64).map(|i| key(1, i)).collect();
+    let lat: Vec<Key> = (0..64).map(|i| key(2, i)).collect();
+    put_all(&mut s, sb, &big, page)?;
+    put_all(&mut s, ss, &lat, small)?;
+    println!(
+        "kvnode bench pull: {} x {} pages, {} iterations; {} latency samples of {}; {} connections",
+        a.pages,
+        ByteSize(page),
+        a.iterations,
+        a.latency_samples,
+        ByteSize(small),
+        a.connections
+    );
+    let mut iperf = Vec::new();
+    if a.iperf_seconds > 0 {
+        iperf.push(iperf3(a.iperf_seconds)?);
+    }
+    let cold = pull(&mut d, ds, &lat[..1], &hint(port, &lat[..1]))?;
+    let mut lat_h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for i in 0..a.latency_samples {
+        let k = &lat[i % lat.len()..=i % lat.len()];
+        lat_h.saturating_record((pull(&mut d, ds, k, &hint(port, k))? * 1e6) as u64);
+    }
+    let big_hint = hint(port, &big);
+    let mut secs = Vec::new();
+    for _ in 0..a.iterations.max(1) {
+        secs.push(pull(&mut d, db, &big, &big_hint)?);
+    }
+    secs.sort_by(f64::total_cmp);
+    let bytes = page as f64 * a.pages as f64;
+    if a.iperf_seconds > 0 {
+        iperf.push(iperf3(a.iperf_seconds)?);
+    }
+    let r = Results {
+        page,
+        small,
+        cold,
+        lat: lat_h,
+        median: bytes / secs[secs.len() / 2],
+        best: bytes / secs[0],
+        iperf,
+    };
+    report(a, &r, &d.timeouts()?);
+    Ok(())
+}

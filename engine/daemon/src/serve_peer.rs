@@ -1,0 +1,83 @@
+//! `kvnode serve` peer flags and the peer listener start-up.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use kvnode_engine::api::Engine;
+use kvnode_engine::peer::PeerConfig;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Peer service flags (each overrides `[peer]` in the config file).
+#[derive(Debug, Args)]
+pub struct PeerArgs {
+    /// Accept peer pulls on HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub peer_listen: Option<String>,
+    /// Endpoint other daemons and the router use for this one.
+    #[arg(long, value_name = "tcp://HOST:PORT")]
+    pub advertise: Option<String>,
+    /// Shared cluster key file (without one, only loopback peers).
+    #[arg(long, value_name = "FILE")]
+    pub cluster_key: Option<PathBuf>,
+    /// Authorized peers: tcp://host:port or CIDR, comma separated.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub peers: Vec<String>,
+    /// Peer connect + authentication timeout, milliseconds.
+    #[arg(long)]
+    pub peer_connect_timeout_ms: Option<u64>,
+    /// Peer heartbeat: longest silence while answers are owed, milliseconds.
+    #[arg(long)]
+    pub peer_io_timeout_ms: Option<u64>,
+    /// Connections per peer.
+    #[arg(long)]
+    pub peer_connections: Option<u32>,
+}
+
+/// Applies the flags over the file's `[peer]` table.
+pub fn apply(a: &PeerArgs, c: &mut PeerConfig) {
+    if a.peer_listen.is_some() {
+        c.listen.clone_from(&a.peer_listen);
+    }
+    if a.advertise.is_some() {
+        c.advertise.clone_from(&a.advertise);
+    }
+    if a.cluster_key.is_some() {
+        c.cluster_key.clone_from(&a.cluster_key);
+    }
+    if !a.peers.is_empty() {
+        c.peers.clone_from(&a.peers);
+    }
+    if let Some(v) = a.peer_connect_timeout_ms {
+        c.connect_timeout_ms = v;
+    }
+    if let Some(v) = a.peer_io_timeout_ms {
+        c.io_timeout_ms = v;
+    }
+    if let Some(v) = a.peer_connections {
+        c.connections = v;
+    }
+}
+
+/// Binds the peer listener if one is configured and says how peers are authenticated.
+pub async fn start(
+    engine: &Arc<Engine>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Option<JoinHandle<()>>> {
+    let p = &engine.peers;
+    tracing::info!("{}", p.describe());
+    let Some(addr) = p.config().listen.clone() else {
+        return Ok(None);
+    };
+    let l = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("binding the peer listener on {addr}"))?;
+    tracing::info!(listen = %l.local_addr()?, "peer listener ready");
+    Ok(Some(tokio::spawn(kvnode_engine::peer::source::serve(
+        Arc::clone(engine),
+        l,
+        stop,
+    ))))
+}

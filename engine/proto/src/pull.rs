@@ -1,0 +1,99 @@
+//! Client-visible pull operations: per-key outcomes, op reports and declared timeouts.
+
+use serde::{Deserialize, Serialize};
+
+/// What happened to one key of a get-with-hint (or `Pull`) operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KeyOutcome {
+    /// Already in the local DRAM tier.
+    HitLocal,
+    /// Pulled from the peer, verified and committed (and copied into the op's buffer, if any).
+    Pulled,
+    /// Still in flight (only in reports taken before the op ended).
+    Pending,
+    /// The peer does not hold it.
+    Missed,
+    /// Not pulled: the hint did not cover it, the peer failed, the deadline passed, ...
+    Failed(String),
+}
+
+/// Lifecycle state of an operation: `Pulling -> {Done | Partial | Failed | Cancelled}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OpState {
+    /// Transfers in flight.
+    Pulling,
+    /// Every key is a local hit or pulled.
+    Done,
+    /// A non-empty leading run is usable; some keys are not.
+    Partial,
+    /// The first key is not usable.
+    Failed,
+    /// Cancelled by the client; the fence is in force.
+    Cancelled,
+}
+
+impl OpState {
+    /// Whether the op has ended (its buffers will not be written again).
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, OpState::Pulling)
+    }
+}
+
+/// A snapshot of an operation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpReport {
+    /// Operation id (for `Wait` and `Cancel`).
+    pub op: u64,
+    /// State.
+    pub state: OpState,
+    /// Per key, in request order.
+    pub results: Vec<KeyOutcome>,
+    /// Length of the leading run of `HitLocal`/`Pulled`: the usable answer.
+    pub leading: u32,
+    /// The peer pulled from (`tcp://host:port`), if a pull was started.
+    pub peer: Option<String>,
+    /// Why the hint was refused or the op failed as a whole, if it was.
+    pub reason: Option<String>,
+    /// Milliseconds from submission to the report.
+    pub elapsed_ms: f64,
+}
+
+/// Measured pull latency figures for one (peer, page-size bucket).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PullFigures {
+    /// Peer endpoint.
+    pub peer: String,
+    /// Page bytes, rounded up to a power of two.
+    pub page_bytes: u64,
+    /// Pulls measured.
+    pub samples: u64,
+    /// Time to the first answered block, p50 / p99 / max, milliseconds.
+    pub first_p50_ms: f64,
+    /// See `first_p50_ms`.
+    pub first_p99_ms: f64,
+    /// See `first_p50_ms`.
+    pub first_max_ms: f64,
+    /// Time per further block, p50 / p99, milliseconds.
+    pub per_page_p50_ms: f64,
+    /// See `per_page_p50_ms`.
+    pub per_page_p99_ms: f64,
+    /// Cold connections: connect + authentication, p99, milliseconds.
+    pub connect_p99_ms: f64,
+}
+
+/// The daemon's declared prefetch timeout model: wait `base_s + per_page_s * pages`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TimeoutReport {
+    /// Fixed part, seconds.
+    pub base_s: f64,
+    /// Per page, seconds.
+    pub per_page_s: f64,
+    /// The formula, in words.
+    pub formula: String,
+    /// Whether measurements back the figures (false: defaults in force).
+    pub measured: bool,
+    /// The figures behind it.
+    pub figures: Vec<PullFigures>,
+}

@@ -1,0 +1,267 @@
+//! A scripted fake source that breaks the peer protocol (garbage frames, a truncated block,
+//! a wrong checksum), and garbage thrown at a real source: clear per-key errors, nothing
+//! committed, both daemons carry on. Run: `cargo test --release -p kvnode-e2e --test peer_bad_frames`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use kvnode_e2e::{block, free_port, hint, key, peer_dest, peer_source, spec};
+use kvnode_proto::Key;
+use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
+use kvnode_proto::peer::{PEER_PROTOCOL_VERSION, PeerMsg, decode_peer};
+use kvnode_proto::pull::{KeyOutcome, OpState};
+
+const PAGE: usize = 4096;
+
+fn send(s: &mut TcpStream, m: &PeerMsg, payload: &[u8]) {
+    let mut f = encode_frame(m, payload.len() as u64).unwrap();
+    f.extend_from_slice(payload);
+    s.write_all(&f).unwrap();
+}
+
+fn recv(s: &mut TcpStream) -> PeerMsg {
+    let mut p = [0u8; PREFIX_LEN];
+    s.read_exact(&mut p).unwrap();
+    let prefix = FramePrefix::decode(p).unwrap();
+    let mut h = vec![0u8; prefix.header_len as usize];
+    s.read_exact(&mut h).unwrap();
+    decode_peer(prefix, &h).unwrap()
+}
+
+/// Accepts one destination, completes the keyless handshake, reads one Pull and hands the
+/// stream and the request to `script`.
+fn fake_source(
+    script: impl FnOnce(&mut TcpStream, u64, usize) + Send + 'static,
+) -> (u16, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let PeerMsg::Hello { nonce, .. } = recv(&mut s) else {
+            panic!("no Hello")
+        };
+        assert_eq!(nonce.len(), 32);
+        let challenge = PeerMsg::Challenge {
+            version: PEER_PROTOCOL_VERSION,
+            node: "fake".into(),
+            nonce: vec![7; 32],
+            proof: vec![],
+        };
+        send(&mut s, &challenge, &[]);
+        assert!(matches!(recv(&mut s), PeerMsg::Auth { .. }));
+        send(&mut s, &PeerMsg::Ready, &[]);
+        let PeerMsg::Pull { req, keys, .. } = recv(&mut s) else {
+            panic!("no Pull")
+        };
+        script(&mut s, req, keys.len());
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    (port, t)
+}
+
+fn pull_from(port: u16, keys: &[Key]) -> (kvnode_proto::pull::OpReport, kvnode_e2e::Daemon) {
+    let dst = peer_dest(
+        &format!("tcp://127.0.0.1:{port}"),
+        &["--peer-io-timeout-ms", "2000"],
+    );
+    let mut c = dst.client();
+    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
+    let (pages, op) = c
+        .get_hinted(ns, keys, Some(&hint(port, keys)), Some(5000))
+        .unwrap();
+    let op = op.unwrap();
+    for (p, r) in pages.iter().zip(&op.results) {
+        assert_eq!(p.is_some(), *r == KeyOutcome::Pulled, "{op:?}");
+    }
+    let committed = op
+        .results
+        .iter()
+        .filter(|r| **r == KeyOutcome::Pulled)
+        .count() as u64;
+    let s = c.stats().unwrap();
+    assert_eq!(
+        (s.tiers[0].blocks, s.tiers[0].reserved),
+        (committed, 0),
+        "{op:?}"
+    );
+    (op, dst)
+}
+
+fn failed_with(r: &KeyOutcome, want: &str) -> bool {
+    matches!(r, KeyOutcome::Failed(s) if s.contains(want))
+}
+
+#[test]
+fn a_correct_fake_source_is_accepted_so_the_fault_cases_below_are_meaningful() {
+    let keys: Vec<Key> = (0..2).map(key).collect();
+    let (port, t) = fake_source(|s, req, _| {
+        let b = block(0, PAGE);
+        send(
+            s,
+            &PeerMsg::Block {
+                req,
+                idx: 0,
+                len: PAGE as u32,
+                xxh3: xxhash_rust::xxh3::xxh3_64(&b),
+            },
+            &b,
+        );
+        send(s, &PeerMsg::Miss { req, idx: 1 }, &[]);
+        send(s, &PeerMsg::Done { req }, &[]);
+    });
+    let (op, _d) = pull_from(port, &keys);
+    assert_eq!(op.results, vec![KeyOutcome::Pulled, KeyOutcome::Missed]);
+    assert_eq!(op.state, OpState::Partial);
+    t.join().unwrap();
+}
+
+#[test]
+fn wrong_checksum_is_refused_and_not_committed() {
+    let keys: Vec<Key> = (0..2).map(key).collect();
+    let (port, t) = fake_source(|s, req, _| {
+        let b = block(0, PAGE);
+        let x = xxhash_rust::xxh3::xxh3_64(&b);
+        send(
+            s,
+            &PeerMsg::Block {
+                req,
+                idx: 0,
+                len: PAGE as u32,
+                xxh3: x ^ 1,
+            },
+            &b,
+        );
+        send(
+            s,
+            &PeerMsg::Block {
+                req,
+                idx: 1,
+                len: PAGE as u32,
+                xxh3: x,
+            },
+            &b,
+        );
+        send(s, &PeerMsg::Done { req }, &[]);
+    });
+    let (op, _d) = pull_from(port, &keys);
+    assert!(failed_with(&op.results[0], "checksum mismatch"), "{op:?}");
+    assert_eq!(op.results[1], KeyOutcome::Pulled);
+    assert_eq!(op.leading, 0);
+    t.join().unwrap();
+}
+
+#[test]
+fn truncated_block_fails_its_keys_and_commits_nothing() {
+    let keys: Vec<Key> = (0..3).map(key).collect();
+    let (port, t) = fake_source(|s, req, _| {
+        let b = block(0, PAGE);
+        let m = PeerMsg::Block {
+            req,
+            idx: 0,
+            len: PAGE as u32,
+            xxh3: 0,
+        };
+        s.write_all(&encode_frame(&m, PAGE as u64).unwrap())
+            .unwrap();
+        s.write_all(&b[..100]).unwrap();
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+    });
+    let (op, _d) = pull_from(port, &keys);
+    assert!(
+        op.results
+            .iter()
+            .all(|r| failed_with(r, "closed mid-block")),
+        "{op:?}"
+    );
+    t.join().unwrap();
+}
+
+#[test]
+fn garbage_and_out_of_protocol_frames_fail_the_pull_cleanly() {
+    type Script = Box<dyn FnOnce(&mut TcpStream, u64, usize) + Send>;
+    let cases: Vec<(Script, &str)> = vec![
+        (
+            Box::new(|s, _, _| s.write_all(&[0xff; 64]).unwrap()),
+            "malformed frame",
+        ),
+        (
+            Box::new(|s, _, _| {
+                let mut f = encode_frame(&PeerMsg::Ready, 0).unwrap();
+                f[8] ^= 0xff;
+                s.write_all(&f).unwrap();
+            }),
+            "malformed frame",
+        ),
+        (
+            Box::new(|s, req, n| {
+                send(
+                    s,
+                    &PeerMsg::Miss {
+                        req,
+                        idx: n as u32 + 5,
+                    },
+                    &[],
+                );
+            }),
+            "unknown key",
+        ),
+        (
+            Box::new(|s, req, _| {
+                send(s, &PeerMsg::Miss { req, idx: 0 }, &[]);
+                send(s, &PeerMsg::Miss { req, idx: 0 }, &[]);
+            }),
+            "answered twice",
+        ),
+        (
+            Box::new(|s, req, _| send(s, &PeerMsg::Done { req }, &[])),
+            "unanswered",
+        ),
+        (
+            Box::new(|s, _, _| send(s, &PeerMsg::Ready, &[])),
+            "unexpected Ready",
+        ),
+    ];
+    for (script, want) in cases {
+        let keys: Vec<Key> = (0..2).map(key).collect();
+        let (port, t) = fake_source(script);
+        let (op, d) = pull_from(port, &keys);
+        assert!(
+            op.results.iter().any(|r| failed_with(r, want)),
+            "{want}: {op:?}"
+        );
+        d.client().stats().unwrap();
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn garbage_sent_to_a_real_source_is_refused_and_it_keeps_serving() {
+    let port = free_port();
+    let src = peer_source(port, &[]);
+    let keys: Vec<Key> = (0..2).map(key).collect();
+    let mut c = src.client();
+    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
+    c.put(ns, &keys, &[&block(0, PAGE), &block(1, PAGE)])
+        .unwrap();
+    for junk in [
+        vec![0u8; 8],
+        vec![0xff; 100],
+        encode_frame(&PeerMsg::Ready, 0).unwrap(),
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(&junk).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+    let dst = peer_dest(&format!("tcp://127.0.0.1:{port}"), &[]);
+    let mut d = dst.client();
+    let dns = d.register(&spec("m", PAGE as u64)).unwrap().ns;
+    let (_, op) = d
+        .get_hinted(dns, &keys, Some(&hint(port, &keys)), Some(3000))
+        .unwrap();
+    assert_eq!(op.unwrap().state, OpState::Done);
+    assert!(src.log().contains("peer refused"), "{}", src.log());
+}
