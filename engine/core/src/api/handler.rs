@@ -33,7 +33,10 @@ pub(super) fn invalid(msg: impl Into<String>) -> Reply {
 
 impl Connection {
     /// Handles one request whose header is decoded and whose `payload_len` bytes are unread.
-    #[expect(clippy::too_many_lines, reason = "one match arm per protocol op; each arm delegates")]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one match arm per protocol op; each arm delegates"
+    )]
     pub async fn handle(&mut self, req: Request, payload_len: u64) -> io::Result<()> {
         let id = req.id;
         if payload_len > 0 && !matches!(req.op, Op::Put { .. }) {

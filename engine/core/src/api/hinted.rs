@@ -131,8 +131,11 @@ impl Connection {
             Ok(op) => op,
             Err(r) => return r,
         };
+        let t0 = self.engine.metrics.now_ns();
+        crate::probes::cancel(self.id, id, op.report().results.len() as u32);
         self.engine.peers.cancel(&op);
         self.finish(&op);
+        crate::probes::fence(self.id, id, self.engine.metrics.now_ns().saturating_sub(t0));
         Reply::Op(Box::new(op.report()))
     }
 }

@@ -94,6 +94,9 @@ pub async fn run_chunk(
     idxs: Vec<usize>,
 ) {
     let n = idxs.len() as u64;
+    let peer_idx = (crate::api::hash_name(&link.name) & 0xffff_ffff) as u32;
+    crate::probes::peer_pull_start(peer_idx, op.id, n as u32);
+    let t0 = engine.metrics.now_ns();
     let mut c = Chunk {
         engine: &engine,
         link: &link,
@@ -101,6 +104,16 @@ pub async fn run_chunk(
         open: idxs,
     };
     let r = c.run().await;
+    let lat = engine.metrics.now_ns().saturating_sub(t0);
+    let status = if r.is_ok() {
+        kvnode_proto::obs::OpStatus::Ok
+    } else {
+        kvnode_proto::obs::OpStatus::Error
+    };
+    crate::probes::peer_pull_done(peer_idx, op.id, n as u32, 0, status, lat);
+    if r.is_ok() {
+        engine.metrics.record_peer(&link.name, lat, 0);
+    }
     if let Err(e) = r {
         let why = e.to_string();
         tracing::debug!(peer = %link.name, op = op.id, error = %why, "pull chunk failed");

@@ -76,7 +76,21 @@ impl Tiering {
                 offset: d.offset as usize,
                 len: d.len as usize,
             });
+            let id = d.key.digest.router_hash();
+            let t0 = engine.metrics.now_ns();
+            crate::probes::spill_submit(crate::probes::SPILL_WRITE, id, d.len);
             let done = self.spill.try_write(sk, buf).await;
+            let lat = engine.metrics.now_ns().saturating_sub(t0);
+            let status = if done.result.is_ok() {
+                0
+            } else {
+                -i64::from(libc::EIO)
+            };
+            crate::probes::spill_complete(crate::probes::SPILL_WRITE, id, d.len, status, lat);
+            if done.result.is_ok() {
+                engine.metrics.record_tier("nvme write", lat, d.len);
+                crate::probes::demote(engine.tier.handle_of(d.key.ns).unwrap_or(u32::MAX), d.len);
+            }
             match done.result {
                 Ok(out) => {
                     if !out.evicted.is_empty() {

@@ -261,14 +261,35 @@ impl Tiering {
                 offset: res.offset as usize,
                 len: (res.len.div_ceil(4096) * 4096) as usize,
             });
+            crate::probes::spill_submit(
+                crate::probes::SPILL_READ,
+                w.2.digest[0..8]
+                    .iter()
+                    .fold(0, |a, b| a << 8 | u64::from(*b)),
+                res.len,
+            );
             reads.push((w.0, w.1, w.2, res, self.spill.read(w.2, buf)));
         }
+        let t0 = engine.metrics.now_ns();
         let mut commit: Vec<(Reservation, Option<Arc<RouterMeta>>)> = Vec::new();
         let mut abort = Vec::new();
         let mut idx = Vec::new();
         for (i, k, sk, res, done) in reads {
-            match done.await.result {
+            let result = done.await.result;
+            let lat = engine.metrics.now_ns().saturating_sub(t0);
+            let id = sk.digest[0..8]
+                .iter()
+                .fold(0, |a, b| a << 8 | u64::from(*b));
+            let status = if result.is_ok() {
+                0
+            } else {
+                -i64::from(libc::EIO)
+            };
+            crate::probes::spill_complete(crate::probes::SPILL_READ, id, res.len, status, lat);
+            match result {
                 Ok(ReadOutcome::Hit { len }) if len as u64 == res.len => {
+                    engine.metrics.record_tier("nvme read", lat, res.len);
+                    crate::probes::promote(ns, res.len, lat);
                     self.counters.hits.fetch_add(1, Relaxed);
                     let meta = self.nvme().get(&sk).map(|r| Arc::clone(r.meta()));
                     commit.push((res, meta));
