@@ -34,12 +34,13 @@ fi
 # mem_cache.utils (get_hash_str) until nothing was missing; ninja + g++ + libssl-dev build
 # SGLang's native hash extension (cached under ~/.cache/torch_extensions).
 VENV="${KVNODE_PY_VENV:-$HOME/.cache/kvnode-sglang-venv}"
-if ! "$VENV/bin/python" -c "import sglang.srt.mem_cache.hicache_storage, msgpack, pytest, kvnode" >/dev/null 2>&1; then
+if ! "$VENV/bin/python" -c "import sglang.srt.mem_cache.hicache_storage, msgpack, pytest" >/dev/null 2>&1; then
   echo "install-deps: building the Python test venv at $VENV (torch + sglang 0.5.23 --no-deps)" >&2
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q torch==2.14.1
   "$VENV/bin/pip" install -q --no-deps sglang==0.5.23
   "$VENV/bin/pip" install -q numpy orjson psutil pybase64 requests pillow starlette msgspec \
     pydantic pyzmq tqdm IPython aiohttp ninja msgpack pytest
-  "$VENV/bin/pip" install -q --no-deps -e clients/python
 fi
+# Always point the venv at this checkout's connector (the venv is shared between checkouts).
+"$VENV/bin/pip" install -q --no-deps --no-build-isolation -e clients/python
