@@ -56,6 +56,8 @@ pub struct Slab {
     pub class: Option<u32>,
     /// Slots (empty when unassigned).
     pub slots: Vec<Slot>,
+    /// Slots not `Free` (reserved or holding a block).
+    pub used: u32,
 }
 
 /// One slot class.

@@ -30,6 +30,8 @@ pub(super) struct State {
     policy: PolicyKind,
     pub slabs: Vec<Slab>,
     pub free_slabs: Vec<u32>,
+    /// Assigned slabs with no used slot: another class may take them without evicting.
+    empty_slabs: std::collections::BTreeSet<u32>,
     pub pools: Vec<Pool>,
     class_by_size: HashMap<u64, u32>,
     pub index: HashMap<BlockKey, SlotId>,
@@ -56,6 +58,7 @@ impl State {
             policy: cfg.policy,
             slabs: (0..n).map(|_| Slab::default()).collect(),
             free_slabs: (0..n).rev().collect(),
+            empty_slabs: std::collections::BTreeSet::new(),
             pools: Vec::new(),
             class_by_size: HashMap::new(),
             index: HashMap::new(),
@@ -216,6 +219,7 @@ impl State {
             return Ok(Err(PutStatus::NoSpace));
         };
         *self.slot_mut(slot) = Slot::Reserved { conn };
+        self.mark_used(slot);
         self.totals.reserved += 1;
         Ok(Ok(Reservation {
             slot,
@@ -236,6 +240,10 @@ impl State {
             self.assign_slab(slab, class);
             return self.pools[c].free.pop();
         }
+        if let Some(slab) = self.take_empty_slab(class) {
+            self.assign_slab(slab, class);
+            return self.pools[c].free.pop();
+        }
         if let Some(s) = self.evict_one(class) {
             return Some(s);
         }
@@ -249,9 +257,49 @@ impl State {
         let s = &mut self.slabs[slab as usize];
         s.class = Some(class);
         s.slots = (0..per).map(|_| Slot::Free).collect();
+        s.used = 0;
+        self.empty_slabs.insert(slab);
         let pool = &mut self.pools[class as usize];
         pool.slabs.push(slab);
         pool.free.extend((0..per).rev().map(|i| slot_id(slab, i)));
+    }
+
+    /// A slot left `Free`: count it, and note when its slab became empty.
+    fn mark_used(&mut self, slot: SlotId) {
+        let slab = slot_parts(slot).0;
+        let s = &mut self.slabs[slab as usize];
+        s.used += 1;
+        if s.used == 1 {
+            self.empty_slabs.remove(&slab);
+        }
+    }
+
+    /// A slot became `Free`.
+    fn mark_free(&mut self, slot: SlotId) {
+        let slab = slot_parts(slot).0;
+        let s = &mut self.slabs[slab as usize];
+        s.used -= 1;
+        if s.used == 0 {
+            self.empty_slabs.insert(slab);
+        }
+    }
+
+    /// Detaches an empty slab of another class (no eviction needed), e.g. after a clear.
+    fn take_empty_slab(&mut self, for_class: u32) -> Option<u32> {
+        let slab = self
+            .empty_slabs
+            .iter()
+            .copied()
+            .find(|&s| self.slabs[s as usize].class != Some(for_class))?;
+        let owner = self.slabs[slab as usize]
+            .class
+            .expect("empty slabs are assigned");
+        let pool = &mut self.pools[owner as usize];
+        pool.free.retain(|&s| slot_parts(s).0 != slab);
+        pool.slabs.retain(|&s| s != slab);
+        self.slabs[slab as usize] = Slab::default();
+        self.empty_slabs.remove(&slab);
+        Some(slab)
     }
 
     fn evict_one(&mut self, class: u32) -> Option<SlotId> {
@@ -296,6 +344,7 @@ impl State {
             pool.free.retain(|&s| slot_parts(s).0 != slab);
             pool.slabs.retain(|&s| s != slab);
             self.slabs[slab as usize] = Slab::default();
+            self.empty_slabs.remove(&slab);
             return Some(slab);
         }
         None
@@ -307,6 +356,7 @@ impl State {
         let Slot::Block(r) = std::mem::replace(self.slot_mut(slot), Slot::Free) else {
             unreachable!("drop_block on a non-block slot");
         };
+        self.mark_free(slot);
         debug_assert_eq!(r.leases, 0);
         if !r.doomed {
             self.index.remove(&r.key);
@@ -341,7 +391,12 @@ impl State {
     }
 
     pub fn free_slot(&mut self, slot: SlotId) {
+        debug_assert!(
+            !matches!(self.slot(slot), Slot::Free),
+            "double free of slot {slot:#x}"
+        );
         *self.slot_mut(slot) = Slot::Free;
+        self.mark_free(slot);
         let c = self.class_of(slot);
         self.pools[c as usize].free.push(slot);
     }

@@ -202,3 +202,25 @@ fn registration_is_idempotent_and_reports_classes() {
     assert_eq!(bytes, vec![4096, 8192, 8192]);
     assert_eq!(r1.segments[1].class, r1.segments[2].class);
 }
+
+#[test]
+fn slabs_emptied_by_clear_go_to_another_class_without_eviction() {
+    let t = tier(8 * MIB, 2 * MIB, PolicyKind::Lru);
+    let a = t.register(&spec("a", MIB)).unwrap().ns;
+    let b = t.register(&spec("b", 2 * MIB)).unwrap().ns;
+    for i in 0..8 {
+        put(&t, a, i, MIB).unwrap();
+    }
+    assert_eq!(t.clear(Some(a)).unwrap(), 8);
+    // All four slabs are empty but still cut into 1 MiB slots: the 2 MiB class takes them.
+    for i in 0..4 {
+        put(&t, b, i, 2 * MIB).unwrap();
+    }
+    let s = t.snapshot();
+    assert_eq!(s.namespaces[1].blocks, 4, "{:?}", s.pools);
+    assert_eq!(s.tier.evictions, 0);
+    assert_eq!(
+        s.pools.iter().map(|p| p.slabs).collect::<Vec<_>>(),
+        vec![0, 4]
+    );
+}
