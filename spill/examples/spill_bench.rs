@@ -11,7 +11,6 @@ use kvnode_spill::{
 };
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 struct Args {
@@ -117,35 +116,9 @@ fn pipeline<T>(
 }
 
 fn fio(dir: &Path, rw: &str, bs: usize, qd: usize, size: u64) -> anyhow::Result<f64> {
-    let out = Command::new("fio")
-        .args([
-            "--name=kvnode",
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--output-format=terse",
-            "--terse-version=3",
-        ])
-        .arg(format!("--rw={rw}"))
-        .arg(format!("--bs={bs}"))
-        .arg(format!("--iodepth={qd}"))
-        .arg(format!("--size={size}"))
-        .arg(format!("--filename={}", dir.join("fio.dat").display()))
-        .output()
-        .context("running fio (apt-get install fio)")?;
-    ensure!(
-        out.status.success(),
-        "fio failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = String::from_utf8(out.stdout)?;
-    let f: Vec<&str> = line.trim().split(';').collect();
-    // terse v3: field 6 = read bandwidth KiB/s, field 47 = write bandwidth KiB/s.
-    let kib: f64 = if rw == "read" {
-        f[6].parse()?
-    } else {
-        f[47].parse()?
-    };
-    Ok(kib * 1024.0 / 1e9)
+    let bps =
+        kvnode_spill::fio::bandwidth(dir, rw, bs as u64, qd, size).map_err(anyhow::Error::msg)?;
+    Ok(bps / 1e9)
 }
 
 fn throughput(a: &Args) -> anyhow::Result<()> {

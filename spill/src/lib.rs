@@ -39,6 +39,7 @@ mod config;
 mod engine;
 mod error;
 mod file;
+pub mod fio;
 mod format;
 mod key;
 mod ops;

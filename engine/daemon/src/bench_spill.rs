@@ -24,26 +24,7 @@ fn key(i: u64) -> Key {
 }
 
 fn fio(dir: &Path, rw: &str, bs: u64, qd: usize, size: u64) -> anyhow::Result<f64> {
-    let out = Command::new("fio")
-        .args(["--name=kvnode", "--ioengine=io_uring", "--direct=1"])
-        .args(["--output-format=terse", "--terse-version=3"])
-        .arg(format!("--rw={rw}"))
-        .arg(format!("--bs={bs}"))
-        .arg(format!("--iodepth={qd}"))
-        .arg(format!("--size={size}"))
-        .arg(format!("--filename={}", dir.join("fio.dat").display()))
-        .output()
-        .context("running fio (apt-get install fio)")?;
-    ensure!(
-        out.status.success(),
-        "fio failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = String::from_utf8(out.stdout)?;
-    let f: Vec<&str> = line.trim().split(';').collect();
-    // terse v3: field 6 = read bandwidth KiB/s, field 47 = write bandwidth KiB/s.
-    let kib: f64 = f[if rw == "read" { 6 } else { 47 }].parse()?;
-    Ok(kib * 1024.0)
+    kvnode_spill::fio::bandwidth(dir, rw, bs, qd, size).map_err(anyhow::Error::msg)
 }
 
 struct Served {
