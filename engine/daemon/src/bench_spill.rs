@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, bail};
 use kvnode_client::Client;
 use kvnode_proto::size::{ByteSize, parse_size};
 use kvnode_proto::{Digest, Key, NamespaceSpec};
