@@ -249,6 +249,8 @@ pub enum BenchCmd {
     Spill(BenchSpillArgs),
     /// Daemon-driven GPU offload/onload next to plain pinned cuMemcpy (needs a CUDA GPU).
     Gpu(GpuBenchArgs),
+    /// KV events received by a live ZMQ subscriber while a daemon it starts serves puts.
+    Events(crate::bench_events::EventsArgs),
     /// Two daemons on loopback: peer pull throughput and latency next to iperf3 in the same run.
     Pull(crate::bench_pull::PullArgs),
 }

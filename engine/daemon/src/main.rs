@@ -6,12 +6,14 @@
 //! kvnode stats|clear      inspect or empty the cache
 //! kvnode bench local      load generator against a running daemon
 //! kvnode bench spill      demotion/promotion through a daemon vs fio on the same dir
+//! kvnode bench events     KV events to a live ZMQ subscriber while serving puts
 //! kvnode bench gpu        GPU offload/onload next to plain pinned cuMemcpy
 //! kvnode bench pull       two daemons on loopback: peer pulls next to iperf3
 //! kvnode report           latency percentile tables and SVG (live daemon or kvtrace file)
 //! ```
 
 mod bench;
+mod bench_events;
 mod bench_gpu;
 mod bench_pull;
 mod bench_spill;
@@ -40,6 +42,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Bench(cli::BenchCmd::Spill(a)) => bench_spill::spill(&a),
         cli::Command::Report(a) => report::run(&a),
         cli::Command::Bench(cli::BenchCmd::Gpu(a)) => bench_gpu::run(&a),
+        cli::Command::Bench(cli::BenchCmd::Events(a)) => bench_events::run(&a),
         cli::Command::Bench(cli::BenchCmd::Pull(a)) => bench_pull::run(&a),
     };
     match result {
