@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import threading
@@ -60,7 +61,9 @@ def router_hint_fields(hint: Optional[dict], daemon_supports_hints: bool) -> dic
     """
     if not hint or not daemon_supports_hints:
         return {}
-    return {"hint": hint}
+    # The daemon takes the hint as untrusted JSON text (compact form) and validates it again.
+    compact = {"source_control_endpoint": hint["source"], "block_hashes": hint["block_hashes"]}
+    return {"hint": json.dumps(compact)}
 
 
 class _PerThread(threading.local):
@@ -184,7 +187,7 @@ class KvnodeStorage(_Base):
             got = c.get_to_region(self.ns, pk, self._tls.region, offs, sizes, extra=hint)
             flags = [g == s for g, s in zip(got, sizes)]
         else:
-            flags = self._copy_in(c, pk, ptrs, sizes)
+            flags = self._copy_in(c, pk, ptrs, sizes, hint)
         res = self._pages(flags, len(keys))
         self._record(self._metrics.prefetch_pgs, self._metrics.prefetch_bandwidth, res, t0)
         return res
@@ -206,8 +209,9 @@ class KvnodeStorage(_Base):
         self._record(self._metrics.backup_pgs, self._metrics.backup_bandwidth, res, t0)
         return res
 
-    def _copy_in(self, c: Connection, pk: list, ptrs: List[int], sizes: List[int]) -> List[bool]:
-        lease, extents = c.get_lease(self.ns, pk)
+    def _copy_in(self, c: Connection, pk: list, ptrs: List[int], sizes: List[int],
+                 hint: Optional[dict] = None) -> List[bool]:
+        lease, extents = c.get_lease(self.ns, pk, extra=hint)
         try:
             flags = []
             for e, p, s in zip(extents, ptrs, sizes):

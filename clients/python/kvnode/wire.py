@@ -147,8 +147,9 @@ class Connection:
             off += n or 0
         return out
 
-    def get_lease(self, ns: int, keys: List[list]) -> Tuple[int, List[Optional[dict]]]:
-        body = self.call({"Get": {"ns": ns, "keys": keys, "mode": "Lease"}})[1]
+    def get_lease(self, ns: int, keys: List[list], extra: Optional[dict] = None
+                  ) -> Tuple[int, List[Optional[dict]]]:
+        body = self.call({"Get": {"ns": ns, "keys": keys, "mode": "Lease", **(extra or {})}})[1]
         return body["lease"], body["extents"]
 
     def release(self, lease: int) -> None:

@@ -21,12 +21,13 @@ def kvnode_bin() -> str:
 
 
 class Daemon:
-    def __init__(self, tmp: Path, dram: str = "512MiB"):
+    def __init__(self, tmp: Path, dram: str = "512MiB", extra: tuple = ()):
+        tmp.mkdir(parents=True, exist_ok=True)
         self.socket = str(tmp / "kvnode.sock")
         self.log = open(tmp / "daemon.log", "w")
         self.proc = subprocess.Popen(
             [kvnode_bin(), "serve", "--socket", self.socket, "--dram", dram, "--slab-size", "4MiB",
-             "--no-pin"], stdout=subprocess.DEVNULL, stderr=self.log)
+             "--no-pin", *extra], stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + 10
         while True:
             try:

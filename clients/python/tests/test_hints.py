@@ -1,5 +1,6 @@
 """Router hint extraction: compact form, Dynamo kv.fetch envelope, signed hashes, refusals."""
 
+import json
 from types import SimpleNamespace
 
 from kvnode.hints import extract_router_hint
@@ -34,4 +35,6 @@ def test_hint_is_attached_only_when_the_daemon_supports_it():
     h = {"source": EP, "block_hashes": [5]}
     assert router_hint_fields(h, False) == {}
     assert router_hint_fields(None, True) == {}
-    assert router_hint_fields(h, True) == {"hint": h}
+    sent = router_hint_fields(h, True)
+    # Sent as the compact JSON form the daemon parses (and validates again).
+    assert json.loads(sent["hint"]) == {"source_control_endpoint": EP, "block_hashes": [5]}

@@ -405,8 +405,10 @@ impl Client {
             region,
             offsets: offsets.to_vec(),
             lens: lens.to_vec(),
+            hint: None,
+            deadline_ms: None,
         })? {
-            Reply::GotToRegion { lens } => Ok(lens),
+            Reply::GotToRegion { lens, .. } => Ok(lens),
             r => Err(unexpected(&r)),
         }
     }

@@ -182,6 +182,12 @@ pub enum Op {
         offsets: Vec<u64>,
         /// Room at each offset; a hit longer than its room is an error (nothing written).
         lens: Vec<u64>,
+        /// Router hint, as for `Get`: the covered missing prefix is pulled first.
+        #[serde(default)]
+        hint: Option<String>,
+        /// Milliseconds to wait for the pull (default: the declared timeout model).
+        #[serde(default)]
+        deadline_ms: Option<u64>,
     },
     /// Stores blocks whose bytes the daemon reads from the client's region.
     PutFromRegion {
@@ -426,6 +432,9 @@ pub enum Reply {
     GotToRegion {
         /// In key order.
         lens: Vec<Option<u64>>,
+        /// The pull operation a hint started, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pull: Option<Box<crate::pull::OpReport>>,
     },
     /// A GPU buffer is mapped.
     GpuAttached {

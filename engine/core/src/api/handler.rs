@@ -148,7 +148,19 @@ impl Connection {
                 region,
                 offsets,
                 lens,
-            } => self.get_to_region(ns, &keys, region, &offsets, &lens).await,
+                hint,
+                deadline_ms,
+            } => {
+                let pull = match hint {
+                    Some(h) => Some(Box::new(self.get_pull(ns, &keys, &h, deadline_ms).await)),
+                    None => None,
+                };
+                let mut reply = self.get_to_region(ns, &keys, region, &offsets, &lens).await;
+                if let Reply::GotToRegion { pull: p, .. } = &mut reply {
+                    *p = pull;
+                }
+                reply
+            }
             Op::PutFromRegion {
                 ns,
                 keys,

@@ -232,6 +232,7 @@ impl Connection {
             });
             Reply::GotToRegion {
                 lens: leased.iter().map(|l| l.map(|b| b.extent.len)).collect(),
+                pull: None,
             }
         };
         self.engine.tier.release(&slots);
