@@ -118,17 +118,36 @@ class KvnodeStorage(_Base):
             logger.info("kvnode: daemon declares no prefetch timeout model; router hints stay off")
             return False
         self.daemon_timeouts = body
-        base = float(extra.get("prefetch_timeout_base", 1.0))
-        per_ki = float(extra.get("prefetch_timeout_per_ki_token", 0.25))
+        self._sglang_timeouts = (float(extra.get("prefetch_timeout_base", 1.0)),
+                                 float(extra.get("prefetch_timeout_per_ki_token", 0.25)))
         logger.info("kvnode: daemon timeout model %s; SGLang prefetch_timeout_base=%s per_ki_token=%s",
-                    body, base, per_ki)
+                    body, *self._sglang_timeouts)
         return True
+
+    def recommended_extra_config(self, page_size: int) -> dict:
+        """SGLang extra-config timeouts that never abandon a fetch the daemon expects to finish:
+        the daemon's declared `base_s`, and its `per_page_s` scaled to 1024 tokens."""
+        t = self.daemon_timeouts or {}
+        return {"prefetch_timeout_base": float(t.get("base_s", 1.0)),
+                "prefetch_timeout_per_ki_token": float(t.get("per_page_s", 0.0)) * 1024 / max(1, page_size)}
+
+    def _check_timeouts(self, page_size: int) -> None:
+        if not self.daemon_timeouts:
+            return
+        rec = self.recommended_extra_config(page_size)
+        base, per_ki = self._sglang_timeouts
+        if base < rec["prefetch_timeout_base"] or per_ki < rec["prefetch_timeout_per_ki_token"]:
+            logger.warning(
+                "kvnode: SGLang's prefetch timeout (base %.3fs + %.4fs per 1024 tokens) is shorter "
+                "than the daemon's declared model: fetches that would land may be abandoned. "
+                "Set in the extra-config: %s", base, per_ki, json.dumps(rec))
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         import torch  # present whenever SGLang hands us a host pool
 
         self.mem_pool_host = mem_pool_host
         ps = int(mem_pool_host.page_size)
+        self._check_timeouts(ps)
         _, sizes = mem_pool_host.get_page_buffer_meta(torch.arange(ps, dtype=torch.int64))
         self.seg_n = len(sizes)
         self.page_bytes = int(sum(sizes))

@@ -38,3 +38,21 @@ def test_hint_is_attached_only_when_the_daemon_supports_it():
     sent = router_hint_fields(h, True)
     # Sent as the compact JSON form the daemon parses (and validates again).
     assert json.loads(sent["hint"]) == {"source_control_endpoint": EP, "block_hashes": [5]}
+
+
+def test_recommended_timeouts_scale_the_daemon_model_and_short_sglang_ones_warn(caplog):
+    from kvnode.sglang_backend import KvnodeStorage
+
+    s = KvnodeStorage.__new__(KvnodeStorage)
+    s.daemon_timeouts = {"base_s": 2.0, "per_page_s": 0.01}
+    s._sglang_timeouts = (1.0, 0.25)
+    rec = s.recommended_extra_config(page_size=64)
+    assert rec == {"prefetch_timeout_base": 2.0, "prefetch_timeout_per_ki_token": 0.01 * 1024 / 64}
+    with caplog.at_level("WARNING"):
+        s._check_timeouts(64)
+    assert "prefetch_timeout_base" in caplog.text and "shorter" in caplog.text
+    caplog.clear()
+    s._sglang_timeouts = (2.0, 0.5)
+    with caplog.at_level("WARNING"):
+        s._check_timeouts(64)
+    assert caplog.text == ""
