@@ -21,9 +21,13 @@ struct Shm {
 
 impl Shm {
     fn new(name: &str, len: usize) -> Self {
+        Self::with_flags(name, len, libc::MFD_CLOEXEC)
+    }
+
+    fn with_flags(name: &str, len: usize, flags: libc::c_uint) -> Self {
         let c = std::ffi::CString::new(name).unwrap();
         // SAFETY: valid NUL-terminated name.
-        let raw = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe { libc::memfd_create(c.as_ptr(), flags) };
         assert!(raw >= 0, "memfd_create");
         // SAFETY: fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
@@ -246,4 +250,43 @@ fn region_mapping_is_released_when_the_connection_closes() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// A sealable memfd is sealed against shrinking at attach (so the daemon copies through its
+/// mapping and a client truncation cannot fault it); an unsealable one (every other test here)
+/// is copied with pread/pwrite, which fail instead of faulting. Both move exact bytes.
+#[test]
+fn sealable_region_is_sealed_against_shrinking_and_moves_exact_bytes() {
+    let d = Daemon::start(&["--dram", "64MiB"]);
+    let mut c = d.client();
+    let ns = c.register(&spec("region", PAGE as u64)).unwrap().ns;
+    let mut shm = Shm::with_flags(
+        "kvnode-sealable",
+        4 * PAGE,
+        libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+    );
+    let region = c.attach_region(shm.fd.as_fd(), shm.len as u64).unwrap();
+    // SAFETY: fcntl on our own descriptor.
+    let seals = unsafe { libc::fcntl(shm.fd.as_raw_fd(), libc::F_GET_SEALS) };
+    assert_ne!(
+        seals & libc::F_SEAL_SHRINK,
+        0,
+        "attach must seal the file against shrinking"
+    );
+    // SAFETY: as above.
+    assert_ne!(
+        unsafe { libc::ftruncate(shm.fd.as_raw_fd(), 0) },
+        0,
+        "a sealed file cannot shrink"
+    );
+    shm.bytes()[..PAGE].copy_from_slice(&block(5, PAGE));
+    let st = c
+        .put_from_region(ns, &[key(5)], region, &[0], &[PAGE as u64])
+        .unwrap();
+    assert_eq!(st, vec![PutStatus::Stored]);
+    let got = c
+        .get_to_region(ns, &[key(5)], region, &[2 * PAGE as u64], &[PAGE as u64])
+        .unwrap();
+    assert_eq!(got, vec![Some(PAGE as u64)]);
+    assert_eq!(&shm.bytes()[2 * PAGE..3 * PAGE], &block(5, PAGE)[..]);
 }

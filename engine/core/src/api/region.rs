@@ -23,6 +23,10 @@ pub struct Region {
     base: *mut u8,
     len: u64,
     fd: OwnedFd,
+    /// `F_SEAL_SHRINK` is on the file: it can never shrink, so copies through the mapping
+    /// cannot fault. Without the seal, copies go through pread/pwrite on the descriptor,
+    /// which return an error (never SIGBUS) if the client truncates the file meanwhile.
+    sealed: bool,
 }
 
 // SAFETY: plain shared memory owned by this connection; bytes are only touched through raw
@@ -78,11 +82,102 @@ impl Region {
                 "cannot map the descriptor read-write ({e}): open it O_RDWR"
             ));
         }
+        // SAFETY: fcntl on a valid descriptor; failure (no MFD_ALLOW_SEALING) is handled.
+        let sealed = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } == 0
+            // SAFETY: as above.
+            || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) } & libc::F_SEAL_SHRINK != 0;
         Ok(Self {
             base: base.cast(),
             len,
             fd,
+            sealed,
         })
+    }
+
+    /// Whether copies may use the mapping (the file cannot shrink).
+    pub fn sealed(&self) -> bool {
+        self.sealed
+    }
+
+    /// Writes `src` at `off` in the client's memory.
+    fn write_at(&self, src: &[u8], off: u64) -> std::io::Result<()> {
+        if self.sealed {
+            // SAFETY: bounds were checked against the mapping, which cannot shrink (sealed);
+            // destinations of one request do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(off as usize), src.len())
+            };
+            return Ok(());
+        }
+        let (mut buf, mut at) = (src, off);
+        while !buf.is_empty() {
+            // SAFETY: pwrite from a valid buffer on a valid descriptor.
+            let n = unsafe {
+                libc::pwrite(
+                    self.fd.as_raw_fd(),
+                    buf.as_ptr().cast(),
+                    buf.len(),
+                    at as libc::off_t,
+                )
+            };
+            match n {
+                n if n > 0 => {
+                    buf = &buf[n as usize..];
+                    at += n as u64;
+                }
+                0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills `dst` from `off` in the client's memory.
+    fn read_at(&self, dst: &mut [u8], off: u64) -> std::io::Result<()> {
+        if self.sealed {
+            // SAFETY: as in `write_at`; the source extent was bounds-checked.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.base.add(off as usize),
+                    dst.as_mut_ptr(),
+                    dst.len(),
+                )
+            };
+            return Ok(());
+        }
+        let (mut got, len) = (0usize, dst.len());
+        while got < len {
+            // SAFETY: pread into a valid buffer from a valid descriptor.
+            let n = unsafe {
+                libc::pread(
+                    self.fd.as_raw_fd(),
+                    dst[got..].as_mut_ptr().cast(),
+                    len - got,
+                    (off + got as u64) as libc::off_t,
+                )
+            };
+            match n {
+                n if n > 0 => got += n as usize,
+                0 => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the region's file shrank during the copy",
+                    ));
+                }
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Refuses the request if the file shrank below the mapping (touching it would SIGBUS).
@@ -159,7 +254,13 @@ impl Connection {
             Ok(r) => {
                 self.next_region += 1;
                 let id = self.next_region;
-                tracing::info!(conn = self.id, region = id, len, "client region attached");
+                tracing::info!(
+                    conn = self.id,
+                    region = id,
+                    len,
+                    sealed = r.sealed(),
+                    "client region attached"
+                );
                 self.regions.insert(id, r);
                 Reply::RegionAttached { region: id, len }
             }
@@ -213,26 +314,22 @@ impl Connection {
             ))
         } else {
             let arena = &self.engine.arena;
-            blocking(|| {
+            let copied = blocking(|| {
                 for (l, &o) in leased.iter().zip(offsets) {
                     if let Some(b) = l {
-                        // SAFETY: the block is leased (immutable) until the release below;
-                        // the destination was bounds-checked against the live mapping and
-                        // extents do not overlap each other.
-                        unsafe {
-                            let src = arena.slice(b.extent.offset, b.extent.len);
-                            std::ptr::copy_nonoverlapping(
-                                src.as_ptr(),
-                                r.base.add(o as usize),
-                                src.len(),
-                            );
-                        }
+                        // SAFETY: the block is leased (immutable) until the release below.
+                        let src = unsafe { arena.slice(b.extent.offset, b.extent.len) };
+                        r.write_at(src, o)?;
                     }
                 }
+                std::io::Result::Ok(())
             });
-            Reply::GotToRegion {
-                lens: leased.iter().map(|l| l.map(|b| b.extent.len)).collect(),
-                pull: None,
+            match copied {
+                Ok(()) => Reply::GotToRegion {
+                    lens: leased.iter().map(|l| l.map(|b| b.extent.len)).collect(),
+                    pull: None,
+                },
+                Err(e) => invalid(format!("writing into the client's region failed: {e}")),
             }
         };
         self.engine.tier.release(&slots);
@@ -269,22 +366,20 @@ impl Connection {
             .filter_map(|x| x.as_ref().ok().copied())
             .collect();
         let arena = &self.engine.arena;
-        blocking(|| {
+        let copied = blocking(|| {
             for (x, &o) in reserved.iter().zip(offsets) {
                 if let Ok(res) = x {
-                    // SAFETY: this connection holds the reservation (no one else touches the
-                    // slot); the source extent was bounds-checked against the live mapping.
-                    unsafe {
-                        let dst = arena.slice_mut(res.offset, res.len);
-                        std::ptr::copy_nonoverlapping(
-                            r.base.add(o as usize),
-                            dst.as_mut_ptr(),
-                            dst.len(),
-                        );
-                    }
+                    // SAFETY: this connection holds the reservation (no one else touches the slot).
+                    let dst = unsafe { arena.slice_mut(res.offset, res.len) };
+                    r.read_at(dst, o)?;
                 }
             }
+            std::io::Result::Ok(())
         });
+        if let Err(e) = copied {
+            self.engine.tier.abort(self.id, &held);
+            return invalid(format!("reading from the client's region failed: {e}"));
+        }
         let mut committed = self.engine.tier.commit(self.id, &held).into_iter();
         let results = reserved
             .iter()
