@@ -105,7 +105,7 @@ impl Region {
             // SAFETY: bounds were checked against the mapping, which cannot shrink (sealed);
             // destinations of one request do not overlap.
             unsafe {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(off as usize), src.len())
+                std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(off as usize), src.len());
             };
             return Ok(());
         }
@@ -117,7 +117,7 @@ impl Region {
                     self.fd.as_raw_fd(),
                     buf.as_ptr().cast(),
                     buf.len(),
-                    at as libc::off_t,
+                    at.cast_signed(),
                 )
             };
             match n {
@@ -146,8 +146,8 @@ impl Region {
                     self.base.add(off as usize),
                     dst.as_mut_ptr(),
                     dst.len(),
-                )
-            };
+                );
+            }
             return Ok(());
         }
         let (mut got, len) = (0usize, dst.len());
@@ -158,7 +158,7 @@ impl Region {
                     self.fd.as_raw_fd(),
                     dst[got..].as_mut_ptr().cast(),
                     len - got,
-                    (off + got as u64) as libc::off_t,
+                    (off + got as u64).cast_signed(),
                 )
             };
             match n {
