@@ -132,7 +132,8 @@ class KvnodeStorage(_Base):
                 "prefetch_timeout_per_ki_token": float(t.get("per_page_s", 0.0)) * 1024 / max(1, page_size)}
 
     def _check_timeouts(self, page_size: int) -> None:
-        if not self.daemon_timeouts:
+        # Only a measured model is evidence; before any pull the daemon echoes SGLang's defaults.
+        if not self.daemon_timeouts or not self.daemon_timeouts.get("measured"):
             return
         rec = self.recommended_extra_config(page_size)
         base, per_ki = self._sglang_timeouts

@@ -44,8 +44,12 @@ def test_recommended_timeouts_scale_the_daemon_model_and_short_sglang_ones_warn(
     from kvnode.sglang_backend import KvnodeStorage
 
     s = KvnodeStorage.__new__(KvnodeStorage)
-    s.daemon_timeouts = {"base_s": 2.0, "per_page_s": 0.01}
+    s.daemon_timeouts = {"base_s": 2.0, "per_page_s": 0.01, "measured": False}
     s._sglang_timeouts = (1.0, 0.25)
+    with caplog.at_level("WARNING"):
+        s._check_timeouts(64)
+    assert caplog.text == "", "an unmeasured model (SGLang's own defaults) is no reason to warn"
+    s.daemon_timeouts["measured"] = True
     rec = s.recommended_extra_config(page_size=64)
     assert rec == {"prefetch_timeout_base": 2.0, "prefetch_timeout_per_ki_token": 0.01 * 1024 / 64}
     with caplog.at_level("WARNING"):
