@@ -140,8 +140,12 @@ fn full_submission_queue_refuses_try_write_and_hands_the_buffer_back() {
         .build()
         .unwrap();
     let t = SpillTier::open(cfg).unwrap();
-    let pending: Vec<_> = (0..64)
-        .map(|i| t.try_write(key(i), IoBuf::Vec(data(i, 1 << 20))))
+    // Buffers first, so submissions come in a tight loop faster than 1 MiB writes complete.
+    let bufs: Vec<Vec<u8>> = (0..64).map(|i| data(i, 1 << 20)).collect();
+    let pending: Vec<_> = bufs
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| t.try_write(key(i as u64), IoBuf::Vec(b)))
         .collect();
     let mut refused = 0;
     for p in pending {
