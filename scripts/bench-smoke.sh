@@ -14,4 +14,4 @@ for args in "--op put --page-size 64KiB" "--op get --mode zero-copy --page-size 
   # shellcheck disable=SC2086
   $bin bench local --socket "$sock" $args --duration 0.5 --memcpy-pool 64MiB
 done
-$bin bench events --duration 0.5
+$bin bench events --duration 0.2
