@@ -276,6 +276,19 @@ impl Connection {
         }
     }
 
+    /// Validates a request's extents against an attached region (before anything moves).
+    fn check_region(
+        &self,
+        region: u32,
+        n: usize,
+        offsets: &[u64],
+        lens: &[u64],
+        dest: bool,
+    ) -> Result<(), Reply> {
+        let r = self.regions.get(&region).ok_or_else(|| not_owned(region))?;
+        check_extents(r, n, offsets, lens, dest).map_err(invalid)
+    }
+
     /// `GetToRegion`: lease every hit, validate, copy all, release, answer.
     pub(super) async fn get_to_region(
         &mut self,
@@ -285,11 +298,8 @@ impl Connection {
         offsets: &[u64],
         lens: &[u64],
     ) -> Reply {
-        let Some(r) = self.regions.get(&region) else {
-            return not_owned(region);
-        };
-        if let Err(msg) = check_extents(r, keys.len(), offsets, lens, true) {
-            return invalid(msg);
+        if let Err(reply) = self.check_region(region, keys.len(), offsets, lens, true) {
+            return reply;
         }
         let mut leased = match self.engine.tier.lease(ns, keys) {
             Ok(l) => l,
@@ -345,11 +355,8 @@ impl Connection {
         offsets: &[u64],
         lens: &[u64],
     ) -> Reply {
-        let Some(r) = self.regions.get(&region) else {
-            return not_owned(region);
-        };
-        if let Err(msg) = check_extents(r, keys.len(), offsets, lens, false) {
-            return invalid(msg);
+        if let Err(reply) = self.check_region(region, keys.len(), offsets, lens, false) {
+            return reply;
         }
         if let Some(t) = &self.engine.tiering {
             t.make_room(&self.engine, lens.iter().sum()).await;
