@@ -3,6 +3,8 @@
 //! The `kvnode` binary is found next to the test executable (`target/<profile>/kvnode`);
 //! `cargo test --workspace` builds it before running these tests.
 
+pub mod shm;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};

@@ -1,82 +1,18 @@
 //! Client memory regions against a real daemon: a test-owned memfd is attached with
 //! SCM_RIGHTS, blocks move between it and the tier byte-exactly, every bad offset, length or
 //! descriptor is refused with nothing written, and the mapping dies with the connection.
+//! Copy modes and clients that shrink their memfd: region_guard.rs.
 //! Run: `cargo test --release -p kvnode-e2e --test region`.
 
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use kvnode_client::{Client, ClientError};
+use kvnode_client::Client;
+use kvnode_e2e::shm::{Shm, refused};
 use kvnode_e2e::{Daemon, block, key, spec};
 use kvnode_proto::client::{ErrorCode, PutStatus};
 
 const PAGE: usize = 64 << 10;
-
-/// A memfd of `len` bytes mapped into the test, like SGLang's `"allocator": "shm"` host pool.
-struct Shm {
-    fd: OwnedFd,
-    base: *mut u8,
-    len: usize,
-}
-
-impl Shm {
-    fn new(name: &str, len: usize) -> Self {
-        Self::with_flags(name, len, libc::MFD_CLOEXEC)
-    }
-
-    fn with_flags(name: &str, len: usize, flags: libc::c_uint) -> Self {
-        let c = std::ffi::CString::new(name).unwrap();
-        // SAFETY: valid NUL-terminated name.
-        let raw = unsafe { libc::memfd_create(c.as_ptr(), flags) };
-        assert!(raw >= 0, "memfd_create");
-        // SAFETY: fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: valid fd.
-        assert_eq!(
-            unsafe { libc::ftruncate(raw, libc::off_t::try_from(len).unwrap()) },
-            0
-        );
-        // SAFETY: mapping our own memfd of `len` bytes.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                raw,
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
-        Self {
-            fd,
-            base: base.cast(),
-            len,
-        }
-    }
-
-    fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: our own mapping; the daemon only writes it during a request we wait on.
-        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
-    }
-}
-
-impl Drop for Shm {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
-
-fn refused(r: Result<impl std::fmt::Debug, ClientError>, code: ErrorCode, needle: &str) {
-    match r {
-        Err(ClientError::Server { code: c, message }) => {
-            assert_eq!(c, code, "{message}");
-            assert!(message.contains(needle), "{message:?} lacks {needle:?}");
-        }
-        other => panic!("expected {code:?} error, got {other:?}"),
-    }
-}
 
 fn setup(d: &Daemon, pages: usize) -> (Client, u32, Shm, u32) {
     let mut c = d.client();
@@ -220,17 +156,6 @@ fn bad_descriptors_are_refused() {
     // SAFETY: fresh descriptors we own.
     let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
     refused(c.attach_region(r.as_fd(), 1), ErrorCode::Invalid, "memfd");
-    // A region whose file shrank is refused instead of crashing the daemon with SIGBUS.
-    let region = c.attach_region(shm.fd.as_fd(), PAGE as u64).unwrap();
-    // SAFETY: valid fd.
-    assert_eq!(unsafe { libc::ftruncate(shm.fd.as_raw_fd(), 4096) }, 0);
-    let ns = c.register(&spec("region", PAGE as u64)).unwrap().ns;
-    refused(
-        c.put_from_region(ns, &[key(1)], region, &[0], &[PAGE as u64]),
-        ErrorCode::Invalid,
-        "shrank",
-    );
-    assert_eq!(c.exists(ns, &[key(1)]).unwrap(), 0);
 }
 
 #[test]
@@ -250,43 +175,4 @@ fn region_mapping_is_released_when_the_connection_closes() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// A sealable memfd is sealed against shrinking at attach (so the daemon copies through its
-/// mapping and a client truncation cannot fault it); an unsealable one (every other test here)
-/// is copied with pread/pwrite, which fail instead of faulting. Both move exact bytes.
-#[test]
-fn sealable_region_is_sealed_against_shrinking_and_moves_exact_bytes() {
-    let d = Daemon::start(&["--dram", "64MiB"]);
-    let mut c = d.client();
-    let ns = c.register(&spec("region", PAGE as u64)).unwrap().ns;
-    let mut shm = Shm::with_flags(
-        "kvnode-sealable",
-        4 * PAGE,
-        libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-    );
-    let region = c.attach_region(shm.fd.as_fd(), shm.len as u64).unwrap();
-    // SAFETY: fcntl on our own descriptor.
-    let seals = unsafe { libc::fcntl(shm.fd.as_raw_fd(), libc::F_GET_SEALS) };
-    assert_ne!(
-        seals & libc::F_SEAL_SHRINK,
-        0,
-        "attach must seal the file against shrinking"
-    );
-    // SAFETY: as above.
-    assert_ne!(
-        unsafe { libc::ftruncate(shm.fd.as_raw_fd(), 0) },
-        0,
-        "a sealed file cannot shrink"
-    );
-    shm.bytes()[..PAGE].copy_from_slice(&block(5, PAGE));
-    let st = c
-        .put_from_region(ns, &[key(5)], region, &[0], &[PAGE as u64])
-        .unwrap();
-    assert_eq!(st, vec![PutStatus::Stored]);
-    let got = c
-        .get_to_region(ns, &[key(5)], region, &[2 * PAGE as u64], &[PAGE as u64])
-        .unwrap();
-    assert_eq!(got, vec![Some(PAGE as u64)]);
-    assert_eq!(&shm.bytes()[2 * PAGE..3 * PAGE], &block(5, PAGE)[..]);
 }

@@ -55,6 +55,21 @@ pub struct EngineConfig {
     pub metrics: Option<String>,
     /// Peer pulls (`[peer]` table). Default: disabled.
     pub peer: PeerConfig,
+    /// How client regions whose memfd cannot be sealed (SGLang's) are copied. Default:
+    /// `guarded`. Sealable memfds are sealed and copied through the mapping either way.
+    pub region_copy: RegionCopy,
+}
+
+/// How the daemon copies an unsealable client region (config `region_copy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RegionCopy {
+    /// memcpy through a shared mapping, guarded against the client shrinking the file
+    /// (SIGBUS handler, kvnode-shmguard). Default.
+    #[default]
+    Guarded,
+    /// pread/pwrite on the descriptor (no mapping, no signal handler; slower).
+    Pread,
 }
 
 impl Default for EngineConfig {
@@ -75,6 +90,7 @@ impl Default for EngineConfig {
             op_deadline_s: 10.0,
             metrics: None,
             peer: PeerConfig::default(),
+            region_copy: RegionCopy::Guarded,
         }
     }
 }

@@ -79,6 +79,10 @@ pub struct ServeArgs {
     /// Back the arena with hugetlbfs pages.
     #[arg(long)]
     pub hugetlb: bool,
+    /// How client regions that cannot be sealed are copied: through a SIGBUS-guarded mapping
+    /// (default) or with pread/pwrite.
+    #[arg(long, value_enum)]
+    pub region_copy: Option<RegionCopyArg>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
@@ -126,6 +130,12 @@ pub enum SpillAdmission {
 pub enum SpillEngineArg {
     Uring,
     Psync,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RegionCopyArg {
+    Guarded,
+    Pread,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -2,11 +2,12 @@
 
 use anyhow::{Context, bail};
 use kvnode_engine::EngineConfig;
+use kvnode_engine::config::RegionCopy;
 use kvnode_engine::policy::PolicyKind;
 use kvnode_proto::size::parse_size;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::{Eviction, ServeArgs, SpillAdmission, SpillEngineArg};
+use crate::cli::{Eviction, RegionCopyArg, ServeArgs, SpillAdmission, SpillEngineArg};
 use kvnode_engine::tiering::config::{Admission, SpillDirSetting, SpillEngine};
 
 /// Builds the effective configuration.
@@ -38,6 +39,12 @@ pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
     cfg.pin &= !a.no_pin;
     cfg.populate &= !a.no_populate;
     cfg.hugetlb |= a.hugetlb;
+    if let Some(r) = a.region_copy {
+        cfg.region_copy = match r {
+            RegionCopyArg::Guarded => RegionCopy::Guarded,
+            RegionCopyArg::Pread => RegionCopy::Pread,
+        };
+    }
     apply_tiering_flags(a, &mut cfg)?;
     if let Some(m) = &a.metrics {
         cfg.metrics = Some(m.clone());

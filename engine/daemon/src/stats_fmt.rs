@@ -32,6 +32,12 @@ pub fn render(s: &StatsReport) -> String {
         ByteSize(g.offload_bytes),
         ByteSize(g.onload_bytes)
     );
+    let r = &s.regions;
+    let _ = writeln!(
+        o,
+        "client regions attached: sealed {}  guarded {}  pread {}  faults {}",
+        r.attached_sealed, r.attached_guarded, r.attached_pread, r.faults
+    );
     let _ = writeln!(
         o,
         "\n{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>10}",

@@ -22,6 +22,8 @@ pub struct StatsReport {
     pub namespaces: Vec<NamespaceStats>,
     /// GPU path (driver state, registered arena bytes, copies).
     pub gpu: crate::gpu::GpuStats,
+    /// Client regions (`AttachRegion`) by copy mode, and faults absorbed.
+    pub regions: RegionStats,
 }
 
 /// Counters of one tier.
@@ -123,4 +125,18 @@ pub struct NamespaceStats {
     pub evictions: u64,
     /// Blocks removed by delete or clear.
     pub removed: u64,
+}
+
+/// Client regions attached since start, by how the daemon copies them (docs/sglang.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RegionStats {
+    /// Sealed against shrinking (`MFD_ALLOW_SEALING`): memcpy through the mapping.
+    pub attached_sealed: u64,
+    /// Unsealable: memcpy through the mapping under the SIGBUS guard.
+    pub attached_guarded: u64,
+    /// pread/pwrite on the descriptor (guard off or mapping impossible).
+    pub attached_pread: u64,
+    /// Copies that faulted because a client shrank its file (op failed, region detached).
+    pub faults: u64,
 }

@@ -14,7 +14,8 @@
 //!                           no:  restore the previous disposition, return (fault re-delivered)
 //! ```
 //!
-//! - One handler per process, installed by the first [`install`] (or [`SharedMapping::map`]).
+//! - One handler per process, installed by the first [`install`]; accesses check it is still
+//!   the disposition (one `sigaction` query per access).
 //! - Each thread keeps its own chain of active accesses, so daemon threads copy concurrently
 //!   and accesses nest (a fault is charged to the innermost access whose mapping holds it).
 //! - A fault poisons the mapping for every thread: any access that overlaps or follows it
@@ -80,12 +81,11 @@ unsafe impl Send for SharedMapping {}
 unsafe impl Sync for SharedMapping {}
 
 impl SharedMapping {
-    /// Maps `len` bytes of `fd` shared, read-write, installing the SIGBUS handler first.
+    /// Maps `len` bytes of `fd` shared, read-write. Call [`install`] before guarded accesses.
     ///
-    /// Errors: the handler could not be installed, or `mmap` failed (`EACCES`: the descriptor
-    /// is not open read-write; `ENODEV`: the file system cannot map it).
+    /// Errors: `mmap` failed (`EACCES`: the descriptor is not open read-write; `ENODEV`: the
+    /// file system cannot map it; `ENOMEM`: no address space).
     pub fn map(fd: BorrowedFd<'_>, len: usize) -> std::io::Result<Self> {
-        install()?;
         if len == 0 {
             return Err(std::io::ErrorKind::InvalidInput.into());
         }
@@ -150,6 +150,20 @@ impl SharedMapping {
             return Err(AccessError::Faulted);
         }
         Ok(r)
+    }
+
+    /// Runs `f` with copies that are not guarded (no handler, no thread-local bookkeeping).
+    ///
+    /// # Safety
+    ///
+    /// No page of the mapping may fault during `f`: the file cannot shrink below the mapping
+    /// (`F_SEAL_SHRINK` holds, or the caller owns the file) and its pages are allocated or
+    /// can be. Otherwise a copy raises a SIGBUS that kills the process.
+    pub unsafe fn unguarded<R>(&self, f: impl FnOnce(&Guarded<'_>) -> R) -> R {
+        f(&Guarded {
+            map: self,
+            _not_sync: std::marker::PhantomData,
+        })
     }
 }
 

@@ -25,6 +25,12 @@ fn memfd(len: usize) -> OwnedFd {
     fd
 }
 
+/// Installs the guard (once per process) and maps `fd`.
+fn map(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> std::io::Result<SharedMapping> {
+    install()?;
+    SharedMapping::map(fd, len)
+}
+
 fn truncate(fd: &OwnedFd, len: usize) {
     // SAFETY: valid descriptor.
     assert_eq!(
@@ -42,7 +48,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 #[test]
 fn copies_inside_a_whole_file_are_byte_exact() {
     let fd = memfd(4 * MIB);
-    let m = SharedMapping::map(fd.as_fd(), 4 * MIB).unwrap();
+    let m = map(fd.as_fd(), 4 * MIB).unwrap();
     let src = pattern(MIB, 7);
     let mut back = vec![0u8; MIB];
     m.guarded(|g| {
@@ -61,7 +67,7 @@ fn copies_inside_a_whole_file_are_byte_exact() {
 #[test]
 fn write_after_truncate_returns_faulted_and_later_accesses_fail_too() {
     let fd = memfd(4 * MIB);
-    let m = SharedMapping::map(fd.as_fd(), 4 * MIB).unwrap();
+    let m = map(fd.as_fd(), 4 * MIB).unwrap();
     truncate(&fd, 0);
     let src = pattern(MIB, 1);
     assert_eq!(m.guarded(|g| g.write(MIB, &src)), Err(AccessError::Faulted));
@@ -80,7 +86,7 @@ fn write_after_truncate_returns_faulted_and_later_accesses_fail_too() {
 #[test]
 fn read_across_the_truncation_point_returns_faulted() {
     let fd = memfd(4 * MIB);
-    let m = SharedMapping::map(fd.as_fd(), 4 * MIB).unwrap();
+    let m = map(fd.as_fd(), 4 * MIB).unwrap();
     m.guarded(|g| g.write(0, &pattern(4 * MIB, 3)).unwrap())
         .unwrap();
     truncate(&fd, 2 * MIB);
@@ -96,7 +102,7 @@ fn read_across_the_truncation_point_returns_faulted() {
 #[test]
 fn truncate_racing_copies_on_several_threads_faults_them_all_and_the_process_survives() {
     let fd = memfd(16 * MIB);
-    let m = SharedMapping::map(fd.as_fd(), 16 * MIB).unwrap();
+    let m = map(fd.as_fd(), 16 * MIB).unwrap();
     let copies = AtomicUsize::new(0);
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..3u8)
@@ -135,8 +141,8 @@ fn truncate_racing_copies_on_several_threads_faults_them_all_and_the_process_sur
 #[test]
 fn nested_access_charges_the_fault_to_the_mapping_that_faulted() {
     let (fa, fb) = (memfd(MIB), memfd(MIB));
-    let a = SharedMapping::map(fa.as_fd(), MIB).unwrap();
-    let b = SharedMapping::map(fb.as_fd(), MIB).unwrap();
+    let a = map(fa.as_fd(), MIB).unwrap();
+    let b = map(fb.as_fd(), MIB).unwrap();
     truncate(&fb, 0);
     let src = pattern(MIB, 9);
     let outer = a.guarded(|ga| {
@@ -221,7 +227,7 @@ fn child_scenario() {
             // No earlier handler (std's would swallow a sent SIGBUS): the default action.
             // SAFETY: resetting SIGBUS to its default before anything is installed.
             unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
-            let m = SharedMapping::map(fd.as_fd(), MIB).unwrap();
+            let m = map(fd.as_fd(), MIB).unwrap();
             // Sent by a process (si_code <= 0) while an access is active: still delivered.
             let _ = m.guarded(|_| {
                 // SAFETY: raise has no preconditions.
@@ -240,7 +246,7 @@ fn child_scenario() {
                     0
                 );
             }
-            let m = SharedMapping::map(fd.as_fd(), MIB).unwrap();
+            let m = map(fd.as_fd(), MIB).unwrap();
             let raw = plain_map(&fd);
             truncate(&fd, 0);
             // Ours first: a guarded fault is absorbed, the earlier handler never sees it.
@@ -255,7 +261,7 @@ fn child_scenario() {
             assert_eq!(PREVIOUS_RAN.load(Ordering::SeqCst), 1);
             // Ours is then out of the way, and says so instead of copying unguarded.
             assert!(!installed());
-            let m2 = SharedMapping::map(memfd(MIB).as_fd(), MIB).unwrap();
+            let m2 = map(memfd(MIB).as_fd(), MIB).unwrap();
             assert_eq!(m2.guarded(|_| ()), Err(AccessError::Unguarded));
             std::process::exit(0);
         }

@@ -44,7 +44,7 @@ pub(super) struct Connection {
     /// What the last reply sent said (status, bytes), for the op's probe and histograms.
     reply_info: ReplyInfo,
     /// Region id -> client memory mapped by `AttachRegion` (unmapped on drop).
-    pub regions: HashMap<u32, super::region::Region>,
+    pub regions: HashMap<u32, super::region_copy::Region>,
     pub next_region: u32,
     /// Attached GPU buffers and pending onloads.
     pub gpu: super::gpu::GpuConn,

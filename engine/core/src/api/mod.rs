@@ -10,6 +10,7 @@ mod hinted;
 pub mod io;
 mod meta;
 mod region;
+mod region_copy;
 mod server;
 
 use std::sync::Arc;
@@ -69,6 +70,8 @@ pub struct Engine {
     pub metrics: Metrics,
     /// Peer pulls and operations.
     pub peers: Peers,
+    /// Client regions attached by copy mode, and absorbed faults.
+    pub regions: region_copy::RegionCounters,
     clients: AtomicU32,
     next_conn: AtomicU64,
     started: Instant,
@@ -135,6 +138,7 @@ impl Engine {
             announcer,
             metrics: Metrics::default(),
             peers,
+            regions: region_copy::RegionCounters::default(),
             clients: AtomicU32::new(0),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
@@ -211,6 +215,7 @@ impl Engine {
             pools: snap.pools,
             namespaces: snap.namespaces,
             gpu: self.gpu.stats(),
+            regions: self.regions.report(),
         }
     }
 }

@@ -1,197 +1,21 @@
 //! Client memory regions: a client's memfd mapped shared, and block copies to and from it.
 //!
 //! A region is attached by a frame that carries the descriptor (SCM_RIGHTS); it lives until
-//! `DetachRegion` or until the connection ends. Every `GetToRegion` / `PutFromRegion` is
-//! validated as a whole (lengths, bounds, overlap, the descriptor's current size) before a
-//! single byte moves, and a `GetToRegion` reply is sent only after all its writes are done.
-
-use std::os::fd::{AsRawFd, OwnedFd};
+//! `DetachRegion`, until the connection ends, or until a copy faults because the client shrank
+//! its file (region_copy.rs: sealed / guarded / pread). Every `GetToRegion` / `PutFromRegion`
+//! is validated as a whole (lengths, bounds, overlap) before a single byte moves, and a
+//! `GetToRegion` reply is sent only after all its writes are done.
 
 use kvnode_proto::Key;
 use kvnode_proto::client::{CommitStatus, ErrorCode, PutStatus, Reply};
 
 use super::conn::Connection;
 use super::handler::{invalid, tier_error};
+use super::region_copy::{CopyError, Region};
 use crate::tier::Reservation;
 
 /// Most regions one connection may hold at once.
 pub const MAX_REGIONS: usize = 16;
-
-/// A client's memory, mapped shared into the daemon.
-#[derive(Debug)]
-pub struct Region {
-    base: *mut u8,
-    len: u64,
-    fd: OwnedFd,
-    /// `F_SEAL_SHRINK` is on the file: it can never shrink, so copies through the mapping
-    /// cannot fault. Without the seal, copies go through pread/pwrite on the descriptor,
-    /// which return an error (never SIGBUS) if the client truncates the file meanwhile.
-    sealed: bool,
-}
-
-// SAFETY: plain shared memory owned by this connection; bytes are only touched through raw
-// pointers inside validated extents while the connection's task runs the request.
-unsafe impl Send for Region {}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping; no pointer into it outlives a request.
-        unsafe { libc::munmap(self.base.cast(), self.len as usize) };
-    }
-}
-
-fn fd_size(fd: &OwnedFd) -> std::io::Result<(u64, u32)> {
-    // SAFETY: a zeroed stat is a valid out-parameter; fd is valid.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &raw mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((st.st_size as u64, st.st_mode))
-}
-
-impl Region {
-    /// Validates and maps `len` bytes of `fd`.
-    fn map(fd: OwnedFd, len: u64) -> Result<Self, String> {
-        if len == 0 {
-            return Err("AttachRegion len must be at least 1 byte".into());
-        }
-        let (size, mode) = fd_size(&fd).map_err(|e| format!("fstat of the descriptor: {e}"))?;
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            return Err("the descriptor is not a memfd or regular file".into());
-        }
-        if size < len {
-            return Err(format!(
-                "the descriptor holds {size} bytes, fewer than the {len} bytes declared"
-            ));
-        }
-        // SAFETY: mapping a valid descriptor of at least `len` bytes.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            let e = std::io::Error::last_os_error();
-            return Err(format!(
-                "cannot map the descriptor read-write ({e}): open it O_RDWR"
-            ));
-        }
-        // SAFETY: fcntl on a valid descriptor; failure (no MFD_ALLOW_SEALING) is handled.
-        let sealed = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } == 0
-            // SAFETY: as above.
-            || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) } & libc::F_SEAL_SHRINK != 0;
-        Ok(Self {
-            base: base.cast(),
-            len,
-            fd,
-            sealed,
-        })
-    }
-
-    /// Whether copies may use the mapping (the file cannot shrink).
-    pub fn sealed(&self) -> bool {
-        self.sealed
-    }
-
-    /// Writes `src` at `off` in the client's memory.
-    fn write_at(&self, src: &[u8], off: u64) -> std::io::Result<()> {
-        if self.sealed {
-            // SAFETY: bounds were checked against the mapping, which cannot shrink (sealed);
-            // destinations of one request do not overlap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(off as usize), src.len());
-            };
-            return Ok(());
-        }
-        let (mut buf, mut at) = (src, off);
-        while !buf.is_empty() {
-            // SAFETY: pwrite from a valid buffer on a valid descriptor.
-            let n = unsafe {
-                libc::pwrite(
-                    self.fd.as_raw_fd(),
-                    buf.as_ptr().cast(),
-                    buf.len(),
-                    at.cast_signed(),
-                )
-            };
-            match n {
-                n if n > 0 => {
-                    buf = &buf[n as usize..];
-                    at += n as u64;
-                }
-                0 => return Err(std::io::ErrorKind::WriteZero.into()),
-                _ => {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() != std::io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Fills `dst` from `off` in the client's memory.
-    fn read_at(&self, dst: &mut [u8], off: u64) -> std::io::Result<()> {
-        if self.sealed {
-            // SAFETY: as in `write_at`; the source extent was bounds-checked.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.base.add(off as usize),
-                    dst.as_mut_ptr(),
-                    dst.len(),
-                );
-            }
-            return Ok(());
-        }
-        let (mut got, len) = (0usize, dst.len());
-        while got < len {
-            // SAFETY: pread into a valid buffer from a valid descriptor.
-            let n = unsafe {
-                libc::pread(
-                    self.fd.as_raw_fd(),
-                    dst[got..].as_mut_ptr().cast(),
-                    len - got,
-                    (off + got as u64).cast_signed(),
-                )
-            };
-            match n {
-                n if n > 0 => got += n as usize,
-                0 => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "the region's file shrank during the copy",
-                    ));
-                }
-                _ => {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() != std::io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses the request if the file shrank below the mapping (touching it would SIGBUS).
-    fn still_whole(&self) -> Result<(), String> {
-        match fd_size(&self.fd) {
-            Ok((size, _)) if size >= self.len => Ok(()),
-            Ok((size, _)) => Err(format!(
-                "the region's descriptor shrank to {size} bytes below the {} mapped; detach and attach again",
-                self.len
-            )),
-            Err(e) => Err(format!("fstat of the region's descriptor: {e}")),
-        }
-    }
-}
 
 /// Checks `offsets`/`lens` against the region; with `disjoint`, destinations may not overlap.
 fn check_extents(
@@ -226,7 +50,7 @@ fn check_extents(
             ));
         }
     }
-    region.still_whole()
+    Ok(())
 }
 
 /// Runs a long copy without stalling the runtime's other connections.
@@ -250,15 +74,20 @@ impl Connection {
                 "this connection already holds {MAX_REGIONS} regions: detach one first"
             ));
         }
-        match Region::map(fd, len) {
+        match Region::attach(
+            fd,
+            len,
+            self.engine.config.region_copy == crate::config::RegionCopy::Guarded,
+        ) {
             Ok(r) => {
                 self.next_region += 1;
                 let id = self.next_region;
+                r.count(&self.engine.regions);
                 tracing::info!(
                     conn = self.id,
                     region = id,
                     len,
-                    sealed = r.sealed(),
+                    mode = r.mode(),
                     "client region attached"
                 );
                 self.regions.insert(id, r);
@@ -286,7 +115,9 @@ impl Connection {
         dest: bool,
     ) -> Result<(), Reply> {
         let r = self.regions.get(&region).ok_or_else(|| not_owned(region))?;
-        check_extents(r, n, offsets, lens, dest).map_err(invalid)
+        check_extents(r, n, offsets, lens, dest)
+            .and_then(|()| r.still_whole())
+            .map_err(invalid)
     }
 
     /// `GetToRegion`: lease every hit, validate, copy all, release, answer.
@@ -308,7 +139,7 @@ impl Connection {
         if let Some(t) = &self.engine.tiering {
             t.promote_misses(&self.engine, ns, keys, &mut leased).await;
         }
-        let Some(r) = self.regions.get(&region) else {
+        let Some(r) = self.regions.get_mut(&region) else {
             return not_owned(region);
         };
         let slots: Vec<_> = leased.iter().flatten().map(|l| l.slot).collect();
@@ -324,26 +155,40 @@ impl Connection {
             ))
         } else {
             let arena = &self.engine.arena;
-            let copied = blocking(|| {
-                for (l, &o) in leased.iter().zip(offsets) {
-                    if let Some(b) = l {
-                        // SAFETY: the block is leased (immutable) until the release below.
-                        let src = unsafe { arena.slice(b.extent.offset, b.extent.len) };
-                        r.write_at(src, o)?;
-                    }
-                }
-                std::io::Result::Ok(())
-            });
-            match copied {
+            let copies: Vec<(&[u8], u64)> = leased
+                .iter()
+                .zip(offsets)
+                .filter_map(|(l, &o)| {
+                    // SAFETY: the block is leased (immutable) until the release below.
+                    l.map(|b| (unsafe { arena.slice(b.extent.offset, b.extent.len) }, o))
+                })
+                .collect();
+            match blocking(|| r.write_all(&copies)) {
                 Ok(()) => Reply::GotToRegion {
                     lens: leased.iter().map(|l| l.map(|b| b.extent.len)).collect(),
                     pull: None,
                 },
-                Err(e) => invalid(format!("writing into the client's region failed: {e}")),
+                Err(e) => self.copy_failed(region, "writing into", &e),
             }
         };
         self.engine.tier.release(&slots);
         reply
+    }
+
+    /// The reply for a failed copy; a faulted region is detached (its mapping is gone).
+    fn copy_failed(&mut self, region: u32, what: &str, e: &CopyError) -> Reply {
+        let CopyError::Faulted(why) = e else {
+            return invalid(format!("{what} the client's region failed: {e}"));
+        };
+        self.regions.remove(&region);
+        self.engine.regions.fault();
+        tracing::warn!(conn = self.id, pid = self.cred.pid, region, reason = %why, "client region faulted; detached");
+        Reply::Error {
+            code: ErrorCode::Invalid,
+            message: format!(
+                "{what} the client's region failed: {why}; nothing was committed and region {region} is detached: keep the memfd at its attached size and attach it again"
+            ),
+        }
     }
 
     /// `PutFromRegion`: reserve, copy from the client's pages into the slots, commit.
@@ -361,9 +206,6 @@ impl Connection {
         if let Some(t) = &self.engine.tiering {
             t.make_room(&self.engine, lens.iter().sum()).await;
         }
-        let Some(r) = self.regions.get(&region) else {
-            return not_owned(region);
-        };
         let reserved = match self.engine.tier.reserve(self.id, ns, keys, lens) {
             Ok(v) => v,
             Err(e) => return tier_error(&e),
@@ -372,21 +214,27 @@ impl Connection {
             .iter()
             .filter_map(|x| x.as_ref().ok().copied())
             .collect();
-        let arena = &self.engine.arena;
-        let copied = blocking(|| {
-            for (x, &o) in reserved.iter().zip(offsets) {
-                if let Ok(res) = x {
-                    // SAFETY: this connection holds the reservation (no one else touches the slot).
-                    let dst = unsafe { arena.slice_mut(res.offset, res.len) };
-                    r.read_at(dst, o)?;
-                }
-            }
-            std::io::Result::Ok(())
-        });
-        if let Err(e) = copied {
+        let Some(r) = self.regions.get_mut(&region) else {
             self.engine.tier.abort(self.id, &held);
-            return invalid(format!("reading from the client's region failed: {e}"));
+            return not_owned(region);
+        };
+        let arena = &self.engine.arena;
+        let mut copies: Vec<(&mut [u8], u64)> = reserved
+            .iter()
+            .zip(offsets)
+            .filter_map(|(x, &o)| {
+                // SAFETY: this connection holds the reservation (no one else touches the slot).
+                x.as_ref()
+                    .ok()
+                    .map(|res| (unsafe { arena.slice_mut(res.offset, res.len) }, o))
+            })
+            .collect();
+        if let Err(e) = blocking(|| r.read_all(&mut copies)) {
+            drop(copies);
+            self.engine.tier.abort(self.id, &held);
+            return self.copy_failed(region, "reading from", &e);
         }
+        drop(copies);
         let mut committed = self.engine.tier.commit(self.id, &held).into_iter();
         let results = reserved
             .iter()
