@@ -4,6 +4,7 @@ Run: `cargo build --release -p kvnode && python -m pytest clients/python/tests`.
 """
 
 import logging
+import os
 import random
 import secrets
 import threading
@@ -16,7 +17,7 @@ from sglang.srt.mem_cache.utils import get_hash_str, get_storage_hash_str  # noq
 
 from hostpool import ShmMhaPool  # noqa: E402
 from kvnode.sglang_backend import HAVE_SGLANG, KvnodeStorage  # noqa: E402
-from kvnode.wire import Connection  # noqa: E402
+from kvnode.wire import Connection, KvnodeError  # noqa: E402
 
 LAYOUTS = ["page_first", "page_first_direct", "layer_first"]
 
@@ -100,6 +101,28 @@ def test_round_trip_into_host_pages_is_byte_exact(daemon, layout, shm, caplog):
     for i in (0, 1, 2, 3, 5):
         assert b_pool.page_bytes(dst[i]) == a_pool.page_bytes(src[i]), f"page {i}"
     assert set(b_pool.page_bytes(dst[4])) == {0}, "a miss wrote into the host page"
+    for s in (a, b):
+        s.close()
+
+
+def test_sglang_shaped_pool_is_guarded_and_shrinking_it_only_fails_its_owner(daemon):
+    """SGLang 0.5.23's pool memfd (MFD_CLOEXEC only) cannot be sealed, so the daemon maps it under
+    its SIGBUS guard. A pool shrunk under the daemon fails its owner's next call with an error;
+    the daemon and another connector keep serving byte-exact pages."""
+    a_pool, b_pool = ShmMhaPool("page_first"), ShmMhaPool("page_first")
+    a_pool.fill_random(3)
+    a, b = storage(daemon, a_pool), storage(daemon, b_pool)
+    regions = Connection(daemon.socket).stats()["regions"]
+    assert (regions["attached_guarded"], regions["attached_sealed"]) == (2, 0), regions
+    keys = hashes(4, seed=5)
+    assert a.batch_set_v1(keys, a_pool.indices([0, 1, 2, 3])) == [True] * 4
+    want = [a_pool.page_bytes(p) for p in range(4)]
+    os.ftruncate(a_pool.fd, 4096)  # from here on the test must not touch a_pool's pages
+    with pytest.raises(KvnodeError, match="shrank under the daemon"):
+        a.batch_get_v1(keys, a_pool.indices([4, 5, 6, 7]))
+    assert b.batch_get_v1(keys, b_pool.indices([4, 5, 6, 7])) == [True] * 4
+    assert [b_pool.page_bytes(p) for p in (4, 5, 6, 7)] == want
+    assert Connection(daemon.socket).stats()["regions"]["faults"] == 1
     for s in (a, b):
         s.close()
 

@@ -200,13 +200,9 @@ impl Region {
         match r {
             Ok(Ok(())) => Settled::Done(Ok(())),
             Ok(Err(e)) => Settled::Done(Err(CopyError::Io(std::io::Error::other(e)))),
-            Err(AccessError::Faulted) => Settled::Done(Err(CopyError::Faulted(match fd_size(&self.fd) {
-                Ok((size, ..)) if size < self.len => format!(
-                    "the region shrank under the daemon: its file now holds {size} of the {} bytes mapped",
-                    self.len
-                ),
-                _ => "the region faulted under the daemon (SIGBUS) although its file is whole: its memory could not be allocated (full tmpfs or hugetlbfs?)".into(),
-            }))),
+            Err(AccessError::Faulted) => {
+                Settled::Done(Err(CopyError::Faulted(self.fault_reason())))
+            }
             Err(_) => {
                 tracing::warn!(
                     "the SIGBUS guard is no longer installed (another SIGBUS user replaced it): this region now copies with pread/pwrite"
@@ -214,6 +210,19 @@ impl Region {
                 self.mode = Mode::Pread;
                 Settled::Retry
             }
+        }
+    }
+
+    /// Why the guarded mapping faulted, for the client's error.
+    fn fault_reason(&self) -> String {
+        match fd_size(&self.fd) {
+            Ok((size, ..)) if size < self.len => format!(
+                "the region shrank under the daemon: its file now holds {size} of the {} bytes mapped",
+                self.len
+            ),
+            _ => "the region faulted under the daemon (SIGBUS) although its file is whole: \
+                  its pages could not be allocated (full tmpfs or hugetlbfs?)"
+                .into(),
         }
     }
 
