@@ -5,11 +5,13 @@ Run: `cargo build --release -p kvnode && python clients/python/bench/bench_get_v
 pool is a memfd made as SGLang 0.5.23 makes it (MFD_CLOEXEC only: unsealable), so the daemon
 copies through its SIGBUS-guarded mapping; the line "daemon region mode" shows which copy path
 it picked. Calls and memcpys alternate, so both see the same background load. Arguments are
-passed to `kvnode serve` (e.g. `--region-copy pread` to measure the descriptor path).
+passed to `kvnode serve` (e.g. `--region-copy pread` to measure the descriptor path);
+KVNODE_BENCH_SEALABLE=1 makes the pool with MFD_ALLOW_SEALING (the daemon's sealed path).
 """
 
 import ctypes
 import fcntl
+import os
 import statistics
 import sys
 import tempfile
@@ -36,7 +38,7 @@ def main() -> None:
                                    extra_config={"socket": d.socket})
         # page_first, 8 tokens x 32 layers x 8 heads x 128 dim x bf16: K and V 512 KiB each.
         pool = ShmMhaPool("page_first", pages=2 * PAGES, page_size=8, layer_num=32, head_num=8,
-                          head_dim=128)
+                          head_dim=128, sealable=os.environ.get("KVNODE_BENCH_SEALABLE") == "1")
         pool.fill_random(1)
         s = KvnodeStorage(cfg, {})
         s.register_mem_pool_host(pool)
@@ -62,7 +64,7 @@ def main() -> None:
         seals = fcntl.fcntl(pool.fd, fcntl.F_GET_SEALS)
         regions = Connection(d.socket).stats().get("regions", {})
         mode = [n[len("attached_"):] for n, v in regions.items() if n.startswith("attached_") and v]
-        print(f"host pool memfd seals : {seals:#x} (F_SEAL_SEAL=0x1: cannot be sealed)")
+        print(f"host pool memfd seals : {seals:#x} (0x1 F_SEAL_SEAL: unsealable; 0x2 F_SEAL_SHRINK)")
         print(f"daemon region mode    : {', '.join(mode) or '?'} {regions}")
         print(f"batch_get_v1 zero-copy: {k:.2f} GiB/s median of {ITERS} ({PAGES} x 1 MiB)")
         print(f"memcpy same size      : {m:.2f} GiB/s median of {ITERS}")

@@ -15,7 +15,7 @@ class ShmMhaPool:
     """
 
     def __init__(self, layout, pages=16, page_size=4, layer_num=3, head_num=2, head_dim=64,
-                 dtype=torch.bfloat16, shm=True):
+                 dtype=torch.bfloat16, shm=True, sealable=False):
         self.layout, self.page_size, self.layer_num = layout, page_size, layer_num
         self.head_num, self.head_dim, self.dtype = head_num, head_dim, dtype
         self.size = pages * page_size
@@ -26,7 +26,9 @@ class ShmMhaPool:
         }[layout]
         n = 2 * self.size * layer_num * head_num * head_dim * dtype.itemsize
         if shm:
-            self.fd = os.memfd_create("sglang_host_pool_test", os.MFD_CLOEXEC)
+            # SGLang 0.5.23's flags; `sealable` adds MFD_ALLOW_SEALING (the daemon then seals it).
+            flags = os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if sealable else 0)
+            self.fd = os.memfd_create("sglang_host_pool_test", flags)
             os.ftruncate(self.fd, n)
             mm = mmap.mmap(self.fd, n, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             self.allocator = SimpleNamespace(mm=mm, fd=self.fd)
