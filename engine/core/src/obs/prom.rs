@@ -193,6 +193,28 @@ type TierMetric = (
     fn(&kvnode_proto::stats::TierStats) -> f64,
 );
 
+/// Client regions by copy mode, and absorbed faults.
+fn regions(o: &mut Out, r: &kvnode_proto::stats::RegionStats) {
+    o.head(
+        "regions_attached_total",
+        "counter",
+        "Client regions attached, by copy mode (sealed, guarded, pread).",
+    );
+    for (mode, n) in [
+        ("sealed", r.attached_sealed),
+        ("guarded", r.attached_guarded),
+        ("pread", r.attached_pread),
+    ] {
+        o.val("regions_attached_total", &format!("mode=\"{mode}\""), n);
+    }
+    o.one(
+        "region_faults_total",
+        "counter",
+        "Region copies that faulted because a client shrank its memfd (op failed, region detached).",
+        r.faults,
+    );
+}
+
 /// Renders every metric of `engine`.
 pub fn render(engine: &Engine) -> String {
     let mut o = Out(String::with_capacity(16 << 10));
@@ -283,6 +305,7 @@ pub fn render(engine: &Engine) -> String {
         "1 if mlock was refused and the arena runs unpinned.",
         u8::from(dram.pin_refused),
     );
+    regions(&mut o, &s.regions);
     ops(&mut o, &engine.metrics);
     counters(&mut o, &engine.metrics);
     o.0
