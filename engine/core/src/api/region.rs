@@ -176,7 +176,13 @@ impl Connection {
     }
 
     /// The reply for a failed copy; a faulted region is detached (its mapping is gone).
+    /// `what` names the direction: "writing into" (get) or "reading from" (put).
     fn copy_failed(&mut self, region: u32, what: &str, e: &CopyError) -> Reply {
+        let outcome = if what == "reading from" {
+            "nothing was stored"
+        } else {
+            "the destinations may hold part of the blocks"
+        };
         let CopyError::Faulted(why) = e else {
             return invalid(format!("{what} the client's region failed: {e}"));
         };
@@ -186,7 +192,7 @@ impl Connection {
         Reply::Error {
             code: ErrorCode::Invalid,
             message: format!(
-                "{what} the client's region failed: {why}; nothing was committed and region {region} is detached: keep the memfd at its attached size and attach it again"
+                "{what} the client's region failed: {why}; {outcome} and region {region} is detached: keep the memfd at its attached size and attach it again"
             ),
         }
     }
