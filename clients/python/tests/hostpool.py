@@ -11,7 +11,7 @@ class ShmMhaPool:
     """Buffers and `get_page_buffer_meta` as in sglang/srt/mem_cache/pool_host/mha.py.
 
     SGLang's own class needs the model-config tree (transformers) to import, so the test
-    rebuilds its buffer shapes and pointer arithmetic; the memfd is made like alloc_shm.
+    rebuilds its buffer shapes and pointer arithmetic; the memfd comes from SGLang's alloc_shm.
     """
 
     def __init__(self, layout, pages=16, page_size=4, layer_num=3, head_num=2, head_dim=64,
@@ -25,9 +25,15 @@ class ShmMhaPool:
             "page_first_direct": (2, pages, layer_num, page_size, head_num, head_dim),
         }[layout]
         n = 2 * self.size * layer_num * head_num * head_dim * dtype.itemsize
-        if shm:
-            # SGLang 0.5.23's flags; `sealable` adds MFD_ALLOW_SEALING (the daemon then seals it).
-            flags = os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if sealable else 0)
+        if shm and not sealable:
+            # SGLang's own allocation (ShmHostTensorAllocator calls it): an unsealable memfd.
+            from sglang.srt.mem_cache.storage.mmap import alloc_shm
+
+            self.kv_buffer, self.fd, mm = alloc_shm(dims, dtype)
+            self.allocator = SimpleNamespace(mm=mm, fd=self.fd)
+        elif shm:
+            # As SGLang's, plus MFD_ALLOW_SEALING (the daemon then seals it).
+            flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
             self.fd = os.memfd_create("sglang_host_pool_test", flags)
             os.ftruncate(self.fd, n)
             mm = mmap.mmap(self.fd, n, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
