@@ -2,7 +2,7 @@
 
 Run: `cargo build --release -p kvnode && python clients/python/bench/bench_get_v1.py`
 (with the venv from scripts/install-deps.sh). Prints GiB/s for both and the ratio. The host
-pool is a memfd made as SGLang 0.5.23 makes it (MFD_CLOEXEC only: unsealable), so the daemon
+pool is a memfd from SGLang 0.5.23's own alloc_shm (MFD_CLOEXEC only: unsealable), so the daemon
 copies through its SIGBUS-guarded mapping; the line "daemon region mode" shows which copy path
 it picked. Calls and memcpys alternate, so both see the same background load. Arguments are
 passed to `kvnode serve` (e.g. `--region-copy pread` to measure the descriptor path);
