@@ -6,6 +6,7 @@
 //! fence, are they copied into client buffers.
 
 use std::collections::HashMap;
+use std::hash::Hasher as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::{PeerMsg, PullKey};
 use kvnode_proto::pull::KeyOutcome;
 use tokio::sync::Semaphore;
-use xxhash_rust::xxh3::Xxh3;
+use twox_hash::XxHash3_64;
 
 use super::PeerError;
 use super::auth::dial_handshake;
@@ -80,17 +81,17 @@ const HASH_PIECE: usize = 128 << 10;
 /// Fills `dst` with the next payload bytes; returns their XXH3-64.
 async fn read_hashed(w: &mut PeerWire, dst: &mut [u8], io: Duration) -> Result<u64, PeerError> {
     let total = dst.len();
-    let mut h = Xxh3::new();
+    let mut h = XxHash3_64::new();
     let mut at = 0;
     for piece in dst.chunks_mut(HASH_PIECE) {
         w.read_payload(piece, io).await.map_err(|e| match e {
             PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
             e => e,
         })?;
-        h.update(piece);
+        h.write(piece);
         at += piece.len();
     }
-    Ok(h.digest())
+    Ok(h.finish())
 }
 
 /// Whether an error on a pooled connection, before any answer, means it went stale (the

@@ -10,7 +10,7 @@ use std::time::Duration;
 use kvnode_proto::NamespaceId;
 use kvnode_proto::peer::{PeerMsg, PullKey};
 use tokio::sync::watch;
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use super::PeerError;
 use super::auth::accept_handshake;
@@ -107,7 +107,7 @@ async fn serve_pull<S: BlockSource>(
             Some(b) => {
                 let bytes = src.bytes(b);
                 let xxh3 = b.xxh3.unwrap_or_else(|| {
-                    let sum = xxh3_64(bytes);
+                    let sum = XxHash3_64::oneshot(bytes);
                     src.remember_checksum(b, sum);
                     sum
                 });
