@@ -49,6 +49,8 @@ fn engine(peer: crate::peer::PeerConfig) -> Arc<Engine> {
 }
 
 struct Pair {
+    src: Arc<Engine>,
+    sns: u32,
     dst: Arc<Engine>,
     ns: u32,
     hint: String,
@@ -88,6 +90,8 @@ async fn pair(n: u8, plan: FaultPlan) -> Pair {
         hashes.join(",")
     );
     Pair {
+        src,
+        sns,
         dst,
         ns,
         hint,
@@ -134,6 +138,15 @@ impl Pair {
         let slots: Vec<_> = leased.iter().flatten().map(|b| b.slot).collect();
         self.dst.tier.release(&slots);
         out
+    }
+
+    /// The checksum each key's block carries in `engine`'s tier.
+    fn checksums(engine: &Engine, ns: u32, n: u8) -> Vec<Option<u64>> {
+        let keys: Vec<Key> = (0..n).map(key).collect();
+        let leased = engine.tier.lease(ns, &keys).unwrap();
+        let slots: Vec<_> = leased.iter().flatten().map(|b| b.slot).collect();
+        engine.tier.release(&slots);
+        leased.iter().map(|l| l.and_then(|b| b.xxh3)).collect()
     }
 
     fn reserved(&self) -> u64 {
@@ -228,4 +241,28 @@ async fn stalled_block_costs_about_the_io_timeout_and_leaks_no_reservation() {
     );
     assert_eq!(p.held(3), vec![false; 3]);
     assert_eq!(p.reserved(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sent_and_pulled_blocks_keep_their_verified_checksum() {
+    let p = pair(3, FaultPlan::default()).await;
+    assert_eq!(
+        Pair::checksums(&p.src, p.sns, 3),
+        vec![None; 3],
+        "puts hash nothing"
+    );
+    assert_eq!(p.pull(2).await.state, OpState::Done);
+    let want: Vec<Option<u64>> = (0..3)
+        .map(|i| (i < 2).then(|| twox_hash::XxHash3_64::oneshot(&bytes(i))))
+        .collect();
+    assert_eq!(
+        Pair::checksums(&p.src, p.sns, 3),
+        want,
+        "the source kept what it sent"
+    );
+    assert_eq!(
+        Pair::checksums(&p.dst, p.ns, 2),
+        want[..2].to_vec(),
+        "the destination kept what it verified"
+    );
 }
