@@ -73,10 +73,22 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `kvnode serve --socket <dir>/kvnode.sock <args>` and waits until it answers.
     pub fn start(args: &[&str]) -> Self {
+        Self::spawn(Command::new(kvnode_bin()), args)
+    }
+
+    /// Like [`Daemon::start`], inside network namespace `netns` (`ip netns exec`, root only).
+    /// Its Unix socket is a file, so clients outside the namespace still reach it.
+    pub fn start_in_netns(netns: &str, args: &[&str]) -> Self {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", netns]).arg(kvnode_bin());
+        Self::spawn(cmd, args)
+    }
+
+    fn spawn(mut cmd: Command, args: &[&str]) -> Self {
         let dir = temp_dir("daemon");
         let socket = dir.join("kvnode.sock");
         let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
-        let child = Command::new(kvnode_bin())
+        let child = cmd
             .arg("serve")
             .arg("--socket")
             .arg(&socket)

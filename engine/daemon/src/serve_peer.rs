@@ -71,7 +71,9 @@ pub async fn start(
     let Some(addr) = p.config().listen.clone() else {
         return Ok(None);
     };
-    let l = tokio::net::TcpListener::bind(&addr)
+    let l = p
+        .transport()
+        .bind(&addr)
         .await
         .with_context(|| format!("binding the peer listener on {addr}"))?;
     tracing::info!(listen = %l.local_addr()?, "peer listener ready");

@@ -14,7 +14,7 @@ use kvnode_proto::peer::{
 use sha2::Sha256;
 
 use super::PeerError;
-use super::wire::PeerWire;
+use super::transport::PeerWire;
 
 /// The shared cluster key. Its bytes are never logged or sent.
 #[derive(Clone)]
@@ -194,7 +194,7 @@ async fn accept_inner(
     match (key.is_some(), keyed) {
         (true, false) => return Err(PeerError::Auth("this daemon requires a cluster key".into())),
         (false, true) => return Err(PeerError::Auth("this daemon has no cluster key".into())),
-        (false, false) if !w.addr.ip().to_canonical().is_loopback() => {
+        (false, false) if !w.remote().ip().to_canonical().is_loopback() => {
             return Err(PeerError::Auth(
                 "without a cluster key only loopback peers are served".into(),
             ));

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use kvnode_proto::hint::Endpoint;
 use serde::{Deserialize, Serialize};
 
+use super::transport::FaultPlan;
+
 /// Peer service settings. Every field has a default; with no `listen` the daemon serves no
 /// peers, and with an empty `peers` list it dials none.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -32,6 +34,9 @@ pub struct PeerConfig {
     pub max_outstanding_keys: u32,
     /// Keys per `Pull` frame (requests are pipelined). Default: 16.
     pub batch_keys: u32,
+    /// Fault injection on dialled connections (tests only; see `transport::FaultPlan`).
+    /// Default: none.
+    pub debug_fault: Option<FaultPlan>,
 }
 
 impl Default for PeerConfig {
@@ -46,6 +51,7 @@ impl Default for PeerConfig {
             connections: 2,
             max_outstanding_keys: 8192,
             batch_keys: 16,
+            debug_fault: None,
         }
     }
 }

@@ -1,26 +1,27 @@
 //! Destination side: per-peer connection pools and the pull of one chunk of an op's keys.
 //!
-//! Bytes are read straight from the socket into DRAM slots this daemon reserved, verified
-//! (XXH3-64) and committed whether or not the op is still waiting: nothing completed is
-//! thrown away. Only then, under the op's fence, are they copied into client buffers.
+//! Bytes are read by the transport straight into DRAM slots this daemon reserved, hashed
+//! (XXH3-64) piece by piece while still in cache, verified, and committed whether or not
+//! the op is still waiting: nothing completed is thrown away. Only then, under the op's
+//! fence, are they copied into client buffers.
 
 use std::collections::HashMap;
+use std::hash::Hasher as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvnode_proto::client::PutStatus;
 use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::{PeerMsg, PullKey};
 use kvnode_proto::pull::KeyOutcome;
-use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use super::PeerError;
 use super::auth::dial_handshake;
 use super::op::PullOp;
-use super::wire::PeerWire;
+use super::transport::PeerWire;
 use crate::api::Engine;
 
 /// Everything this daemon keeps about one peer it pulls from.
@@ -54,11 +55,12 @@ impl PeerLink {
         let p = &engine.peers;
         let limit = p.connect_timeout();
         let t = Instant::now();
-        let connect = TcpStream::connect((self.endpoint.host.as_str(), self.endpoint.port));
-        let s = tokio::time::timeout(limit, connect)
+        let connect = p
+            .transport()
+            .dial(self.endpoint.host.as_str(), self.endpoint.port);
+        let mut w = tokio::time::timeout(limit, connect)
             .await
             .map_err(|_| PeerError::Timeout("peer connect", limit))??;
-        let mut w = PeerWire::new(s)?;
         let left = limit.saturating_sub(t.elapsed());
         tokio::time::timeout(left, dial_handshake(&mut w, p.key(), p.node(), left))
             .await
@@ -70,6 +72,26 @@ impl PeerLink {
     fn checkin(&self, w: PeerWire) {
         self.idle.lock().expect("idle lock").push(w);
     }
+}
+
+/// Payloads are read and hashed in pieces of this size, so each piece is hashed while it is
+/// still in cache instead of re-reading the whole block from memory afterwards.
+const HASH_PIECE: usize = 128 << 10;
+
+/// Fills `dst` with the next payload bytes; returns their XXH3-64.
+async fn read_hashed(w: &mut PeerWire, dst: &mut [u8], io: Duration) -> Result<u64, PeerError> {
+    let total = dst.len();
+    let mut h = XxHash3_64::new();
+    let mut at = 0;
+    for piece in dst.chunks_mut(HASH_PIECE) {
+        w.read_payload(piece, io).await.map_err(|e| match e {
+            PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
+            e => e,
+        })?;
+        h.write(piece);
+        at += piece.len();
+    }
+    Ok(h.finish())
 }
 
 /// Whether an error on a pooled connection, before any answer, means it went stale (the
@@ -274,13 +296,16 @@ impl Chunk<'_> {
             scratch.resize(len as usize, 0);
             &mut scratch
         };
-        if let Err(err) = w.read_payload(dst, io).await {
-            if let Some(r) = slot {
-                e.tier.abort(conn, &[r]);
+        let sum = match read_hashed(w, dst, io).await {
+            Ok(sum) => sum,
+            Err(err) => {
+                if let Some(r) = slot {
+                    e.tier.abort(conn, &[r]);
+                }
+                return Err(err);
             }
-            return Err(err);
-        }
-        if xxh3_64(dst) != xxh3 {
+        };
+        if sum != xxh3 {
             if let Some(r) = slot {
                 e.tier.abort(conn, &[r]);
             }
@@ -296,7 +321,7 @@ impl Chunk<'_> {
         let copied = self.op.copy_into(&e.arena, i, dst);
         let outcome = match (slot, reserved) {
             (Some(r), _) => {
-                e.tier.commit(conn, &[r]);
+                e.tier.commit_verified(conn, &r, xxh3);
                 e.peers.count_pulled(u64::from(len));
                 KeyOutcome::Pulled
             }

@@ -3,12 +3,12 @@
 //! ```text
 //!  client Get/Exists/Pull + hint ─> start (parse, match hashes, authorize: no dial before)
 //!        └─> PullOp (per-key outcomes, deadline, fence) ─> fetch::run_chunk per connection
-//!              └─> PeerWire (TCP) ──Pull──> source::serve on the peer ──Block/Miss/Done──┘
+//!              └─> PeerWire (transport: TCP) ──Pull──> source::serve on the peer ──Block/Miss/Done──┘
 //! ```
 //!
 //! - [`config`]: `[peer]` settings and the allowlist.
 //! - [`auth`]: cluster key and the HMAC challenge-response handshake.
-//! - [`wire`]: framed, time-bounded peer I/O.
+//! - [`transport`]: the transport seam (TCP, fault-injecting) and framed, time-bounded I/O.
 //! - [`source`]: answering pulls from the local tier.
 //! - [`fetch`]: per-peer connection pools and pulling into reserved DRAM slots.
 //! - [`op`]: operations, their outcomes and the buffer fence.
@@ -21,7 +21,10 @@ pub mod op;
 pub mod source;
 mod start;
 pub mod timeouts;
-pub mod wire;
+pub mod transport;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -104,6 +107,7 @@ pub struct Peers {
     /// Counters.
     pub counters: PeerCounters,
     owners: AtomicU64,
+    transport: transport::Transport,
 }
 
 impl Peers {
@@ -142,12 +146,18 @@ impl Peers {
             stats: PullStats::default(),
             counters: PeerCounters::default(),
             owners: AtomicU64::new(PULL_OWNER_BASE),
+            transport: transport::Transport::from_plan(cfg.debug_fault.as_ref()),
         })
     }
 
     /// The configuration in force.
     pub fn config(&self) -> &PeerConfig {
         &self.cfg
+    }
+
+    /// The transport peers are dialled and served with.
+    pub fn transport(&self) -> &transport::Transport {
+        &self.transport
     }
 
     /// The cluster key, if any.

@@ -1,20 +1,20 @@
 //! Source side: accepts authenticated peers and answers pulls from the local tiers.
 //!
 //! Each answered block is leased from the moment the pull is read until its last byte is
-//! handed to the socket, so it cannot be evicted or reused while it is being sent.
+//! handed to the transport, so it cannot be evicted or reused while it is being sent. A key
+//! that lives only on NVMe is promoted into DRAM first (the same path as a client `get`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvnode_proto::NamespaceId;
 use kvnode_proto::peer::{PeerMsg, PullKey};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use super::PeerError;
 use super::auth::accept_handshake;
-use super::wire::PeerWire;
+use super::transport::{PeerListener, PeerWire};
 use crate::api::Engine;
 use crate::policy::SlotId;
 use crate::tier::LeasedBlock;
@@ -22,30 +22,44 @@ use crate::tier::LeasedBlock;
 /// Idle pooled connections are closed after this long without a request.
 const IDLE_LIMIT: Duration = Duration::from_mins(10);
 
-/// Where a source finds blocks. The DRAM tier answers today; an NVMe-backed source would
-/// promote a DRAM miss into DRAM and lease it, so the sender code stays the same.
+/// Where a source finds blocks.
 pub trait BlockSource: Send + Sync {
     /// Leases each key that is held (`None` for misses).
-    fn lease(&self, ns: NamespaceId, keys: &[PullKey]) -> Vec<Option<LeasedBlock>>;
+    fn lease(
+        &self,
+        ns: NamespaceId,
+        keys: &[PullKey],
+    ) -> impl Future<Output = Vec<Option<LeasedBlock>>> + Send;
     /// Ends leases taken by `lease`.
     fn release(&self, slots: &[SlotId]);
     /// The bytes of a leased block.
     fn bytes(&self, b: &LeasedBlock) -> &[u8];
+    /// Keeps the checksum computed for a leased block, so the next send need not hash it.
+    fn remember_checksum(&self, b: &LeasedBlock, xxh3: u64);
 }
 
-/// The DRAM tier as a block source.
+/// The local tiers as a block source: DRAM, then NVMe misses promoted into DRAM.
 #[derive(Debug)]
-pub struct DramSource(pub Arc<Engine>);
+pub struct TierSource(pub Arc<Engine>);
 
-impl BlockSource for DramSource {
-    fn lease(&self, ns: NamespaceId, keys: &[PullKey]) -> Vec<Option<LeasedBlock>> {
+impl BlockSource for TierSource {
+    async fn lease(&self, ns: NamespaceId, keys: &[PullKey]) -> Vec<Option<LeasedBlock>> {
+        let e = &self.0;
         let keys: Vec<kvnode_proto::Key> =
             keys.iter().map(|k| kvnode_proto::Key(k.0, k.1)).collect();
-        self.0
+        let Some(h) = e.tier.handle_of(ns) else {
+            return vec![None; keys.len()];
+        };
+        let mut leased = e
             .tier
-            .handle_of(ns)
-            .and_then(|h| self.0.tier.lease(h, &keys).ok())
-            .unwrap_or_else(|| vec![None; keys.len()])
+            .lease(h, &keys)
+            .unwrap_or_else(|_| vec![None; keys.len()]);
+        if let Some(t) = &e.tiering
+            && leased.iter().any(Option::is_none)
+        {
+            t.promote_misses(e, h, &keys, &mut leased).await;
+        }
+        leased
     }
 
     fn release(&self, slots: &[SlotId]) {
@@ -55,6 +69,10 @@ impl BlockSource for DramSource {
     fn bytes(&self, b: &LeasedBlock) -> &[u8] {
         // SAFETY: the block is leased (committed, immutable, not reusable) until released.
         unsafe { self.0.arena.slice(b.extent.offset, b.extent.len) }
+    }
+
+    fn remember_checksum(&self, b: &LeasedBlock, xxh3: u64) {
+        self.0.tier.remember_checksum(b, xxh3);
     }
 }
 
@@ -78,7 +96,7 @@ async fn serve_pull<S: BlockSource>(
     ns: NamespaceId,
     keys: &[PullKey],
 ) -> Result<(), PeerError> {
-    let leased = src.lease(ns, keys);
+    let leased = src.lease(ns, keys).await;
     let mut guard = Leases {
         src,
         held: leased.iter().map(|l| l.map(|b| b.slot)).collect(),
@@ -88,11 +106,16 @@ async fn serve_pull<S: BlockSource>(
         match l {
             Some(b) => {
                 let bytes = src.bytes(b);
+                let xxh3 = b.xxh3.unwrap_or_else(|| {
+                    let sum = XxHash3_64::oneshot(bytes);
+                    src.remember_checksum(b, sum);
+                    sum
+                });
                 let msg = PeerMsg::Block {
                     req,
                     idx,
                     len: bytes.len() as u32,
-                    xxh3: xxh3_64(bytes),
+                    xxh3,
                 };
                 w.send(&msg, bytes).await?;
                 if let Some(slot) = guard.held[idx as usize].take() {
@@ -110,12 +133,12 @@ async fn serve_conn(engine: Arc<Engine>, mut w: PeerWire, mut stop: watch::Recei
     let dst = match accept_handshake(&mut w, p.key(), p.node(), p.connect_timeout()).await {
         Ok(n) => n,
         Err(e) => {
-            tracing::warn!(peer = %w.addr, error = %e, "peer refused");
+            tracing::warn!(peer = %w.remote(), error = %e, "peer refused");
             return;
         }
     };
-    tracing::debug!(peer = %w.addr, node = %dst, "peer authenticated");
-    let src = DramSource(Arc::clone(&engine));
+    tracing::debug!(peer = %w.remote(), node = %dst, "peer authenticated");
+    let src = TierSource(Arc::clone(&engine));
     loop {
         let next = tokio::select! {
             r = w.recv(IDLE_LIMIT) => r,
@@ -144,7 +167,7 @@ async fn serve_conn(engine: Arc<Engine>, mut w: PeerWire, mut stop: watch::Recei
         if let Err(e) = r {
             match e {
                 PeerError::Io(_) | PeerError::Timeout(..) => {
-                    tracing::debug!(peer = %w.addr, error = %e, "peer connection closed");
+                    tracing::debug!(peer = %w.remote(), error = %e, "peer connection closed");
                 }
                 PeerError::Frame(_) => {
                     let _ = w
@@ -155,9 +178,9 @@ async fn serve_conn(engine: Arc<Engine>, mut w: PeerWire, mut stop: watch::Recei
                             &[],
                         )
                         .await;
-                    tracing::warn!(peer = %w.addr, error = %e, "peer sent a bad frame; closing");
+                    tracing::warn!(peer = %w.remote(), error = %e, "peer sent a bad frame; closing");
                 }
-                _ => tracing::warn!(peer = %w.addr, error = %e, "peer connection dropped"),
+                _ => tracing::warn!(peer = %w.remote(), error = %e, "peer connection dropped"),
             }
             return;
         }
@@ -165,11 +188,11 @@ async fn serve_conn(engine: Arc<Engine>, mut w: PeerWire, mut stop: watch::Recei
 }
 
 /// Accepts peer connections until `stop` turns true.
-pub async fn serve(engine: Arc<Engine>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+pub async fn serve(engine: Arc<Engine>, listener: PeerListener, mut stop: watch::Receiver<bool>) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
-            a = listener.accept() => match a.and_then(|(s, _)| PeerWire::new(s)) {
+            a = listener.accept() => match a {
                 Ok(w) => {
                     conns.spawn(serve_conn(Arc::clone(&engine), w, stop.clone()));
                 }

@@ -91,6 +91,8 @@ pub struct LeasedBlock {
     pub slot: SlotId,
     /// Where the bytes are.
     pub extent: Extent,
+    /// XXH3-64 of the bytes, if computed before (blocks are immutable, so it stays true).
+    pub xxh3: Option<u64>,
 }
 
 /// Result of a registration.
@@ -231,6 +233,23 @@ impl DramTier {
     /// Publishes reserved slots as blocks.
     pub fn commit(&self, conn: u64, res: &[Reservation]) -> Vec<CommitStatus> {
         self.with(|s| res.iter().map(|r| s.commit(conn, r, None, false)).collect())
+    }
+
+    /// Publishes a reserved slot whose bytes the caller verified against `xxh3`, keeping the
+    /// checksum with the block so sending it on to another peer need not hash it again.
+    pub fn commit_verified(&self, conn: u64, r: &Reservation, xxh3: u64) -> CommitStatus {
+        self.with(|s| {
+            let st = s.commit(conn, r, None, false);
+            if st == CommitStatus::Committed {
+                s.set_checksum(r.slot, xxh3);
+            }
+            st
+        })
+    }
+
+    /// Records the checksum of a block the caller holds a lease on.
+    pub fn remember_checksum(&self, b: &LeasedBlock, xxh3: u64) {
+        self.with(|s| s.set_checksum(b.slot, xxh3));
     }
 
     /// Publishes reserved slots as blocks, announcing those with router metadata (in order,

@@ -47,6 +47,8 @@ pub struct Resident {
     pub reads: u32,
     /// The block's KV-event residency in DRAM; dropping it announces the removal.
     pub residency: Option<Residency>,
+    /// XXH3-64 of the bytes, once someone computed it (peer sends, verified pulls).
+    pub xxh3: Option<u64>,
 }
 
 /// A slab: unassigned, or cut into slots of one class.

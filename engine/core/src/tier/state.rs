@@ -434,6 +434,7 @@ impl State {
             on_lower,
             reads: 0,
             residency: self.announcer.reside(Medium::CpuPinned, meta),
+            xxh3: None,
         });
         self.index.insert(r.key, r.slot);
         let c = self.class_of(r.slot) as usize;
@@ -478,11 +479,12 @@ impl State {
             };
             r.leases += 1;
             r.reads = r.reads.saturating_add(1);
-            let len = r.len;
+            let (len, xxh3) = (r.len, r.xxh3);
             self.pools[c].policy.touch(slot);
             out.push(Some(LeasedBlock {
                 slot,
                 extent: Extent { offset, len },
+                xxh3,
             }));
         }
         self.totals.hits += hits;
@@ -492,6 +494,14 @@ impl State {
         st.hits += hits;
         st.misses += misses;
         Ok(out)
+    }
+
+    /// Records a block's checksum. The caller knows the slot still holds the block the bytes
+    /// were hashed from: it holds a lease on it, or committed it under this same lock.
+    pub fn set_checksum(&mut self, slot: SlotId, xxh3: u64) {
+        if let Slot::Block(r) = self.slot_mut(slot) {
+            r.xxh3 = Some(xxh3);
+        }
     }
 
     pub fn release(&mut self, slot: SlotId) {

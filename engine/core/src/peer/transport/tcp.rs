@@ -1,5 +1,4 @@
-//! Framed peer I/O over one TCP stream: headers decoded and checked, payloads read straight
-//! into the caller's buffer (an arena slot), and every wait bounded by a timeout.
+//! The TCP transport: frames over one stream, payloads read straight into the caller's buffer.
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
@@ -10,45 +9,41 @@ use kvnode_proto::peer::{PeerMsg, check_prefix, decode_peer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use super::PeerError;
+use super::{Frame, PeerConn, bounded};
+use crate::peer::PeerError;
 
-/// One peer connection.
+/// Read buffer for frame headers. Payload reads at least this large bypass it, so a block
+/// is copied by the kernel straight into its slot; at most one buffer's worth is copied twice.
+const HEADER_BUF: usize = 16 << 10;
+
+/// One peer connection over TCP (Nagle off: answers are latency-bound).
 #[derive(Debug)]
-pub struct PeerWire {
+pub struct TcpConn {
     io: BufReader<TcpStream>,
-    /// Remote address.
-    pub addr: SocketAddr,
+    addr: SocketAddr,
     header: Vec<u8>,
 }
 
-/// A received frame: the message and, for `Block`, the unread payload length.
-pub type Frame = (PeerMsg, u32);
-
-async fn bounded<T>(
-    limit: Duration,
-    what: &'static str,
-    f: impl Future<Output = io::Result<T>>,
-) -> Result<T, PeerError> {
-    match tokio::time::timeout(limit, f).await {
-        Ok(r) => r.map_err(PeerError::Io),
-        Err(_) => Err(PeerError::Timeout(what, limit)),
-    }
-}
-
-impl PeerWire {
-    /// Wraps a connected stream (Nagle off: answers are latency-bound).
+impl TcpConn {
+    /// Wraps a connected stream.
     pub fn new(stream: TcpStream) -> io::Result<Self> {
         stream.set_nodelay(true)?;
         let addr = stream.peer_addr()?;
         Ok(Self {
-            io: BufReader::with_capacity(64 << 10, stream),
+            io: BufReader::with_capacity(HEADER_BUF, stream),
             addr,
             header: Vec::new(),
         })
     }
+}
 
-    /// Sends one frame: `msg` then `payload`.
-    pub async fn send(&mut self, msg: &PeerMsg, payload: &[u8]) -> Result<(), PeerError> {
+impl PeerConn for TcpConn {
+    fn remote(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// One `writev` of prefix + header + payload (repeated only for a short write).
+    async fn send(&mut self, msg: &PeerMsg, payload: &[u8]) -> Result<(), PeerError> {
         let f = encode_frame(msg, payload.len() as u64)
             .map_err(|e| PeerError::Protocol(e.to_string()))?;
         let mut bufs = [IoSlice::new(&f), IoSlice::new(payload)];
@@ -64,8 +59,7 @@ impl PeerWire {
         Ok(())
     }
 
-    /// Sends several payload-less frames in one write (pipelined requests).
-    pub async fn send_all(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+    async fn send_all(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
         let mut out = Vec::new();
         for m in msgs {
             out.extend(encode_frame(m, 0).map_err(|e| PeerError::Protocol(e.to_string()))?);
@@ -74,9 +68,7 @@ impl PeerWire {
         Ok(())
     }
 
-    /// Receives the next frame header within `limit`. A payload, if any, must be consumed
-    /// with [`PeerWire::read_payload`] or [`PeerWire::skip`] before the next call.
-    pub async fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
+    async fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
         let mut p = [0u8; PREFIX_LEN];
         bounded(limit, "peer answer", self.io.read_exact(&mut p)).await?;
         let prefix = FramePrefix::decode(p)
@@ -89,8 +81,7 @@ impl PeerWire {
         Ok((msg, prefix.payload_len))
     }
 
-    /// Reads exactly `dst.len()` payload bytes, with no progress gap longer than `limit`.
-    pub async fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
+    async fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
         let mut got = 0;
         while got < dst.len() {
             let n = bounded(limit, "peer block bytes", self.io.read(&mut dst[got..])).await?;
@@ -98,18 +89,6 @@ impl PeerWire {
                 return Err(PeerError::Truncated(got, dst.len()));
             }
             got += n;
-        }
-        Ok(())
-    }
-
-    /// Reads and discards `n` payload bytes.
-    pub async fn skip(&mut self, n: u32, limit: Duration) -> Result<(), PeerError> {
-        let mut scratch = vec![0u8; (n as usize).min(1 << 20)];
-        let mut left = n as usize;
-        while left > 0 {
-            let k = left.min(scratch.len());
-            self.read_payload(&mut scratch[..k], limit).await?;
-            left -= k;
         }
         Ok(())
     }

@@ -1,0 +1,143 @@
+//! A fault-injecting transport for tests: TCP whose Nth received block stalls, is cut short
+//! or arrives corrupted, so the fetch path's reactions can be pinned without a real fault.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use kvnode_proto::peer::PeerMsg;
+use serde::{Deserialize, Serialize};
+
+use super::{Frame, PeerConn, TcpConn};
+use crate::peer::PeerError;
+
+/// Which received blocks go wrong. Blocks are numbered from 1 in the order this daemon
+/// receives their headers, over all its dialled connections. Default: no faults.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultPlan {
+    /// This block stalls: no further byte arrives on its connection (a frozen peer).
+    pub stall_block: Option<u32>,
+    /// This block is cut after `cut_after` bytes and its connection closes.
+    pub cut_block: Option<u32>,
+    /// Bytes of the cut block delivered before the cut. Default: 0.
+    pub cut_after: u32,
+    /// This block's first byte arrives flipped.
+    pub corrupt_block: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    Stall,
+    Cut(usize),
+    Corrupt,
+}
+
+/// A TCP connection that injects a [`FaultPlan`]'s faults on the receiving side.
+#[derive(Debug)]
+pub struct FaultyConn {
+    inner: TcpConn,
+    plan: FaultPlan,
+    seen: Arc<AtomicU32>,
+    /// Fault of the block being read, and bytes of it delivered so far.
+    cur: Option<Fault>,
+    pos: usize,
+    stalled: bool,
+    dead: bool,
+}
+
+impl FaultyConn {
+    /// Wraps `inner`; `seen` counts blocks received across connections.
+    pub fn new(inner: TcpConn, plan: FaultPlan, seen: Arc<AtomicU32>) -> Self {
+        Self {
+            inner,
+            plan,
+            seen,
+            cur: None,
+            pos: 0,
+            stalled: false,
+            dead: false,
+        }
+    }
+
+    fn fault_of(&self, n: u32) -> Option<Fault> {
+        let p = &self.plan;
+        if p.stall_block == Some(n) {
+            Some(Fault::Stall)
+        } else if p.cut_block == Some(n) {
+            Some(Fault::Cut(p.cut_after as usize))
+        } else if p.corrupt_block == Some(n) {
+            Some(Fault::Corrupt)
+        } else {
+            None
+        }
+    }
+
+    /// A stalled connection never delivers again; a cut one is closed.
+    async fn gate(&self, what: &'static str, limit: Duration) -> Result<(), PeerError> {
+        if self.dead {
+            return Err(PeerError::Io(io::ErrorKind::BrokenPipe.into()));
+        }
+        if self.stalled {
+            tokio::time::sleep(limit).await;
+            return Err(PeerError::Timeout(what, limit));
+        }
+        Ok(())
+    }
+}
+
+impl PeerConn for FaultyConn {
+    fn remote(&self) -> SocketAddr {
+        self.inner.remote()
+    }
+
+    async fn send(&mut self, msg: &PeerMsg, payload: &[u8]) -> Result<(), PeerError> {
+        self.gate("peer send", Duration::ZERO).await?;
+        self.inner.send(msg, payload).await
+    }
+
+    async fn send_all(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        self.gate("peer send", Duration::ZERO).await?;
+        self.inner.send_all(msgs).await
+    }
+
+    async fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
+        self.gate("peer answer", limit).await?;
+        let f = self.inner.recv(limit).await?;
+        if matches!(f.0, PeerMsg::Block { .. }) {
+            let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+            self.cur = self.fault_of(n);
+            self.pos = 0;
+        }
+        Ok(f)
+    }
+
+    async fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
+        self.gate("peer block bytes", limit).await?;
+        match self.cur {
+            Some(Fault::Stall) => {
+                self.stalled = true;
+                self.gate("peer block bytes", limit).await
+            }
+            Some(Fault::Cut(at)) if self.pos + dst.len() > at => {
+                let k = at.saturating_sub(self.pos);
+                self.inner.read_payload(&mut dst[..k], limit).await?;
+                self.dead = true;
+                Err(PeerError::Truncated(k, dst.len()))
+            }
+            fault => {
+                self.inner.read_payload(dst, limit).await?;
+                if fault == Some(Fault::Corrupt)
+                    && self.pos == 0
+                    && let Some(b) = dst.first_mut()
+                {
+                    *b ^= 0xff;
+                }
+                self.pos += dst.len();
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! A pull between two daemons in two network namespaces joined only by a veth pair: the
+//! bytes cross that link (its counters move), with cluster-key authentication. Skipped with a printed reason unless root with
+//! `ip` available. Run: `sudo cargo test --release -p kvnode-e2e --test peer_netns`.
+
+use std::process::Command;
+
+use kvnode_e2e::{Daemon, block, key, spec, temp_dir};
+use kvnode_proto::Key;
+use kvnode_proto::pull::{KeyOutcome, OpState};
+
+const BLOCK: usize = 256 << 10;
+const SRC_IP: &str = "10.77.0.1";
+const PORT: u16 = 7700;
+
+fn ip(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("running ip: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Two namespaces `a` (source side, `va` = 10.77.0.1) and `b` (`vb` = 10.77.0.2), joined
+/// by one veth pair; deleted on drop (which also deletes the pair).
+struct Namespaces {
+    a: String,
+    b: String,
+    vb: String,
+}
+
+impl Namespaces {
+    fn create() -> Result<Self, String> {
+        let pid = std::process::id();
+        let n = Self {
+            a: format!("kvnode-e2e-a-{pid}"),
+            b: format!("kvnode-e2e-b-{pid}"),
+            vb: format!("kvb{pid}"),
+        };
+        let va = format!("kva{pid}");
+        ip(&["netns", "add", &n.a])?;
+        ip(&["netns", "add", &n.b])?;
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &n.vb])?;
+        ip(&["link", "set", &va, "netns", &n.a])?;
+        ip(&["link", "set", &n.vb, "netns", &n.b])?;
+        ip(&[
+            "-n",
+            &n.a,
+            "addr",
+            "add",
+            &format!("{SRC_IP}/24"),
+            "dev",
+            &va,
+        ])?;
+        ip(&["-n", &n.b, "addr", "add", "10.77.0.2/24", "dev", &n.vb])?;
+        for (ns, dev) in [(&n.a, &va), (&n.b, &n.vb)] {
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(n)
+    }
+
+    /// Bytes received on `b`'s end of the pair.
+    fn rx_bytes_b(&self) -> u64 {
+        let p = format!("/sys/class/net/{}/statistics/rx_bytes", self.vb);
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.b, "cat", &p])
+            .output()
+            .expect("read veth counters");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("rx_bytes is a number")
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not running as root: creating network namespaces needs CAP_NET_ADMIN".into());
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Some("`ip` (iproute2) is not installed".into());
+    }
+    None
+}
+
+#[test]
+fn pull_between_two_network_namespaces_crosses_only_their_veth_link() {
+    if let Some(why) = skip_reason() {
+        eprintln!("\n!!!!! SKIPPING NETNS TEST: {why} !!!!!\n");
+        return;
+    }
+    let ns = match Namespaces::create() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("\n!!!!! SKIPPING NETNS TEST: cannot set up namespaces: {e} !!!!!\n");
+            return;
+        }
+    };
+    let dir = temp_dir("netns-key");
+    let key_file = dir.join("cluster.key");
+    std::fs::write(&key_file, "netns-test-cluster-key-0123456789\n").unwrap();
+    let key_path = key_file.to_str().unwrap();
+    let endpoint = format!("tcp://{SRC_IP}:{PORT}");
+    let listen = format!("{SRC_IP}:{PORT}");
+    let src = Daemon::start_in_netns(
+        &ns.a,
+        &[
+            "--dram",
+            "64MiB",
+            "--no-pin",
+            "--peer-listen",
+            &listen,
+            "--advertise",
+            &endpoint,
+            "--cluster-key",
+            key_path,
+        ],
+    );
+    let dst = Daemon::start_in_netns(
+        &ns.b,
+        &[
+            "--dram",
+            "64MiB",
+            "--no-pin",
+            "--cluster-key",
+            key_path,
+            "--peers",
+            &endpoint,
+        ],
+    );
+    let keys: Vec<Key> = (0..8).map(key).collect();
+    let mut sc = src.client();
+    let sns = sc.register(&spec("netns", BLOCK as u64)).unwrap().ns;
+    let data: Vec<Vec<u8>> = (0..8).map(|i| block(i, BLOCK)).collect();
+    let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    sc.put(sns, &keys, &refs).unwrap();
+
+    let hashes: Vec<String> = keys.iter().map(|k| k.0.router_hash().to_string()).collect();
+    let hint = format!(
+        r#"{{"source_control_endpoint":"{endpoint}","block_hashes":[{}]}}"#,
+        hashes.join(",")
+    );
+    let rx0 = ns.rx_bytes_b();
+    let mut c = dst.client();
+    let dns = c.register(&spec("netns", BLOCK as u64)).unwrap().ns;
+    let (pages, op) = c.get_hinted(dns, &keys, Some(&hint), Some(10_000)).unwrap();
+    let op = op.unwrap();
+    assert_eq!(
+        op.state,
+        OpState::Done,
+        "{op:?}\nsource log:\n{}",
+        src.log()
+    );
+    assert!(
+        op.results.iter().all(|r| *r == KeyOutcome::Pulled),
+        "{op:?}"
+    );
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(p.as_deref(), Some(data[i].as_slice()), "page {i} differs");
+    }
+    let crossed = ns.rx_bytes_b() - rx0;
+    assert!(
+        crossed >= (8 * BLOCK) as u64,
+        "only {crossed} bytes crossed the veth link for {} pulled",
+        8 * BLOCK
+    );
+    drop((src, dst));
+    let _ = std::fs::remove_dir_all(&dir);
+}
