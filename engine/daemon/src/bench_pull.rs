@@ -39,6 +39,9 @@ pub struct PullArgs {
     /// Print a JSON summary line as well.
     #[arg(long)]
     pub json: bool,
+    /// Extra `kvnode serve` argument for both daemons (repeat it), e.g. `--daemon-arg=--hugetlb`.
+    #[arg(long = "daemon-arg", allow_hyphen_values = true)]
+    pub daemon_args: Vec<String>,
 }
 
 struct Proc(Child, PathBuf);
@@ -226,19 +229,21 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
     let small = parse_size(&a.latency_page).context("--latency-page")?;
     let port = free_port()?;
     let listen = format!("127.0.0.1:{port}");
-    let src_args = [
+    let mut src_args = vec![
         "--peer-listen".into(),
         listen.clone(),
         "--advertise".into(),
         format!("tcp://{listen}"),
     ];
+    src_args.extend(a.daemon_args.iter().cloned());
     let (_src, src_sock) = daemon("src", &src_args)?;
-    let dst_args = [
+    let mut dst_args = vec![
         "--peers".into(),
         format!("tcp://{listen}"),
         "--peer-connections".into(),
         a.connections.to_string(),
     ];
+    dst_args.extend(a.daemon_args.iter().cloned());
     let (_dst, dst_sock) = daemon("dst", &dst_args)?;
     let (mut s, mut d) = (Client::connect(&src_sock)?, Client::connect(&dst_sock)?);
     let (sb, db) = (s.register(&spec(page))?.ns, d.register(&spec(page))?.ns);
