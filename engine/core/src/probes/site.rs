@@ -1,0 +1,90 @@
+//! The USDT site encoding: `nop; nop5` and a `.note.stapsdt` entry, so uprobes can be optimized.
+
+// The note layout is that of `<sys/sdt.h>` and the `probe` crate (note type 3, owner `stapsdt`,
+// site / `.stapsdt.base` / semaphore addresses, provider, name, `-8@%reg` argument strings; no
+// semaphore). The site is the 6 bytes `90 0f 1f 44 00 00` instead of a lone `90`: the
+// `nop, nop5` combination of libbpf's `usdt.h`. The note points at the 1-byte `nop`, so every
+// USDT consumer attaches there and traps with `int3` as before. libbpf >= 1.7 on a kernel with
+// the `uprobe` syscall (Linux 6.18+, x86-64) attaches one byte later, on the `nop5`, which the
+// kernel rewrites after the first hit into a `call` to a uprobe trampoline that enters through
+// the `uprobe` syscall instead of a breakpoint trap. Untraced, a site costs two nops.
+// Other architectures use the `probe` crate's one-`nop` site.
+
+/// Emits one USDT site (`provider:name`) with integer arguments, each passed in a register.
+#[cfg(target_arch = "x86_64")]
+macro_rules! usdt {
+    ($provider:ident, $name:ident $(,)?) => {
+        $crate::probes::site::usdt!(@site $provider, $name,)
+    };
+    ($provider:ident, $name:ident, $arg1:expr $(, $arg:expr)* $(,)?) => {
+        $crate::probes::site::usdt!(@site $provider, $name, "-8@{}", $arg1, $(" -8@{}", $arg,)*)
+    };
+    (@site $provider:ident, $name:ident, $($argstr:literal, $arg:expr,)*) => {
+        // SAFETY: the asm only executes two nops; everything else is section data. It reads
+        // its register operands and touches no memory, stack or flags.
+        unsafe {
+            ::core::arch::asm!(
+                concat!(
+                    "990: nop\n",
+                    "     .byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n",
+                    "     .pushsection .note.stapsdt,\"?\",\"note\"\n",
+                    "     .balign 4\n",
+                    "     .4byte 992f-991f, 994f-993f, 3\n",
+                    "991: .asciz \"stapsdt\"\n",
+                    "992: .balign 4\n",
+                    "993: .8byte 990b\n",
+                    "     .8byte _.stapsdt.base\n",
+                    "     .8byte 0\n",
+                    "     .asciz \"", stringify!($provider), "\"\n",
+                    "     .asciz \"", stringify!($name), "\"\n",
+                    "     .asciz \"", $($argstr,)* "\"\n",
+                    "994: .balign 4\n",
+                    "     .popsection\n",
+                    ".ifndef _.stapsdt.base\n",
+                    "     .pushsection .stapsdt.base,\"aGR\",\"progbits\",.stapsdt.base,comdat\n",
+                    "     .weak _.stapsdt.base\n",
+                    "     .hidden _.stapsdt.base\n",
+                    "_.stapsdt.base: .space 1\n",
+                    "     .size _.stapsdt.base, 1\n",
+                    "     .popsection\n",
+                    ".endif\n",
+                ),
+                $(in(reg) $crate::probes::site::UsdtArg::reg($arg),)*
+                options(readonly, nostack, preserves_flags, att_syntax),
+            )
+        }
+    };
+}
+
+/// Emits one USDT site through the `probe` crate (a single `nop`; never optimized).
+#[cfg(not(target_arch = "x86_64"))]
+macro_rules! usdt {
+    ($provider:ident, $name:ident $(, $arg:expr)* $(,)?) => {
+        ::probe::probe!($provider, $name $(, $arg)*)
+    };
+}
+
+pub(crate) use usdt;
+
+/// An integer probe argument, widened to the 8-byte register the note describes (`-8@%reg`).
+pub(crate) trait UsdtArg {
+    fn reg(self) -> u64;
+}
+
+impl UsdtArg for u64 {
+    fn reg(self) -> u64 {
+        self
+    }
+}
+
+impl UsdtArg for u32 {
+    fn reg(self) -> u64 {
+        u64::from(self)
+    }
+}
+
+impl UsdtArg for i64 {
+    fn reg(self) -> u64 {
+        self.cast_unsigned()
+    }
+}

@@ -1,0 +1,232 @@
+//! Per-hit cost of a traced USDT site: kvnode's `nop; nop5` site against the `probe` crate's
+//! one-`nop` site, untraced, with a trivial BPF program and with kvtrace's own programs.
+//!
+//! The process calls each site in a loop and traces itself; a hit's cost is the loop's time
+//! per call with the program attached minus without. Every traced run also checks that the
+//! program saw every call with the right arguments. Run as root:
+//! `cargo run --release -p kvtrace --example probe_cost [CALLS]`.
+
+use std::hint::black_box;
+use std::mem::MaybeUninit;
+use std::time::Instant;
+
+use anyhow::{Context, bail, ensure};
+use kvnode_proto::obs::{OpKind, OpStatus};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, ProgramMut, UsdtOpts};
+
+mod skel {
+    #![allow(
+        clippy::pedantic,
+        missing_debug_implementations,
+        unsafe_op_in_unsafe_fn
+    )]
+    include!(concat!(env!("OUT_DIR"), "/kvtrace.skel.rs"));
+}
+
+use skel::{KvtraceSkel, KvtraceSkelBuilder};
+
+const BYTES: u64 = 4096;
+const LATENCY_NS: u64 = 25_000;
+const DEMOTE_COUNTER: u32 = 6; // KVT_C_DEMOTE
+
+/// The `probe` crate's site (one `nop`), same arguments as `kvnode:op_done`.
+#[inline(never)]
+fn legacy_op_done(req: u64) {
+    let (op, st) = (OpKind::Get.code(), OpStatus::Ok.code());
+    probe::probe!(
+        kvbench, op_done, 1u64, req, op, 0u32, 1u32, BYTES, st, LATENCY_NS
+    );
+}
+
+#[inline(never)]
+fn legacy_op_start(req: u64) {
+    probe::probe!(kvbench, op_start, 1u64, req, OpKind::Get.code(), 0u32, 1u32);
+}
+
+#[derive(Clone, Copy)]
+struct Site {
+    name: &'static str,
+    provider: &'static str,
+    op_done: fn(u64),
+    op_start: fn(u64),
+}
+
+fn nop5_op_done(req: u64) {
+    let (get, ok) = (OpKind::Get, OpStatus::Ok);
+    kvnode_engine::probes::op_done(1, req, get, 0, 1, BYTES, ok, LATENCY_NS);
+}
+
+fn nop5_op_start(req: u64) {
+    kvnode_engine::probes::op_start(1, req, OpKind::Get, 0, 1);
+}
+
+const SITES: [Site; 2] = [
+    Site {
+        name: "nop; nop5 (kvnode)",
+        provider: "kvnode",
+        op_done: nop5_op_done,
+        op_start: nop5_op_start,
+    },
+    Site {
+        name: "nop (probe crate)",
+        provider: "kvbench",
+        op_done: legacy_op_done,
+        op_start: legacy_op_start,
+    },
+];
+
+/// Nanoseconds per op of `calls` ops (`pair`: op_start + op_done, else op_done only).
+fn run(site: Site, calls: u64, pair: bool) -> f64 {
+    let t = Instant::now();
+    for req in 0..calls {
+        if pair {
+            (site.op_start)(black_box(req));
+        }
+        (site.op_done)(black_box(req));
+    }
+    t.elapsed().as_nanos() as f64 / calls as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn load(
+    storage: &mut MaybeUninit<libbpf_rs::OpenObject>,
+    pair: bool,
+) -> anyhow::Result<KvtraceSkel<'_>> {
+    let mut open = KvtraceSkelBuilder::default().open(storage)?;
+    open.maps
+        .rodata_data
+        .as_deref_mut()
+        .context("rodata")?
+        .pair_ops = u8::from(pair);
+    Ok(open.load()?)
+}
+
+fn attach(prog: &ProgramMut<'_>, site: Site, name: &str) -> anyhow::Result<Link> {
+    let pid = std::process::id().cast_signed();
+    prog.attach_usdt_with_opts(
+        pid,
+        "/proc/self/exe",
+        site.provider,
+        name,
+        UsdtOpts::default(),
+    )
+    .with_context(|| format!("attaching {}:{name}", site.provider))
+}
+
+/// Sums a per-CPU `op_hists` entry: (count, sum_ns, bytes).
+fn op_get_hist(skel: &KvtraceSkel<'_>) -> anyhow::Result<(u64, u64, u64)> {
+    let key = OpKind::Get.code().to_ne_bytes();
+    let cpus = skel
+        .maps
+        .op_hists
+        .lookup_percpu(&key, MapFlags::ANY)?
+        .context("no entry")?;
+    Ok(cpus.iter().fold((0, 0, 0), |(c, s, b), v| {
+        // SAFETY: each per-CPU value is a `struct kvt_hist` of plain integers.
+        let h: skel::types::kvt_hist = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
+        (c + h.count, s + h.sum_ns, b + h.bytes)
+    }))
+}
+
+/// Whether the kernel has mapped a uprobe trampoline into this process (it optimized a site).
+fn optimized() -> anyhow::Result<bool> {
+    Ok(std::fs::read_to_string("/proc/self/maps")?.contains("[uprobes-trampoline]"))
+}
+
+fn counter(skel: &KvtraceSkel<'_>, i: u32) -> anyhow::Result<u64> {
+    let v = skel
+        .maps
+        .counters
+        .lookup(&i.to_ne_bytes(), MapFlags::ANY)?
+        .context("counter")?;
+    Ok(u64::from_ne_bytes(v[..8].try_into()?))
+}
+
+/// One row: per-op ns untraced and traced, checking the program saw `rounds * calls` hits.
+fn measure(site: Site, calls: u64, rounds: usize, program: &str) -> anyhow::Result<(f64, f64)> {
+    let pair = program == "kernel-latency";
+    let mut storage = MaybeUninit::uninit();
+    let skel = load(&mut storage, pair)?;
+    let p = &skel.progs;
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        off.push(run(site, calls, pair));
+        let links = match program {
+            "trivial" => vec![attach(&p.demote, site, "op_done")?],
+            "op_done" => vec![attach(&p.op_done, site, "op_done")?],
+            _ => vec![
+                attach(&p.op_start, site, "op_start")?,
+                attach(&p.op_done, site, "op_done")?,
+            ],
+        };
+        on.push(run(site, calls, pair));
+        drop(links);
+        if site.provider == "kvnode" && !optimized()? {
+            eprintln!(
+                "probe_cost: no [uprobes-trampoline] mapping: the kernel did not optimize the nop5 site"
+            );
+        }
+    }
+    let n = calls * rounds as u64;
+    if program == "trivial" {
+        ensure!(
+            counter(&skel, DEMOTE_COUNTER)? == n,
+            "{}: missed hits",
+            site.name
+        );
+    } else {
+        let (c, s, b) = op_get_hist(&skel)?;
+        ensure!(
+            c == n && b == n * BYTES,
+            "{}: {c} hits, {b} bytes for {n} calls",
+            site.name
+        );
+        if pair {
+            ensure!(counter(&skel, 0)? == 0, "{}: unmatched op_done", site.name);
+        } else {
+            ensure!(
+                s == n * LATENCY_NS,
+                "{}: latency argument misread",
+                site.name
+            );
+        }
+    }
+    Ok((median(off), median(on)))
+}
+
+fn main() -> anyhow::Result<()> {
+    let calls: u64 = match std::env::args().nth(1) {
+        Some(a) => a.parse().context("CALLS")?,
+        None => 200_000,
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("run as root (it loads BPF programs)");
+    }
+    println!("{calls} calls per run, median of 5 runs; per hit = traced - untraced");
+    println!(
+        "{:<20} {:<26} {:>11} {:>11} {:>9}",
+        "site", "program", "untraced", "traced", "per op"
+    );
+    for program in ["trivial", "op_done", "kernel-latency"] {
+        for site in SITES {
+            let (off, on) = measure(site, calls, 5, program)?;
+            let what = match program {
+                "trivial" => "trivial (1 counter add)",
+                "op_done" => "kvtrace op_done (1 hit)",
+                _ => "--kernel-latency (2 hits)",
+            };
+            println!(
+                "{:<20} {what:<26} {off:>8.1} ns {on:>8.1} ns {:>6.0} ns",
+                site.name,
+                on - off
+            );
+        }
+    }
+    Ok(())
+}
