@@ -16,6 +16,11 @@ const volatile __u64 op_slow_ns = 0;
 const volatile __u8 pair_ops = 0;
 /* 1: stall / lease events go to the ring buffer (kvtrace stalls); else they are only counted. */
 const volatile __u8 events_on = 0;
+/* 1: every traced daemon's op_done note is kvnode_proto::obs::OP_DONE_X86_ARGS (argument i in
+ * the i-th of rdi rsi rdx rcx r8 r9 r10 r11): read them from ctx, not through the USDT spec. */
+const volatile __u8 op_done_regs = 0;
+/* 1: one daemon traced: its op histograms start at op_hists[0], no cookie lookup. */
+const volatile __u8 one_daemon = 0;
 /* io_uring completions slower than this emit KVT_EV_URING_SLOW (0 = io_uring not traced). */
 const volatile __u64 uring_slow_ns = 0;
 
@@ -133,8 +138,8 @@ int BPF_USDT(op_start, __u64 conn, __u64 req, __u32 op, __u32 ns, __u32 pages) {
     return 0;
 }
 
-/* op_done argument positions (engine/core/src/probes/mod.rs). Each argument read costs a
- * spec lookup and a helper call, so the hot path reads only the three it needs. */
+/* op_done argument positions (engine/core/src/probes/mod.rs). Through the USDT spec each read
+ * costs a spec lookup and a helper call, so the hot path reads only the three it needs. */
 #define OPD_CONN 0
 #define OPD_REQ 1
 #define OPD_OP 2
@@ -148,13 +153,29 @@ static __always_inline __u64 usdt_arg(struct pt_regs *ctx, __u64 i) {
     return v;
 }
 
+static __always_inline __u64 op_done_arg(struct pt_regs *ctx, int i) {
+    if (!op_done_regs) return usdt_arg(ctx, i);
+    switch (i) {
+    case 0: return ctx->di;
+    case 1: return ctx->si;
+    case 2: return ctx->dx;
+    case 3: return ctx->cx;
+    case 4: return ctx->r8;
+    case 5: return ctx->r9;
+    case 6: return ctx->r10;
+    default: return ctx->r11;
+    }
+}
+
 SEC("usdt")
 int op_done(struct pt_regs *ctx) {
-    __u32 op = usdt_arg(ctx, OPD_OP);
-    __u64 bytes = usdt_arg(ctx, OPD_BYTES);
-    __u64 lat = usdt_arg(ctx, OPD_LATENCY);
+    __u32 op = op_done_arg(ctx, OPD_OP);
+    __u64 bytes = op_done_arg(ctx, OPD_BYTES);
+    __u64 lat = op_done_arg(ctx, OPD_LATENCY);
     if (pair_ops) {
-        struct op_key k = { .tgid = tgid(), .conn = usdt_arg(ctx, OPD_CONN), .req = usdt_arg(ctx, OPD_REQ) };
+        struct op_key k = {
+            .tgid = tgid(), .conn = op_done_arg(ctx, OPD_CONN), .req = op_done_arg(ctx, OPD_REQ)
+        };
         __u64 *t0 = bpf_map_lookup_elem(&inflight, &k);
         if (t0) {
             lat = bpf_ktime_get_ns() - *t0;
@@ -163,13 +184,13 @@ int op_done(struct pt_regs *ctx) {
             count(KVT_C_UNMATCHED, 1);
         }
     }
-    __u32 i = (__u32)bpf_usdt_cookie(ctx) * KVT_OPS + (op & (KVT_OPS - 1));
+    __u32 i = (one_daemon ? 0 : (__u32)bpf_usdt_cookie(ctx) * KVT_OPS) + (op & (KVT_OPS - 1));
     struct kvt_hist *h = bpf_map_lookup_elem(&op_hists, &i);
     if (h) add(h, lat, bytes);
     if (op_slow_ns && lat > op_slow_ns) {
         count(KVT_C_OP_SLOW, 1);
-        emit(KVT_EV_OP_SLOW, tgid(), op, usdt_arg(ctx, OPD_CONN), lat, usdt_arg(ctx, OPD_REQ),
-             usdt_arg(ctx, OPD_STATUS));
+        emit(KVT_EV_OP_SLOW, tgid(), op, op_done_arg(ctx, OPD_CONN), lat,
+             op_done_arg(ctx, OPD_REQ), op_done_arg(ctx, OPD_STATUS));
     }
     return 0;
 }

@@ -93,16 +93,36 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Program {
+    /// kvtrace's `demote` program: one counter add, no argument read.
+    Trivial,
+    /// kvtrace's `op_done` program; `regs`: arguments from fixed registers, else the USDT spec.
+    OpDone { regs: bool },
+    /// `op_start` + `op_done` with `pair_ops` (`--kernel-latency`): two hits per op.
+    KernelLatency,
+}
+
+impl Program {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Trivial => "trivial (1 counter add)",
+            Self::OpDone { regs: true } => "op_done, args from regs",
+            Self::OpDone { regs: false } => "op_done, args via spec",
+            Self::KernelLatency => "--kernel-latency (2 hits)",
+        }
+    }
+}
+
 fn load(
     storage: &mut MaybeUninit<libbpf_rs::OpenObject>,
-    pair: bool,
+    program: Program,
 ) -> anyhow::Result<KvtraceSkel<'_>> {
     let mut open = KvtraceSkelBuilder::default().open(storage)?;
-    open.maps
-        .rodata_data
-        .as_deref_mut()
-        .context("rodata")?
-        .pair_ops = u8::from(pair);
+    let ro = open.maps.rodata_data.as_deref_mut().context("rodata")?;
+    ro.pair_ops = u8::from(program == Program::KernelLatency);
+    ro.op_done_regs = u8::from(program == Program::OpDone { regs: true });
+    ro.one_daemon = 1;
     Ok(open.load()?)
 }
 
@@ -148,18 +168,18 @@ fn counter(skel: &KvtraceSkel<'_>, i: u32) -> anyhow::Result<u64> {
 }
 
 /// One row: per-op ns untraced and traced, checking the program saw `rounds * calls` hits.
-fn measure(site: Site, calls: u64, rounds: usize, program: &str) -> anyhow::Result<(f64, f64)> {
-    let pair = program == "kernel-latency";
+fn measure(site: Site, calls: u64, rounds: usize, program: Program) -> anyhow::Result<(f64, f64)> {
+    let pair = program == Program::KernelLatency;
     let mut storage = MaybeUninit::uninit();
-    let skel = load(&mut storage, pair)?;
+    let skel = load(&mut storage, program)?;
     let p = &skel.progs;
     let (mut off, mut on) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         off.push(run(site, calls, pair));
         let links = match program {
-            "trivial" => vec![attach(&p.demote, site, "op_done")?],
-            "op_done" => vec![attach(&p.op_done, site, "op_done")?],
-            _ => vec![
+            Program::Trivial => vec![attach(&p.demote, site, "op_done")?],
+            Program::OpDone { .. } => vec![attach(&p.op_done, site, "op_done")?],
+            Program::KernelLatency => vec![
                 attach(&p.op_start, site, "op_start")?,
                 attach(&p.op_done, site, "op_done")?,
             ],
@@ -168,32 +188,24 @@ fn measure(site: Site, calls: u64, rounds: usize, program: &str) -> anyhow::Resu
         drop(links);
         if site.provider == "kvnode" && !optimized()? {
             eprintln!(
-                "probe_cost: no [uprobes-trampoline] mapping: the kernel did not optimize the nop5 site"
+                "probe_cost: no [uprobes-trampoline] mapping: the nop5 site was not optimized"
             );
         }
     }
     let n = calls * rounds as u64;
-    if program == "trivial" {
-        ensure!(
-            counter(&skel, DEMOTE_COUNTER)? == n,
-            "{}: missed hits",
-            site.name
-        );
+    let name = site.name;
+    if program == Program::Trivial {
+        ensure!(counter(&skel, DEMOTE_COUNTER)? == n, "{name}: missed hits");
     } else {
         let (c, s, b) = op_get_hist(&skel)?;
         ensure!(
             c == n && b == n * BYTES,
-            "{}: {c} hits, {b} bytes for {n} calls",
-            site.name
+            "{name}: {c} hits, {b} bytes for {n} calls"
         );
         if pair {
-            ensure!(counter(&skel, 0)? == 0, "{}: unmatched op_done", site.name);
+            ensure!(counter(&skel, 0)? == 0, "{name}: unmatched op_done");
         } else {
-            ensure!(
-                s == n * LATENCY_NS,
-                "{}: latency argument misread",
-                site.name
-            );
+            ensure!(s == n * LATENCY_NS, "{name}: latency argument misread");
         }
     }
     Ok((median(off), median(on)))
@@ -208,25 +220,29 @@ fn main() -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("run as root (it loads BPF programs)");
     }
-    println!("{calls} calls per run, median of 5 runs; per hit = traced - untraced");
+    let [nop5, nop] = SITES;
+    let rows = [
+        (nop5, Program::Trivial),
+        (nop, Program::Trivial),
+        (nop5, Program::OpDone { regs: true }),
+        (nop5, Program::OpDone { regs: false }),
+        (nop, Program::OpDone { regs: false }),
+        (nop5, Program::KernelLatency),
+        (nop, Program::KernelLatency),
+    ];
+    println!("{calls} calls per run, median of 5 runs; cost = traced - untraced, per op");
     println!(
         "{:<20} {:<26} {:>11} {:>11} {:>9}",
-        "site", "program", "untraced", "traced", "per op"
+        "site", "program", "untraced", "traced", "cost"
     );
-    for program in ["trivial", "op_done", "kernel-latency"] {
-        for site in SITES {
-            let (off, on) = measure(site, calls, 5, program)?;
-            let what = match program {
-                "trivial" => "trivial (1 counter add)",
-                "op_done" => "kvtrace op_done (1 hit)",
-                _ => "--kernel-latency (2 hits)",
-            };
-            println!(
-                "{:<20} {what:<26} {off:>8.1} ns {on:>8.1} ns {:>6.0} ns",
-                site.name,
-                on - off
-            );
-        }
+    for (site, program) in rows {
+        let (off, on) = measure(site, calls, 5, program)?;
+        println!(
+            "{:<20} {:<26} {off:>8.1} ns {on:>8.1} ns {:>6.0} ns",
+            site.name,
+            program.describe(),
+            on - off
+        );
     }
     Ok(())
 }

@@ -169,6 +169,12 @@ impl<'o> Tracer<'o> {
         ro.uring_slow_ns = opts.uring_slow_ns;
         ro.pair_ops = u8::from(opts.pair_ops);
         ro.events_on = u8::from(opts.events);
+        ro.one_daemon = u8::from(pids.len() == 1);
+        let mut fixed = true;
+        for &pid in pids {
+            fixed &= crate::target::op_done_in_fixed_regs(pid)?;
+        }
+        ro.op_done_regs = u8::from(fixed);
         let n = u32::try_from(pids.len()).context("too many pids")?;
         open.maps
             .op_hists

@@ -129,3 +129,17 @@ pub fn cancel(conn: u64, req: u64, pages: u32) {
 pub fn fence(conn: u64, req: u64, latency_ns: u64) {
     site::usdt!(kvnode, fence, conn, req, latency_ns);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn op_done_note_names_the_fixed_registers_kvtrace_reads() {
+        op_done(1, 2, OpKind::Get, 3, 4, 5, OpStatus::Ok, 6);
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        let note = format!("kvnode\0op_done\0{}\0", kvnode_proto::obs::OP_DONE_X86_ARGS);
+        assert!(exe.windows(note.len()).any(|w| w == note.as_bytes()));
+    }
+}

@@ -10,16 +10,30 @@
 // the `uprobe` syscall instead of a breakpoint trap. Untraced, a site costs two nops.
 // Other architectures use the `probe` crate's one-`nop` site.
 
-/// Emits one USDT site (`provider:name`) with integer arguments, each passed in a register.
+/// Emits one USDT site (`provider:name`) with up to 8 integer arguments in fixed registers.
+///
+/// Argument `i` is in the `i`-th of `rdi rsi rdx rcx r8 r9 r10 r11`, and the note says so, so
+/// a BPF program may read `ctx->di`... directly instead of going through the USDT argument
+/// spec (kvtrace's `op_done` does after checking the note against
+/// [`kvnode_proto::obs::OP_DONE_X86_ARGS`]).
 #[cfg(target_arch = "x86_64")]
 macro_rules! usdt {
     ($provider:ident, $name:ident $(,)?) => {
-        $crate::probes::site::usdt!(@site $provider, $name,)
+        $crate::probes::site::usdt!(@site $provider, $name, [])
     };
     ($provider:ident, $name:ident, $arg1:expr $(, $arg:expr)* $(,)?) => {
-        $crate::probes::site::usdt!(@site $provider, $name, "-8@{}", $arg1, $(" -8@{}", $arg,)*)
+        $crate::probes::site::usdt!(@pair $provider, $name, [("", "rdi", $arg1)],
+            ["rsi" "rdx" "rcx" "r8" "r9" "r10" "r11"], $($arg,)*)
     };
-    (@site $provider:ident, $name:ident, $($argstr:literal, $arg:expr,)*) => {
+    // Pairs each further argument with the next register.
+    (@pair $p:ident, $n:ident, [$($done:tt)*], [$reg:tt $($regs:tt)*], $arg:expr, $($rest:expr,)*) => {
+        $crate::probes::site::usdt!(@pair $p, $n, [$($done)* (" ", $reg, $arg)], [$($regs)*],
+            $($rest,)*)
+    };
+    (@pair $p:ident, $n:ident, [$($done:tt)*], [$($regs:tt)*],) => {
+        $crate::probes::site::usdt!(@site $p, $n, [$($done)*])
+    };
+    (@site $provider:ident, $name:ident, [$(($sep:tt, $reg:tt, $arg:expr))*]) => {
         // SAFETY: the asm only executes two nops; everything else is section data. It reads
         // its register operands and touches no memory, stack or flags.
         unsafe {
@@ -37,7 +51,7 @@ macro_rules! usdt {
                     "     .8byte 0\n",
                     "     .asciz \"", stringify!($provider), "\"\n",
                     "     .asciz \"", stringify!($name), "\"\n",
-                    "     .asciz \"", $($argstr,)* "\"\n",
+                    "     .asciz \"", $($sep, "-8@%", $reg,)* "\"\n",
                     "994: .balign 4\n",
                     "     .popsection\n",
                     ".ifndef _.stapsdt.base\n",
@@ -49,7 +63,7 @@ macro_rules! usdt {
                     "     .popsection\n",
                     ".endif\n",
                 ),
-                $(in(reg) $crate::probes::site::UsdtArg::reg($arg),)*
+                $(in($reg) $crate::probes::site::UsdtArg::reg($arg),)*
                 options(readonly, nostack, preserves_flags, att_syntax),
             )
         }
