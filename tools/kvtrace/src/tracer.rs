@@ -79,17 +79,19 @@ impl Default for Raw {
     }
 }
 
-impl Raw {
-    fn add(&mut self, h: &kvt_hist) {
-        for (a, b) in self.slots.iter_mut().zip(h.slots) {
-            *a += b;
+impl From<&kvt_hist> for Raw {
+    fn from(h: &kvt_hist) -> Self {
+        Self {
+            slots: h.slots,
+            count: h.count,
+            sum_ns: h.sum_ns,
+            bytes: h.bytes,
+            max_ns: h.max_ns,
         }
-        self.count += h.count;
-        self.sum_ns += h.sum_ns;
-        self.bytes += h.bytes;
-        self.max_ns = self.max_ns.max(h.max_ns);
     }
+}
 
+impl Raw {
     fn merge(&mut self, o: &Raw) {
         for (a, b) in self.slots.iter_mut().zip(o.slots) {
             *a += b;
@@ -268,7 +270,9 @@ impl<'o> Tracer<'o> {
             };
             let k: kvt_hist_key = abi::from_bytes(&key);
             let h: kvt_hist = abi::from_bytes(&v);
-            out.entry(label(&k, multi)).or_default().add(&h);
+            out.entry(label(&k, multi))
+                .or_default()
+                .merge(&Raw::from(&h));
         }
         let m = &self.skel.maps.op_hists;
         for (d, &tgid) in self.pids.iter().enumerate() {
@@ -279,7 +283,7 @@ impl<'o> Tracer<'o> {
                 };
                 let mut sum = Raw::default();
                 for v in &cpus {
-                    sum.add(&abi::from_bytes::<kvt_hist>(v));
+                    sum.merge(&Raw::from(&abi::from_bytes::<kvt_hist>(v)));
                 }
                 if sum.count > 0 {
                     let k = kvt_hist_key {
@@ -288,8 +292,7 @@ impl<'o> Tracer<'o> {
                         sub: op,
                         aux: 0,
                     };
-                    let e = out.entry(label(&k, multi)).or_default();
-                    e.merge(&sum);
+                    out.entry(label(&k, multi)).or_default().merge(&sum);
                 }
             }
         }
