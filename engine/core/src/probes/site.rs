@@ -8,6 +8,11 @@
 // the `uprobe` syscall (Linux 6.18+, x86-64) attaches one byte later, on the `nop5`, which the
 // kernel rewrites after the first hit into a `call` to a uprobe trampoline that enters through
 // the `uprobe` syscall instead of a breakpoint trap. Untraced, a site costs two nops.
+// That `call` pushes its return address below the stack pointer, and the trampoline saves
+// three registers there too (Linux 6.18; later kernels move to a `jmp` that skips the red
+// zone): 32 bytes the compiler may have been using as red zone. So the asm is NOT `nostack`:
+// without it the compiler must assume the block uses stack space below the stack pointer and
+// keeps nothing live there. (The `probe` crate's `nostack` is safe only for an `int3` site.)
 // Other architectures use the `probe` crate's one-`nop` site.
 
 /// Emits one USDT site (`provider:name`) with up to 8 integer arguments in fixed registers.
@@ -35,7 +40,8 @@ macro_rules! usdt {
     };
     (@site $provider:ident, $name:ident, [$(($sep:tt, $reg:tt, $arg:expr))*]) => {
         // SAFETY: the asm only executes two nops; everything else is section data. It reads
-        // its register operands and touches no memory, stack or flags.
+        // its register operands and touches no memory or flags. Not `nostack`: an optimized
+        // uprobe turns the nop5 into a call that writes below the stack pointer.
         unsafe {
             ::core::arch::asm!(
                 concat!(
@@ -64,7 +70,7 @@ macro_rules! usdt {
                     ".endif\n",
                 ),
                 $(in($reg) $crate::probes::site::UsdtArg::reg($arg),)*
-                options(readonly, nostack, preserves_flags, att_syntax),
+                options(readonly, preserves_flags, att_syntax),
             )
         }
     };
