@@ -1,5 +1,6 @@
 //! Per-hit cost of a traced USDT site: kvnode's `nop; nop5` site against the `probe` crate's
-//! one-`nop` site, untraced, with a trivial BPF program and with kvtrace's own programs.
+//! one-`nop` site, untraced, with a trivial BPF program and with kvtrace's own programs, and
+//! the `nop; nop5` site trapped on its `nop` as on a kernel without the uprobe optimization.
 //!
 //! The process calls each site in a loop and traces itself; a hit's cost is the loop's time
 //! per call with the program attached minus without. Every traced run also checks that the
@@ -13,7 +14,7 @@ use std::time::Instant;
 use anyhow::{Context, bail, ensure};
 use kvnode_proto::obs::{OpKind, OpStatus};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, ProgramMut, UsdtOpts};
+use libbpf_rs::{Link, MapCore, MapFlags, ProgramMut, UprobeMultiOpts, UsdtOpts};
 
 mod skel {
     #![allow(
@@ -99,6 +100,9 @@ enum Program {
     Trivial,
     /// kvtrace's `op_done` program; `regs`: arguments from fixed registers, else the USDT spec.
     OpDone { regs: bool },
+    /// `op_done` (registers) attached as a plain uprobe on the site's first byte, the `nop`:
+    /// what a kernel without the nop5 optimization (or an older libbpf) does, an `int3` trap.
+    OpDoneOnNop,
     /// `op_start` + `op_done` with `pair_ops` (`--kernel-latency`): two hits per op.
     KernelLatency,
 }
@@ -109,6 +113,7 @@ impl Program {
             Self::Trivial => "trivial (1 counter add)",
             Self::OpDone { regs: true } => "op_done, args from regs",
             Self::OpDone { regs: false } => "op_done, args via spec",
+            Self::OpDoneOnNop => "op_done, int3 on the nop",
             Self::KernelLatency => "--kernel-latency (2 hits)",
         }
     }
@@ -121,9 +126,38 @@ fn load(
     let mut open = KvtraceSkelBuilder::default().open(storage)?;
     let ro = open.maps.rodata_data.as_deref_mut().context("rodata")?;
     ro.pair_ops = u8::from(program == Program::KernelLatency);
-    ro.op_done_regs = u8::from(program == Program::OpDone { regs: true });
+    ro.op_done_regs = u8::from(matches!(
+        program,
+        Program::OpDone { regs: true } | Program::OpDoneOnNop
+    ));
     ro.one_daemon = 1;
     Ok(open.load()?)
+}
+
+/// File offset of the first byte (`nop`) of the `nop; nop5` site in `probes::op_done`.
+fn op_done_nop_offset() -> anyhow::Result<usize> {
+    const SITE: [u8; 6] = [0x90, 0x0f, 0x1f, 0x44, 0x00, 0x00];
+    let f = kvnode_engine::probes::op_done as *const u8;
+    // SAFETY: reads the function's own machine code, mapped readable and far longer than this.
+    let code = unsafe { std::slice::from_raw_parts(f, 256) };
+    let at = code
+        .windows(6)
+        .position(|w| w == SITE)
+        .context("no nop; nop5 in op_done")?;
+    let addr = f as usize + at;
+    for line in std::fs::read_to_string("/proc/self/maps")?.lines() {
+        let mut it = line.split_whitespace();
+        let (range, off) = (it.next().unwrap_or(""), it.nth(1).unwrap_or("0"));
+        let (lo, hi) = range.split_once('-').context("maps line")?;
+        let (lo, hi) = (
+            usize::from_str_radix(lo, 16)?,
+            usize::from_str_radix(hi, 16)?,
+        );
+        if (lo..hi).contains(&addr) {
+            return Ok(addr - lo + usize::from_str_radix(off, 16)?);
+        }
+    }
+    bail!("op_done's site is in no mapping")
 }
 
 fn attach(prog: &ProgramMut<'_>, site: Site, name: &str) -> anyhow::Result<Link> {
@@ -179,6 +213,19 @@ fn measure(site: Site, calls: u64, rounds: usize, program: Program) -> anyhow::R
         let links = match program {
             Program::Trivial => vec![attach(&p.demote, site, "op_done")?],
             Program::OpDone { .. } => vec![attach(&p.op_done, site, "op_done")?],
+            Program::OpDoneOnNop => {
+                let pid = std::process::id().cast_signed();
+                let off = op_done_nop_offset()?;
+                // A usdt program is loaded for uprobe_multi links, so attach it through one.
+                let opts = UprobeMultiOpts {
+                    offsets: vec![off],
+                    ..UprobeMultiOpts::default()
+                };
+                vec![
+                    p.op_done
+                        .attach_uprobe_multi_with_opts(pid, "/proc/self/exe", "", opts)?,
+                ]
+            }
             Program::KernelLatency => vec![
                 attach(&p.op_start, site, "op_start")?,
                 attach(&p.op_done, site, "op_done")?,
@@ -226,6 +273,7 @@ fn main() -> anyhow::Result<()> {
         (nop, Program::Trivial),
         (nop5, Program::OpDone { regs: true }),
         (nop5, Program::OpDone { regs: false }),
+        (nop5, Program::OpDoneOnNop),
         (nop, Program::OpDone { regs: false }),
         (nop5, Program::KernelLatency),
         (nop, Program::KernelLatency),
