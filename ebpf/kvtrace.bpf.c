@@ -1,5 +1,7 @@
 // kvtrace BPF programs: kvnode USDT probes and io_uring raw tracepoints -> log2 latency
 // histograms in maps, stall events in a ring buffer. Built by tools/kvtrace/build.rs.
+// Client ops take one probe hit each (op_done carries the daemon's latency) and land in a
+// per-CPU array: no hash update, no ring buffer output on the hot path.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -10,6 +12,15 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 /* Completed ops slower than this emit a KVT_EV_OP_SLOW event (0 = never). */
 const volatile __u64 op_slow_ns = 0;
+/* 1: op latency measured in the kernel from op_start to op_done (op_start attached too). */
+const volatile __u8 pair_ops = 0;
+/* 1: stall / lease events go to the ring buffer (kvtrace stalls); else they are only counted. */
+const volatile __u8 events_on = 0;
+/* 1: every traced daemon's op_done note is kvnode_proto::obs::OP_DONE_X86_ARGS (argument i in
+ * the i-th of rdi rsi rdx rcx r8 r9 r10 r11): read them from ctx, not through the USDT spec. */
+const volatile __u8 op_done_regs = 0;
+/* 1: one daemon traced: its op histograms start at op_hists[0], no cookie lookup. */
+const volatile __u8 one_daemon = 0;
 /* io_uring completions slower than this emit KVT_EV_URING_SLOW (0 = io_uring not traced). */
 const volatile __u64 uring_slow_ns = 0;
 
@@ -20,6 +31,16 @@ struct {
     __type(value, struct kvt_hist);
 } hists SEC(".maps");
 
+/* Client op histograms: index = USDT cookie (the daemon's index in kvtrace's pid list) *
+ * KVT_OPS + op code. kvtrace sizes it to KVT_OPS x daemons before loading. */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, KVT_OPS);
+    __type(key, __u32);
+    __type(value, struct kvt_hist);
+} op_hists SEC(".maps");
+
+/* Op start times, only with pair_ops (kvtrace sizes it to 1 otherwise). */
 struct op_key { __u32 tgid; __u32 pad; __u64 conn; __u64 req; };
 
 struct {
@@ -79,14 +100,8 @@ static __always_inline void count(__u32 idx, __u64 n) {
     if (c) __sync_fetch_and_add(c, n);
 }
 
-static __always_inline void record(__u32 pid, __u32 kind, __u32 sub, __u32 aux, __u64 ns, __u64 bytes) {
-    struct kvt_hist_key k = { .tgid = pid, .kind = kind, .sub = sub, .aux = aux };
-    struct kvt_hist *h = bpf_map_lookup_elem(&hists, &k);
-    if (!h) {
-        bpf_map_update_elem(&hists, &k, &zero_hist, BPF_NOEXIST);
-        h = bpf_map_lookup_elem(&hists, &k);
-        if (!h) return;
-    }
+/* Atomic even in per-CPU values: a uprobe program runs with migration, not preemption, off. */
+static __always_inline void add(struct kvt_hist *h, __u64 ns, __u64 bytes) {
     __u32 slot = log2_u64(ns) & (KVT_SLOTS - 1);
     __sync_fetch_and_add(&h->slots[slot], 1);
     __sync_fetch_and_add(&h->count, 1);
@@ -95,7 +110,19 @@ static __always_inline void record(__u32 pid, __u32 kind, __u32 sub, __u32 aux, 
     if (ns > h->max_ns) h->max_ns = ns; /* racy max: good enough for a display */
 }
 
+static __always_inline void record(__u32 pid, __u32 kind, __u32 sub, __u32 aux, __u64 ns, __u64 bytes) {
+    struct kvt_hist_key k = { .tgid = pid, .kind = kind, .sub = sub, .aux = aux };
+    struct kvt_hist *h = bpf_map_lookup_elem(&hists, &k);
+    if (!h) {
+        bpf_map_update_elem(&hists, &k, &zero_hist, BPF_NOEXIST);
+        h = bpf_map_lookup_elem(&hists, &k);
+        if (!h) return;
+    }
+    add(h, ns, bytes);
+}
+
 static __always_inline void emit(__u32 kind, __u32 pid, __u64 a, __u64 b, __u64 c, __u64 d, __u64 e) {
+    if (!events_on) return;
     struct kvt_event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
     if (!ev) { count(KVT_C_EV_DROPPED, 1); return; }
     ev->kind = kind; ev->tgid = pid; ev->ts_ns = bpf_ktime_get_ns();
@@ -111,31 +138,67 @@ int BPF_USDT(op_start, __u64 conn, __u64 req, __u32 op, __u32 ns, __u32 pages) {
     return 0;
 }
 
-SEC("usdt")
-int BPF_USDT(op_done, __u64 conn, __u64 req, __u32 op, __u32 ns, __u32 pages, __u64 bytes,
-             __u32 status, __u64 daemon_ns) {
-    __u32 pid = tgid();
-    struct op_key k = { .tgid = pid, .conn = conn, .req = req };
-    __u64 lat = daemon_ns;
-    __u64 *t0 = bpf_map_lookup_elem(&inflight, &k);
-    if (t0) {
-        lat = bpf_ktime_get_ns() - *t0;
-        bpf_map_delete_elem(&inflight, &k);
-    } else {
-        count(KVT_C_UNMATCHED, 1);
+/* op_done argument positions (engine/core/src/probes/mod.rs). Through the USDT spec each read
+ * costs a spec lookup and a helper call, so the hot path reads only the three it needs. */
+#define OPD_CONN 0
+#define OPD_REQ 1
+#define OPD_OP 2
+#define OPD_BYTES 5
+#define OPD_STATUS 6
+#define OPD_LATENCY 7
+
+static __always_inline __u64 usdt_arg(struct pt_regs *ctx, __u64 i) {
+    long v = 0;
+    bpf_usdt_arg(ctx, i, &v);
+    return v;
+}
+
+static __always_inline __u64 op_done_arg(struct pt_regs *ctx, int i) {
+    if (!op_done_regs) return usdt_arg(ctx, i);
+    switch (i) {
+    case 0: return ctx->di;
+    case 1: return ctx->si;
+    case 2: return ctx->dx;
+    case 3: return ctx->cx;
+    case 4: return ctx->r8;
+    case 5: return ctx->r9;
+    case 6: return ctx->r10;
+    default: return ctx->r11;
     }
-    record(pid, KVT_OP, op, status, lat, bytes);
+}
+
+SEC("usdt")
+int op_done(struct pt_regs *ctx) {
+    __u32 op = op_done_arg(ctx, OPD_OP);
+    __u64 bytes = op_done_arg(ctx, OPD_BYTES);
+    __u64 lat = op_done_arg(ctx, OPD_LATENCY);
+    if (pair_ops) {
+        struct op_key k = {
+            .tgid = tgid(), .conn = op_done_arg(ctx, OPD_CONN), .req = op_done_arg(ctx, OPD_REQ)
+        };
+        __u64 *t0 = bpf_map_lookup_elem(&inflight, &k);
+        if (t0) {
+            lat = bpf_ktime_get_ns() - *t0;
+            bpf_map_delete_elem(&inflight, &k);
+        } else {
+            count(KVT_C_UNMATCHED, 1);
+        }
+    }
+    __u32 i = (one_daemon ? 0 : (__u32)bpf_usdt_cookie(ctx) * KVT_OPS) + (op & (KVT_OPS - 1));
+    struct kvt_hist *h = bpf_map_lookup_elem(&op_hists, &i);
+    if (h) add(h, lat, bytes);
     if (op_slow_ns && lat > op_slow_ns) {
         count(KVT_C_OP_SLOW, 1);
-        emit(KVT_EV_OP_SLOW, pid, op, conn, lat, req, status);
+        emit(KVT_EV_OP_SLOW, tgid(), op, op_done_arg(ctx, OPD_CONN), lat,
+             op_done_arg(ctx, OPD_REQ), op_done_arg(ctx, OPD_STATUS));
     }
     return 0;
 }
 
 SEC("usdt")
-int BPF_USDT(evict, __u32 tier, __u32 ns, __u64 bytes) {
+int evict(struct pt_regs *ctx) {
     count(KVT_C_EVICT, 1);
-    count(KVT_C_EVICT_BYTES, bytes);
+    count(KVT_C_EVICT_BYTES, usdt_arg(ctx, 2)); /* tier, ns, bytes */
     return 0;
 }
 
@@ -171,20 +234,21 @@ int BPF_USDT(promote, __u32 ns_handle, __u64 bytes, __u64 ns) {
     return 0;
 }
 
+/* Counters only: no argument is read. */
 SEC("usdt")
-int BPF_USDT(demote, __u32 ns_handle, __u64 bytes) {
+int demote(struct pt_regs *ctx) {
     count(KVT_C_DEMOTE, 1);
     return 0;
 }
 
 SEC("usdt")
-int BPF_USDT(cancel, __u64 conn, __u64 req, __u32 pages) {
+int cancel(struct pt_regs *ctx) {
     count(KVT_C_CANCEL, 1);
     return 0;
 }
 
 SEC("usdt")
-int BPF_USDT(fence, __u64 conn, __u64 req, __u64 ns) {
+int fence(struct pt_regs *ctx) {
     count(KVT_C_FENCE, 1);
     return 0;
 }

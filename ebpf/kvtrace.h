@@ -4,9 +4,10 @@
 #define KVTRACE_H
 
 #define KVT_SLOTS 64
+#define KVT_OPS 16 /* op codes (1..13) per daemon in op_hists */
 
 /* hist_key.kind */
-#define KVT_OP 1      /* client op: sub = op code, aux = status */
+#define KVT_OP 1      /* client op (op_hists, not hists): sub = op code */
 #define KVT_SPILL 2   /* spill io: sub = tier (1 = nvme), aux = 0 read / 1 write */
 #define KVT_PEER 3    /* peer pull: sub = peer index, aux = status */
 #define KVT_URING 4   /* io_uring request, submit -> complete (kernel tracepoints) */
@@ -19,7 +20,7 @@
 #define KVT_EV_URING_SLOW 4    /* io_uring completion slower than --uring-slow: c = latency ns, e = res */
 
 /* counters[] index */
-#define KVT_C_UNMATCHED 0  /* op_done without op_start (attached mid-op): daemon latency used */
+#define KVT_C_UNMATCHED 0  /* pair_ops: op_done without op_start (attached mid-op): daemon latency used */
 #define KVT_C_EVICT 1
 #define KVT_C_EVICT_BYTES 2
 #define KVT_C_LEASE_OVERDUE 3

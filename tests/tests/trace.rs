@@ -1,5 +1,5 @@
-//! kvtrace against a real daemon: it counts exactly the ops the daemon counted, with consistent
-//! latencies; a frozen client and a leaked lease show up in `kvtrace stalls`, the metrics and
+//! kvtrace against a real daemon: it counts exactly the ops the daemon counted, with the
+//! daemon's latencies (or, with `--kernel-latency`, consistent ones timed in the kernel); a frozen client and a leaked lease show up in `kvtrace stalls`, the metrics and
 //! the log (once). Needs root for the BPF parts (skipped loudly otherwise).
 //! Run: `sudo cargo test --release -p kvnode-e2e --test trace`.
 
@@ -65,7 +65,10 @@ impl Trace {
     }
 }
 
-fn counts(r: &LatencyReport) -> BTreeMap<String, (u64, u64)> {
+/// Per op name: (count, sum of latencies in ns).
+type OpSums = BTreeMap<String, (u64, u64)>;
+
+fn counts(r: &LatencyReport) -> OpSums {
     r.histograms
         .iter()
         .filter(|h| h.group == "op")
@@ -100,25 +103,23 @@ fn bench(d: &Daemon, op: &str) {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
-#[test]
-fn kvtrace_counts_exactly_the_ops_the_daemon_counted() {
+/// Records a get and a put bench with kvtrace; returns the daemon's per-op (count, sum ns)
+/// over the bench, kvtrace's report and its table.
+fn record_benches(extra: &[&str]) -> Option<(OpSums, LatencyReport, String)> {
     if bpf_skip_reason().is_some() {
-        return;
+        return None;
     }
     let d = Daemon::start(&["--dram", "64MiB", "--no-pin"]);
-    let pid = d.child.id();
-    let dir = d.dir.clone();
-    let out = dir.join("rec.json");
-    let trace = Trace::start(
-        &[
-            "record",
-            "--interval",
-            "0.2",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        pid,
-    );
+    let out = d.dir.join("rec.json");
+    let mut args = vec![
+        "record",
+        "--interval",
+        "0.2",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let trace = Trace::start(&args, d.child.id());
     let mut c = d.client();
     let before = counts(&c.histograms().unwrap());
     bench(&d, "get");
@@ -126,25 +127,13 @@ fn kvtrace_counts_exactly_the_ops_the_daemon_counted() {
     let after = counts(&c.histograms().unwrap());
     let table = trace.stop();
     let rec: LatencyReport = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    assert_eq!(
-        rec.counters["unmatched_op_done"], 0,
-        "every op_done had its op_start"
-    );
-    let traced = counts(&rec);
-    for op in ["register", "put", "get", "release"] {
-        let (n1, s1) = after.get(op).copied().unwrap_or_default();
-        let (n0, s0) = before.get(op).copied().unwrap_or_default();
-        let (n, s) = (n1 - n0, s1 - s0);
-        let (tn, ts) = traced.get(op).copied().unwrap_or_default();
-        assert!(n > 0, "the bench drove no {op}");
-        assert_eq!(tn, n, "{op}: kvtrace counted {tn}, the daemon {n}\n{table}");
-        let (dm, tm) = (s as f64 / n as f64, ts as f64 / tn as f64);
-        assert!(
-            (tm - dm).abs() <= 0.5 * dm + 20_000.0,
-            "{op}: kvtrace mean {tm:.0}ns vs daemon mean {dm:.0}ns"
-        );
-    }
-    assert!(rec.timeline.iter().map(|p| p.ops).sum::<u64>() >= traced["get"].0);
+    let daemon = after
+        .iter()
+        .map(|(op, &(n1, s1))| {
+            let (n0, s0) = before.get(op).copied().unwrap_or_default();
+            (op.clone(), (n1 - n0, s1 - s0))
+        })
+        .collect();
     // The recorded file renders as a report with the same counts.
     let o = Command::new(kvnode_bin())
         .arg("report")
@@ -164,7 +153,52 @@ fn kvtrace_counts_exactly_the_ops_the_daemon_counted() {
         .unwrap()
         .parse()
         .unwrap();
-    assert_eq!(n, traced["get"].0);
+    assert_eq!(n, counts(&rec)["get"].0);
+    Some((daemon, rec, table))
+}
+
+const BENCH_OPS: [&str; 4] = ["register", "put", "get", "release"];
+
+#[test]
+fn kvtrace_counts_exactly_the_ops_the_daemon_counted() {
+    let Some((daemon, rec, table)) = record_benches(&[]) else {
+        return;
+    };
+    let traced = counts(&rec);
+    for op in BENCH_OPS {
+        let (n, s) = daemon.get(op).copied().unwrap_or_default();
+        assert!(n > 0, "the bench drove no {op}");
+        // One probe hit per op carrying the daemon's own latency: the sums agree exactly.
+        assert_eq!(
+            traced.get(op).copied(),
+            Some((n, s)),
+            "{op}: kvtrace vs daemon\n{table}"
+        );
+    }
+    assert!(rec.timeline.iter().map(|p| p.ops).sum::<u64>() >= traced["get"].0);
+}
+
+#[test]
+fn kernel_latency_pairs_every_op_done_with_its_op_start() {
+    let Some((daemon, rec, table)) = record_benches(&["--kernel-latency"]) else {
+        return;
+    };
+    assert_eq!(
+        rec.counters["unmatched_op_done"], 0,
+        "every op_done had its op_start"
+    );
+    let traced = counts(&rec);
+    for op in BENCH_OPS {
+        let (n, s) = daemon.get(op).copied().unwrap_or_default();
+        let (tn, ts) = traced.get(op).copied().unwrap_or_default();
+        assert!(n > 0, "the bench drove no {op}");
+        assert_eq!(tn, n, "{op}: kvtrace counted {tn}, the daemon {n}\n{table}");
+        let (dm, tm) = (s as f64 / n as f64, ts as f64 / tn as f64);
+        assert!(
+            (tm - dm).abs() <= 0.5 * dm + 20_000.0,
+            "{op}: kvtrace mean {tm:.0}ns vs daemon mean {dm:.0}ns"
+        );
+    }
 }
 
 fn scrape(port: u16) -> String {

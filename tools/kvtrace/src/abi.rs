@@ -2,6 +2,9 @@
 
 pub use crate::skel::types::{kvt_hist, kvt_hist_key};
 
+/// Op histograms per daemon in `op_hists` (`KVT_OPS` in `kvtrace.h`).
+pub const KVT_OPS: u32 = 16;
+
 /// `kind` values of [`kvt_hist_key`].
 pub const KVT_OP: u32 = 1;
 pub const KVT_SPILL: u32 = 2;

@@ -13,7 +13,7 @@ use libbpf_rs::RingBufferBuilder;
 use crate::Target;
 use crate::abi::{self, Event};
 use crate::target;
-use crate::tracer::{Options, Raw, Tracer};
+use crate::tracer::{self, Options, Raw, Tracer};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -73,10 +73,15 @@ fn export(
 }
 
 /// `kvtrace latency`.
-pub fn latency(t: &Target, cumulative: bool) -> anyhow::Result<()> {
+pub fn latency(t: &Target, cumulative: bool, kernel_latency: bool) -> anyhow::Result<()> {
     let pids = pids(t)?;
     let mut storage = MaybeUninit::uninit();
-    let tr = Tracer::attach(&mut storage, &pids, Options::default())?;
+    let opts = Options {
+        probes: tracer::LATENCY,
+        pair_ops: kernel_latency,
+        ..Options::default()
+    };
+    let tr = Tracer::attach(&mut storage, &pids, opts)?;
     attached(&pids);
     let mut prev = tr.histograms();
     let mut last = 0.0;
@@ -166,9 +171,17 @@ fn describe(e: &Event) -> String {
 pub fn stalls(t: &Target, op_slow_ms: f64, uring_slow_us: f64) -> anyhow::Result<()> {
     let pids = pids(t)?;
     let mut storage = MaybeUninit::uninit();
+    let op_slow_ns = (op_slow_ms * 1e6) as u64;
     let opts = Options {
-        op_slow_ns: (op_slow_ms * 1e6) as u64,
+        probes: if op_slow_ns > 0 {
+            tracer::STALLS_SLOW_OPS
+        } else {
+            tracer::STALLS
+        },
+        op_slow_ns,
         uring_slow_ns: (uring_slow_us * 1e3) as u64,
+        events: true,
+        ..Options::default()
     };
     let tr = Tracer::attach(&mut storage, &pids, opts)?;
     attached(&pids);
@@ -204,10 +217,15 @@ pub fn stalls(t: &Target, op_slow_ms: f64, uring_slow_us: f64) -> anyhow::Result
 }
 
 /// `kvtrace record --out FILE`.
-pub fn record(t: &Target, out: &Path) -> anyhow::Result<()> {
+pub fn record(t: &Target, out: &Path, kernel_latency: bool) -> anyhow::Result<()> {
     let pids = pids(t)?;
     let mut storage = MaybeUninit::uninit();
-    let tr = Tracer::attach(&mut storage, &pids, Options::default())?;
+    let opts = Options {
+        probes: tracer::RECORD,
+        pair_ops: kernel_latency,
+        ..Options::default()
+    };
+    let tr = Tracer::attach(&mut storage, &pids, opts)?;
     attached(&pids);
     let ops_total = |h: &std::collections::BTreeMap<(String, String), Raw>| {
         h.iter()

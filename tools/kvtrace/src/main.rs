@@ -46,6 +46,15 @@ struct Target {
     duration: Option<f64>,
 }
 
+#[derive(Debug, Args, Clone, Copy)]
+struct Clock {
+    /// Time ops in the kernel from `op_start` to `op_done` (two probe hits per op and a hash
+    /// map update, about twice the overhead) instead of taking the latency the daemon measured
+    /// and passes in `op_done` (one hit per op).
+    #[arg(long)]
+    kernel_latency: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Live per-op, per-tier and per-peer latency histograms, refreshed every interval.
@@ -55,6 +64,8 @@ enum Command {
         /// Show cumulative tables instead of the last interval's.
         #[arg(long)]
         cumulative: bool,
+        #[command(flatten)]
+        clock: Clock,
     },
     /// Stalls as they happen: stalled offload/pinning, ops past deadline, overdue leases,
     /// slow ops and slow io_uring completions.
@@ -75,19 +86,25 @@ enum Command {
         /// Output file.
         #[arg(long)]
         out: PathBuf,
+        #[command(flatten)]
+        clock: Clock,
     },
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
-        Command::Latency { target, cumulative } => cmd::latency(&target, cumulative),
+        Command::Latency {
+            target,
+            cumulative,
+            clock,
+        } => cmd::latency(&target, cumulative, clock.kernel_latency),
         Command::Stalls {
             target,
             op_slow_ms,
             uring_slow_us,
         } => cmd::stalls(&target, op_slow_ms, uring_slow_us),
-        Command::Record { target, out } => cmd::record(&target, &out),
+        Command::Record { target, out, clock } => cmd::record(&target, &out, clock.kernel_latency),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

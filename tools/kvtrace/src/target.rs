@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
+use kvnode_proto::obs::OP_DONE_X86_ARGS;
 
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
@@ -54,12 +55,27 @@ fn comm(pid: u32) -> String {
         .unwrap_or_default()
 }
 
-/// Whether the executable of `pid` carries kvnode's USDT notes.
-fn has_probes(pid: u32) -> anyhow::Result<bool> {
+fn exe_contains(pid: u32, needle: &[u8]) -> anyhow::Result<bool> {
     let exe = std::fs::read(format!("/proc/{pid}/exe"))
         .with_context(|| format!("reading the executable of pid {pid}"))?;
-    let needle = b"kvnode\0op_start\0";
     Ok(exe.windows(needle.len()).any(|w| w == needle))
+}
+
+/// Whether the executable of `pid` carries kvnode's USDT notes.
+fn has_probes(pid: u32) -> anyhow::Result<bool> {
+    exe_contains(pid, b"kvnode\0op_start\0")
+}
+
+/// Whether the `op_done` note of `pid` puts its arguments in the fixed x86-64 registers
+/// ([`OP_DONE_X86_ARGS`]); a daemon built before that passes them wherever the compiler chose.
+pub fn op_done_in_fixed_regs(pid: u32) -> anyhow::Result<bool> {
+    if !cfg!(target_arch = "x86_64") {
+        return Ok(false);
+    }
+    exe_contains(
+        pid,
+        format!("kvnode\0op_done\0{OP_DONE_X86_ARGS}\0").as_bytes(),
+    )
 }
 
 /// Validates `--pid`.

@@ -5,6 +5,12 @@
 
 pub mod text;
 
+/// The argument string of the daemon's `kvnode:op_done` USDT note on x86-64. Its probe sites
+/// pass argument `i` in the `i`-th of `rdi rsi rdx rcx r8 r9 r10 r11`; when a daemon's note
+/// says exactly this, kvtrace reads `op_done`'s arguments straight from those registers
+/// instead of through the USDT argument spec (a lookup and a helper call per argument).
+pub const OP_DONE_X86_ARGS: &str = "-8@%rdi -8@%rsi -8@%rdx -8@%rcx -8@%r8 -8@%r9 -8@%r10 -8@%r11";
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};

@@ -7,10 +7,12 @@
 
 use kvnode_proto::obs::{OpKind, OpStatus, StallKind, TierCode};
 
+pub(crate) mod site;
+
 /// A client op began: connection id, request id, op, namespace handle, pages (keys).
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn op_start(conn: u64, req: u64, op: OpKind, ns: u32, pages: u32) {
-    probe::probe!(kvnode, op_start, conn, req, op.code(), ns, pages);
+    site::usdt!(kvnode, op_start, conn, req, op.code(), ns, pages);
 }
 
 /// A client op ended (its reply is written): bytes moved, status, latency since `op_start`.
@@ -26,7 +28,7 @@ pub fn op_done(
     status: OpStatus,
     latency_ns: u64,
 ) {
-    probe::probe!(
+    site::usdt!(
         kvnode,
         op_done,
         conn,
@@ -43,20 +45,20 @@ pub fn op_done(
 /// A block was evicted from `tier` to make room.
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn evict(tier: TierCode, ns: u32, bytes: u64) {
-    probe::probe!(kvnode, evict, tier.code(), ns, bytes);
+    site::usdt!(kvnode, evict, tier.code(), ns, bytes);
 }
 
 /// A lease is held past `lease_age_limit_s` (fired once per lease).
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn lease_overdue(conn: u64, lease: u64, pages: u64, age_ns: u64) {
-    probe::probe!(kvnode, lease_overdue, conn, lease, pages, age_ns);
+    site::usdt!(kvnode, lease_overdue, conn, lease, pages, age_ns);
 }
 
 /// Something stopped making progress: what, its id (connection, peer, queue...), how long
 /// it has been stuck, and one kind-specific detail (op code, queue depth, ...).
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn stall(kind: StallKind, id: u64, age_ns: u64, detail: u64) {
-    probe::probe!(kvnode, stall, kind.code(), id, age_ns, detail);
+    site::usdt!(kvnode, stall, kind.code(), id, age_ns, detail);
 }
 
 /// Spill I/O direction argument.
@@ -67,19 +69,19 @@ pub const SPILL_WRITE: u32 = 1;
 /// A spill read or write was submitted (`dir` = [`SPILL_READ`] / [`SPILL_WRITE`]).
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn spill_submit(dir: u32, id: u64, bytes: u64) {
-    probe::probe!(kvnode, spill_submit, dir, id, bytes);
+    site::usdt!(kvnode, spill_submit, dir, id, bytes);
 }
 
 /// A spill read or write completed: `status` is 0 or a negative errno.
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn spill_complete(dir: u32, id: u64, bytes: u64, status: i64, latency_ns: u64) {
-    probe::probe!(kvnode, spill_complete, dir, id, bytes, status, latency_ns);
+    site::usdt!(kvnode, spill_complete, dir, id, bytes, status, latency_ns);
 }
 
 /// A pull from peer index `peer` began.
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn peer_pull_start(peer: u32, id: u64, pages: u32) {
-    probe::probe!(kvnode, peer_pull_start, peer, id, pages);
+    site::usdt!(kvnode, peer_pull_start, peer, id, pages);
 }
 
 /// A pull from a peer ended with `status` (an [`OpStatus`] code).
@@ -92,7 +94,7 @@ pub fn peer_pull_done(
     status: OpStatus,
     latency_ns: u64,
 ) {
-    probe::probe!(
+    site::usdt!(
         kvnode,
         peer_pull_done,
         peer,
@@ -107,23 +109,37 @@ pub fn peer_pull_done(
 /// A block left DRAM for a lower tier.
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn demote(ns: u32, bytes: u64) {
-    probe::probe!(kvnode, demote, ns, bytes);
+    site::usdt!(kvnode, demote, ns, bytes);
 }
 
 /// A block came back into DRAM; latency of the read that brought it.
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn promote(ns: u32, bytes: u64, latency_ns: u64) {
-    probe::probe!(kvnode, promote, ns, bytes, latency_ns);
+    site::usdt!(kvnode, promote, ns, bytes, latency_ns);
 }
 
 /// A client cancelled request `req` covering `pages`.
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn cancel(conn: u64, req: u64, pages: u32) {
-    probe::probe!(kvnode, cancel, conn, req, pages);
+    site::usdt!(kvnode, cancel, conn, req, pages);
 }
 
 /// The cancel fence of `req` returned: nothing writes its buffers any more.
 #[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
 pub fn fence(conn: u64, req: u64, latency_ns: u64) {
-    probe::probe!(kvnode, fence, conn, req, latency_ns);
+    site::usdt!(kvnode, fence, conn, req, latency_ns);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn op_done_note_names_the_fixed_registers_kvtrace_reads() {
+        op_done(1, 2, OpKind::Get, 3, 4, 5, OpStatus::Ok, 6);
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        let note = format!("kvnode\0op_done\0{}\0", kvnode_proto::obs::OP_DONE_X86_ARGS);
+        assert!(exe.windows(note.len()).any(|w| w == note.as_bytes()));
+    }
 }
