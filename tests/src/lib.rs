@@ -220,6 +220,24 @@ pub fn stats_text(socket: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A fresh, empty spill directory under /var/tmp (real disk, not tmpfs: O_DIRECT needs it).
+pub fn spill_dir(tag: &str) -> PathBuf {
+    let d = PathBuf::from(format!("/var/tmp/kvnode-e2e-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("spill dir");
+    d
+}
+
+/// The stats of tier `name` (`"dram"`, `"nvme"`) from a live daemon.
+pub fn tier(c: &mut Client, name: &str) -> kvnode_proto::stats::TierStats {
+    c.stats()
+        .unwrap()
+        .tiers
+        .into_iter()
+        .find(|t| t.tier == name)
+        .unwrap_or_else(|| panic!("no {name} tier in stats"))
+}
+
 /// A free loopback TCP port (bound then released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

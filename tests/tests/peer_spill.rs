@@ -2,15 +2,12 @@
 //! promotes them into DRAM, leases and sends them. Real daemons, real spill files under
 //! /var/tmp. Run: `cargo test --release -p kvnode-e2e --test peer_spill`.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kvnode_client::Client;
 use kvnode_client::kvnode_proto::client::PutStatus;
-use kvnode_e2e::{Daemon, block, free_port, hint, key, peer_dest, spec};
+use kvnode_e2e::{Daemon, block, free_port, hint, key, peer_dest, spec, spill_dir, tier};
 use kvnode_proto::Key;
 use kvnode_proto::pull::{KeyOutcome, OpState};
-use kvnode_proto::stats::TierStats;
 
 const BLOCK: usize = 256 << 10;
 /// 16 MiB of DRAM holds 64 such blocks; 200 is three times that.
@@ -18,28 +15,9 @@ const BLOCKS: u64 = 200;
 /// Pulled keys: all among the first `BLOCKS - 64`, which cannot still be in DRAM.
 const PULLED: u64 = 24;
 
-fn spill_dir() -> PathBuf {
-    let d = PathBuf::from(format!(
-        "/var/tmp/kvnode-e2e-peer-spill-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("spill dir");
-    d
-}
-
-fn tier(c: &mut Client, name: &str) -> TierStats {
-    c.stats()
-        .unwrap()
-        .tiers
-        .into_iter()
-        .find(|t| t.tier == name)
-        .unwrap_or_else(|| panic!("no {name} tier in stats"))
-}
-
 #[test]
 fn source_promotes_nvme_only_blocks_and_sends_them_byte_identical() {
-    let dir = spill_dir();
+    let dir = spill_dir("peer-spill");
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let adv = format!("tcp://{listen}");

@@ -2,30 +2,19 @@
 //! restart survival (SIGKILL and SIGTERM), damaged files, and poisoning through the fault
 //! engine. Run: `cargo test --release -p kvnode-e2e --test spill`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kvnode_client::Client;
 use kvnode_client::kvnode_proto::client::PutStatus;
-use kvnode_e2e::{Daemon, block, key, spec};
+use kvnode_e2e::{Daemon, block, key, spec, spill_dir, tier};
 use kvnode_proto::Key;
-use kvnode_proto::stats::TierStats;
 
 const BLOCK: usize = 256 << 10;
 /// 16 MiB of DRAM holds 64 such blocks; 200 is three times that.
 const BLOCKS: u64 = 200;
 /// Blocks that cannot all fit in DRAM at the end: the first `BLOCKS - 64` were demoted.
 const SURELY_SPILLED: u64 = BLOCKS - 64;
-
-fn spill_dir(tag: &str) -> PathBuf {
-    let d = PathBuf::from(format!(
-        "/var/tmp/kvnode-e2e-spill-{}-{tag}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("spill dir");
-    d
-}
 
 fn start(dir: &Path, extra: &[&str]) -> Daemon {
     let d = dir.to_str().expect("utf8");
@@ -42,15 +31,6 @@ fn start(dir: &Path, extra: &[&str]) -> Daemon {
     ];
     args.extend_from_slice(extra);
     Daemon::start(&args)
-}
-
-fn tier(c: &mut Client, name: &str) -> TierStats {
-    c.stats()
-        .unwrap()
-        .tiers
-        .into_iter()
-        .find(|t| t.tier == name)
-        .unwrap_or_else(|| panic!("no {name} tier in stats"))
 }
 
 /// Waits until no demotion is in flight.
@@ -77,7 +57,7 @@ fn put_all(c: &mut Client, ns: u32) {
 }
 
 fn restart_serves_spilled_blocks(signal: i32) {
-    let dir = spill_dir(&format!("restart{signal}"));
+    let dir = spill_dir(&format!("spill-restart{signal}"));
     let mut d = start(&dir, &[]);
     let mut c = d.client();
     let ns = c.register(&spec("m", BLOCK as u64)).unwrap().ns;
