@@ -61,6 +61,13 @@ fn blocking<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
+/// Which way a region copy went: into the client's pages (get) or out of them (put).
+#[derive(Clone, Copy)]
+enum Dir {
+    Get,
+    Put,
+}
+
 impl Connection {
     /// `AttachRegion`: maps the descriptor that came with this frame.
     pub(super) fn attach_region(&mut self, len: u64) -> Reply {
@@ -168,7 +175,7 @@ impl Connection {
                     lens: leased.iter().map(|l| l.map(|b| b.extent.len)).collect(),
                     pull: None,
                 },
-                Err(e) => self.copy_failed(region, "writing into", &e),
+                Err(e) => self.copy_failed(region, Dir::Get, &e),
             }
         };
         self.engine.tier.release(&slots);
@@ -176,12 +183,13 @@ impl Connection {
     }
 
     /// The reply for a failed copy; a faulted region is detached (its mapping is gone).
-    /// `what` names the direction: "writing into" (get) or "reading from" (put).
-    fn copy_failed(&mut self, region: u32, what: &str, e: &CopyError) -> Reply {
-        let outcome = if what == "reading from" {
-            "nothing was stored"
-        } else {
-            "the destinations may hold part of the blocks"
+    fn copy_failed(&mut self, region: u32, dir: Dir, e: &CopyError) -> Reply {
+        let (what, outcome) = match dir {
+            Dir::Get => (
+                "writing into",
+                "the destinations may hold part of the blocks",
+            ),
+            Dir::Put => ("reading from", "nothing was stored"),
         };
         let CopyError::Faulted(why) = e else {
             return invalid(format!("{what} the client's region failed: {e}"));
@@ -238,7 +246,7 @@ impl Connection {
         if let Err(e) = blocking(|| r.read_all(&mut copies)) {
             drop(copies);
             self.engine.tier.abort(self.id, &held);
-            return self.copy_failed(region, "reading from", &e);
+            return self.copy_failed(region, Dir::Put, &e);
         }
         drop(copies);
         let mut committed = self.engine.tier.commit(self.id, &held).into_iter();
