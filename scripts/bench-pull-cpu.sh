@@ -11,7 +11,7 @@ trap 'rm -rf "$tmp"' EXIT
 inserts() { "$bin" stats --socket "$1" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["stats"]["tiers"][0]["inserts"])'; }
 
 # 600 pulls of 64 x 1 MiB; measure a 6 s window in the middle of them.
-"$bin" bench pull --iterations 600 --latency-samples 1 --iperf-seconds 0 --connections "$conns" >"$tmp/bench.txt" 2>&1 &
+"$bin" bench pull --rounds 1 --iterations 600 --latency-samples 1 --iperf-seconds 0 --connections "$conns" >"$tmp/bench.txt" 2>&1 &
 bench=$!
 sleep 4
 src=$(pgrep -P "$bench" -f 'serve.*--peer-listen')

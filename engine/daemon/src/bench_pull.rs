@@ -21,9 +21,13 @@ pub struct PullArgs {
     /// Pages per throughput pull.
     #[arg(long, default_value_t = 64)]
     pub pages: usize,
-    /// Throughput pulls.
-    #[arg(long, default_value_t = 20)]
+    /// Throughput pulls per round.
+    #[arg(long, default_value_t = 10)]
     pub iterations: usize,
+    /// Rounds of (iperf3, then the throughput pulls): each round's pull median is compared
+    /// with its own iperf3 run, so a machine whose speed drifts compares like with like.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Page size of the latency run.
     #[arg(long, default_value = "64KiB")]
     pub latency_page: String,
@@ -33,7 +37,7 @@ pub struct PullArgs {
     /// Connections per peer.
     #[arg(long, default_value_t = 2)]
     pub connections: u32,
-    /// Seconds of iperf3 (0 skips it).
+    /// Seconds of each iperf3 run (0 skips it).
     #[arg(long, default_value_t = 3)]
     pub iperf_seconds: u32,
     /// Print a JSON summary line as well.
@@ -84,6 +88,29 @@ fn daemon(tag: &str, args: &[String]) -> anyhow::Result<(Proc, PathBuf)> {
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok((p, sock))
+}
+
+/// Waits until a daemon has faulted its arena in (its start-up prefault competes for the
+/// CPU with whatever is measured next), or until it stops populating (`--no-populate`).
+fn settle(c: &mut Client) -> anyhow::Result<()> {
+    let populated = |c: &mut Client| -> anyhow::Result<(u64, u64)> {
+        let t = c
+            .stats()?
+            .tiers
+            .into_iter()
+            .next()
+            .context("no DRAM tier")?;
+        Ok((t.populated_bytes, t.capacity_bytes))
+    };
+    let (mut last, t) = (u64::MAX, Instant::now());
+    loop {
+        let (now, cap) = populated(c)?;
+        if now >= cap || now == last || t.elapsed() > Duration::from_secs(60) {
+            return Ok(());
+        }
+        last = now;
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn spec(page: u64) -> NamespaceSpec {
@@ -170,12 +197,22 @@ struct Results {
     small: u64,
     cold: f64,
     lat: Histogram<u64>,
-    median: f64,
-    best: f64,
     /// The first throughput pull: the source hashes every block (later sends reuse the
     /// checksum kept with the block).
     first: f64,
-    iperf: Vec<f64>,
+    rounds: Vec<Round>,
+}
+
+/// One round: an iperf3 run and the pulls right after it (bytes per second).
+struct Round {
+    iperf: Option<f64>,
+    pulls: Vec<f64>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
@@ -191,22 +228,39 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
         h.value_at_quantile(0.99),
         h.max()
     );
+    let all: Vec<f64> = r.rounds.iter().flat_map(|x| x.pulls.clone()).collect();
+    let (med, best) = (median(&all), all.iter().copied().fold(0.0, f64::max));
     println!(
         "{} x {} pull: median {:.2} GB/s, best {:.2} GB/s; first pull (source hashes each block) {:.2} GB/s",
         a.pages,
         ByteSize(r.page),
-        r.median / 1e9,
-        r.best / 1e9,
+        med / 1e9,
+        best / 1e9,
         r.first / 1e9
     );
-    let limit = r.iperf.iter().copied().fold(0.0, f64::max);
-    if limit > 0.0 {
-        let runs: Vec<String> = r.iperf.iter().map(|i| format!("{:.2}", i / 1e9)).collect();
+    let mut ratios = Vec::new();
+    for (i, x) in r.rounds.iter().enumerate() {
+        let Some(ip) = x.iperf else { continue };
+        let m = median(&x.pulls);
+        ratios.push(m / ip);
         println!(
-            "iperf3 -c 127.0.0.1 -l 1M ({} s, before and after): {} GB/s; pull median / best iperf3 = {:.0} %",
+            "round {}: iperf3 -c 127.0.0.1 -l 1M ({} s) {:.2} GB/s, then {} pulls: median {:.2} GB/s = {:.0} %",
+            i + 1,
             a.iperf_seconds,
-            runs.join(" / "),
-            r.median / limit * 100.0
+            ip / 1e9,
+            x.pulls.len(),
+            m / 1e9,
+            m / ip * 100.0
+        );
+    }
+    let ips: Vec<f64> = r.rounds.iter().filter_map(|x| x.iperf).collect();
+    let ratio = (!ratios.is_empty()).then(|| median(&ratios));
+    if let Some(q) = ratio {
+        let top = ips.iter().copied().fold(0.0, f64::max);
+        println!(
+            "pull / same-round iperf3: median {:.0} % (all pulls against the best iperf3 run: {:.0} %)",
+            q * 100.0,
+            med / top * 100.0
         );
     }
     print!("{}", crate::stats_fmt::render_timeouts(t));
@@ -214,8 +268,8 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
         println!(
             "{}",
             serde_json::json!({
-                "pages": a.pages, "page": r.page, "median_gbps": r.median / 1e9, "best_gbps": r.best / 1e9, "first_gbps": r.first / 1e9,
-                "iperf3_gbps": limit / 1e9, "ratio": r.median / limit,
+                "pages": a.pages, "page": r.page, "median_gbps": med / 1e9, "best_gbps": best / 1e9, "first_gbps": r.first / 1e9,
+                "iperf3_gbps": ips.iter().map(|i| i / 1e9).collect::<Vec<_>>(), "ratio": ratio,
                 "cold_ms": r.cold * 1e3, "lat_p50_us": h.value_at_quantile(0.5), "lat_p99_us": h.value_at_quantile(0.99),
                 "base_s": t.base_s, "per_page_s": t.per_page_s,
             })
@@ -253,18 +307,17 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
     put_all(&mut s, sb, &big, page)?;
     put_all(&mut s, ss, &lat, small)?;
     println!(
-        "kvnode bench pull: {} x {} pages, {} iterations; {} latency samples of {}; {} connections",
+        "kvnode bench pull: {} x {} pages, {} rounds of {} pulls; {} latency samples of {}; {} connections",
         a.pages,
         ByteSize(page),
+        a.rounds,
         a.iterations,
         a.latency_samples,
         ByteSize(small),
         a.connections
     );
-    let mut iperf = Vec::new();
-    if a.iperf_seconds > 0 {
-        iperf.push(iperf3(a.iperf_seconds)?);
-    }
+    settle(&mut s)?;
+    settle(&mut d)?;
     let cold = pull(&mut d, ds, &lat[..1], &hint(port, &lat[..1]))?;
     let mut lat_h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     for i in 0..a.latency_samples {
@@ -272,25 +325,26 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         lat_h.saturating_record((pull(&mut d, ds, k, &hint(port, k))? * 1e6) as u64);
     }
     let big_hint = hint(port, &big);
-    let mut secs = Vec::new();
-    for _ in 0..a.iterations.max(1) {
-        secs.push(pull(&mut d, db, &big, &big_hint)?);
-    }
     let bytes = page as f64 * a.pages as f64;
-    let first = bytes / secs[0];
-    secs.sort_by(f64::total_cmp);
-    if a.iperf_seconds > 0 {
-        iperf.push(iperf3(a.iperf_seconds)?);
+    let first = bytes / pull(&mut d, db, &big, &big_hint)?;
+    let mut rounds = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        let iperf = (a.iperf_seconds > 0)
+            .then(|| iperf3(a.iperf_seconds))
+            .transpose()?;
+        let mut pulls = Vec::new();
+        for _ in 0..a.iterations.max(1) {
+            pulls.push(bytes / pull(&mut d, db, &big, &big_hint)?);
+        }
+        rounds.push(Round { iperf, pulls });
     }
     let r = Results {
         page,
         small,
         cold,
         lat: lat_h,
-        median: bytes / secs[secs.len() / 2],
-        best: bytes / secs[0],
         first,
-        iperf,
+        rounds,
     };
     report(a, &r, &d.timeouts()?);
     Ok(())

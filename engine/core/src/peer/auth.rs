@@ -14,7 +14,7 @@ use kvnode_proto::peer::{
 use sha2::Sha256;
 
 use super::PeerError;
-use super::transport::PeerWire;
+use super::transport::TcpConn;
 
 /// The shared cluster key. Its bytes are never logged or sent.
 #[derive(Clone)]
@@ -88,7 +88,7 @@ pub fn nonce() -> Vec<u8> {
 
 /// Destination side: authenticates the source and itself. Bounded by `limit` overall.
 pub async fn dial_handshake(
-    w: &mut PeerWire,
+    w: &mut TcpConn,
     key: Option<&ClusterKey>,
     node: &str,
     limit: Duration,
@@ -146,7 +146,7 @@ pub async fn dial_handshake(
 
 /// Source side: checks the destination. On failure a `Refused` frame says why.
 pub async fn accept_handshake(
-    w: &mut PeerWire,
+    w: &mut TcpConn,
     key: Option<&ClusterKey>,
     node: &str,
     limit: Duration,
@@ -168,7 +168,7 @@ pub async fn accept_handshake(
 }
 
 async fn accept_inner(
-    w: &mut PeerWire,
+    w: &mut TcpConn,
     key: Option<&ClusterKey>,
     node: &str,
     limit: Duration,

@@ -1,6 +1,8 @@
 //! Destination side: per-peer connection pools and the pull of one chunk of an op's keys.
 //!
-//! Bytes are read by the transport straight into DRAM slots this daemon reserved, hashed
+//! A chunk is pulled by one blocking-pool thread that owns its connection, so the kernel
+//! wakes that thread directly as bytes arrive (no runtime hop between reads). Bytes are
+//! read by the transport straight into DRAM slots this daemon reserved, hashed
 //! (XXH3-64) piece by piece while still in cache, verified, and committed whether or not
 //! the op is still waiting: nothing completed is thrown away. Only then, under the op's
 //! fence, are they copied into client buffers.
@@ -21,7 +23,7 @@ use twox_hash::XxHash3_64;
 use super::PeerError;
 use super::auth::dial_handshake;
 use super::op::PullOp;
-use super::transport::PeerWire;
+use super::transport::PullWire;
 use crate::api::Engine;
 
 /// Everything this daemon keeps about one peer it pulls from.
@@ -31,7 +33,7 @@ pub struct PeerLink {
     pub endpoint: Endpoint,
     /// `tcp://host:port`.
     pub name: String,
-    idle: Mutex<Vec<PeerWire>>,
+    idle: Mutex<Vec<PullWire>>,
     permits: Arc<Semaphore>,
     /// Keys requested and not yet answered or failed.
     pub outstanding: AtomicU64,
@@ -51,7 +53,7 @@ impl PeerLink {
         }
     }
 
-    async fn dial(&self, engine: &Engine) -> Result<PeerWire, PeerError> {
+    async fn dial(&self, engine: &Engine) -> Result<PullWire, PeerError> {
         let p = &engine.peers;
         let limit = p.connect_timeout();
         let t = Instant::now();
@@ -66,10 +68,10 @@ impl PeerLink {
             .await
             .map_err(|_| PeerError::Timeout("peer handshake", limit))??;
         p.stats.record_connect(&self.name, t.elapsed());
-        Ok(w)
+        Ok(p.transport().pull_end(w)?)
     }
 
-    fn checkin(&self, w: PeerWire) {
+    fn checkin(&self, w: PullWire) {
         self.idle.lock().expect("idle lock").push(w);
     }
 }
@@ -79,12 +81,12 @@ impl PeerLink {
 const HASH_PIECE: usize = 128 << 10;
 
 /// Fills `dst` with the next payload bytes; returns their XXH3-64.
-async fn read_hashed(w: &mut PeerWire, dst: &mut [u8], io: Duration) -> Result<u64, PeerError> {
+fn read_hashed(w: &mut PullWire, dst: &mut [u8], io: Duration) -> Result<u64, PeerError> {
     let total = dst.len();
     let mut h = XxHash3_64::new();
     let mut at = 0;
     for piece in dst.chunks_mut(HASH_PIECE) {
-        w.read_payload(piece, io).await.map_err(|e| match e {
+        w.read_payload(piece, io).map_err(|e| match e {
             PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
             e => e,
         })?;
@@ -100,10 +102,10 @@ fn stale(e: &PeerError) -> bool {
     matches!(e, PeerError::Io(_) | PeerError::Truncated(..))
 }
 
-struct Chunk<'a> {
-    engine: &'a Arc<Engine>,
-    link: &'a PeerLink,
-    op: &'a PullOp,
+struct Chunk {
+    engine: Arc<Engine>,
+    link: Arc<PeerLink>,
+    op: Arc<PullOp>,
     /// Keys of this chunk not yet answered (op key indices).
     open: Vec<usize>,
 }
@@ -119,13 +121,16 @@ pub async fn run_chunk(
     let peer_idx = (crate::api::hash_name(&link.name) & 0xffff_ffff) as u32;
     crate::probes::peer_pull_start(peer_idx, op.id, n as u32);
     let t0 = engine.metrics.now_ns();
-    let mut c = Chunk {
-        engine: &engine,
-        link: &link,
-        op: &op,
+    let c = Chunk {
+        engine,
+        link,
+        op,
         open: idxs,
     };
-    let r = c.run().await;
+    let (c, r) = c.run().await;
+    let Chunk {
+        engine, link, op, ..
+    } = &c;
     let lat = engine.metrics.now_ns().saturating_sub(t0);
     let status = if r.is_ok() {
         kvnode_proto::obs::OpStatus::Ok
@@ -147,39 +152,62 @@ pub async fn run_chunk(
     link.outstanding.fetch_sub(n, Ordering::Relaxed);
 }
 
-impl Chunk<'_> {
-    async fn run(&mut self) -> Result<(), PeerError> {
+impl Chunk {
+    /// Takes a connection permit and a connection, pulls, and hands the chunk back.
+    async fn run(self) -> (Self, Result<(), PeerError>) {
         let p = &self.engine.peers;
         let permit = tokio::time::timeout(
             p.connect_timeout(),
             Arc::clone(&self.link.permits).acquire_owned(),
         )
-        .await
-        .map_err(|_| PeerError::Busy(self.link.name.clone()))?
-        .expect("semaphore never closed");
+        .await;
+        let Ok(permit) = permit else {
+            let busy = PeerError::Busy(self.link.name.clone());
+            return (self, Err(busy));
+        };
+        let permit = permit.expect("semaphore never closed");
         let pooled = self.link.idle.lock().expect("idle lock").pop();
-        let (mut w, was_pooled) = match pooled {
+        let (w, was_pooled) = match pooled {
             Some(w) => (w, true),
-            None => (self.link.dial(self.engine).await?, false),
+            None => match self.link.dial(&self.engine).await {
+                Ok(w) => (w, false),
+                Err(e) => return (self, Err(e)),
+            },
         };
         let before = self.open.len();
-        let r = match self.pull_on(&mut w).await {
-            Err(e) if was_pooled && self.open.len() == before && stale(&e) => {
-                tracing::debug!(peer = %self.link.name, error = %e, "pooled connection went stale; redialling");
-                w = self.link.dial(self.engine).await?;
-                self.pull_on(&mut w).await
+        let (c, w, r) = self.pull_blocking(w).await;
+        let (c, w, r) = match r {
+            Err(e) if was_pooled && c.open.len() == before && stale(&e) => {
+                tracing::debug!(peer = %c.link.name, error = %e, "pooled connection went stale; redialling");
+                match c.link.dial(&c.engine).await {
+                    Ok(w) => c.pull_blocking(w).await,
+                    Err(e) => return (c, Err(e)),
+                }
             }
-            r => r,
+            r => (c, w, r),
         };
         if r.is_ok() {
-            self.link.checkin(w);
+            c.link.checkin(w);
         }
         drop(permit);
-        r
+        (c, r)
     }
 
-    async fn pull_on(&mut self, w: &mut PeerWire) -> Result<(), PeerError> {
-        let p = &self.engine.peers;
+    /// Runs [`Chunk::pull_on`] on a blocking-pool thread that owns `w` until it returns.
+    async fn pull_blocking(mut self, mut w: PullWire) -> (Self, PullWire, Result<(), PeerError>) {
+        let t = tokio::task::spawn_blocking(move || {
+            let r = self.pull_on(&mut w);
+            (self, w, r)
+        });
+        match t.await {
+            Ok(done) => done,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
+    fn pull_on(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
+        let engine = Arc::clone(&self.engine);
+        let p = &engine.peers;
         let io = p.io_timeout();
         let ns = self
             .engine
@@ -198,10 +226,10 @@ impl Chunk<'_> {
             reqs.insert(req, part.to_vec());
         }
         let sent = Instant::now();
-        w.send_all(&msgs).await?;
+        w.send_all(&msgs, io)?;
         let (mut first, mut last, mut blocks, mut page) = (None, sent.elapsed(), 0u32, 0u64);
         while !reqs.is_empty() {
-            let (msg, _) = w.recv(io).await?;
+            let (msg, _) = w.recv(io)?;
             let at = |req: u64, idx: u32| {
                 reqs.get(&req)
                     .and_then(|v| v.get(idx as usize))
@@ -220,7 +248,7 @@ impl Chunk<'_> {
                     let i = at(req, idx)?;
                     // Stays open until received, so a failure mid-block fails this key too.
                     let pos = self.position(i)?;
-                    self.receive(w, i, len, xxh3).await?;
+                    self.receive(w, i, len, xxh3)?;
                     self.open.swap_remove(pos);
                     first.get_or_insert(sent.elapsed());
                     last = sent.elapsed();
@@ -272,14 +300,14 @@ impl Chunk<'_> {
     }
 
     /// Reads one block's payload into a reserved DRAM slot, verifies and commits it.
-    async fn receive(
+    fn receive(
         &mut self,
-        w: &mut PeerWire,
+        w: &mut PullWire,
         i: usize,
         len: u32,
         xxh3: u64,
     ) -> Result<(), PeerError> {
-        let e = self.engine;
+        let e = &self.engine;
         let io = e.peers.io_timeout();
         let conn = e.peers.reservation_owner();
         let key = self.op.keys[i];
@@ -296,7 +324,7 @@ impl Chunk<'_> {
             scratch.resize(len as usize, 0);
             &mut scratch
         };
-        let sum = match read_hashed(w, dst, io).await {
+        let sum = match read_hashed(w, dst, io) {
             Ok(sum) => sum,
             Err(err) => {
                 if let Some(r) = slot {

@@ -14,7 +14,7 @@ use twox_hash::XxHash3_64;
 
 use super::PeerError;
 use super::auth::accept_handshake;
-use super::transport::{PeerListener, PeerWire};
+use super::transport::{PeerListener, TcpConn};
 use crate::api::Engine;
 use crate::policy::SlotId;
 use crate::tier::LeasedBlock;
@@ -91,7 +91,7 @@ impl<S: BlockSource> Drop for Leases<'_, S> {
 
 async fn serve_pull<S: BlockSource>(
     src: &S,
-    w: &mut PeerWire,
+    w: &mut TcpConn,
     req: u64,
     ns: NamespaceId,
     keys: &[PullKey],
@@ -128,7 +128,7 @@ async fn serve_pull<S: BlockSource>(
     w.send(&PeerMsg::Done { req }, &[]).await
 }
 
-async fn serve_conn(engine: Arc<Engine>, mut w: PeerWire, mut stop: watch::Receiver<bool>) {
+async fn serve_conn(engine: Arc<Engine>, mut w: TcpConn, mut stop: watch::Receiver<bool>) {
     let p = &engine.peers;
     let dst = match accept_handshake(&mut w, p.key(), p.node(), p.connect_timeout()).await {
         Ok(n) => n,

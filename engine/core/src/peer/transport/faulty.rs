@@ -10,7 +10,7 @@ use std::time::Duration;
 use kvnode_proto::peer::PeerMsg;
 use serde::{Deserialize, Serialize};
 
-use super::{Frame, PeerConn, TcpConn};
+use super::{Frame, PullConn, TcpPull};
 use crate::peer::PeerError;
 
 /// Which received blocks go wrong. Blocks are numbered from 1 in the order this daemon
@@ -35,10 +35,10 @@ enum Fault {
     Corrupt,
 }
 
-/// A TCP connection that injects a [`FaultPlan`]'s faults on the receiving side.
+/// A pulling TCP connection that injects a [`FaultPlan`]'s faults where bytes land.
 #[derive(Debug)]
 pub struct FaultyConn {
-    inner: TcpConn,
+    inner: TcpPull,
     plan: FaultPlan,
     seen: Arc<AtomicU32>,
     /// Fault of the block being read, and bytes of it delivered so far.
@@ -50,7 +50,7 @@ pub struct FaultyConn {
 
 impl FaultyConn {
     /// Wraps `inner`; `seen` counts blocks received across connections.
-    pub fn new(inner: TcpConn, plan: FaultPlan, seen: Arc<AtomicU32>) -> Self {
+    pub fn new(inner: TcpPull, plan: FaultPlan, seen: Arc<AtomicU32>) -> Self {
         Self {
             inner,
             plan,
@@ -76,36 +76,31 @@ impl FaultyConn {
     }
 
     /// A stalled connection never delivers again; a cut one is closed.
-    async fn gate(&self, what: &'static str, limit: Duration) -> Result<(), PeerError> {
+    fn gate(&self, what: &'static str, limit: Duration) -> Result<(), PeerError> {
         if self.dead {
             return Err(PeerError::Io(io::ErrorKind::BrokenPipe.into()));
         }
         if self.stalled {
-            tokio::time::sleep(limit).await;
+            std::thread::sleep(limit);
             return Err(PeerError::Timeout(what, limit));
         }
         Ok(())
     }
 }
 
-impl PeerConn for FaultyConn {
+impl PullConn for FaultyConn {
     fn remote(&self) -> SocketAddr {
         self.inner.remote()
     }
 
-    async fn send(&mut self, msg: &PeerMsg, payload: &[u8]) -> Result<(), PeerError> {
-        self.gate("peer send", Duration::ZERO).await?;
-        self.inner.send(msg, payload).await
+    fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
+        self.gate("peer send", Duration::ZERO)?;
+        self.inner.send_all(msgs, limit)
     }
 
-    async fn send_all(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
-        self.gate("peer send", Duration::ZERO).await?;
-        self.inner.send_all(msgs).await
-    }
-
-    async fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
-        self.gate("peer answer", limit).await?;
-        let f = self.inner.recv(limit).await?;
+    fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
+        self.gate("peer answer", limit)?;
+        let f = self.inner.recv(limit)?;
         if matches!(f.0, PeerMsg::Block { .. }) {
             let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
             self.cur = self.fault_of(n);
@@ -114,21 +109,21 @@ impl PeerConn for FaultyConn {
         Ok(f)
     }
 
-    async fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
-        self.gate("peer block bytes", limit).await?;
+    fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
+        self.gate("peer block bytes", limit)?;
         match self.cur {
             Some(Fault::Stall) => {
                 self.stalled = true;
-                self.gate("peer block bytes", limit).await
+                self.gate("peer block bytes", limit)
             }
             Some(Fault::Cut(at)) if self.pos + dst.len() > at => {
                 let k = at.saturating_sub(self.pos);
-                self.inner.read_payload(&mut dst[..k], limit).await?;
+                self.inner.read_payload(&mut dst[..k], limit)?;
                 self.dead = true;
                 Err(PeerError::Truncated(k, dst.len()))
             }
             fault => {
-                self.inner.read_payload(dst, limit).await?;
+                self.inner.read_payload(dst, limit)?;
                 if fault == Some(Fault::Corrupt)
                     && self.pos == 0
                     && let Some(b) = dst.first_mut()

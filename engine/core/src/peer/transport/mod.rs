@@ -1,19 +1,23 @@
 //! Peer transports: how frames and block bodies move between daemons (TCP; RDMA can follow).
 //!
-//! The pull protocol (`auth`, `source`, `fetch`) talks to a [`PeerWire`], an enum over the
-//! transports built from `[peer]` configuration ([`Transport`]), dispatched with a `match`
-//! on every call (no vtable on the per-block path). Each arm implements [`PeerConn`]:
+//! A dialled connection lives twice. It is connected and authenticated on the runtime as a
+//! [`TcpConn`] (the source's end stays one: it answers pulls with async sends). The
+//! destination's end then becomes a [`PullWire`], a blocking connection owned by the one
+//! thread that pulls a chunk over it, so each block body is received by the kernel straight
+//! into its reserved slot with no runtime wake-up between reads. [`PullWire`] is an enum over
+//! the transports built from `[peer]` configuration ([`Transport`]), dispatched with a
+//! `match` on every call (no vtable on the per-block path). Each arm implements [`PullConn`]:
 //!
-//! - [`TcpConn`]: the real transport; block bodies are read by the kernel straight into the
-//!   caller's buffer (a reserved DRAM slot).
-//! - [`FaultyConn`]: TCP with faults injected where bytes land (a stalled, cut or corrupted
-//!   block), for tests of the fetch path; enabled by `[peer] debug_fault` only.
+//! - [`TcpPull`]: the real transport.
+//! - [`FaultyConn`]: [`TcpPull`] with faults injected where bytes land (a stalled, cut or
+//!   corrupted block), for tests of the fetch path; enabled by `[peer] debug_fault` only.
 //!
 //! An RDMA transport is not implemented (no RDMA hardware here); docs/peer-protocol.md says
 //! what it must provide to become a third arm.
 
 mod faulty;
 mod tcp;
+mod tcp_pull;
 
 use std::io;
 use std::net::SocketAddr;
@@ -26,38 +30,30 @@ use tokio::net::{TcpListener, TcpStream};
 
 pub use faulty::{FaultPlan, FaultyConn};
 pub use tcp::TcpConn;
+pub use tcp_pull::TcpPull;
 
 use super::PeerError;
 
 /// A received frame: the message and, for `Block`, the unread payload length.
 pub type Frame = (PeerMsg, u32);
 
-/// What the pull protocol needs from one connection of a transport.
+/// What the destination's pull loop needs from one connection of a transport. Calls block
+/// the calling thread (a blocking-pool thread, never a runtime worker).
 ///
-/// Contract: frames arrive in the order they were sent; after [`PeerConn::recv`] returns a
-/// `Block` of `len` bytes, exactly `len` bytes are consumed by [`PeerConn::read_payload`]
+/// Contract: frames arrive in the order they were sent; after [`PullConn::recv`] returns a
+/// `Block` of `len` bytes, exactly `len` bytes are consumed by [`PullConn::read_payload`]
 /// calls (in order, into buffers the caller owns) before the next `recv`; the transport
-/// writes a caller's buffer only inside `read_payload`, so when that returns (or its future
-/// is dropped) the buffer no longer changes. Every wait is bounded by the `limit` given.
-pub trait PeerConn: Send {
-    /// The remote address (loopback checks of keyless peers).
+/// writes a caller's buffer only inside `read_payload`, so when that returns the buffer no
+/// longer changes. Every wait is bounded by the `limit` given.
+pub trait PullConn: Send {
+    /// The remote address.
     fn remote(&self) -> SocketAddr;
-    /// Sends one frame: `msg`, then `payload` (non-empty only for `Block`).
-    fn send(
-        &mut self,
-        msg: &PeerMsg,
-        payload: &[u8],
-    ) -> impl Future<Output = Result<(), PeerError>> + Send;
     /// Sends several payload-less frames at once (pipelined requests).
-    fn send_all(&mut self, msgs: &[PeerMsg]) -> impl Future<Output = Result<(), PeerError>> + Send;
+    fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError>;
     /// Receives the next frame header within `limit`.
-    fn recv(&mut self, limit: Duration) -> impl Future<Output = Result<Frame, PeerError>> + Send;
-    /// Fills `dst` with the next payload bytes, with no progress gap longer than `limit`.
-    fn read_payload(
-        &mut self,
-        dst: &mut [u8],
-        limit: Duration,
-    ) -> impl Future<Output = Result<(), PeerError>> + Send;
+    fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError>;
+    /// Fills `dst` with the next payload bytes; each receive call waits at most `limit`.
+    fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError>;
 }
 
 /// Bounds an I/O future by `limit`.
@@ -72,16 +68,16 @@ async fn bounded<T>(
     }
 }
 
-/// One peer connection of whichever transport is configured.
+/// The destination's end of one peer connection, of whichever transport is configured.
 #[derive(Debug)]
-pub enum PeerWire {
+pub enum PullWire {
     /// Plain TCP.
-    Tcp(TcpConn),
+    Tcp(TcpPull),
     /// TCP with injected faults (tests only).
     Faulty(Box<FaultyConn>),
 }
 
-impl PeerWire {
+impl PullWire {
     /// The remote address.
     pub fn remote(&self) -> SocketAddr {
         match self {
@@ -90,48 +86,28 @@ impl PeerWire {
         }
     }
 
-    /// See [`PeerConn::send`].
-    pub async fn send(&mut self, msg: &PeerMsg, payload: &[u8]) -> Result<(), PeerError> {
+    /// See [`PullConn::send_all`].
+    pub fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
         match self {
-            Self::Tcp(c) => c.send(msg, payload).await,
-            Self::Faulty(c) => c.send(msg, payload).await,
+            Self::Tcp(c) => c.send_all(msgs, limit),
+            Self::Faulty(c) => c.send_all(msgs, limit),
         }
     }
 
-    /// See [`PeerConn::send_all`].
-    pub async fn send_all(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+    /// See [`PullConn::recv`].
+    pub fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
         match self {
-            Self::Tcp(c) => c.send_all(msgs).await,
-            Self::Faulty(c) => c.send_all(msgs).await,
+            Self::Tcp(c) => c.recv(limit),
+            Self::Faulty(c) => c.recv(limit),
         }
     }
 
-    /// See [`PeerConn::recv`].
-    pub async fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
+    /// See [`PullConn::read_payload`].
+    pub fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
         match self {
-            Self::Tcp(c) => c.recv(limit).await,
-            Self::Faulty(c) => c.recv(limit).await,
+            Self::Tcp(c) => c.read_payload(dst, limit),
+            Self::Faulty(c) => c.read_payload(dst, limit),
         }
-    }
-
-    /// See [`PeerConn::read_payload`].
-    pub async fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
-        match self {
-            Self::Tcp(c) => c.read_payload(dst, limit).await,
-            Self::Faulty(c) => c.read_payload(dst, limit).await,
-        }
-    }
-
-    /// Reads and discards `n` payload bytes.
-    pub async fn skip(&mut self, n: u32, limit: Duration) -> Result<(), PeerError> {
-        let mut scratch = vec![0u8; (n as usize).min(1 << 20)];
-        let mut left = n as usize;
-        while left > 0 {
-            let k = left.min(scratch.len());
-            self.read_payload(&mut scratch[..k], limit).await?;
-            left -= k;
-        }
-        Ok(())
     }
 }
 
@@ -160,12 +136,17 @@ impl Transport {
         }
     }
 
-    /// Connects to `host:port` (the caller bounds the wait).
-    pub async fn dial(&self, host: &str, port: u16) -> io::Result<PeerWire> {
-        let tcp = TcpConn::new(TcpStream::connect((host, port)).await?)?;
+    /// Connects to `host:port` (the caller bounds the wait and runs the handshake).
+    pub async fn dial(&self, host: &str, port: u16) -> io::Result<TcpConn> {
+        TcpConn::new(TcpStream::connect((host, port)).await?)
+    }
+
+    /// The destination's end of an authenticated connection, ready to pull on.
+    pub fn pull_end(&self, c: TcpConn) -> io::Result<PullWire> {
+        let tcp = c.into_pull()?;
         Ok(match self {
-            Self::Tcp => PeerWire::Tcp(tcp),
-            Self::Faulty(plan, seen) => PeerWire::Faulty(Box::new(FaultyConn::new(
+            Self::Tcp => PullWire::Tcp(tcp),
+            Self::Faulty(plan, seen) => PullWire::Faulty(Box::new(FaultyConn::new(
                 tcp,
                 plan.clone(),
                 Arc::clone(seen),
@@ -196,8 +177,8 @@ impl PeerListener {
     }
 
     /// The next connection.
-    pub async fn accept(&self) -> io::Result<PeerWire> {
+    pub async fn accept(&self) -> io::Result<TcpConn> {
         let (s, _) = self.0.accept().await?;
-        Ok(PeerWire::Tcp(TcpConn::new(s)?))
+        TcpConn::new(s)
     }
 }

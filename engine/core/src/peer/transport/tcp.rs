@@ -1,4 +1,4 @@
-//! The TCP transport: frames over one stream, payloads read straight into the caller's buffer.
+//! The TCP transport's async side: dialling, handshakes and the source's sends.
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
@@ -9,14 +9,14 @@ use kvnode_proto::peer::{PeerMsg, check_prefix, decode_peer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use super::{Frame, PeerConn, bounded};
+use super::{Frame, TcpPull, bounded};
 use crate::peer::PeerError;
 
-/// Read buffer for frame headers. Payload reads at least this large bypass it, so a block
-/// is copied by the kernel straight into its slot; at most one buffer's worth is copied twice.
+/// Read buffer for frame headers (no block body is read on this side).
 const HEADER_BUF: usize = 16 << 10;
 
-/// One peer connection over TCP (Nagle off: answers are latency-bound).
+/// One peer connection over TCP driven by the runtime (Nagle off: answers are
+/// latency-bound): both ends' handshakes and everything the source sends.
 #[derive(Debug)]
 pub struct TcpConn {
     io: BufReader<TcpStream>,
@@ -37,13 +37,21 @@ impl TcpConn {
     }
 }
 
-impl PeerConn for TcpConn {
-    fn remote(&self) -> SocketAddr {
+impl TcpConn {
+    /// The remote address (loopback checks of keyless peers).
+    pub fn remote(&self) -> SocketAddr {
         self.addr
     }
 
-    /// One `writev` of prefix + header + payload (repeated only for a short write).
-    async fn send(&mut self, msg: &PeerMsg, payload: &[u8]) -> Result<(), PeerError> {
+    /// The destination's end after its handshake, as a blocking [`TcpPull`] (bytes already
+    /// buffered go with it).
+    pub fn into_pull(self) -> io::Result<TcpPull> {
+        let pending = self.io.buffer().to_vec();
+        TcpPull::new(self.io.into_inner().into_std()?, &pending)
+    }
+
+    /// Sends one frame: `msg`, then `payload` (non-empty only for `Block`), in one `writev` of prefix + header + payload (repeated only for a short write).
+    pub async fn send(&mut self, msg: &PeerMsg, payload: &[u8]) -> Result<(), PeerError> {
         let f = encode_frame(msg, payload.len() as u64)
             .map_err(|e| PeerError::Protocol(e.to_string()))?;
         let mut bufs = [IoSlice::new(&f), IoSlice::new(payload)];
@@ -59,16 +67,8 @@ impl PeerConn for TcpConn {
         Ok(())
     }
 
-    async fn send_all(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
-        let mut out = Vec::new();
-        for m in msgs {
-            out.extend(encode_frame(m, 0).map_err(|e| PeerError::Protocol(e.to_string()))?);
-        }
-        self.io.get_mut().write_all(&out).await?;
-        Ok(())
-    }
-
-    async fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
+    /// Receives the next frame header within `limit`.
+    pub async fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
         let mut p = [0u8; PREFIX_LEN];
         bounded(limit, "peer answer", self.io.read_exact(&mut p)).await?;
         let prefix = FramePrefix::decode(p)
@@ -79,17 +79,5 @@ impl PeerConn for TcpConn {
         bounded(limit, "peer frame header", io.read_exact(header)).await?;
         let msg = decode_peer(prefix, &self.header).map_err(PeerError::Frame)?;
         Ok((msg, prefix.payload_len))
-    }
-
-    async fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
-        let mut got = 0;
-        while got < dst.len() {
-            let n = bounded(limit, "peer block bytes", self.io.read(&mut dst[got..])).await?;
-            if n == 0 {
-                return Err(PeerError::Truncated(got, dst.len()));
-            }
-            got += n;
-        }
-        Ok(())
     }
 }

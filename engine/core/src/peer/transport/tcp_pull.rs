@@ -1,0 +1,228 @@
+//! The destination's blocking TCP receiver: frame headers come through a small buffer, block
+//! bodies are received by the kernel straight into the caller's slot.
+
+use std::io::{self, Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
+use kvnode_proto::peer::{PeerMsg, check_prefix, decode_peer};
+
+use super::{Frame, PullConn};
+use crate::peer::PeerError;
+
+/// Header buffer. Reads of at least half of it bypass it, so a block body is copied by the
+/// kernel straight into its slot; at most one buffer's worth of a body is copied twice.
+const HEADER_BUF: usize = 16 << 10;
+
+/// One dialled peer connection in blocking mode, owned by the thread pulling a chunk.
+#[derive(Debug)]
+pub struct TcpPull {
+    s: TcpStream,
+    addr: SocketAddr,
+    buf: Box<[u8]>,
+    pos: usize,
+    end: usize,
+    header: Vec<u8>,
+    /// The `SO_RCVTIMEO`/`SO_SNDTIMEO` in force (set only when it changes).
+    limit: Option<Duration>,
+}
+
+impl TcpPull {
+    /// Takes over `s` (switched to blocking) with `pending`, bytes already read from it.
+    pub fn new(s: TcpStream, pending: &[u8]) -> io::Result<Self> {
+        s.set_nonblocking(false)?;
+        let addr = s.peer_addr()?;
+        let mut buf = vec![0u8; HEADER_BUF.max(pending.len())].into_boxed_slice();
+        buf[..pending.len()].copy_from_slice(pending);
+        Ok(Self {
+            s,
+            addr,
+            buf,
+            pos: 0,
+            end: pending.len(),
+            header: Vec::new(),
+            limit: None,
+        })
+    }
+
+    fn bound(&mut self, limit: Duration) -> io::Result<()> {
+        if self.limit != Some(limit) {
+            self.s.set_read_timeout(Some(limit))?;
+            self.s.set_write_timeout(Some(limit))?;
+            self.limit = Some(limit);
+        }
+        Ok(())
+    }
+
+    /// Fills `dst` from the buffer, then from the socket. Each blocking read returns as soon
+    /// as any byte arrives (the kernel wakes this thread directly) and waits at most `limit`
+    /// (`SO_RCVTIMEO`), so no gap without progress exceeds `limit`. (`MSG_WAITALL` measured
+    /// no faster, and its timeout covers a whole call rather than a gap.) A close part-way
+    /// reports `Truncated(bytes got, dst.len())`.
+    fn read_exact(
+        &mut self,
+        dst: &mut [u8],
+        limit: Duration,
+        what: &'static str,
+    ) -> Result<(), PeerError> {
+        self.bound(limit)?;
+        let mut got = (self.end - self.pos).min(dst.len());
+        dst[..got].copy_from_slice(&self.buf[self.pos..self.pos + got]);
+        self.pos += got;
+        while got < dst.len() {
+            let rest = &mut dst[got..];
+            let n = if rest.len() >= HEADER_BUF / 2 {
+                self.s.read(rest)
+            } else {
+                let n = self.s.read(&mut self.buf);
+                if let Ok(n) = n {
+                    let k = n.min(rest.len());
+                    rest[..k].copy_from_slice(&self.buf[..k]);
+                    (self.pos, self.end) = (k, n);
+                }
+                n.map(|n| n.min(rest.len()))
+            };
+            match n {
+                Ok(0) => return Err(PeerError::Truncated(got, dst.len())),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if timed_out(&e) => return Err(PeerError::Timeout(what, limit)),
+                Err(e) => return Err(PeerError::Io(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Frames that end a connection early are closes, not truncated blocks.
+fn frame_eof(e: PeerError) -> PeerError {
+    match e {
+        PeerError::Truncated(..) => PeerError::Io(io::ErrorKind::UnexpectedEof.into()),
+        e => e,
+    }
+}
+
+impl PullConn for TcpPull {
+    fn remote(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
+        let mut out = Vec::new();
+        for m in msgs {
+            out.extend(encode_frame(m, 0).map_err(|e| PeerError::Protocol(e.to_string()))?);
+        }
+        self.bound(limit)?;
+        self.s.write_all(&out).map_err(|e| {
+            if timed_out(&e) {
+                PeerError::Timeout("peer request send", limit)
+            } else {
+                PeerError::Io(e)
+            }
+        })
+    }
+
+    fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
+        let mut p = [0u8; PREFIX_LEN];
+        self.read_exact(&mut p, limit, "peer answer")
+            .map_err(frame_eof)?;
+        let prefix = FramePrefix::decode(p)
+            .map_err(|e| PeerError::Frame(e.into()))
+            .and_then(|p| check_prefix(p).map_err(PeerError::Frame))?;
+        let mut header = std::mem::take(&mut self.header);
+        header.resize(prefix.header_len as usize, 0);
+        let r = self
+            .read_exact(&mut header, limit, "peer frame header")
+            .map_err(frame_eof)
+            .and_then(|()| decode_peer(prefix, &header).map_err(PeerError::Frame));
+        self.header = header;
+        Ok((r?, prefix.payload_len))
+    }
+
+    fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
+        self.read_exact(dst, limit, "peer block bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::time::Instant;
+
+    use super::*;
+
+    /// A connected pair: (writer, reader).
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    fn block(len: u32) -> Vec<u8> {
+        let msg = PeerMsg::Block {
+            req: 7,
+            idx: 0,
+            len,
+            xxh3: 1,
+        };
+        let mut f = encode_frame(&msg, u64::from(len)).unwrap();
+        f.extend((0..len).map(|i| (i % 251) as u8));
+        f
+    }
+
+    #[test]
+    fn bytes_read_before_the_switch_and_bodies_larger_than_the_buffer_arrive_intact() {
+        let (mut w, r) = pair();
+        let mut wire = block(100 << 10);
+        wire.extend(block(3));
+        // The first 5 bytes were already buffered by the async side.
+        let mut p = TcpPull::new(r, &wire[..5]).unwrap();
+        let rest = wire[5..].to_vec();
+        let t = std::thread::spawn(move || w.write_all(&rest).unwrap());
+        let limit = Duration::from_secs(5);
+        for len in [100 << 10, 3] {
+            let (msg, n) = p.recv(limit).unwrap();
+            assert_eq!(n, len);
+            assert!(matches!(msg, PeerMsg::Block { req: 7, len: l, .. } if l == len));
+            let mut body = vec![0u8; len as usize];
+            p.read_payload(&mut body, limit).unwrap();
+            assert!(body.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        }
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_stall_mid_body_times_out_after_one_limit_and_a_close_reports_the_bytes_got() {
+        let (mut w, r) = pair();
+        let wire = block(1 << 20);
+        let head = wire.len() - (1 << 20);
+        w.write_all(&wire[..head + (300 << 10)]).unwrap();
+        let mut p = TcpPull::new(r, &[]).unwrap();
+        let limit = Duration::from_millis(300);
+        p.recv(limit).unwrap();
+        let mut body = vec![0u8; 1 << 20];
+        let t = Instant::now();
+        let e = p.read_payload(&mut body, limit).unwrap_err();
+        assert!(
+            matches!(e, PeerError::Timeout("peer block bytes", _)),
+            "{e}"
+        );
+        let took = t.elapsed();
+        assert!(took >= limit && took < limit * 2, "stall cost {took:?}");
+        // 1000 more bytes, then the peer closes inside the next read.
+        let mut p = TcpPull::new(p.s, &[]).unwrap();
+        w.write_all(&wire[head..head + 1000]).unwrap();
+        drop(w);
+        let e = p.read_payload(&mut body[..4096], limit).unwrap_err();
+        assert!(matches!(e, PeerError::Truncated(1000, 4096)), "{e}");
+    }
+}
