@@ -4,12 +4,12 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvnode_e2e::{block, free_port, hint, key, peer_dest, peer_source, spec};
 use kvnode_proto::Key;
 use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
-use kvnode_proto::peer::{PEER_PROTOCOL_VERSION, PeerMsg, decode_peer};
+use kvnode_proto::peer::{PEER_PROTOCOL_VERSION, PeerMsg, PullKey, decode_peer};
 use kvnode_proto::pull::{KeyOutcome, OpState};
 
 const PAGE: usize = 4096;
@@ -264,4 +264,72 @@ fn garbage_sent_to_a_real_source_is_refused_and_it_keeps_serving() {
         .unwrap();
     assert_eq!(op.unwrap().state, OpState::Done);
     assert!(src.log().contains("peer refused"), "{}", src.log());
+}
+
+#[test]
+fn a_destination_that_stops_reading_costs_the_source_one_io_timeout_then_its_leases_are_freed() {
+    const BIG: usize = 1 << 20;
+    let port = free_port();
+    let src = peer_source(port, &["--peer-io-timeout-ms", "300"]);
+    // More than loopback socket buffers hold (tcp_rmem allows up to 32 MiB).
+    let keys: Vec<Key> = (0..128).map(key).collect();
+    let sp = spec("big", BIG as u64);
+    let mut c = src.client();
+    let ns = c.register(&sp).unwrap().ns;
+    for (i, k) in keys.iter().enumerate() {
+        c.put(ns, std::slice::from_ref(k), &[&block(i as u64, BIG)])
+            .unwrap();
+    }
+    // A destination that authenticates, asks for 128 MiB and never reads a byte of it.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let hello = PeerMsg::Hello {
+        version: PEER_PROTOCOL_VERSION,
+        node: "stuck".into(),
+        nonce: vec![1; 32],
+        keyed: false,
+    };
+    send(&mut s, &hello, &[]);
+    assert!(matches!(recv(&mut s), PeerMsg::Challenge { .. }));
+    send(&mut s, &PeerMsg::Auth { proof: vec![] }, &[]);
+    assert!(matches!(recv(&mut s), PeerMsg::Ready));
+    let pull = PeerMsg::Pull {
+        req: 1,
+        ns: sp.id(),
+        keys: keys.iter().map(|k| PullKey(k.0, k.1)).collect(),
+    };
+    send(&mut s, &pull, &[]);
+    let leases = |c: &mut kvnode_client::Client| c.stats().unwrap().tiers[0].leases;
+    let t = Instant::now();
+    while leases(&mut c) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "the source never leased"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let held = Instant::now();
+    while leases(&mut c) > 0 {
+        assert!(
+            held.elapsed() < Duration::from_secs(3),
+            "a stuck destination pins the source's blocks"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The leases are freed as the send fails, just before the source logs why.
+    while !src.log().contains("destination stopped reading") {
+        assert!(held.elapsed() < Duration::from_secs(3), "{}", src.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let freed = held.elapsed();
+    assert!(freed < Duration::from_millis(2000), "freed after {freed:?}");
+    // The source serves a real destination as before.
+    let dst = peer_dest(&format!("tcp://127.0.0.1:{port}"), &[]);
+    let mut d = dst.client();
+    let dns = d.register(&sp).unwrap().ns;
+    let (_, op) = d
+        .get_hinted(dns, &keys[..4], Some(&hint(port, &keys[..4])), Some(3000))
+        .unwrap();
+    assert_eq!(op.unwrap().state, OpState::Done);
+    drop(s);
 }

@@ -1,5 +1,5 @@
 //! `kvnode bench pull`: two daemons on loopback, peer pull throughput and latency, with
-//! `iperf3 -c 127.0.0.1 -l 1M` measured in the same run as the limit.
+//! `iperf3 -c 127.0.0.1 -l 1M` and a memcpy of the same bytes measured in the same run.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -203,9 +203,11 @@ struct Results {
     rounds: Vec<Round>,
 }
 
-/// One round: an iperf3 run and the pulls right after it (bytes per second).
+/// One round: an iperf3 run, a memcpy of the same bytes, and the pulls right after them
+/// (bytes per second).
 struct Round {
     iperf: Option<f64>,
+    memcpy: f64,
     pulls: Vec<f64>,
 }
 
@@ -238,21 +240,34 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
         best / 1e9,
         r.first / 1e9
     );
-    let mut ratios = Vec::new();
+    let (mut ratios, mut mem) = (Vec::new(), Vec::new());
     for (i, x) in r.rounds.iter().enumerate() {
-        let Some(ip) = x.iperf else { continue };
         let m = median(&x.pulls);
-        ratios.push(m / ip);
+        mem.push(m / x.memcpy);
+        let ip = x.iperf.map_or_else(String::new, |ip| {
+            ratios.push(m / ip);
+            format!(
+                "{:.0} % of iperf3 -c 127.0.0.1 -l 1M ({} s, {:.2} GB/s), ",
+                m / ip * 100.0,
+                a.iperf_seconds,
+                ip / 1e9
+            )
+        });
         println!(
-            "round {}: iperf3 -c 127.0.0.1 -l 1M ({} s) {:.2} GB/s, then {} pulls: median {:.2} GB/s = {:.0} %",
+            "round {}: {} pulls, median {:.2} GB/s = {ip}{:.0} % of memcpy ({:.2} GB/s)",
             i + 1,
-            a.iperf_seconds,
-            ip / 1e9,
             x.pulls.len(),
             m / 1e9,
-            m / ip * 100.0
+            m / x.memcpy * 100.0,
+            x.memcpy / 1e9
         );
     }
+    println!(
+        "pull / same-round memcpy of the same {} x {} (one thread, cold): median {:.0} %",
+        a.pages,
+        ByteSize(r.page),
+        median(&mem) * 100.0
+    );
     let ips: Vec<f64> = r.rounds.iter().filter_map(|x| x.iperf).collect();
     let ratio = (!ratios.is_empty()).then(|| median(&ratios));
     if let Some(q) = ratio {
@@ -269,7 +284,7 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
             "{}",
             serde_json::json!({
                 "pages": a.pages, "page": r.page, "median_gbps": med / 1e9, "best_gbps": best / 1e9, "first_gbps": r.first / 1e9,
-                "iperf3_gbps": ips.iter().map(|i| i / 1e9).collect::<Vec<_>>(), "ratio": ratio,
+                "iperf3_gbps": ips.iter().map(|i| i / 1e9).collect::<Vec<_>>(), "ratio": ratio, "memcpy_ratio": median(&mem),
                 "cold_ms": r.cold * 1e3, "lat_p50_us": h.value_at_quantile(0.5), "lat_p99_us": h.value_at_quantile(0.99),
                 "base_s": t.base_s, "per_page_s": t.per_page_s,
             })
@@ -332,11 +347,16 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         let iperf = (a.iperf_seconds > 0)
             .then(|| iperf3(a.iperf_seconds))
             .transpose()?;
+        let memcpy = crate::bench::memcpy_bandwidth(page as usize, bytes as usize);
         let mut pulls = Vec::new();
         for _ in 0..a.iterations.max(1) {
             pulls.push(bytes / pull(&mut d, db, &big, &big_hint)?);
         }
-        rounds.push(Round { iperf, pulls });
+        rounds.push(Round {
+            iperf,
+            memcpy,
+            pulls,
+        });
     }
     let r = Results {
         page,

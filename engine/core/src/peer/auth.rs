@@ -102,6 +102,7 @@ pub async fn dial_handshake(
             keyed: key.is_some(),
         },
         &[],
+        limit,
     )
     .await?;
     let (theirs, proof, src) = match w.recv(limit).await?.0 {
@@ -134,7 +135,7 @@ pub async fn dial_handshake(
             ));
         }
     };
-    w.send(&PeerMsg::Auth { proof: answer }, &[]).await?;
+    w.send(&PeerMsg::Auth { proof: answer }, &[], limit).await?;
     match w.recv(limit).await?.0 {
         PeerMsg::Ready => Ok(src),
         PeerMsg::Refused { reason } => Err(PeerError::Refused(reason)),
@@ -161,6 +162,7 @@ pub async fn accept_handshake(
                     reason: e.to_string(),
                 },
                 &[],
+                limit,
             )
             .await;
     }
@@ -213,6 +215,7 @@ async fn accept_inner(
             proof,
         },
         &[],
+        limit,
     )
     .await?;
     let proof = match w.recv(limit).await?.0 {
@@ -226,7 +229,7 @@ async fn accept_inner(
             "wrong cluster key: the peer failed the challenge".into(),
         ));
     }
-    w.send(&PeerMsg::Ready, &[]).await?;
+    w.send(&PeerMsg::Ready, &[], limit).await?;
     Ok(dst)
 }
 

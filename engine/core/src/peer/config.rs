@@ -25,8 +25,8 @@ pub struct PeerConfig {
     pub peers: Vec<String>,
     /// Connect plus authentication limit, milliseconds. Default: 500.
     pub connect_timeout_ms: u64,
-    /// Longest silence tolerated while answers are owed (the heartbeat), milliseconds.
-    /// Default: 1000.
+    /// Longest silence tolerated while answers are owed (the heartbeat), and longest a
+    /// source waits for a destination to take more bytes, milliseconds. Default: 1000.
     pub io_timeout_ms: u64,
     /// Connections per peer (pulls are split across them). Default: 2.
     pub connections: u32,

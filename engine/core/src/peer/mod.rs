@@ -3,7 +3,7 @@
 //! ```text
 //!  client Get/Exists/Pull + hint ─> start (parse, match hashes, authorize: no dial before)
 //!        └─> PullOp (per-key outcomes, deadline, fence) ─> fetch::run_chunk per connection
-//!              └─> PeerWire (transport: TCP) ──Pull──> source::serve on the peer ──Block/Miss/Done──┘
+//!              └─> PullWire (blocking thread; TCP) ──Pull──> source::serve on the peer ──Block/Miss/Done──┘
 //! ```
 //!
 //! - [`config`]: `[peer]` settings and the allowlist.

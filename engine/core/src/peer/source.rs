@@ -95,6 +95,7 @@ async fn serve_pull<S: BlockSource>(
     req: u64,
     ns: NamespaceId,
     keys: &[PullKey],
+    limit: Duration,
 ) -> Result<(), PeerError> {
     let leased = src.lease(ns, keys).await;
     let mut guard = Leases {
@@ -117,15 +118,15 @@ async fn serve_pull<S: BlockSource>(
                     len: bytes.len() as u32,
                     xxh3,
                 };
-                w.send(&msg, bytes).await?;
+                w.send(&msg, bytes, limit).await?;
                 if let Some(slot) = guard.held[idx as usize].take() {
                     src.release(&[slot]);
                 }
             }
-            None => w.send(&PeerMsg::Miss { req, idx }, &[]).await?,
+            None => w.send(&PeerMsg::Miss { req, idx }, &[], limit).await?,
         }
     }
-    w.send(&PeerMsg::Done { req }, &[]).await
+    w.send(&PeerMsg::Done { req }, &[], limit).await
 }
 
 async fn serve_conn(engine: Arc<Engine>, mut w: TcpConn, mut stop: watch::Receiver<bool>) {
@@ -139,6 +140,7 @@ async fn serve_conn(engine: Arc<Engine>, mut w: TcpConn, mut stop: watch::Receiv
     };
     tracing::debug!(peer = %w.remote(), node = %dst, "peer authenticated");
     let src = TierSource(Arc::clone(&engine));
+    let limit = p.io_timeout();
     loop {
         let next = tokio::select! {
             r = w.recv(IDLE_LIMIT) => r,
@@ -146,9 +148,9 @@ async fn serve_conn(engine: Arc<Engine>, mut w: TcpConn, mut stop: watch::Receiv
         };
         let r = match next {
             Ok((PeerMsg::Pull { req, ns, keys }, _)) => {
-                serve_pull(&src, &mut w, req, ns, &keys).await
+                serve_pull(&src, &mut w, req, ns, &keys, limit).await
             }
-            Ok((PeerMsg::Ping { t }, _)) => w.send(&PeerMsg::Pong { t }, &[]).await,
+            Ok((PeerMsg::Ping { t }, _)) => w.send(&PeerMsg::Pong { t }, &[], limit).await,
             Ok((PeerMsg::Pong { .. }, _)) => Ok(()),
             Ok((other, _)) => {
                 let reason = format!("unexpected {other:?} from a destination");
@@ -158,6 +160,7 @@ async fn serve_conn(engine: Arc<Engine>, mut w: TcpConn, mut stop: watch::Receiv
                             reason: reason.clone(),
                         },
                         &[],
+                        limit,
                     )
                     .await;
                 Err(PeerError::Protocol(reason))
@@ -166,6 +169,9 @@ async fn serve_conn(engine: Arc<Engine>, mut w: TcpConn, mut stop: watch::Receiv
         };
         if let Err(e) = r {
             match e {
+                PeerError::Timeout("peer send", _) => {
+                    tracing::warn!(peer = %w.remote(), error = %e, "destination stopped reading; closing and releasing its blocks");
+                }
                 PeerError::Io(_) | PeerError::Timeout(..) => {
                     tracing::debug!(peer = %w.remote(), error = %e, "peer connection closed");
                 }
@@ -176,6 +182,7 @@ async fn serve_conn(engine: Arc<Engine>, mut w: TcpConn, mut stop: watch::Receiv
                                 reason: e.to_string(),
                             },
                             &[],
+                            limit,
                         )
                         .await;
                     tracing::warn!(peer = %w.remote(), error = %e, "peer sent a bad frame; closing");

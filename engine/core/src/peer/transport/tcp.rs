@@ -50,15 +50,23 @@ impl TcpConn {
         TcpPull::new(self.io.into_inner().into_std()?, &pending)
     }
 
-    /// Sends one frame: `msg`, then `payload` (non-empty only for `Block`), in one `writev` of prefix + header + payload (repeated only for a short write).
-    pub async fn send(&mut self, msg: &PeerMsg, payload: &[u8]) -> Result<(), PeerError> {
+    /// Sends one frame: `msg`, then `payload` (non-empty only for `Block`), in one `writev`
+    /// of prefix + header + payload (repeated only for a short write). A peer that stops
+    /// reading costs at most `limit` without progress: then this fails (and the caller
+    /// drops the connection and whatever it held for it).
+    pub async fn send(
+        &mut self,
+        msg: &PeerMsg,
+        payload: &[u8],
+        limit: Duration,
+    ) -> Result<(), PeerError> {
         let f = encode_frame(msg, payload.len() as u64)
             .map_err(|e| PeerError::Protocol(e.to_string()))?;
         let mut bufs = [IoSlice::new(&f), IoSlice::new(payload)];
         let mut bufs: &mut [IoSlice<'_>] = &mut bufs;
         let s = self.io.get_mut();
         while !bufs.is_empty() {
-            let n = s.write_vectored(bufs).await?;
+            let n = bounded(limit, "peer send", s.write_vectored(bufs)).await?;
             if n == 0 {
                 return Err(PeerError::Io(io::ErrorKind::WriteZero.into()));
             }
