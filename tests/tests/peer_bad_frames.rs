@@ -322,7 +322,7 @@ fn a_destination_that_stops_reading_costs_the_source_one_io_timeout_then_its_lea
         std::thread::sleep(Duration::from_millis(20));
     }
     let freed = held.elapsed();
-    assert!(freed < Duration::from_millis(2000), "freed after {freed:?}");
+    assert!(freed < Duration::from_secs(2), "freed after {freed:?}");
     // The source serves a real destination as before.
     let dst = peer_dest(&format!("tcp://127.0.0.1:{port}"), &[]);
     let mut d = dst.client();

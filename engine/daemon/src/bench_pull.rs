@@ -105,7 +105,7 @@ fn settle(c: &mut Client) -> anyhow::Result<()> {
     let (mut last, t) = (u64::MAX, Instant::now());
     loop {
         let (now, cap) = populated(c)?;
-        if now >= cap || now == last || t.elapsed() > Duration::from_secs(60) {
+        if now >= cap || now == last || t.elapsed() > Duration::from_mins(1) {
             return Ok(());
         }
         last = now;
