@@ -76,6 +76,25 @@ impl Daemon {
         Self::spawn(Command::new(kvnode_bin()), args)
     }
 
+    /// A daemon whose small DRAM tier (16 MiB of 2 MiB slabs, unpinned) spills into `dir`
+    /// (`spill_size` of it), plus `extra` arguments: demotion and promotion happen after a
+    /// few blocks.
+    pub fn start_spilling(dir: &Path, spill_size: &str, extra: &[&str]) -> Self {
+        let mut args = vec![
+            "--dram",
+            "16MiB",
+            "--slab-size",
+            "2MiB",
+            "--no-pin",
+            "--spill-dir",
+            dir.to_str().expect("utf8 spill dir"),
+            "--spill-size",
+            spill_size,
+        ];
+        args.extend_from_slice(extra);
+        Self::start(&args)
+    }
+
     /// Like [`Daemon::start`], inside network namespace `netns` (`ip netns exec`, root only).
     /// Its Unix socket is a file, so clients outside the namespace still reach it.
     pub fn start_in_netns(netns: &str, args: &[&str]) -> Self {

@@ -96,23 +96,18 @@ fn start() -> Fixture {
     let _ = std::fs::remove_dir_all(&dir);
     let events = format!("tcp://127.0.0.1:{}", free_port());
     let replay = format!("tcp://127.0.0.1:{}", free_port());
-    let daemon = Daemon::start(&[
-        "--dram",
-        "16MiB",
-        "--slab-size",
-        "2MiB",
-        "--no-pin",
-        "--spill-dir",
-        dir.to_str().unwrap(),
-        "--spill-size",
+    let daemon = Daemon::start_spilling(
+        &dir,
         "48MiB",
-        "--events",
-        &events,
-        "--events-replay",
-        &replay,
-        "--dp-rank",
-        "0",
-    ]);
+        &[
+            "--events",
+            &events,
+            "--events-replay",
+            &replay,
+            "--dp-rank",
+            "0",
+        ],
+    );
     Fixture {
         daemon,
         events,

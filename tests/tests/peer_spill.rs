@@ -21,21 +21,11 @@ fn source_promotes_nvme_only_blocks_and_sends_them_byte_identical() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let adv = format!("tcp://{listen}");
-    let src = Daemon::start(&[
-        "--dram",
-        "16MiB",
-        "--slab-size",
-        "2MiB",
-        "--no-pin",
-        "--spill-dir",
-        dir.to_str().expect("utf8"),
-        "--spill-size",
+    let src = Daemon::start_spilling(
+        &dir,
         "96MiB",
-        "--peer-listen",
-        &listen,
-        "--advertise",
-        &adv,
-    ]);
+        &["--peer-listen", &listen, "--advertise", &adv],
+    );
     let mut sc = src.client();
     let sns = sc.register(&spec("m", BLOCK as u64)).unwrap().ns;
     for chunk in (0..BLOCKS).collect::<Vec<_>>().chunks(4) {

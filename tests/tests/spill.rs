@@ -17,20 +17,7 @@ const BLOCKS: u64 = 200;
 const SURELY_SPILLED: u64 = BLOCKS - 64;
 
 fn start(dir: &Path, extra: &[&str]) -> Daemon {
-    let d = dir.to_str().expect("utf8");
-    let mut args = vec![
-        "--dram",
-        "16MiB",
-        "--slab-size",
-        "2MiB",
-        "--no-pin",
-        "--spill-dir",
-        d,
-        "--spill-size",
-        "96MiB",
-    ];
-    args.extend_from_slice(extra);
-    Daemon::start(&args)
+    Daemon::start_spilling(dir, "96MiB", extra)
 }
 
 /// Waits until no demotion is in flight.
