@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kvnode_e2e::{block, free_port, hint, key, peer_dest, peer_source, spec};
 use kvnode_proto::Key;
-use kvnode_proto::pull::{KeyOutcome, OpState};
+use kvnode_proto::pull::{FailCode, KeyOutcome, OpState};
 
 const PAGE: usize = 64 << 10;
 
@@ -92,10 +92,9 @@ fn bad_hints_are_refused_with_a_reason_while_local_hits_still_succeed() {
     for (h, want) in cases {
         let (pages, op) = c.get_hinted(ns, &keys, Some(&h), Some(2000)).unwrap();
         let op = op.unwrap();
-        assert!(
-            op.reason.as_deref().unwrap_or("").contains(want),
-            "{h}: {op:?}"
-        );
+        let why = op.reason.clone().expect("a refused hint says why");
+        assert_eq!(why.code, FailCode::MalformedHint, "{h}: {op:?}");
+        assert!(why.message.contains(want), "{h}: {op:?}");
         assert_eq!(op.results[0], KeyOutcome::HitLocal);
         assert_eq!(op.leading, 1);
         assert_eq!(pages[0].as_deref(), Some(block(0, PAGE).as_slice()));
@@ -104,7 +103,9 @@ fn bad_hints_are_refused_with_a_reason_while_local_hits_still_succeed() {
     // Exists with a bad hint: count of local keys, reason given, nothing started.
     let (n, op) = c.exists_hinted(ns, &keys, Some("[]")).unwrap();
     assert_eq!(n, 1);
-    assert!(op.unwrap().reason.unwrap().contains("not a JSON object"));
+    let why = op.unwrap().reason.unwrap();
+    assert_eq!(why.code, FailCode::MalformedHint);
+    assert!(why.message.contains("not a JSON object"));
     assert_eq!(c.exists(ns, &keys).unwrap(), 1);
 }
 
@@ -125,7 +126,9 @@ fn unauthorized_endpoint_is_never_dialled() {
         .get_hinted(ns, &keys, Some(&hint(trap_port, &keys)), Some(2000))
         .unwrap();
     let op = op.unwrap();
-    assert!(op.reason.unwrap().contains("not an authorized peer"));
+    let why = op.reason.unwrap();
+    assert_eq!(why.code, FailCode::NotAuthorized);
+    assert!(why.message.contains("not an authorized peer"));
     assert!(pages.iter().all(Option::is_none));
     let (_, op) = c
         .exists_hinted(ns, &keys, Some(&hint(trap_port, &keys)))
@@ -139,7 +142,9 @@ fn unauthorized_endpoint_is_never_dialled() {
     // Non-loopback endpoints are refused without a cluster key even if they parse.
     let far = hint(port, &keys).replace("127.0.0.1", "10.9.9.9");
     let (_, op) = c.get_hinted(ns, &keys, Some(&far), Some(2000)).unwrap();
-    assert!(op.unwrap().reason.unwrap().contains("no cluster key"));
+    let why = op.unwrap().reason.unwrap();
+    assert_eq!(why.code, FailCode::NotAuthorized);
+    assert!(why.message.contains("no cluster key"));
 }
 
 #[test]
@@ -172,7 +177,8 @@ fn wrong_or_missing_cluster_key_is_refused_and_nothing_is_committed() {
         }
         assert_eq!(op.state, OpState::Failed, "{op:?}");
         assert!(
-            matches!(&op.results[0], KeyOutcome::Failed(r) if r.contains(want)),
+            matches!(&op.results[0], KeyOutcome::Failed(r)
+                if r.code == FailCode::PeerRefused && r.message.contains(want)),
             "{extra:?}: {op:?}"
         );
         assert_eq!(c.exists(ns, &keys).unwrap(), 0);

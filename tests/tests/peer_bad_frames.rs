@@ -90,7 +90,7 @@ fn pull_from(port: u16, keys: &[Key]) -> (kvnode_proto::pull::OpReport, kvnode_e
 }
 
 fn failed_with(r: &KeyOutcome, want: &str) -> bool {
-    matches!(r, KeyOutcome::Failed(s) if s.contains(want))
+    matches!(r, KeyOutcome::Failed(s) if s.message.contains(want))
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use kvnode_client::kvnode_proto::client::{AllocSlot, Extent};
 use kvnode_e2e::{block, free_port, hint, key, peer_dest, peer_source, spec};
 use kvnode_proto::Key;
-use kvnode_proto::pull::{KeyOutcome, OpState};
+use kvnode_proto::pull::{FailCode, KeyOutcome, OpState};
 
 fn fill(d: &kvnode_e2e::Daemon, keys: &[Key], page: usize) {
     let mut c = d.client();
@@ -57,7 +57,9 @@ fn frozen_source_costs_at_most_the_heartbeat_and_recovers_after_sigcont() {
         );
         assert_eq!(op.state, OpState::Failed, "{op:?}");
         assert!(
-            matches!(&op.results[0], KeyOutcome::Failed(r) if r.contains("timed out") || r.contains("busy")),
+            matches!(&op.results[0], KeyOutcome::Failed(r)
+                if matches!(r.code, FailCode::PeerUnreachable | FailCode::PeerBusy)
+                    && (r.message.contains("timed out") || r.message.contains("busy"))),
             "{op:?}"
         );
     }

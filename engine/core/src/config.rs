@@ -2,11 +2,13 @@
 
 use std::path::PathBuf;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
+
+use crate::size_serde::{de_opt_size, de_size, ser_opt_size, ser_size};
 
 use crate::peer::PeerConfig;
 use crate::policy::PolicyKind;
-use crate::tiering::config::{EventsSettings, SpillSettings};
+use crate::nvme::config::{EventsSettings, SpillSettings};
 
 /// Smallest DRAM tier accepted.
 pub const MIN_DRAM: u64 = 8 << 20;
@@ -158,36 +160,3 @@ pub fn default_dram() -> u64 {
     ((avail / 4).min(DEFAULT_DRAM_CAP) / two * two).max(MIN_DRAM)
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum SizeRepr {
-    Int(u64),
-    Str(String),
-}
-
-pub(crate) fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    match SizeRepr::deserialize(d)? {
-        SizeRepr::Int(n) => Ok(n),
-        SizeRepr::Str(s) => kvnode_proto::size::parse_size(&s).map_err(serde::de::Error::custom),
-    }
-}
-
-pub(crate) fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    de_size(d).map(Some)
-}
-
-#[expect(
-    clippy::trivially_copy_pass_by_ref,
-    reason = "serde serialize_with passes references"
-)]
-pub(crate) fn ser_size<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&kvnode_proto::size::ByteSize(*v).to_string())
-}
-
-#[expect(clippy::ref_option, reason = "serde serialize_with passes references")]
-pub(crate) fn ser_opt_size<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
-    match v {
-        Some(v) => ser_size(v, s),
-        None => s.serialize_none(),
-    }
-}

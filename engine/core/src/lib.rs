@@ -19,6 +19,7 @@
 //! - [`probes`]: the USDT probes (provider `kvnode`) every component fires.
 
 pub mod api;
+pub mod engine;
 pub mod arena;
 pub mod config;
 pub mod obs;
@@ -26,7 +27,10 @@ pub mod peer;
 pub mod policy;
 pub mod probes;
 pub mod residency;
-pub mod tier;
-pub mod tiering;
+mod size_serde;
+pub mod store;
+pub mod dram;
+pub mod nvme;
 
 pub use config::EngineConfig;
+pub use engine::{Engine, StartError};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use kvnode_engine::api::Engine;
+use kvnode_engine::Engine;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -33,7 +33,7 @@ async fn answer(engine: &Engine, mut s: TcpStream) -> std::io::Result<()> {
         ("GET", "/metrics") => (
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
-            kvnode_engine::obs::prom::render(engine),
+            engine.prometheus(),
         ),
         ("GET", "/") => (
             "200 OK",

@@ -74,12 +74,15 @@ fn print_pull(r: &kvnode_proto::pull::OpReport) {
         r.peer.as_deref().unwrap_or("-"),
         r.elapsed_ms,
         r.reason
-            .as_deref()
-            .map(|s| format!(", reason: {s}"))
+            .as_ref()
+            .map(|f| format!(", reason: {f}"))
             .unwrap_or_default()
     );
     for (i, o) in r.results.iter().enumerate() {
-        println!("  key {i}: {o:?}");
+        match o {
+            kvnode_proto::pull::KeyOutcome::Failed(f) => println!("  key {i}: Failed {f}"),
+            o => println!("  key {i}: {o:?}"),
+        }
     }
 }
 

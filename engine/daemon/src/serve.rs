@@ -8,7 +8,7 @@ use kvnode_proto::size::parse_size;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::{Eviction, RegionCopyArg, ServeArgs, SpillAdmission, SpillEngineArg};
-use kvnode_engine::tiering::config::{Admission, SpillDirSetting, SpillEngine};
+use kvnode_engine::nvme::config::{Admission, SpillDirSetting, SpillEngine};
 
 /// Builds the effective configuration.
 pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
@@ -150,16 +150,16 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let socket = cfg.socket.clone();
         let publisher = start_events(&cfg)?;
         let announcer = kvnode_engine::residency::Announcer::new(publisher.as_ref().map(kvnode_events::Publisher::sink));
-        let engine = kvnode_engine::api::Engine::start_with(cfg, announcer).context("starting the engine")?;
+        let engine = kvnode_engine::Engine::start_with(cfg, announcer).context("starting the engine")?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let demoter = engine.spawn_background(stop_rx.clone());
-        tracing::info!(socket = %socket.display(), dram = engine.arena.len(), spill = engine.tiering.is_some(), pid = std::process::id(), "kvnode ready");
+        tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         if let Some(addr) = &engine.config.metrics {
             crate::metrics_http::spawn(std::sync::Arc::clone(&engine), addr, stop_rx.clone()).await?;
         }
-        tokio::spawn(kvnode_engine::obs::watchdog(std::sync::Arc::clone(&engine), stop_rx.clone()));
+        tokio::spawn(std::sync::Arc::clone(&engine).watchdog(stop_rx.clone()));
         let peer_server = crate::serve_peer::start(&engine, stop_rx.clone()).await?;
         let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), listener, stop_rx));
         let sig = tokio::select! {

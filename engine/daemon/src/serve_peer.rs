@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use kvnode_engine::api::Engine;
+use kvnode_engine::Engine;
 use kvnode_engine::peer::PeerConfig;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -78,7 +78,7 @@ pub async fn start(
         .with_context(|| format!("binding the peer listener on {addr}"))?;
     tracing::info!(listen = %l.local_addr()?, "peer listener ready");
     Ok(Some(tokio::spawn(kvnode_engine::peer::source::serve(
-        Arc::clone(engine),
+        Arc::clone(&engine.peers),
         l,
         stop,
     ))))

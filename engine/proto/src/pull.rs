@@ -13,8 +13,63 @@ pub enum KeyOutcome {
     Pending,
     /// The peer does not hold it.
     Missed,
-    /// Not pulled: the hint did not cover it, the peer failed, the deadline passed, ...
-    Failed(String),
+    /// Not usable: why, as a code a connector can act on and a message for people.
+    Failed(Failure),
+}
+
+/// Why a key (or a whole op) failed: a stable code and a human message beside it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// What went wrong, for programs.
+    pub code: FailCode,
+    /// What went wrong, for people (free text; do not parse).
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with `code` and `message`.
+    pub fn new(code: FailCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)
+    }
+}
+
+/// Failure codes of hinted operations (docs/client-protocol.md, "Failure codes"). New codes
+/// may be added; a client treats an unknown code like `PeerFailed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum FailCode {
+    /// The hint could not be parsed or names an unusable endpoint (fix the router or client).
+    MalformedHint,
+    /// The hint names a peer this daemon does not trust (or this daemon itself).
+    NotAuthorized,
+    /// The key lies beyond the hint's block hashes.
+    NotCovered,
+    /// The peer could not be reached, or the connection failed mid-transfer.
+    PeerUnreachable,
+    /// Every connection to the peer is busy, or too many keys are already in flight to it.
+    PeerBusy,
+    /// The peer refused the request or failed authentication.
+    PeerRefused,
+    /// The peer broke the protocol (bad frame, unexpected answer).
+    PeerFailed,
+    /// The op's deadline passed before the key arrived (it may still land locally later).
+    Deadline,
+    /// The client cancelled the op.
+    Cancelled,
+    /// The pulled bytes failed verification; nothing was committed.
+    Checksum,
+    /// The block arrived but could not be stored or copied locally (no space, size mismatch,
+    /// unknown namespace).
+    LocalStore,
 }
 
 /// Lifecycle state of an operation: `Pulling -> {Done | Partial | Failed | Cancelled}`.
@@ -53,7 +108,7 @@ pub struct OpReport {
     /// The peer pulled from (`tcp://host:port`), if a pull was started.
     pub peer: Option<String>,
     /// Why the hint was refused or the op failed as a whole, if it was.
-    pub reason: Option<String>,
+    pub reason: Option<Failure>,
     /// Milliseconds from submission to the report.
     pub elapsed_ms: f64,
 }

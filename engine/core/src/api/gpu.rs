@@ -2,44 +2,17 @@
 //! (commit after the copies complete), onload leased blocks into pages (reply after the copies
 //! complete), and close every mapping when the connection ends, after its copies finish.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use kvnode_gpu::{CopyOp, CopyTicket, DeviceWorker, Dir, GpuError};
+use kvnode_gpu::{CopyOp, Dir, GpuError};
 use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply};
-use kvnode_proto::gpu::{AttachGpu, GpuLayout, LayoutError, OnloadStatus, PageMove, check_handle};
+use kvnode_proto::gpu::{AttachGpu, LayoutError, OnloadStatus, PageMove, check_handle};
 
-use super::conn::Connection;
-use super::handler::tier_error;
-use crate::policy::SlotId;
-use crate::tier::Reservation;
-
-/// A mapped buffer.
-#[derive(Debug)]
-struct Attached {
-    worker: Arc<DeviceWorker>,
-    dev: u64,
-    layout: GpuLayout,
-}
-
-/// An onload whose copies were submitted.
-#[derive(Debug)]
-pub(super) struct PendingOnload {
-    ticket: CopyTicket,
-    slots: Vec<SlotId>,
-    results: Vec<OnloadStatus>,
-    /// Per key: index one past its last copy, for keys whose copies were submitted.
-    ends: Vec<Option<usize>>,
-    bytes_per_page: u64,
-}
-
-/// GPU state owned by one connection.
-#[derive(Debug, Default)]
-pub(super) struct GpuConn {
-    buffers: Vec<Attached>,
-    onloads: HashMap<u64, PendingOnload>,
-}
+use super::errors::tier_error;
+use super::gpu_conn::{Attached, PendingOnload};
+use super::session::Session;
+use crate::store::Reservation;
 
 fn gpu_error(e: &GpuError) -> Reply {
     let code = match e {
@@ -57,19 +30,18 @@ fn layout_error(e: LayoutError) -> Reply {
     gpu_error(&GpuError::Layout(e))
 }
 
-impl Connection {
+impl Session {
     /// Runs one GPU op.
     pub(super) async fn gpu_op(&mut self, op: Op) -> Reply {
         let r = match op {
             Op::AttachGpu(a) => self.attach_gpu(a).await,
             Op::Offload(m) => self.offload(&m).await,
-            Op::Onload(m) => match self.start_onload(&m) {
+            Op::Onload(m) => match self.start_onload(&m).await {
                 Ok(p) => Ok(self.finish_onload(p).await),
                 Err(r) => Err(r),
             },
-            Op::OnloadAsync(m) => self.start_onload(&m).map(|p| {
-                let ticket = self.next_handle;
-                self.next_handle += 1;
+            Op::OnloadAsync(m) => self.start_onload(&m).await.map(|p| {
+                let ticket = self.next_id();
                 self.gpu.onloads.insert(ticket, p);
                 Reply::OnloadStarted { ticket }
             }),
@@ -78,7 +50,7 @@ impl Connection {
                 match self.gpu.onloads.remove(&ticket) {
                     Some(p) => {
                         if cancel {
-                            p.ticket.cancel();
+                            p.cancel();
                         }
                         Ok(self.finish_onload(p).await)
                     }
@@ -162,32 +134,28 @@ impl Connection {
     }
 
     async fn offload(&mut self, m: &PageMove) -> Result<Reply, Reply> {
+        let store = Arc::clone(&self.engine.store);
         let a = self.buffer(m)?;
         let page_bytes = a.layout.page_bytes();
         let lens = vec![page_bytes; m.keys.len()];
-        let reserved = self
-            .engine
-            .tier
+        let reserved = store
             .reserve(self.id, m.ns, &m.keys, &lens)
             .map_err(|e| tier_error(&e))?;
-        let arena = self.engine.arena.base() as usize;
+        let arena = store.arena().base() as usize;
         let mut ops = Vec::new();
-        let mut held: Vec<Reservation> = Vec::new();
         for (r, &p) in reserved.iter().zip(&m.page_ids) {
             if let Ok(res) = r {
-                Self::page_ops(a, arena + res.offset as usize, p, &mut ops);
-                held.push(*res);
+                Self::page_ops(a, arena + res.offset() as usize, p, &mut ops);
             }
         }
         let n = ops.len();
-        // SAFETY: every host range is a slot this connection holds reserved until the commit
-        // or abort below, which run only after the ticket's wait (all copies complete).
+        // SAFETY: every host range is a slot held reserved by `reserved` until the commit
+        // below or its drop on error, both after the ticket's wait (all copies complete).
         let done = match unsafe { a.worker.submit(Dir::DeviceToHost, a.dev, ops) } {
             Ok(t) => t.wait().await,
             Err(e) => Err(e),
         };
         if !matches!(done, Ok(d) if d == n) {
-            self.engine.tier.abort(self.id, &held);
             return Err(match done {
                 Err(e) => gpu_error(&e),
                 Ok(_) => Reply::Error {
@@ -196,83 +164,67 @@ impl Connection {
                 },
             });
         }
-        let committed = self.engine.tier.commit(self.id, &held);
-        let stored = committed
-            .iter()
-            .filter(|c| **c == CommitStatus::Committed)
-            .count() as u64;
+        let mut copied = 0u64;
+        let results: Vec<PutStatus> = reserved
+            .into_iter()
+            .map(|r| r.map(|res: Reservation| {
+                copied += 1;
+                match res.commit() {
+                    CommitStatus::Committed => PutStatus::Stored,
+                    _ => PutStatus::Exists,
+                }
+            }))
+            .map(|r| r.unwrap_or_else(|status| status))
+            .collect();
+        let stored = results.iter().filter(|r| **r == PutStatus::Stored).count();
         self.engine
             .gpu
             .counters
             .offload_bytes
-            .fetch_add(held.len() as u64 * page_bytes, Ordering::Relaxed);
-        let mut it = committed.into_iter();
-        let results = reserved
-            .iter()
-            .map(|r| match r {
-                Err(status) => *status,
-                Ok(_) => match it.next() {
-                    Some(CommitStatus::Committed) => PutStatus::Stored,
-                    _ => PutStatus::Exists,
-                },
-            })
-            .collect();
+            .fetch_add(copied * page_bytes, Ordering::Relaxed);
         tracing::debug!(conn = self.id, pages = m.keys.len(), stored, "offload done");
         Ok(Reply::Offloaded { results })
     }
 
-    fn start_onload(&mut self, m: &PageMove) -> Result<PendingOnload, Reply> {
+    async fn start_onload(&mut self, m: &PageMove) -> Result<PendingOnload, Reply> {
+        let store = Arc::clone(&self.engine.store);
+        self.buffer(m)?;
+        let leased = store
+            .lease(m.ns, &m.keys)
+            .await
+            .map_err(|e| tier_error(&e))?;
         let a = self.buffer(m)?;
         let page_bytes = a.layout.page_bytes();
-        let leased = self
-            .engine
-            .tier
-            .lease(m.ns, &m.keys)
-            .map_err(|e| tier_error(&e))?;
-        let arena = self.engine.arena.base() as usize;
-        let (mut ops, mut slots, mut results, mut ends) =
+        let arena = store.arena().base() as usize;
+        let (mut ops, mut leases, mut results, mut ends) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (l, &p) in leased.iter().zip(&m.page_ids) {
+        for (l, &p) in leased.into_iter().zip(&m.page_ids) {
             let (status, end) = match l {
                 None => (OnloadStatus::Miss, None),
-                Some(b) => {
-                    slots.push(b.slot);
-                    if b.extent.len == page_bytes {
-                        Self::page_ops(a, arena + b.extent.offset as usize, p, &mut ops);
-                        (OnloadStatus::Loaded, Some(ops.len()))
-                    } else {
-                        (OnloadStatus::SizeMismatch, None)
-                    }
+                Some(b) if b.len() == page_bytes => {
+                    Self::page_ops(a, arena + b.extent().offset as usize, p, &mut ops);
+                    leases.push(b);
+                    (OnloadStatus::Loaded, Some(ops.len()))
                 }
+                Some(_) => (OnloadStatus::SizeMismatch, None),
             };
             results.push(status);
             ends.push(end);
         }
-        // SAFETY: every host range is a block leased until `finish_onload` releases it, after
-        // the ticket's wait (or, on disconnect, `gpu_cleanup` waits before releasing).
+        // SAFETY: every host range is a block leased by `leases`, which the pending onload
+        // keeps until its ticket's wait returned (or, dropped unwaited, forever).
         match unsafe { a.worker.submit(Dir::HostToDevice, a.dev, ops) } {
-            Ok(ticket) => Ok(PendingOnload {
-                ticket,
-                slots,
-                results,
-                ends,
-                bytes_per_page: page_bytes,
-            }),
-            Err(e) => {
-                self.engine.tier.release(&slots);
-                Err(gpu_error(&e))
-            }
+            Ok(ticket) => Ok(PendingOnload::new(ticket, leases, results, ends, page_bytes)),
+            Err(e) => Err(gpu_error(&e)),
         }
     }
 
-    async fn finish_onload(&mut self, p: PendingOnload) -> Reply {
-        let done = p.ticket.wait().await;
-        self.engine.tier.release(&p.slots);
-        let done = match done {
+    async fn finish_onload(&mut self, mut p: PendingOnload) -> Reply {
+        let done = match p.wait().await {
             Ok(d) => d,
             Err(e) => return gpu_error(&e),
         };
-        let mut results = p.results;
+        let mut results = std::mem::take(&mut p.results);
         let mut loaded = 0u64;
         for (r, end) in results.iter_mut().zip(&p.ends) {
             if let Some(end) = end {
@@ -295,10 +247,9 @@ impl Connection {
     /// connection's IPC mappings. Runs when the connection ends, whatever the reason.
     pub(super) async fn gpu_cleanup(&mut self) {
         let pending: Vec<PendingOnload> = self.gpu.onloads.drain().map(|(_, p)| p).collect();
-        for p in pending {
-            p.ticket.cancel();
-            let _ = p.ticket.wait().await;
-            self.engine.tier.release(&p.slots);
+        for mut p in pending {
+            p.cancel();
+            let _ = p.wait().await;
         }
         let buffers = std::mem::take(&mut self.gpu.buffers);
         if !buffers.is_empty() {

@@ -1,23 +1,48 @@
 //! Client ops of the peer path: get/exists with a hint, `Pull`, `Wait`, `Cancel`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvnode_proto::Key;
-use kvnode_proto::client::{ErrorCode, Reply};
-use kvnode_proto::pull::{OpReport, OpState};
+use kvnode_proto::client::{ErrorCode, Op, Reply};
+use kvnode_proto::pull::OpReport;
 
-use super::conn::Connection;
-use crate::peer::PullOp;
-use crate::tier::Reservation;
+use super::errors::error;
+use super::session::Session;
+use crate::peer::{PullOp, PullRequest};
+use crate::store::Reservation;
 
 /// Longest `Wait` accepted.
 const MAX_WAIT: Duration = Duration::from_mins(10);
 
-fn error(code: ErrorCode, message: String) -> Reply {
-    Reply::Error { code, message }
-}
+impl Session {
+    /// `Pull`, `Wait`, `Cancel`.
+    pub(super) async fn peer_op(&mut self, op: Op) -> Reply {
+        match op {
+            Op::Pull {
+                ns,
+                keys,
+                hint,
+                into,
+                deadline_ms,
+            } => self.pull_op(ns, &keys, &hint, &into, deadline_ms).await,
+            Op::Wait { op, timeout_ms } => self.wait_op(op, timeout_ms).await,
+            Op::Cancel { op } => self.cancel_op(op),
+            other => unreachable!("peer_op got {other:?}"),
+        }
+    }
 
-impl Connection {
+    fn request<'a>(&self, ns: u32, keys: &'a [Key], hint: &'a str) -> PullRequest<'a> {
+        PullRequest {
+            conn: self.id,
+            ns,
+            keys,
+            hint,
+            into: Vec::new(),
+            deadline_ms: None,
+        }
+    }
+
     /// Runs a get's hinted pull up to its deadline and reports it. Blocks still in flight
     /// at the deadline keep landing in the DRAM tier and become local hits later.
     pub(super) async fn get_pull(
@@ -27,29 +52,29 @@ impl Connection {
         hint: &str,
         deadline_ms: Option<u64>,
     ) -> OpReport {
-        let e = std::sync::Arc::clone(&self.engine);
-        let op = e
-            .peers
-            .start(&e, self.id, ns, keys, hint, Vec::new(), deadline_ms);
+        let peers = Arc::clone(&self.engine.peers);
+        let op = peers
+            .start(PullRequest {
+                deadline_ms,
+                ..self.request(ns, keys, hint)
+            })
+            .await;
         op.wait(op.deadline.saturating_duration_since(Instant::now()))
             .await;
-        op.end(
-            OpState::Failed,
-            "deadline passed; the transfer continues into the DRAM tier",
-        );
-        e.peers.ops.remove(op.id);
+        op.expire();
+        peers.ops.remove(op.id);
         op.report()
     }
 
     /// Starts a background pull for `Exists` with a hint.
-    pub(super) fn exists_pull(&mut self, ns: u32, keys: &[Key], hint: &str) -> OpReport {
-        let e = std::sync::Arc::clone(&self.engine);
-        let op = e.peers.start(&e, self.id, ns, keys, hint, Vec::new(), None);
+    pub(super) async fn exists_pull(&mut self, ns: u32, keys: &[Key], hint: &str) -> OpReport {
+        let peers = Arc::clone(&self.engine.peers);
+        let op = peers.start(self.request(ns, keys, hint)).await;
         op.report()
     }
 
     /// `Pull`: an async op, optionally filling the client's Alloc'd slots.
-    pub(super) fn pull_op(
+    async fn pull_op(
         &mut self,
         ns: u32,
         keys: &[Key],
@@ -67,7 +92,7 @@ impl Connection {
                     let msg = format!("alloc handle {h} is not held by this connection");
                     return error(ErrorCode::NotOwned, msg);
                 }
-                Some(r) if r.ns != ns || r.key.digest != k.0 || r.key.segment != k.1 => {
+                Some(r) if r.ns() != ns || r.key().digest != k.0 || r.key().segment != k.1 => {
                     let msg = format!("alloc handle {h} was reserved for another key");
                     return error(ErrorCode::Invalid, msg);
                 }
@@ -79,10 +104,14 @@ impl Connection {
             .iter()
             .map(|h| (*h, self.reservations.remove(h).expect("checked above")))
             .collect();
-        let e = std::sync::Arc::clone(&self.engine);
-        let op = e
-            .peers
-            .start(&e, self.id, ns, keys, hint, owned, deadline_ms);
+        let peers = Arc::clone(&self.engine.peers);
+        let op = peers
+            .start(PullRequest {
+                into: owned,
+                deadline_ms,
+                ..self.request(ns, keys, hint)
+            })
+            .await;
         let r = op.report();
         if r.state.is_terminal() {
             self.finish(&op);
@@ -90,7 +119,7 @@ impl Connection {
         Reply::Op(Box::new(r))
     }
 
-    fn lookup(&self, id: u64) -> Result<std::sync::Arc<PullOp>, Reply> {
+    fn lookup(&self, id: u64) -> Result<Arc<PullOp>, Reply> {
         match self.engine.peers.ops.get(id) {
             Some(op) if op.conn == self.id || !op.has_into() => Ok(op),
             Some(_) => Err(error(
@@ -110,8 +139,7 @@ impl Connection {
         self.engine.peers.ops.remove(op.id);
     }
 
-    /// `Wait`.
-    pub(super) async fn wait_op(&mut self, id: u64, timeout_ms: u64) -> Reply {
+    async fn wait_op(&mut self, id: u64, timeout_ms: u64) -> Reply {
         let op = match self.lookup(id) {
             Ok(op) => op,
             Err(r) => return r,
@@ -126,7 +154,7 @@ impl Connection {
     }
 
     /// `Cancel`: the reply is sent only after the fence is in force.
-    pub(super) fn cancel_op(&mut self, id: u64) -> Reply {
+    fn cancel_op(&mut self, id: u64) -> Reply {
         let op = match self.lookup(id) {
             Ok(op) => op,
             Err(r) => return r,

@@ -5,18 +5,18 @@ use std::sync::Arc;
 use kvnode_proto::Key;
 use kvnode_proto::client::BlockMeta;
 
-use super::Engine;
+use crate::store::Store;
 use crate::residency::RouterMeta;
 
 /// Per-key router metadata, or an error text when the list does not match the keys.
 /// Without events (or without metadata) every entry is `None`.
 pub fn router_metas(
-    engine: &Engine,
+    store: &Store,
     ns: u32,
     keys: &[Key],
     meta: &[Option<BlockMeta>],
 ) -> Result<Vec<Option<Arc<RouterMeta>>>, String> {
-    if meta.is_empty() || !engine.announcer.enabled() {
+    if meta.is_empty() || !store.announces() {
         return Ok(vec![None; keys.len()]);
     }
     if meta.len() != keys.len() {
@@ -26,7 +26,7 @@ pub fn router_metas(
             meta.len()
         ));
     }
-    let Ok(spec) = engine.tier.namespace_spec(ns) else {
+    let Ok(spec) = store.namespace_spec(ns) else {
         // The reservation reports the unknown namespace.
         return Ok(vec![None; keys.len()]);
     };

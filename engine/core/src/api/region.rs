@@ -6,13 +6,15 @@
 //! is validated as a whole (lengths, bounds, overlap) before a single byte moves, and a
 //! `GetToRegion` reply is sent only after all its writes are done.
 
-use kvnode_proto::Key;
-use kvnode_proto::client::{CommitStatus, ErrorCode, PutStatus, Reply};
+use std::sync::Arc;
 
-use super::conn::Connection;
-use super::handler::{invalid, tier_error};
+use kvnode_proto::Key;
+use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply};
+
+use super::errors::{invalid, tier_error};
 use super::region_copy::{CopyError, Region};
-use crate::tier::Reservation;
+use super::session::Session;
+use crate::store::Lease;
 
 /// Most regions one connection may hold at once.
 pub const MAX_REGIONS: usize = 16;
@@ -68,9 +70,47 @@ enum Dir {
     Put,
 }
 
-impl Connection {
+impl Session {
+    /// `AttachRegion`, `DetachRegion`, `GetToRegion` (with a hint: pull first), `PutFromRegion`.
+    pub(super) async fn region_op(&mut self, op: Op) -> Reply {
+        match op {
+            Op::AttachRegion { len } => self.attach_region(len),
+            Op::DetachRegion { region } => self.detach_region(region),
+            Op::GetToRegion {
+                ns,
+                keys,
+                region,
+                offsets,
+                lens,
+                hint,
+                deadline_ms,
+            } => {
+                let pull = match hint {
+                    Some(h) => Some(Box::new(self.get_pull(ns, &keys, &h, deadline_ms).await)),
+                    None => None,
+                };
+                let mut reply = self.get_to_region(ns, &keys, region, &offsets, &lens).await;
+                if let Reply::GotToRegion { pull: p, .. } = &mut reply {
+                    *p = pull;
+                }
+                reply
+            }
+            Op::PutFromRegion {
+                ns,
+                keys,
+                region,
+                offsets,
+                lens,
+            } => {
+                self.put_from_region(ns, &keys, region, &offsets, &lens)
+                    .await
+            }
+            other => unreachable!("region_op got {other:?}"),
+        }
+    }
+
     /// `AttachRegion`: maps the descriptor that came with this frame.
-    pub(super) fn attach_region(&mut self, len: u64) -> Reply {
+    fn attach_region(&mut self, len: u64) -> Reply {
         let Some(fd) = self.io.take_fd() else {
             return invalid(
                 "AttachRegion carries no descriptor: send the memfd with SCM_RIGHTS on this frame",
@@ -105,7 +145,7 @@ impl Connection {
     }
 
     /// `DetachRegion`.
-    pub(super) fn detach_region(&mut self, region: u32) -> Reply {
+    fn detach_region(&mut self, region: u32) -> Reply {
         match self.regions.remove(&region) {
             Some(_) => Reply::RegionDetached,
             None => not_owned(region),
@@ -128,7 +168,7 @@ impl Connection {
     }
 
     /// `GetToRegion`: lease every hit, validate, copy all, release, answer.
-    pub(super) async fn get_to_region(
+    async fn get_to_region(
         &mut self,
         ns: u32,
         keys: &[Key],
@@ -139,47 +179,38 @@ impl Connection {
         if let Err(reply) = self.check_region(region, keys.len(), offsets, lens, true) {
             return reply;
         }
-        let mut leased = match self.engine.tier.lease(ns, keys) {
+        let store = Arc::clone(&self.engine.store);
+        let leased = match store.lease(ns, keys).await {
             Ok(l) => l,
             Err(e) => return tier_error(&e),
         };
-        if let Some(t) = &self.engine.tiering {
-            t.promote_misses(&self.engine, ns, keys, &mut leased).await;
-        }
         let Some(r) = self.regions.get_mut(&region) else {
             return not_owned(region);
         };
-        let slots: Vec<_> = leased.iter().flatten().map(|l| l.slot).collect();
         let too_long = leased
             .iter()
             .zip(lens)
             .enumerate()
-            .find(|(_, (l, room))| l.is_some_and(|b| b.extent.len > **room));
-        let reply = if let Some((i, (l, room))) = too_long {
-            let have = l.map_or(0, |b| b.extent.len);
-            invalid(format!(
+            .find(|(_, (l, room))| l.as_ref().is_some_and(|b| b.len() > **room));
+        if let Some((i, (l, room))) = too_long {
+            let have = l.as_ref().map_or(0, Lease::len);
+            return invalid(format!(
                 "key {i}: stored block is {have} bytes but only {room} bytes of room were given; nothing was written"
-            ))
-        } else {
-            let arena = &self.engine.arena;
-            let copies: Vec<(&[u8], u64)> = leased
-                .iter()
-                .zip(offsets)
-                .filter_map(|(l, &o)| {
-                    // SAFETY: the block is leased (immutable) until the release below.
-                    l.map(|b| (unsafe { arena.slice(b.extent.offset, b.extent.len) }, o))
-                })
-                .collect();
-            match blocking(|| r.write_all(&copies)) {
-                Ok(()) => Reply::GotToRegion {
-                    lens: leased.iter().map(|l| l.map(|b| b.extent.len)).collect(),
-                    pull: None,
-                },
-                Err(e) => self.copy_failed(region, Dir::Get, &e),
-            }
-        };
-        self.engine.tier.release(&slots);
-        reply
+            ));
+        }
+        // Every block stays leased (immutable) until `leased` drops after the copies.
+        let copies: Vec<(&[u8], u64)> = leased
+            .iter()
+            .zip(offsets)
+            .filter_map(|(l, &o)| l.as_ref().map(|b| (b.bytes(), o)))
+            .collect();
+        match blocking(|| r.write_all(&copies)) {
+            Ok(()) => Reply::GotToRegion {
+                lens: leased.iter().map(|l| l.as_ref().map(Lease::len)).collect(),
+                pull: None,
+            },
+            Err(e) => self.copy_failed(region, Dir::Get, &e),
+        }
     }
 
     /// The reply for a failed copy; a faulted region is detached (its mapping is gone).
@@ -206,7 +237,7 @@ impl Connection {
     }
 
     /// `PutFromRegion`: reserve, copy from the client's pages into the slots, commit.
-    pub(super) async fn put_from_region(
+    async fn put_from_region(
         &mut self,
         ns: u32,
         keys: &[Key],
@@ -217,45 +248,32 @@ impl Connection {
         if let Err(reply) = self.check_region(region, keys.len(), offsets, lens, false) {
             return reply;
         }
-        if let Some(t) = &self.engine.tiering {
-            t.make_room(&self.engine, lens.iter().sum()).await;
-        }
-        let reserved = match self.engine.tier.reserve(self.id, ns, keys, lens) {
+        let store = Arc::clone(&self.engine.store);
+        store.make_room(lens.iter().sum()).await;
+        let mut reserved = match store.reserve(self.id, ns, keys, lens) {
             Ok(v) => v,
             Err(e) => return tier_error(&e),
         };
-        let held: Vec<Reservation> = reserved
-            .iter()
-            .filter_map(|x| x.as_ref().ok().copied())
-            .collect();
         let Some(r) = self.regions.get_mut(&region) else {
-            self.engine.tier.abort(self.id, &held);
             return not_owned(region);
         };
-        let arena = &self.engine.arena;
         let mut copies: Vec<(&mut [u8], u64)> = reserved
-            .iter()
+            .iter_mut()
             .zip(offsets)
-            .filter_map(|(x, &o)| {
-                // SAFETY: this connection holds the reservation (no one else touches the slot).
-                x.as_ref()
-                    .ok()
-                    .map(|res| (unsafe { arena.slice_mut(res.offset, res.len) }, o))
-            })
+            .filter_map(|(x, &o)| x.as_mut().ok().map(|res| (res.bytes_mut(), o)))
             .collect();
         if let Err(e) = blocking(|| r.read_all(&mut copies)) {
+            // Dropping `reserved` frees every slot: nothing was stored.
             drop(copies);
-            self.engine.tier.abort(self.id, &held);
             return self.copy_failed(region, Dir::Put, &e);
         }
         drop(copies);
-        let mut committed = self.engine.tier.commit(self.id, &held).into_iter();
         let results = reserved
-            .iter()
+            .into_iter()
             .map(|x| match x {
-                Err(status) => *status,
-                Ok(_) => match committed.next() {
-                    Some(CommitStatus::Committed) => PutStatus::Stored,
+                Err(status) => status,
+                Ok(res) => match res.commit() {
+                    CommitStatus::Committed => PutStatus::Stored,
                     _ => PutStatus::Exists,
                 },
             })

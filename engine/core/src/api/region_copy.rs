@@ -9,10 +9,10 @@
 //! | `pread` | unsealable and `region_copy = pread`, the file cannot be mapped, or the guard is gone | pread/pwrite on the descriptor | the copy returns an error |
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use kvnode_proto::stats::RegionStats;
 use kvnode_shmguard::{AccessError, Guarded, OutOfRange, SharedMapping};
+
+use crate::obs::{RegionCounters, RegionMode};
 
 /// How a region's bytes are reached.
 #[derive(Debug)]
@@ -42,31 +42,6 @@ pub struct Region {
     pub(super) len: u64,
     fd: OwnedFd,
     mode: Mode,
-}
-
-/// Attach and fault counters, by mode (`stats` → `regions`).
-#[derive(Debug, Default)]
-pub struct RegionCounters {
-    sealed: AtomicU64,
-    guarded: AtomicU64,
-    pread: AtomicU64,
-    faults: AtomicU64,
-}
-
-impl RegionCounters {
-    /// Snapshot for the stats report.
-    pub fn report(&self) -> RegionStats {
-        RegionStats {
-            attached_sealed: self.sealed.load(Ordering::Relaxed),
-            attached_guarded: self.guarded.load(Ordering::Relaxed),
-            attached_pread: self.pread.load(Ordering::Relaxed),
-            faults: self.faults.load(Ordering::Relaxed),
-        }
-    }
-
-    pub(super) fn fault(&self) {
-        self.faults.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 fn fd_size(fd: &OwnedFd) -> std::io::Result<(u64, u32, i32)> {
@@ -151,12 +126,11 @@ impl Region {
 
     /// Counts this attach under its mode.
     pub(super) fn count(&self, c: &RegionCounters) {
-        let n = match self.mode {
-            Mode::Sealed(_) => &c.sealed,
-            Mode::Guarded(_) => &c.guarded,
-            Mode::Pread => &c.pread,
-        };
-        n.fetch_add(1, Ordering::Relaxed);
+        c.attached(match self.mode {
+            Mode::Sealed(_) => RegionMode::Sealed,
+            Mode::Guarded(_) => RegionMode::Guarded,
+            Mode::Pread => RegionMode::Pread,
+        });
     }
 
     /// Copies each `(src, offset)` into the client's memory; all, or an error.

@@ -9,7 +9,7 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::Engine;
+use crate::engine::Engine;
 use super::conn::Connection;
 
 /// Failure to bind or serve.

@@ -43,7 +43,7 @@ pub struct PinProgress {
 
 /// The arena mapping. Bytes are shared with client processes: Rust's aliasing rules cannot
 /// describe another process's writes, so slices are handed out only under a lease (see
-/// [`crate::tier`]) and only for the lease's extent.
+/// [`crate::dram`]) and only for the lease's extent.
 #[derive(Debug)]
 pub struct Arena {
     fd: OwnedFd,

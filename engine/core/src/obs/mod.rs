@@ -7,6 +7,7 @@
 
 pub mod hist;
 pub mod prom;
+mod regions;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use kvnode_proto::obs::{LatencyReport, OpKind, OpStatus, StallKind};
 
 use crate::probes;
 pub use hist::{Hist, Timeline};
+pub use regions::{RegionCounters, RegionMode};
 pub use watch::{ConnWatch, watchdog};
 
 /// Why a request or a key was refused (label of `kvnode_rejections_total`).

@@ -4,9 +4,9 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use kvnode_proto::obs::{OpKind, OpStatus, StallKind};
+use kvnode_proto::stats::StatsReport;
 
 use super::{Hist, Metrics, REJECTIONS};
-use crate::api::Engine;
 
 /// Latency buckets: `le` = 2^i ns for i in this range (1.02 us .. 68.7 s).
 const LE_POW: std::ops::RangeInclusive<usize> = 10..=36;
@@ -215,10 +215,9 @@ fn regions(o: &mut Out, r: &kvnode_proto::stats::RegionStats) {
     );
 }
 
-/// Renders every metric of `engine`.
-pub fn render(engine: &Engine) -> String {
+/// Renders a stats report and the metrics registry.
+pub fn render(s: &StatsReport, metrics: &Metrics) -> String {
     let mut o = Out(String::with_capacity(16 << 10));
-    let s = engine.stats();
     o.one(
         "uptime_seconds",
         "gauge",
@@ -306,7 +305,7 @@ pub fn render(engine: &Engine) -> String {
         u8::from(dram.pin_refused),
     );
     regions(&mut o, &s.regions);
-    ops(&mut o, &engine.metrics);
-    counters(&mut o, &engine.metrics);
+    ops(&mut o, metrics);
+    counters(&mut o, metrics);
     o.0
 }

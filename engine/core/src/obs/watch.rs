@@ -11,7 +11,8 @@ use std::time::Duration;
 use kvnode_proto::obs::{OpKind, StallKind};
 use tokio::sync::watch as tokio_watch;
 
-use crate::api::Engine;
+use super::Metrics;
+use crate::arena::PinProgress;
 use crate::probes;
 
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +105,15 @@ impl Registry {
     }
 }
 
+/// The limits the watchdog enforces (from the engine's configuration).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// An op in flight longer than this is a stall.
+    pub op_deadline_s: f64,
+    /// A lease held longer than this is overdue.
+    pub lease_age_limit_s: f64,
+}
+
 #[derive(Debug, Default)]
 struct PinState {
     populated: u64,
@@ -112,11 +122,10 @@ struct PinState {
 }
 
 /// One scan. Returns nothing; everything found is counted, probed and logged once.
-fn scan(engine: &Engine, pin: &mut PinState) {
-    let m = &engine.metrics;
+fn scan(m: &Metrics, limits: Limits, progress: &PinProgress, pin: &mut PinState) {
     let now = m.now_ns();
-    let deadline = (engine.config.op_deadline_s * 1e9) as u64;
-    let lease_limit = (engine.config.lease_age_limit_s * 1e9) as u64;
+    let deadline = (limits.op_deadline_s * 1e9) as u64;
+    let lease_limit = (limits.lease_age_limit_s * 1e9) as u64;
     let (mut ops_over, mut leases_over) = (0u64, 0u64);
     for w in m.watch.all() {
         let since = w.since.load(Ordering::Acquire);
@@ -127,7 +136,7 @@ fn scan(engine: &Engine, pin: &mut PinState) {
                 let name = OpKind::from_code(op).map_or("?", OpKind::name);
                 let why = format!(
                     "{name} on connection {} in flight past op_deadline_s = {} (client frozen mid-request, or the op is stuck)",
-                    w.conn, engine.config.op_deadline_s
+                    w.conn, limits.op_deadline_s
                 );
                 m.stall(
                     StallKind::OpDeadline,
@@ -153,7 +162,7 @@ fn scan(engine: &Engine, pin: &mut PinState) {
                     lease = id,
                     pages = l.pages,
                     age_s = age as f64 / 1e9,
-                    limit_s = engine.config.lease_age_limit_s,
+                    limit_s = limits.lease_age_limit_s,
                     "lease held past its age limit: its blocks cannot be evicted; the client \
                      should Release it (leaked lease?)"
                 );
@@ -162,7 +171,7 @@ fn scan(engine: &Engine, pin: &mut PinState) {
     }
     m.ops_overdue_now.store(ops_over, Ordering::Relaxed);
     m.leases_overdue_now.store(leases_over, Ordering::Relaxed);
-    let p = engine.arena.progress();
+    let p = progress;
     if !p.done.load(Ordering::Relaxed) {
         let populated = p.populated.load(Ordering::Relaxed);
         if populated != pin.populated || pin.since_ns == 0 {
@@ -185,15 +194,20 @@ fn scan(engine: &Engine, pin: &mut PinState) {
 }
 
 /// Scans every `min(op_deadline_s, lease_age_limit_s) / 4` (10 ms .. 1 s) until `stop`.
-pub async fn watchdog(engine: Arc<Engine>, mut stop: tokio_watch::Receiver<bool>) {
-    let c = &engine.config;
+pub async fn watchdog(
+    metrics: Arc<Metrics>,
+    limits: Limits,
+    progress: Arc<PinProgress>,
+    mut stop: tokio_watch::Receiver<bool>,
+) {
+    let c = limits;
     let tick = (c.op_deadline_s.min(c.lease_age_limit_s) / 4.0).clamp(0.01, 1.0);
     let mut every = tokio::time::interval(Duration::from_secs_f64(tick));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pin = PinState::default();
     loop {
         tokio::select! {
-            _ = every.tick() => scan(&engine, &mut pin),
+            _ = every.tick() => scan(&metrics, limits, &progress, &mut pin),
             _ = stop.changed() => return,
         }
     }

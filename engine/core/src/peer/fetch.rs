@@ -13,18 +13,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvnode_proto::client::PutStatus;
+use kvnode_proto::client::{CommitStatus, PutStatus};
 use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::{PeerMsg, PullKey};
-use kvnode_proto::pull::KeyOutcome;
+use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 use tokio::sync::Semaphore;
 use twox_hash::XxHash3_64;
 
-use super::PeerError;
+use super::{PeerError, Peers};
 use super::auth::dial_handshake;
 use super::op::PullOp;
 use super::transport::PullWire;
-use crate::api::Engine;
 
 /// Everything this daemon keeps about one peer it pulls from.
 #[derive(Debug)]
@@ -53,8 +52,7 @@ impl PeerLink {
         }
     }
 
-    async fn dial(&self, engine: &Engine) -> Result<PullWire, PeerError> {
-        let p = &engine.peers;
+    async fn dial(&self, p: &Peers) -> Result<PullWire, PeerError> {
         let limit = p.connect_timeout();
         let t = Instant::now();
         let connect = p
@@ -103,7 +101,7 @@ fn stale(e: &PeerError) -> bool {
 }
 
 struct Chunk {
-    engine: Arc<Engine>,
+    peers: Arc<Peers>,
     link: Arc<PeerLink>,
     op: Arc<PullOp>,
     /// Keys of this chunk not yet answered (op key indices).
@@ -112,26 +110,26 @@ struct Chunk {
 
 /// Pulls op keys `idxs` from `link`, bounded by its connection permits and timeouts.
 pub async fn run_chunk(
-    engine: Arc<Engine>,
+    peers: Arc<Peers>,
     link: Arc<PeerLink>,
     op: Arc<PullOp>,
     idxs: Vec<usize>,
 ) {
     let n = idxs.len() as u64;
-    let peer_idx = (crate::api::hash_name(&link.name) & 0xffff_ffff) as u32;
+    let peer_idx = (crate::probes::hash_name(&link.name) & 0xffff_ffff) as u32;
     crate::probes::peer_pull_start(peer_idx, op.id, n as u32);
-    let t0 = engine.metrics.now_ns();
+    let t0 = peers.metrics().now_ns();
     let c = Chunk {
-        engine,
+        peers,
         link,
         op,
         open: idxs,
     };
     let (c, r) = c.run().await;
     let Chunk {
-        engine, link, op, ..
+        peers, link, op, ..
     } = &c;
-    let lat = engine.metrics.now_ns().saturating_sub(t0);
+    let lat = peers.metrics().now_ns().saturating_sub(t0);
     let status = if r.is_ok() {
         kvnode_proto::obs::OpStatus::Ok
     } else {
@@ -139,15 +137,15 @@ pub async fn run_chunk(
     };
     crate::probes::peer_pull_done(peer_idx, op.id, n as u32, 0, status, lat);
     if r.is_ok() {
-        engine.metrics.record_peer(&link.name, lat, 0);
+        peers.metrics().record_peer(&link.name, lat, 0);
     }
     if let Err(e) = r {
-        let why = e.to_string();
+        let why = e.failure();
         tracing::debug!(peer = %link.name, op = op.id, error = %why, "pull chunk failed");
         for &i in &c.open {
             op.set(i, KeyOutcome::Failed(why.clone()));
         }
-        engine.peers.count_failure();
+        peers.count_failure();
     }
     link.outstanding.fetch_sub(n, Ordering::Relaxed);
 }
@@ -155,7 +153,7 @@ pub async fn run_chunk(
 impl Chunk {
     /// Takes a connection permit and a connection, pulls, and hands the chunk back.
     async fn run(self) -> (Self, Result<(), PeerError>) {
-        let p = &self.engine.peers;
+        let p = &self.peers;
         let permit = tokio::time::timeout(
             p.connect_timeout(),
             Arc::clone(&self.link.permits).acquire_owned(),
@@ -169,7 +167,7 @@ impl Chunk {
         let pooled = self.link.idle.lock().expect("idle lock").pop();
         let (w, was_pooled) = match pooled {
             Some(w) => (w, true),
-            None => match self.link.dial(&self.engine).await {
+            None => match self.link.dial(&self.peers).await {
                 Ok(w) => (w, false),
                 Err(e) => return (self, Err(e)),
             },
@@ -179,7 +177,7 @@ impl Chunk {
         let (c, w, r) = match r {
             Err(e) if was_pooled && c.open.len() == before && stale(&e) => {
                 tracing::debug!(peer = %c.link.name, error = %e, "pooled connection went stale; redialling");
-                match c.link.dial(&c.engine).await {
+                match c.link.dial(&c.peers).await {
                     Ok(w) => c.pull_blocking(w).await,
                     Err(e) => return (c, Err(e)),
                 }
@@ -206,12 +204,11 @@ impl Chunk {
     }
 
     fn pull_on(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
-        let engine = Arc::clone(&self.engine);
-        let p = &engine.peers;
+        let peers = Arc::clone(&self.peers);
+        let p = &peers;
         let io = p.io_timeout();
-        let ns = self
-            .engine
-            .tier
+        let ns = p
+            .store()
             .namespace_id(self.op.ns)
             .map_err(|e| PeerError::Protocol(e.to_string()))?;
         let mut reqs: HashMap<u64, Vec<usize>> = HashMap::new();
@@ -307,63 +304,67 @@ impl Chunk {
         len: u32,
         xxh3: u64,
     ) -> Result<(), PeerError> {
-        let e = &self.engine;
-        let io = e.peers.io_timeout();
-        let conn = e.peers.reservation_owner();
+        let p = &self.peers;
+        let io = p.io_timeout();
         let key = self.op.keys[i];
-        let reserved = e.tier.reserve(conn, self.op.ns, &[key], &[u64::from(len)]);
-        let slot = match reserved.as_deref() {
-            Ok([Ok(r)]) => Some(*r),
-            _ => None,
+        let reserved = p
+            .store()
+            .reserve(p.reservation_owner(), self.op.ns, &[key], &[u64::from(len)]);
+        let (mut slot, refused) = match reserved {
+            Ok(mut v) => match v.pop() {
+                Some(Ok(r)) => (Some(r), None),
+                Some(Err(st)) => (None, Some(st)),
+                None => (None, None),
+            },
+            Err(e) => {
+                // Read the payload off the wire anyway, so the connection stays in step.
+                let mut scratch = vec![0; len as usize];
+                read_hashed(w, &mut scratch, io)?;
+                let why = Failure::new(FailCode::LocalStore, e.to_string());
+                self.op.set(i, KeyOutcome::Failed(why));
+                return Ok(());
+            }
         };
         let mut scratch = Vec::new();
-        let dst: &mut [u8] = if let Some(r) = slot {
-            // SAFETY: this chunk holds the reservation; no one else touches the slot.
-            unsafe { e.arena.slice_mut(r.offset, r.len) }
-        } else {
-            scratch.resize(len as usize, 0);
-            &mut scratch
-        };
-        let sum = match read_hashed(w, dst, io) {
-            Ok(sum) => sum,
-            Err(err) => {
-                if let Some(r) = slot {
-                    e.tier.abort(conn, &[r]);
-                }
-                return Err(err);
+        let dst: &mut [u8] = match slot.as_mut() {
+            Some(r) => r.bytes_mut(),
+            None => {
+                scratch.resize(len as usize, 0);
+                &mut scratch
             }
         };
+        // On error `slot` drops here: the reservation is freed unpublished.
+        let sum = read_hashed(w, dst, io)?;
         if sum != xxh3 {
-            if let Some(r) = slot {
-                e.tier.abort(conn, &[r]);
-            }
-            e.peers.count_failure();
-            let why = format!(
-                "checksum mismatch on a {len}-byte block from {}: not committed",
-                self.link.name
+            p.count_failure();
+            let why = Failure::new(
+                FailCode::Checksum,
+                format!(
+                    "checksum mismatch on a {len}-byte block from {}: not committed",
+                    self.link.name
+                ),
             );
-            tracing::warn!(op = self.op.id, "{why}");
+            tracing::warn!(op = self.op.id, "{}", why.message);
             self.op.set(i, KeyOutcome::Failed(why));
             return Ok(());
         }
-        let copied = self.op.copy_into(&e.arena, i, dst);
-        let outcome = match (slot, reserved) {
+        let copied = self.op.copy_into(i, dst);
+        let outcome = match (slot, refused) {
             (Some(r), _) => {
-                e.tier.commit_verified(conn, &r, xxh3);
-                e.peers.count_pulled(u64::from(len));
+                if r.commit_verified(xxh3) == CommitStatus::Committed {
+                    p.count_pulled(u64::from(len));
+                }
                 KeyOutcome::Pulled
             }
-            (None, Ok(v)) if matches!(v.first(), Some(Err(PutStatus::Exists))) => {
+            (None, Some(PutStatus::Exists)) => KeyOutcome::Pulled,
+            (None, st) if copied == Ok(true) => {
+                tracing::debug!(status = ?st, "pulled block copied to the client only");
                 KeyOutcome::Pulled
             }
-            (None, Ok(v)) if copied == Ok(true) => {
-                tracing::debug!(status = ?v.first(), "pulled block copied to the client only");
-                KeyOutcome::Pulled
-            }
-            (None, Ok(v)) => {
-                KeyOutcome::Failed(format!("cannot store the pulled block: {:?}", v.first()))
-            }
-            (None, Err(t)) => KeyOutcome::Failed(t.to_string()),
+            (None, st) => KeyOutcome::Failed(Failure::new(
+                FailCode::LocalStore,
+                format!("cannot store the pulled block: {st:?}"),
+            )),
         };
         match copied {
             Err(why) => self.op.set(i, KeyOutcome::Failed(why)),

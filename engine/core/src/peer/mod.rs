@@ -20,6 +20,7 @@ pub mod fetch;
 pub mod op;
 pub mod source;
 mod start;
+pub use start::PullRequest;
 pub mod timeouts;
 pub mod transport;
 
@@ -33,13 +34,17 @@ use std::time::Duration;
 
 use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::PeerFrameError;
+use kvnode_proto::pull::{FailCode, Failure};
 
 pub use auth::ClusterKey;
 pub use config::{Allowed, PeerConfig};
 pub use op::{OpTable, PullOp};
 pub use timeouts::PullStats;
 
-/// Reservation owner ids of peer pulls live above this (client connections count from 1).
+use crate::obs::Metrics;
+use crate::store::Store;
+
+/// Reserved owner ids of peer pulls live above this (client connections count from 1).
 const PULL_OWNER_BASE: u64 = 1 << 62;
 
 /// A peer transfer or configuration failure.
@@ -78,6 +83,29 @@ pub enum PeerError {
     Config(String),
 }
 
+impl PeerError {
+    /// The failure code a client sees for keys this error failed.
+    pub fn code(&self) -> FailCode {
+        match self {
+            PeerError::Io(_) | PeerError::Timeout(..) | PeerError::Truncated(..) => {
+                FailCode::PeerUnreachable
+            }
+            PeerError::Busy(_) => FailCode::PeerBusy,
+            PeerError::Refused(_) | PeerError::Auth(_) | PeerError::Key(_) => {
+                FailCode::PeerRefused
+            }
+            PeerError::Frame(_) | PeerError::Protocol(_) | PeerError::Config(_) => {
+                FailCode::PeerFailed
+            }
+        }
+    }
+
+    /// This error as a client-visible failure.
+    pub fn failure(&self) -> Failure {
+        Failure::new(self.code(), self.to_string())
+    }
+}
+
 /// Counters of peer activity.
 #[derive(Debug, Default)]
 pub struct PeerCounters {
@@ -108,11 +136,13 @@ pub struct Peers {
     pub counters: PeerCounters,
     owners: AtomicU64,
     transport: transport::Transport,
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
 }
 
 impl Peers {
     /// Builds the service from configuration (reads the cluster key file).
-    pub fn new(cfg: &PeerConfig) -> Result<Self, PeerError> {
+    pub fn new(cfg: &PeerConfig, store: Arc<Store>, metrics: Arc<Metrics>) -> Result<Self, PeerError> {
         cfg.validate().map_err(PeerError::Config)?;
         let allow = cfg.allowlist().map_err(PeerError::Config)?;
         let key = cfg
@@ -147,12 +177,24 @@ impl Peers {
             counters: PeerCounters::default(),
             owners: AtomicU64::new(PULL_OWNER_BASE),
             transport: transport::Transport::from_plan(cfg.debug_fault.as_ref()),
+            store,
+            metrics,
         })
     }
 
     /// The configuration in force.
     pub fn config(&self) -> &PeerConfig {
         &self.cfg
+    }
+
+    /// The node store pulls land in and pulls are served from.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The transport peers are dialled and served with.
@@ -202,19 +244,20 @@ impl Peers {
 
     /// Checks a hinted endpoint against the allowlist (and loopback when keyless). Nothing
     /// is dialled before this says yes.
-    pub fn authorize(&self, e: &Endpoint) -> Result<(), String> {
+    pub fn authorize(&self, e: &Endpoint) -> Result<(), Failure> {
+        let refuse = |m: String| Err(Failure::new(FailCode::NotAuthorized, m));
         if self.me.as_ref() == Some(e) {
-            return Err(format!("hint names this daemon ({e}) as the source"));
+            return refuse(format!("hint names this daemon ({e}) as the source"));
         }
         if self.key.is_none() && !config::is_loopback(e) {
-            return Err(format!(
+            return refuse(format!(
                 "{e} is not on loopback and this daemon has no cluster key"
             ));
         }
         if self.allow.iter().any(|a| a.admits(e)) {
             Ok(())
         } else {
-            Err(format!("{e} is not an authorized peer (not in --peers)"))
+            refuse(format!("{e} is not an authorized peer (not in --peers)"))
         }
     }
 

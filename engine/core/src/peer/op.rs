@@ -11,17 +11,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvnode_proto::Key;
-use kvnode_proto::pull::{KeyOutcome, OpReport, OpState};
+use kvnode_proto::pull::{FailCode, Failure, KeyOutcome, OpReport, OpState};
 use tokio::sync::watch;
 
-use crate::arena::Arena;
-use crate::tier::Reservation;
+use crate::store::Reservation;
 
 #[derive(Debug)]
 struct Inner {
     results: Vec<KeyOutcome>,
     state: OpState,
-    reason: Option<String>,
+    reason: Option<Failure>,
     /// Client buffers: (alloc handle, reservation) per key.
     into: Vec<(u64, Reservation)>,
     pending: usize,
@@ -138,24 +137,27 @@ impl PullOp {
 
     /// Copies `src` into key `idx`'s client buffer, if the op has one and is still live.
     /// Returns whether it wrote. This is the only writer of client buffers.
-    pub fn copy_into(&self, arena: &Arena, idx: usize, src: &[u8]) -> Result<bool, String> {
+    pub fn copy_into(&self, idx: usize, src: &[u8]) -> Result<bool, Failure> {
         self.with(|i| {
             if i.state.is_terminal() {
                 return Ok(false);
             }
-            let Some((_, r)) = i.into.get(idx) else {
+            let Some((_, r)) = i.into.get_mut(idx) else {
                 return Ok(false);
             };
-            if src.len() as u64 != r.len {
-                return Err(format!(
-                    "peer block is {} bytes but the client buffer was allocated for {}",
-                    src.len(),
-                    r.len
+            if src.len() as u64 != r.len() {
+                return Err(Failure::new(
+                    FailCode::LocalStore,
+                    format!(
+                        "peer block is {} bytes but the client buffer was allocated for {}",
+                        src.len(),
+                        r.len()
+                    ),
                 ));
             }
-            // SAFETY: the op owns this reservation (taken from the client connection) and
-            // writes it only here, under the op lock, before the op becomes terminal.
-            unsafe { arena.slice_mut(r.offset, r.len) }.copy_from_slice(src);
+            // The op owns this reservation (taken from the client connection) and writes
+            // it only here, under the op lock, before the op becomes terminal.
+            r.bytes_mut().copy_from_slice(src);
             Ok(true)
         })
     }
@@ -167,19 +169,19 @@ impl PullOp {
 
     /// Ends the op as cancelled (or with the deadline's reason). Returns once no byte can be
     /// written into its buffers again: the state change happens under the copy lock.
-    pub fn end(&self, state: OpState, reason: &str) {
+    pub fn end(&self, state: OpState, reason: &Failure) {
         let changed = self.with(|i| {
             if i.state.is_terminal() {
                 return false;
             }
             for r in &mut i.results {
                 if *r == KeyOutcome::Pending {
-                    *r = KeyOutcome::Failed(reason.to_owned());
+                    *r = KeyOutcome::Failed(reason.clone());
                 }
             }
             i.pending = 0;
             if state == OpState::Cancelled {
-                i.reason = Some(reason.to_owned());
+                i.reason = Some(reason.clone());
             }
             Self::finish(i, (state == OpState::Cancelled).then_some(state));
             true
@@ -190,9 +192,20 @@ impl PullOp {
     }
 
     /// Fails the whole op before any pull starts (bad hint, unauthorized peer).
-    pub fn refuse(&self, reason: &str) {
-        self.with(|i| i.reason = Some(reason.to_owned()));
+    pub fn refuse(&self, reason: &Failure) {
+        self.with(|i| i.reason = Some(reason.clone()));
         self.end(OpState::Failed, reason);
+    }
+
+    /// Ends the op at its deadline; blocks still in flight keep landing in the DRAM tier.
+    pub fn expire(&self) {
+        self.end(
+            OpState::Failed,
+            &Failure::new(
+                FailCode::Deadline,
+                "deadline passed; the transfer continues into the DRAM tier",
+            ),
+        );
     }
 
     /// Waits until the op ends or `limit` passes.

@@ -12,80 +12,34 @@ use kvnode_proto::peer::{PeerMsg, PullKey};
 use tokio::sync::watch;
 use twox_hash::XxHash3_64;
 
-use super::PeerError;
+use super::{PeerError, Peers};
 use super::auth::accept_handshake;
 use super::transport::{PeerListener, TcpConn};
-use crate::api::Engine;
-use crate::policy::SlotId;
-use crate::tier::LeasedBlock;
+use crate::store::{Lease, Store};
 
 /// Idle pooled connections are closed after this long without a request.
 const IDLE_LIMIT: Duration = Duration::from_mins(10);
 
-/// Where a source finds blocks.
+/// Where a source finds blocks: anything that can lease them (the node store; a test seam).
 pub trait BlockSource: Send + Sync {
-    /// Leases each key that is held (`None` for misses).
+    /// Leases each key that is held (`None` for misses); dropping a lease ends it.
     fn lease(
         &self,
         ns: NamespaceId,
         keys: &[PullKey],
-    ) -> impl Future<Output = Vec<Option<LeasedBlock>>> + Send;
-    /// Ends leases taken by `lease`.
-    fn release(&self, slots: &[SlotId]);
-    /// The bytes of a leased block.
-    fn bytes(&self, b: &LeasedBlock) -> &[u8];
-    /// Keeps the checksum computed for a leased block, so the next send need not hash it.
-    fn remember_checksum(&self, b: &LeasedBlock, xxh3: u64);
+    ) -> impl Future<Output = Vec<Option<Lease>>> + Send;
 }
 
-/// The local tiers as a block source: DRAM, then NVMe misses promoted into DRAM.
-#[derive(Debug)]
-pub struct TierSource(pub Arc<Engine>);
-
-impl BlockSource for TierSource {
-    async fn lease(&self, ns: NamespaceId, keys: &[PullKey]) -> Vec<Option<LeasedBlock>> {
-        let e = &self.0;
+impl BlockSource for Arc<Store> {
+    async fn lease(&self, ns: NamespaceId, keys: &[PullKey]) -> Vec<Option<Lease>> {
         let keys: Vec<kvnode_proto::Key> =
             keys.iter().map(|k| kvnode_proto::Key(k.0, k.1)).collect();
-        let Some(h) = e.tier.handle_of(ns) else {
-            return vec![None; keys.len()];
+        let Some(h) = self.handle_of(ns) else {
+            return (0..keys.len()).map(|_| None).collect();
         };
-        let mut leased = e
-            .tier
-            .lease(h, &keys)
-            .unwrap_or_else(|_| vec![None; keys.len()]);
-        if let Some(t) = &e.tiering
-            && leased.iter().any(Option::is_none)
-        {
-            t.promote_misses(e, h, &keys, &mut leased).await;
-        }
-        leased
-    }
-
-    fn release(&self, slots: &[SlotId]) {
-        self.0.tier.release(slots);
-    }
-
-    fn bytes(&self, b: &LeasedBlock) -> &[u8] {
-        // SAFETY: the block is leased (committed, immutable, not reusable) until released.
-        unsafe { self.0.arena.slice(b.extent.offset, b.extent.len) }
-    }
-
-    fn remember_checksum(&self, b: &LeasedBlock, xxh3: u64) {
-        self.0.tier.remember_checksum(b, xxh3);
-    }
-}
-
-/// Releases whatever leases a pull still holds when it ends early.
-struct Leases<'a, S: BlockSource> {
-    src: &'a S,
-    held: Vec<Option<SlotId>>,
-}
-
-impl<S: BlockSource> Drop for Leases<'_, S> {
-    fn drop(&mut self) {
-        let left: Vec<SlotId> = self.held.iter().flatten().copied().collect();
-        self.src.release(&left);
+        Store::lease(self, h, &keys)
+            .await
+            .unwrap_or_else(|_| (0..keys.len()).map(|_| None).collect())
     }
 }
 
@@ -97,19 +51,17 @@ async fn serve_pull<S: BlockSource>(
     keys: &[PullKey],
     limit: Duration,
 ) -> Result<(), PeerError> {
-    let leased = src.lease(ns, keys).await;
-    let mut guard = Leases {
-        src,
-        held: leased.iter().map(|l| l.map(|b| b.slot)).collect(),
-    };
-    for (idx, l) in leased.iter().enumerate() {
+    // Each block stays leased until its last byte is handed to the transport; an early
+    // return drops the rest.
+    let mut leased = src.lease(ns, keys).await;
+    for (idx, l) in leased.iter_mut().enumerate() {
         let idx = idx as u32;
-        match l {
+        match l.take() {
             Some(b) => {
-                let bytes = src.bytes(b);
-                let xxh3 = b.xxh3.unwrap_or_else(|| {
+                let bytes = b.bytes();
+                let xxh3 = b.xxh3().unwrap_or_else(|| {
                     let sum = XxHash3_64::oneshot(bytes);
-                    src.remember_checksum(b, sum);
+                    b.remember_checksum(sum);
                     sum
                 });
                 let msg = PeerMsg::Block {
@@ -119,9 +71,6 @@ async fn serve_pull<S: BlockSource>(
                     xxh3,
                 };
                 w.send(&msg, bytes, limit).await?;
-                if let Some(slot) = guard.held[idx as usize].take() {
-                    src.release(&[slot]);
-                }
             }
             None => w.send(&PeerMsg::Miss { req, idx }, &[], limit).await?,
         }
@@ -129,8 +78,7 @@ async fn serve_pull<S: BlockSource>(
     w.send(&PeerMsg::Done { req }, &[], limit).await
 }
 
-async fn serve_conn(engine: Arc<Engine>, mut w: TcpConn, mut stop: watch::Receiver<bool>) {
-    let p = &engine.peers;
+async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<bool>) {
     let dst = match accept_handshake(&mut w, p.key(), p.node(), p.connect_timeout()).await {
         Ok(n) => n,
         Err(e) => {
@@ -139,7 +87,7 @@ async fn serve_conn(engine: Arc<Engine>, mut w: TcpConn, mut stop: watch::Receiv
         }
     };
     tracing::debug!(peer = %w.remote(), node = %dst, "peer authenticated");
-    let src = TierSource(Arc::clone(&engine));
+    let src = Arc::clone(p.store());
     let limit = p.io_timeout();
     loop {
         let next = tokio::select! {
@@ -195,13 +143,13 @@ async fn serve_conn(engine: Arc<Engine>, mut w: TcpConn, mut stop: watch::Receiv
 }
 
 /// Accepts peer connections until `stop` turns true.
-pub async fn serve(engine: Arc<Engine>, listener: PeerListener, mut stop: watch::Receiver<bool>) {
+pub async fn serve(peers: Arc<Peers>, listener: PeerListener, mut stop: watch::Receiver<bool>) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             a = listener.accept() => match a {
                 Ok(w) => {
-                    conns.spawn(serve_conn(Arc::clone(&engine), w, stop.clone()));
+                    conns.spawn(serve_conn(Arc::clone(&peers), w, stop.clone()));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "peer accept failed");

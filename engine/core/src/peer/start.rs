@@ -1,107 +1,83 @@
-//! Starting an operation: local lookup, hint validation, hash matching and authorization
-//! (all before any connection), then chunked pulls with a deadline.
+//! Starting an operation, in four steps, none of which dials before the previous said yes:
+//! local lookup (through the store: DRAM, then NVMe), parse + authorize the hint, admit the
+//! keys against the peer's in-flight cap, then spawn the chunked pulls and the deadline.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kvnode_proto::Key;
-use kvnode_proto::hint::{covered_keys, parse_hint};
-use kvnode_proto::pull::{KeyOutcome, OpState};
+use kvnode_proto::hint::{Endpoint, covered_keys, parse_hint};
+use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 
 use super::Peers;
-use super::fetch::run_chunk;
+use super::fetch::{PeerLink, run_chunk};
 use super::op::PullOp;
-use crate::api::Engine;
-use crate::tier::Reservation;
+use crate::store::Reservation;
 
-/// Copies a local block into a client buffer before the op exists (the caller owns `r`).
-fn copy_local(engine: &Engine, ns: u32, k: Key, r: &Reservation) -> Result<(), String> {
-    let leased = engine.tier.lease(ns, &[k]).map_err(|e| e.to_string())?;
-    let Some(Some(b)) = leased.first().copied() else {
-        return Err("block vanished before it could be copied".into());
-    };
-    let res = if b.extent.len == r.len {
-        // SAFETY: the block is leased (immutable); the caller owns the reservation `r`.
-        let src = unsafe { engine.arena.slice(b.extent.offset, b.extent.len) };
-        unsafe { engine.arena.slice_mut(r.offset, r.len) }.copy_from_slice(src);
-        Ok(())
-    } else {
-        Err(format!(
-            "local block is {} bytes but the client buffer holds {}",
-            b.extent.len, r.len
-        ))
-    };
-    engine.tier.release(&[b.slot]);
-    res
+/// A client's request for a hinted pull.
+#[derive(Debug)]
+pub struct PullRequest<'a> {
+    /// Client connection that owns the op.
+    pub conn: u64,
+    /// Namespace handle.
+    pub ns: u32,
+    /// Keys, in request order.
+    pub keys: &'a [Key],
+    /// The router hint (JSON).
+    pub hint: &'a str,
+    /// Client buffers to fill (alloc handle, reservation), one per key, or none.
+    pub into: Vec<(u64, Reservation)>,
+    /// Deadline; `None`: the declared timeout for the keys to pull.
+    pub deadline_ms: Option<u64>,
+}
+
+/// Where the hint points and how many leading keys it covers.
+struct Plan {
+    endpoint: Endpoint,
+    covered: usize,
 }
 
 impl Peers {
-    /// Starts a get-with-hint operation and returns at once. A bad or unauthorized hint
-    /// yields an ended op whose `reason` says why; local hits are reported either way.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one call site per client op; a struct would only rename them"
-    )]
-    pub fn start(
-        &self,
-        engine: &Arc<Engine>,
-        conn: u64,
-        ns: u32,
-        keys: &[Key],
-        hint: &str,
-        into: Vec<(u64, Reservation)>,
-        deadline_ms: Option<u64>,
-    ) -> Arc<PullOp> {
-        let mut results = Vec::with_capacity(keys.len());
-        let mut refusal: Option<String> = None;
-        for (i, k) in keys.iter().enumerate() {
-            match engine.tier.exists(ns, std::slice::from_ref(k)) {
-                Ok(1) => match into.get(i).map(|(_, r)| copy_local(engine, ns, *k, r)) {
-                    Some(Err(e)) => results.push(KeyOutcome::Failed(e)),
-                    _ => results.push(KeyOutcome::HitLocal),
-                },
-                Ok(_) => results.push(KeyOutcome::Pending),
-                Err(e) => {
-                    refusal.get_or_insert(e.to_string());
-                    results.push(KeyOutcome::Pending);
-                }
+    /// Starts a get-with-hint operation and returns once its pulls are under way. A bad or
+    /// unauthorized hint yields an ended op whose `reason` says why; local hits (DRAM or
+    /// this node's NVMe) are reported either way and never pulled.
+    pub async fn start(self: &Arc<Self>, mut req: PullRequest<'_>) -> Arc<PullOp> {
+        let local = self.lookup_local(req.ns, req.keys, &mut req.into).await;
+        let plan = local.as_ref().map_err(Clone::clone).and_then(|_| self.plan(&req));
+        let mut results = local.unwrap_or_else(|_| vec![KeyOutcome::Pending; req.keys.len()]);
+        let covered = plan.as_ref().map_or(0, |p| p.covered);
+        for r in results.iter_mut().skip(covered) {
+            if *r == KeyOutcome::Pending {
+                *r = KeyOutcome::Failed(Failure::new(
+                    FailCode::NotCovered,
+                    "not covered by the hint",
+                ));
             }
         }
-        let parsed = parse_hint(hint).map_err(|e| format!("hint refused: {e}"));
-        let plan = parsed.and_then(|h| {
-            let covered =
-                covered_keys(&h.block_hashes, keys).map_err(|e| format!("hint refused: {e}"))?;
-            self.authorize(&h.endpoint)
-                .map_err(|e| format!("hint refused: {e}"))?;
-            Ok((h.endpoint, covered))
-        });
-        let plan = match (refusal, plan) {
-            (Some(r), _) | (None, Err(r)) => Err(r),
-            (None, Ok(p)) => Ok(p),
-        };
-        let id = self.ops.next_id();
-        let (peer, covered) = match &plan {
-            Ok((e, c)) => (Some(e.to_string()), *c),
-            Err(_) => (None, 0),
-        };
-        for (i, r) in results.iter_mut().enumerate() {
-            if i >= covered && *r == KeyOutcome::Pending {
-                *r = KeyOutcome::Failed("not covered by the hint".into());
-            }
-        }
-        let pending: Vec<usize> = (0..keys.len())
+        let pending: Vec<usize> = (0..req.keys.len())
             .filter(|&i| results[i] == KeyOutcome::Pending)
             .collect();
-        let deadline =
-            deadline_ms.map_or_else(|| self.stats.deadline(pending.len()), Duration::from_millis);
-        let op = PullOp::new(id, ns, keys.to_vec(), conn, peer, results, into, deadline);
+        let deadline = req
+            .deadline_ms
+            .map_or_else(|| self.stats.deadline(pending.len()), Duration::from_millis);
+        let peer = plan.as_ref().ok().map(|p| p.endpoint.to_string());
+        let op = PullOp::new(
+            self.ops.next_id(),
+            req.ns,
+            req.keys.to_vec(),
+            req.conn,
+            peer,
+            results,
+            req.into,
+            deadline,
+        );
         self.ops.insert(Arc::clone(&op));
-        let (endpoint, _) = match plan {
+        let plan = match plan {
             Ok(p) => p,
             Err(why) => {
                 self.counters.refused_hints.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(op = id, reason = %why, "hint refused; serving local hits only");
+                tracing::info!(op = op.id, reason = %why, "hint refused; serving local hits only");
                 op.refuse(&why);
                 return op;
             }
@@ -109,45 +85,119 @@ impl Peers {
         if pending.is_empty() {
             return op;
         }
-        let link = self.link(&endpoint);
-        let n = pending.len() as u64;
-        let before = link.outstanding.fetch_add(n, Ordering::Relaxed);
-        if before + n > u64::from(self.cfg.max_outstanding_keys) {
-            link.outstanding.fetch_sub(n, Ordering::Relaxed);
-            let why = format!(
-                "peer {} already has {before} keys in flight (limit {}): not adding {n} more",
-                link.name, self.cfg.max_outstanding_keys
-            );
+        let link = self.link(&plan.endpoint);
+        if let Err(why) = Self::admit(&link, pending.len() as u64, self.cfg.max_outstanding_keys) {
             op.refuse(&why);
             return op;
         }
+        self.spawn(&link, &op, &pending, deadline);
+        op
+    }
+
+    /// Per key: `HitLocal` when this node holds it (copied into the client buffer, if the
+    /// op has one), else `Pending`.
+    async fn lookup_local(
+        &self,
+        ns: u32,
+        keys: &[Key],
+        into: &mut [(u64, Reservation)],
+    ) -> Result<Vec<KeyOutcome>, Failure> {
+        let store = self.store();
+        let at = store
+            .locate(ns, keys)
+            .map_err(|e| Failure::new(FailCode::LocalStore, e.to_string()))?;
+        let mut out = Vec::with_capacity(keys.len());
+        for (i, (k, l)) in keys.iter().zip(at).enumerate() {
+            if !l.is_local() {
+                out.push(KeyOutcome::Pending);
+                continue;
+            }
+            let Some((_, dst)) = into.get_mut(i) else {
+                out.push(KeyOutcome::HitLocal);
+                continue;
+            };
+            let leased = store.lease(ns, std::slice::from_ref(k)).await;
+            out.push(match leased.ok().and_then(|mut v| v.pop().flatten()) {
+                Some(b) if b.len() == dst.len() => {
+                    dst.bytes_mut().copy_from_slice(b.bytes());
+                    KeyOutcome::HitLocal
+                }
+                Some(b) => KeyOutcome::Failed(Failure::new(
+                    FailCode::LocalStore,
+                    format!(
+                        "local block is {} bytes but the client buffer holds {}",
+                        b.len(),
+                        dst.len()
+                    ),
+                )),
+                // Evicted between lookup and lease: pull it like any other miss.
+                None => KeyOutcome::Pending,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Parses the hint, matches its hashes against the keys and authorizes its endpoint.
+    fn plan(&self, req: &PullRequest<'_>) -> Result<Plan, Failure> {
+        let malformed = |e: &dyn std::fmt::Display| {
+            Failure::new(FailCode::MalformedHint, format!("hint refused: {e}"))
+        };
+        let h = parse_hint(req.hint).map_err(|e| malformed(&e))?;
+        let covered = covered_keys(&h.block_hashes, req.keys).map_err(|e| malformed(&e))?;
+        self.authorize(&h.endpoint).map_err(|f| Failure {
+            message: format!("hint refused: {}", f.message),
+            ..f
+        })?;
+        Ok(Plan {
+            endpoint: h.endpoint,
+            covered,
+        })
+    }
+
+    /// Counts `n` keys in flight to `link`, unless that would pass `cap`.
+    fn admit(link: &PeerLink, n: u64, cap: u32) -> Result<(), Failure> {
+        let before = link.outstanding.fetch_add(n, Ordering::Relaxed);
+        if before + n > u64::from(cap) {
+            link.outstanding.fetch_sub(n, Ordering::Relaxed);
+            return Err(Failure::new(
+                FailCode::PeerBusy,
+                format!(
+                    "peer {} already has {before} keys in flight (limit {cap}): not adding {n} more",
+                    link.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Spawns one pull per chunk of `pending` (each releases its keys from `outstanding`
+    /// when it ends) and the op's deadline.
+    fn spawn(self: &Arc<Self>, link: &Arc<PeerLink>, op: &Arc<PullOp>, pending: &[usize], deadline: Duration) {
         let per = pending
             .len()
             .div_ceil(self.cfg.connections as usize)
             .max(self.batch_keys().min(pending.len()));
         for c in pending.chunks(per) {
-            // Each chunk releases its own keys from `outstanding` when it ends.
             tokio::spawn(run_chunk(
-                Arc::clone(engine),
-                Arc::clone(&link),
-                Arc::clone(&op),
+                Arc::clone(self),
+                Arc::clone(link),
+                Arc::clone(op),
                 c.to_vec(),
             ));
         }
-        let timer = Arc::clone(&op);
+        let timer = Arc::clone(op);
         tokio::spawn(async move {
             timer.wait(deadline).await;
-            timer.end(
-                OpState::Failed,
-                "deadline passed; the transfer continues into the DRAM tier",
-            );
+            timer.expire();
         });
-        op
     }
 
     /// Cancels `op`; when this returns no byte is written into its buffers again.
     pub fn cancel(&self, op: &PullOp) {
-        op.end(OpState::Cancelled, "cancelled by the client");
+        op.end(
+            kvnode_proto::pull::OpState::Cancelled,
+            &Failure::new(FailCode::Cancelled, "cancelled by the client"),
+        );
     }
 
     /// Cancels every op of a closing connection and hands back their client buffers.

@@ -1,6 +1,7 @@
-//! Fetch-path unit tests through the fault-injecting transport: two in-process engines, a
-//! real source over loopback TCP, and a destination whose Nth received block stalls, is cut
-//! short or arrives corrupted. Run: `cargo test --release -p kvnode-engine peer::tests`.
+//! Fetch-path unit tests through the fault-injecting transport: two in-process nodes (a store
+//! and a peer service each, no engine), a real source over loopback TCP, and a destination
+//! whose Nth received block stalls, is cut short or arrives corrupted.
+//! Run: `cargo test --release -p kvnode-engine peer::tests`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,9 +10,14 @@ use kvnode_proto::pull::{KeyOutcome, OpReport, OpState};
 use kvnode_proto::{Digest, Key, NamespaceSpec};
 use tokio::sync::watch;
 
+use super::Peers;
 use super::transport::FaultPlan;
-use crate::api::Engine;
-use crate::config::EngineConfig;
+use crate::arena::Arena;
+use crate::dram::{DramTier, TierConfig};
+use crate::obs::Metrics;
+use crate::policy::PolicyKind;
+use crate::residency::Announcer;
+use crate::store::Store;
 
 /// Larger than two hash pieces, so a block is read and hashed in several pieces.
 const PAGE: usize = 300 << 10;
@@ -37,21 +43,35 @@ fn bytes(i: u8) -> Vec<u8> {
     (0..PAGE).map(|j| (j as u8).wrapping_mul(31) ^ i).collect()
 }
 
-fn engine(peer: crate::peer::PeerConfig) -> Arc<Engine> {
-    Engine::start(EngineConfig {
-        dram: 32 << 20,
-        pin: false,
-        populate: false,
-        peer,
-        ..EngineConfig::default()
-    })
-    .expect("engine")
+/// One node: a 32 MiB store (DRAM only) and its peer service.
+struct Node {
+    store: Arc<Store>,
+    peers: Arc<Peers>,
+}
+
+fn node(peer: &crate::peer::PeerConfig) -> Node {
+    let arena = Arc::new(Arena::create(32 << 20, false).expect("arena"));
+    let announcer = Announcer::new(None);
+    let dram = Arc::new(DramTier::with_announcer(
+        &TierConfig {
+            capacity: arena.len(),
+            slab_bytes: 4 << 20,
+            policy: PolicyKind::Lru,
+        },
+        Arc::clone(&announcer),
+    ));
+    let store = Store::new(arena, dram, None, announcer);
+    let peers = Peers::new(peer, Arc::clone(&store), Arc::new(Metrics::default())).expect("peers");
+    Node {
+        store,
+        peers: Arc::new(peers),
+    }
 }
 
 struct Pair {
-    src: Arc<Engine>,
+    src: Node,
     sns: u32,
-    dst: Arc<Engine>,
+    dst: Node,
     ns: u32,
     hint: String,
     _stop: watch::Sender<bool>,
@@ -59,31 +79,30 @@ struct Pair {
 
 /// A source holding `n` blocks, served on loopback, and a destination with `plan`.
 async fn pair(n: u8, plan: FaultPlan) -> Pair {
-    let src = engine(crate::peer::PeerConfig::default());
-    let sns = src.tier.register(&spec()).unwrap().ns;
+    let src = node(&crate::peer::PeerConfig::default());
+    let sns = src.store.register(&spec()).unwrap().ns;
     let keys: Vec<Key> = (0..n).map(key).collect();
     let res = src
-        .tier
+        .store
         .reserve(1, sns, &keys, &vec![PAGE as u64; keys.len()])
         .unwrap();
-    let res: Vec<_> = res.into_iter().map(Result::unwrap).collect();
-    for (i, r) in res.iter().enumerate() {
-        // SAFETY: the test holds these fresh reservations.
-        unsafe { src.arena.slice_mut(r.offset, r.len) }.copy_from_slice(&bytes(i as u8));
+    for (i, r) in res.into_iter().enumerate() {
+        let mut r = r.unwrap();
+        r.bytes_mut().copy_from_slice(&bytes(i as u8));
+        r.commit();
     }
-    src.tier.commit(1, &res);
     let l = src.peers.transport().bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     let (stop, rx) = watch::channel(false);
-    tokio::spawn(super::source::serve(Arc::clone(&src), l, rx));
-    let dst = engine(crate::peer::PeerConfig {
+    tokio::spawn(super::source::serve(Arc::clone(&src.peers), l, rx));
+    let dst = node(&crate::peer::PeerConfig {
         peers: vec![format!("tcp://127.0.0.1:{port}")],
         connections: 1,
         io_timeout_ms: IO_TIMEOUT_MS,
         debug_fault: Some(plan),
         ..crate::peer::PeerConfig::default()
     });
-    let ns = dst.tier.register(&spec()).unwrap().ns;
+    let ns = dst.store.register(&spec()).unwrap().ns;
     let hashes: Vec<String> = keys.iter().map(|k| k.0.router_hash().to_string()).collect();
     let hint = format!(
         r#"{{"source_control_endpoint":"tcp://127.0.0.1:{port}","block_hashes":[{}]}}"#,
@@ -102,60 +121,56 @@ async fn pair(n: u8, plan: FaultPlan) -> Pair {
 impl Pair {
     async fn pull(&self, n: u8) -> OpReport {
         let keys: Vec<Key> = (0..n).map(key).collect();
-        let op = self.dst.peers.start(
-            &self.dst,
-            1,
-            self.ns,
-            &keys,
-            &self.hint,
-            Vec::new(),
-            Some(5000),
-        );
+        let op = self
+            .dst
+            .peers
+            .start(super::PullRequest {
+                conn: 1,
+                ns: self.ns,
+                keys: &keys,
+                hint: &self.hint,
+                into: Vec::new(),
+                deadline_ms: Some(5000),
+            })
+            .await;
         op.wait(Duration::from_secs(10)).await;
         op.report()
     }
 
     /// Which keys the destination holds, checking their bytes.
-    fn held(&self, n: u8) -> Vec<bool> {
+    async fn held(&self, n: u8) -> Vec<bool> {
         let keys: Vec<Key> = (0..n).map(key).collect();
-        let leased = self.dst.tier.lease(self.ns, &keys).unwrap();
-        let out = leased
+        let leased = self.dst.store.lease(self.ns, &keys).await.unwrap();
+        leased
             .iter()
             .enumerate()
             .map(|(i, l)| {
-                l.is_some_and(|b| {
-                    // SAFETY: leased, immutable.
-                    let got = unsafe { self.dst.arena.slice(b.extent.offset, b.extent.len) };
+                l.as_ref().is_some_and(|b| {
                     assert_eq!(
-                        got,
+                        b.bytes(),
                         bytes(i as u8).as_slice(),
                         "key {i} committed wrong bytes"
                     );
                     true
                 })
             })
-            .collect();
-        let slots: Vec<_> = leased.iter().flatten().map(|b| b.slot).collect();
-        self.dst.tier.release(&slots);
-        out
+            .collect()
     }
 
-    /// The checksum each key's block carries in `engine`'s tier.
-    fn checksums(engine: &Engine, ns: u32, n: u8) -> Vec<Option<u64>> {
+    /// The checksum each key's block carries in `node`'s store.
+    async fn checksums(node: &Node, ns: u32, n: u8) -> Vec<Option<u64>> {
         let keys: Vec<Key> = (0..n).map(key).collect();
-        let leased = engine.tier.lease(ns, &keys).unwrap();
-        let slots: Vec<_> = leased.iter().flatten().map(|b| b.slot).collect();
-        engine.tier.release(&slots);
-        leased.iter().map(|l| l.and_then(|b| b.xxh3)).collect()
+        let leased = node.store.lease(ns, &keys).await.unwrap();
+        leased.iter().map(|l| l.as_ref().and_then(|b| b.xxh3())).collect()
     }
 
     fn reserved(&self) -> u64 {
-        self.dst.tier.snapshot().tier.reserved
+        self.dst.store.snapshot().0.tier.reserved
     }
 }
 
 fn failed_with(r: &KeyOutcome, want: &str) -> bool {
-    matches!(r, KeyOutcome::Failed(why) if why.contains(want))
+    matches!(r, KeyOutcome::Failed(why) if why.message.contains(want))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,7 +178,7 @@ async fn clean_transport_pulls_every_block_byte_identical() {
     let p = pair(4, FaultPlan::default()).await;
     let r = p.pull(4).await;
     assert_eq!(r.state, OpState::Done, "{r:?}");
-    assert_eq!(p.held(4), vec![true; 4]);
+    assert_eq!(p.held(4).await, vec![true; 4]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,7 +196,7 @@ async fn corrupted_block_fails_only_its_key_and_is_not_committed() {
     assert_eq!(r.results[0], KeyOutcome::Pulled);
     assert!(failed_with(&r.results[1], "checksum mismatch"), "{r:?}");
     assert_eq!(&r.results[2..], &[KeyOutcome::Pulled, KeyOutcome::Pulled]);
-    assert_eq!(p.held(4), vec![true, false, true, true]);
+    assert_eq!(p.held(4).await, vec![true, false, true, true]);
     assert_eq!(p.reserved(), 0);
 }
 
@@ -204,7 +219,7 @@ async fn block_cut_mid_piece_fails_the_open_keys_commits_nothing_partial_then_re
         r.results[1..].iter().all(|o| failed_with(o, &want)),
         "{r:?}"
     );
-    assert_eq!(p.held(4), vec![true, false, false, false]);
+    assert_eq!(p.held(4).await, vec![true, false, false, false]);
     assert_eq!(
         p.reserved(),
         0,
@@ -214,7 +229,7 @@ async fn block_cut_mid_piece_fails_the_open_keys_commits_nothing_partial_then_re
     let again = p.pull(4).await;
     assert_eq!(again.state, OpState::Done, "{again:?}");
     assert_eq!(again.results[0], KeyOutcome::HitLocal);
-    assert_eq!(p.held(4), vec![true; 4]);
+    assert_eq!(p.held(4).await, vec![true; 4]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,7 +254,7 @@ async fn stalled_block_costs_about_the_io_timeout_and_leaks_no_reservation() {
         took >= Duration::from_millis(IO_TIMEOUT_MS) && took < Duration::from_secs(3),
         "a stalled block should cost about the io timeout, took {took:?}"
     );
-    assert_eq!(p.held(3), vec![false; 3]);
+    assert_eq!(p.held(3).await, vec![false; 3]);
     assert_eq!(p.reserved(), 0);
 }
 
@@ -247,7 +262,7 @@ async fn stalled_block_costs_about_the_io_timeout_and_leaks_no_reservation() {
 async fn sent_and_pulled_blocks_keep_their_verified_checksum() {
     let p = pair(3, FaultPlan::default()).await;
     assert_eq!(
-        Pair::checksums(&p.src, p.sns, 3),
+        Pair::checksums(&p.src, p.sns, 3).await,
         vec![None; 3],
         "puts hash nothing"
     );
@@ -256,12 +271,12 @@ async fn sent_and_pulled_blocks_keep_their_verified_checksum() {
         .map(|i| (i < 2).then(|| twox_hash::XxHash3_64::oneshot(&bytes(i))))
         .collect();
     assert_eq!(
-        Pair::checksums(&p.src, p.sns, 3),
+        Pair::checksums(&p.src, p.sns, 3).await,
         want,
         "the source kept what it sent"
     );
     assert_eq!(
-        Pair::checksums(&p.dst, p.ns, 2),
+        Pair::checksums(&p.dst, p.ns, 2).await,
         want[..2].to_vec(),
         "the destination kept what it verified"
     );

@@ -143,3 +143,10 @@ mod tests {
         assert!(exe.windows(note.len()).any(|w| w == note.as_bytes()));
     }
 }
+
+/// A stable 64-bit name hash (FNV-1a), used to number peers in probes.
+pub fn hash_name(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

@@ -7,7 +7,7 @@ use kvnode_proto::stats::{NamespaceStats, PoolStats, TierStats};
 use kvnode_proto::{BlockKey, Key, NamespaceId, NamespaceSpec};
 
 use super::pool::{Pool, Resident, Slab, Slot, class_bytes, slot_id, slot_parts};
-use super::{LeasedBlock, Registered, Reservation, TierConfig, TierError, TierSnapshot};
+use super::{Leased, Registered, Reserved, TierConfig, TierError, TierSnapshot};
 use crate::policy::{EvictionPolicy, PolicyKind, SlotId};
 use crate::residency::{Announcer, RouterMeta};
 use kvnode_events::Medium;
@@ -188,7 +188,7 @@ impl State {
         ns: u32,
         keys: &[Key],
         lens: &[u64],
-    ) -> Result<Vec<Result<Reservation, PutStatus>>, TierError> {
+    ) -> Result<Vec<Result<Reserved, PutStatus>>, TierError> {
         self.ns(ns)?;
         let mut out = Vec::with_capacity(keys.len());
         for (k, &len) in keys.iter().zip(lens) {
@@ -203,7 +203,7 @@ impl State {
         ns: u32,
         k: &Key,
         len: u64,
-    ) -> Result<Result<Reservation, PutStatus>, TierError> {
+    ) -> Result<Result<Reserved, PutStatus>, TierError> {
         let key = self.block_key(ns, k)?;
         let e = &self.namespaces[ns as usize];
         let Some(&class) = e.classes.get(usize::from(k.1)) else {
@@ -221,7 +221,7 @@ impl State {
         *self.slot_mut(slot) = Slot::Reserved { conn };
         self.mark_used(slot);
         self.totals.reserved += 1;
-        Ok(Ok(Reservation {
+        Ok(Ok(Reserved {
             slot,
             key,
             ns,
@@ -401,7 +401,7 @@ impl State {
         self.pools[c as usize].free.push(slot);
     }
 
-    fn owns_reservation(&self, conn: u64, r: &Reservation) -> bool {
+    fn owns_reservation(&self, conn: u64, r: &Reserved) -> bool {
         let (slab, idx) = slot_parts(r.slot);
         self.slabs
             .get(slab as usize)
@@ -412,7 +412,7 @@ impl State {
     pub fn commit(
         &mut self,
         conn: u64,
-        r: &Reservation,
+        r: &Reserved,
         meta: Option<&Arc<RouterMeta>>,
         on_lower: bool,
     ) -> CommitStatus {
@@ -449,14 +449,14 @@ impl State {
         CommitStatus::Committed
     }
 
-    pub fn abort(&mut self, conn: u64, r: &Reservation) {
+    pub fn abort(&mut self, conn: u64, r: &Reserved) {
         if self.owns_reservation(conn, r) {
             self.totals.reserved -= 1;
             self.free_slot(r.slot);
         }
     }
 
-    pub fn lease(&mut self, ns: u32, keys: &[Key]) -> Result<Vec<Option<LeasedBlock>>, TierError> {
+    pub fn lease(&mut self, ns: u32, keys: &[Key]) -> Result<Vec<Option<Leased>>, TierError> {
         let id = self.ns(ns)?.id;
         let mut out = Vec::with_capacity(keys.len());
         let (mut hits, mut misses) = (0u64, 0u64);
@@ -481,7 +481,7 @@ impl State {
             r.reads = r.reads.saturating_add(1);
             let (len, xxh3) = (r.len, r.xxh3);
             self.pools[c].policy.touch(slot);
-            out.push(Some(LeasedBlock {
+            out.push(Some(Leased {
                 slot,
                 extent: Extent { offset, len },
                 xxh3,

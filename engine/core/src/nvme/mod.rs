@@ -28,15 +28,12 @@ use kvnode_spill::{
     SpillKey, SpillTier,
 };
 
-use crate::api::Engine;
+use crate::obs::Metrics;
 use crate::residency::{Announcer, Residency, RouterMeta};
-use crate::tier::{LeasedBlock, Reservation, TierError};
+use crate::dram::DramTier;
 use config::{SpillEngine, SpillSettings};
 
 pub use demoter::spawn_demoter;
-
-/// Connection id of reservations the engine itself makes (promotions).
-const ENGINE_CONN: u64 = 0;
 
 /// Counters of the NVMe tier kept by the engine (the spill crate keeps its own IO counters).
 #[derive(Debug, Default)]
@@ -52,7 +49,7 @@ struct Counters {
 
 /// The spill tier as the engine uses it.
 #[derive(Debug)]
-pub struct Tiering {
+pub struct NvmeTier {
     spill: SpillTier,
     settings: SpillSettings,
     announcer: Arc<Announcer>,
@@ -61,6 +58,23 @@ pub struct Tiering {
     counters: Counters,
     in_flight: AtomicUsize,
     progress: tokio::sync::Notify,
+    /// The DRAM tier above: promotions land in it, demotions leave it.
+    dram: Arc<DramTier>,
+    metrics: Arc<Metrics>,
+}
+
+/// A spill read in flight into a reserved DRAM slot.
+#[derive(Debug)]
+pub struct PendingRead {
+    done: kvnode_spill::Completion<kvnode_spill::Done<ReadOutcome>>,
+    sk: SpillKey,
+    len: u64,
+    t0: u64,
+}
+
+/// The 64-bit id probes name a block by (its router hash).
+fn probe_id(sk: &SpillKey) -> u64 {
+    sk.digest[0..8].iter().fold(0, |a, b| a << 8 | u64::from(*b))
 }
 
 /// The spill key of a block: namespace id, digest, segment.
@@ -80,13 +94,15 @@ fn spill_key_of(id: NamespaceId, k: &Key) -> SpillKey {
     }
 }
 
-impl Tiering {
+impl NvmeTier {
     /// Opens (and recovers) the spill files and registers the arena as fixed buffers.
     pub fn open(
         settings: &SpillSettings,
         slab_bytes: u64,
         arena: &crate::arena::Arena,
+        dram: Arc<DramTier>,
         announcer: Arc<Announcer>,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, SpillError> {
         let smallest = settings.dirs.iter().map(|d| d.size).min().unwrap_or(0);
         let max_block = slab_bytes.min(1 << 30);
@@ -143,6 +159,8 @@ impl Tiering {
             counters: Counters::default(),
             in_flight: AtomicUsize::new(0),
             progress: tokio::sync::Notify::new(),
+            dram,
+            metrics,
         })
     }
 
@@ -161,173 +179,100 @@ impl Tiering {
         drop(gone);
     }
 
-    /// Leading keys present in DRAM or on NVMe.
-    pub fn exists(&self, engine: &Engine, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
-        let id = engine.tier.namespace_id(ns)?;
-        let dram = engine.tier.contains(ns, keys)?;
-        let n = keys
-            .iter()
-            .zip(dram)
-            .take_while(|(k, d)| *d || self.spill.contains(&spill_key_of(id, k)))
-            .count();
-        Ok(n as u32)
+    /// Whether the NVMe tier holds `k` of namespace `id`.
+    pub fn contains(&self, id: NamespaceId, k: &Key) -> bool {
+        self.spill.contains(&spill_key_of(id, k))
     }
 
-    /// Deletes keys from both tiers; returns how many were present in either.
-    pub fn delete(&self, engine: &Engine, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
-        let id = engine.tier.namespace_id(ns)?;
-        let dram = engine.tier.contains(ns, keys)?;
-        engine.tier.delete(ns, keys)?;
-        let mut n = 0;
-        for (k, d) in keys.iter().zip(dram) {
-            let sk = spill_key_of(id, k);
-            let on_disk = self.spill.delete(&sk);
-            self.forget(&[sk]);
-            n += u32::from(d || on_disk);
-        }
-        Ok(n)
+    /// Deletes one block; returns whether it was held.
+    pub fn delete(&self, id: NamespaceId, k: &Key) -> bool {
+        let sk = spill_key_of(id, k);
+        let held = self.spill.delete(&sk);
+        self.forget(&[sk]);
+        held
     }
 
-    /// Clears one namespace (or all) in both tiers; returns blocks removed from DRAM plus
-    /// blocks removed from NVMe that were not also in DRAM.
-    pub fn clear(&self, engine: &Engine, ns: Option<u32>) -> Result<u64, TierError> {
-        let id = ns.map(|h| engine.tier.namespace_id(h)).transpose()?;
-        if id.is_none() {
-            self.announcer.clear_all();
-        }
-        let n = engine.tier.clear(ns)?;
+    /// Deletes every block of namespace `id` (or of all); returns how many were held.
+    pub fn clear(&self, id: Option<NamespaceId>) -> u64 {
         let keys: Vec<SpillKey> = self
             .spill
             .keys()
             .into_iter()
             .filter(|k| id.is_none_or(|i| k.namespace == i.0))
             .collect();
-        let mut extra = 0;
+        let mut n = 0;
         for k in &keys {
-            extra += u64::from(self.spill.delete(k));
+            n += u64::from(self.spill.delete(k));
         }
         self.forget(&keys);
-        Ok(n.max(extra))
+        n
     }
 
-    /// For every DRAM miss in `leased` that the spill tier holds, reads the block into a
-    /// fresh DRAM slot, commits it (announced as a DRAM store) and leases it. Runs as its
-    /// own task so a dropped request cannot strand a slot under an in-flight read.
-    pub async fn promote_misses(
-        self: &Arc<Self>,
-        engine: &Arc<Engine>,
-        ns: u32,
-        keys: &[Key],
-        leased: &mut [Option<LeasedBlock>],
-    ) {
-        let Ok(id) = engine.tier.namespace_id(ns) else {
-            return;
-        };
-        let want: Vec<(usize, Key, SpillKey, u64)> = keys
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| leased[*i].is_none())
-            .filter_map(|(i, k)| {
-                let sk = spill_key_of(id, k);
-                self.spill.block_len(&sk).map(|l| (i, *k, sk, l as u64))
-            })
-            .collect();
-        if want.is_empty() {
-            return;
-        }
-        let (t, e) = (Arc::clone(self), Arc::clone(engine));
-        let task = tokio::spawn(async move { t.promote(&e, ns, want).await });
-        let Ok(got) = task.await else { return };
-        for (i, l) in got {
-            leased[i] = Some(l);
+    /// Length of the block `k` of namespace `id`, if this tier holds it.
+    pub fn block_len(&self, id: NamespaceId, k: &Key) -> Option<u64> {
+        self.spill.block_len(&spill_key_of(id, k)).map(|l| l as u64)
+    }
+
+    /// Starts reading block `k` of namespace `id` into the arena at `offset` (a slot of at
+    /// least `len` bytes rounded up to 4 KiB that the caller holds reserved until the read
+    /// is finished with [`NvmeTier::finish_read`]).
+    pub fn submit_read(&self, id: NamespaceId, k: &Key, offset: u64, len: u64) -> PendingRead {
+        let sk = spill_key_of(id, k);
+        let buf = IoBuf::Arena(ArenaSlice {
+            offset: offset as usize,
+            len: (len.div_ceil(4096) * 4096) as usize,
+        });
+        crate::probes::spill_submit(crate::probes::SPILL_READ, probe_id(&sk), len);
+        PendingRead {
+            done: self.spill.read(sk, buf),
+            sk,
+            len,
+            t0: self.metrics.now_ns(),
         }
     }
 
-    async fn promote(
-        &self,
-        engine: &Engine,
-        ns: u32,
-        want: Vec<(usize, Key, SpillKey, u64)>,
-    ) -> Vec<(usize, LeasedBlock)> {
-        let ks: Vec<Key> = want.iter().map(|w| w.1).collect();
-        let lens: Vec<u64> = want.iter().map(|w| w.3).collect();
-        let Ok(reserved) = engine.tier.reserve(ENGINE_CONN, ns, &ks, &lens) else {
-            return Vec::new();
+    /// Waits for a read: `Some(meta)` when the bytes landed whole and verified (with the
+    /// router metadata to announce the promoted block with), `None` for a miss.
+    pub async fn finish_read(&self, ns: u32, r: PendingRead) -> Option<Option<Arc<RouterMeta>>> {
+        let PendingRead { done, sk, len, t0 } = r;
+        let result = done.await.result;
+        let lat = self.metrics.now_ns().saturating_sub(t0);
+        let status = if result.is_ok() {
+            0
+        } else {
+            -i64::from(libc::EIO)
         };
-        let mut reads = Vec::new();
-        for (w, r) in want.iter().zip(reserved) {
-            let Ok(res) = r else { continue };
-            let buf = IoBuf::Arena(ArenaSlice {
-                offset: res.offset as usize,
-                len: (res.len.div_ceil(4096) * 4096) as usize,
-            });
-            crate::probes::spill_submit(
-                crate::probes::SPILL_READ,
-                w.2.digest[0..8]
-                    .iter()
-                    .fold(0, |a, b| a << 8 | u64::from(*b)),
-                res.len,
-            );
-            reads.push((w.0, w.1, w.2, res, self.spill.read(w.2, buf)));
-        }
-        let t0 = engine.metrics.now_ns();
-        let mut commit: Vec<(Reservation, Option<Arc<RouterMeta>>)> = Vec::new();
-        let mut abort = Vec::new();
-        let mut idx = Vec::new();
-        for (i, k, sk, res, done) in reads {
-            let result = done.await.result;
-            let lat = engine.metrics.now_ns().saturating_sub(t0);
-            let id = sk.digest[0..8]
-                .iter()
-                .fold(0, |a, b| a << 8 | u64::from(*b));
-            let status = if result.is_ok() {
-                0
-            } else {
-                -i64::from(libc::EIO)
-            };
-            crate::probes::spill_complete(crate::probes::SPILL_READ, id, res.len, status, lat);
-            match result {
-                Ok(ReadOutcome::Hit { len }) if len as u64 == res.len => {
-                    engine.metrics.record_tier("nvme read", lat, res.len);
-                    crate::probes::promote(ns, res.len, lat);
-                    self.counters.hits.fetch_add(1, Relaxed);
-                    let meta = self.nvme().get(&sk).map(|r| Arc::clone(r.meta()));
-                    commit.push((res, meta));
-                    idx.push((i, k));
+        crate::probes::spill_complete(crate::probes::SPILL_READ, probe_id(&sk), len, status, lat);
+        match result {
+            Ok(ReadOutcome::Hit { len: got }) if got as u64 == len => {
+                self.metrics.record_tier("nvme read", lat, len);
+                crate::probes::promote(ns, len, lat);
+                self.counters.hits.fetch_add(1, Relaxed);
+                Some(self.nvme().get(&sk).map(|r| Arc::clone(r.meta())))
+            }
+            Ok(ReadOutcome::Miss(why)) => {
+                self.counters.misses.fetch_add(1, Relaxed);
+                if why == MissReason::Corrupt {
+                    self.counters.corrupt.fetch_add(1, Relaxed);
+                    tracing::warn!(key = ?sk, "spilled block failed verification: served as a miss");
                 }
-                Ok(ReadOutcome::Miss(why)) => {
-                    self.counters.misses.fetch_add(1, Relaxed);
-                    if why == MissReason::Corrupt {
-                        self.counters.corrupt.fetch_add(1, Relaxed);
-                        tracing::warn!(key = ?sk, "spilled block failed verification: served as a miss");
-                    }
-                    if !self.spill.contains(&sk) {
-                        self.forget(&[sk]);
-                    }
-                    abort.push(res);
+                if !self.spill.contains(&sk) {
+                    self.forget(&[sk]);
                 }
-                Ok(_) => abort.push(res),
-                Err(e) => {
-                    self.counters.errors.fetch_add(1, Relaxed);
-                    tracing::warn!(error = %e, "promotion read failed: served as a miss");
-                    abort.push(res);
-                }
+                None
+            }
+            Ok(_) => None,
+            Err(e) => {
+                self.counters.errors.fetch_add(1, Relaxed);
+                tracing::warn!(error = %e, "promotion read failed: served as a miss");
+                None
             }
         }
-        engine.tier.abort(ENGINE_CONN, &abort);
-        engine.tier.commit_with(ENGINE_CONN, &commit, true);
-        self.counters
-            .promotions
-            .fetch_add(commit.len() as u64, Relaxed);
-        engine.tier.count_promotions(commit.len() as u64);
-        let ks: Vec<Key> = idx.iter().map(|x| x.1).collect();
-        let Ok(leased) = engine.tier.lease(ns, &ks) else {
-            return Vec::new();
-        };
-        idx.iter()
-            .zip(leased)
-            .filter_map(|((i, _), l)| l.map(|l| (*i, l)))
-            .collect()
+    }
+
+    /// Counts blocks promoted into DRAM.
+    pub fn count_promotions(&self, n: u64) {
+        self.counters.promotions.fetch_add(n, Relaxed);
     }
 
     /// The NVMe tier's row of `kvnode stats`.

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{de_size, ser_size};
+use crate::size_serde::{de_size, ser_size};
 
 /// Which DRAM blocks are written to NVMe when they are evicted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,8 +65,8 @@ pub struct SpillSettings {
     /// a quarter of the smallest dir (at least slab size + 12 KiB) for small dirs.
     #[serde(
         skip_serializing_if = "Option::is_none",
-        serialize_with = "crate::config::ser_opt_size",
-        deserialize_with = "crate::config::de_opt_size"
+        serialize_with = "crate::size_serde::ser_opt_size",
+        deserialize_with = "crate::size_serde::de_opt_size"
     )]
     pub region_size: Option<u64>,
     /// Demotion starts when free DRAM falls below this fraction of the tier. Default 0.05.

@@ -15,13 +15,12 @@ use std::time::{Duration, Instant};
 use kvnode_spill::{ArenaSlice, IoBuf, SpillError};
 use tokio::sync::watch;
 
-use super::{Tiering, config::Admission, spill_key};
-use crate::api::Engine;
-use crate::tier::{DemoteEnd, Demotion, Finished};
+use super::{NvmeTier, config::Admission, spill_key};
+use crate::dram::{DemoteEnd, Demotion, Finished};
 
-impl Tiering {
+impl NvmeTier {
     /// Starts demotions if free DRAM is below `high` bytes; returns how many started.
-    fn start_demotions(self: &Arc<Self>, engine: &Arc<Engine>, high: u64) -> usize {
+    fn start_demotions(self: &Arc<Self>, high: u64) -> usize {
         if self.spill.poisoned().is_some() {
             return 0;
         }
@@ -32,30 +31,30 @@ impl Tiering {
         if room == 0 {
             return 0;
         }
-        let picks = engine.tier.pick_demotions(room, high);
+        let picks = self.dram.pick_demotions(room, high);
         for d in &picks {
             self.in_flight.fetch_add(1, Relaxed);
-            let (t, e, d) = (Arc::clone(self), Arc::clone(engine), d.clone());
-            tokio::spawn(async move { t.demote(&e, d).await });
+            let (t, d) = (Arc::clone(self), d.clone());
+            tokio::spawn(async move { t.demote(d).await });
         }
         picks.len()
     }
 
     /// Waits (asynchronously) until DRAM has `need` free bytes, demoting ahead to make
     /// room, for at most `room_wait_ms`. Past that the allocator evicts without a copy.
-    pub async fn make_room(self: &Arc<Self>, engine: &Arc<Engine>, need: u64) {
+    pub async fn make_room(self: &Arc<Self>, need: u64) {
         let deadline =
             tokio::time::Instant::now() + Duration::from_millis(self.settings.room_wait_ms);
         loop {
             let progressed = self.progress.notified();
             tokio::pin!(progressed);
             progressed.as_mut().enable();
-            let (free, cap) = engine.tier.free_and_capacity();
+            let (free, cap) = self.dram.free_and_capacity();
             if free >= need {
                 return;
             }
             let high = need + (cap as f64 * self.settings.high_watermark) as u64;
-            let started = self.start_demotions(engine, high);
+            let started = self.start_demotions(high);
             if started == 0 && self.in_flight.load(Relaxed) == 0 {
                 return;
             }
@@ -65,7 +64,7 @@ impl Tiering {
         }
     }
 
-    async fn demote(&self, engine: &Engine, d: Demotion) {
+    async fn demote(&self, d: Demotion) {
         let sk = spill_key(&d.key);
         let end = if d.on_lower && self.spill.contains(&sk) {
             DemoteEnd::Moved
@@ -77,10 +76,10 @@ impl Tiering {
                 len: d.len as usize,
             });
             let id = d.key.digest.router_hash();
-            let t0 = engine.metrics.now_ns();
+            let t0 = self.metrics.now_ns();
             crate::probes::spill_submit(crate::probes::SPILL_WRITE, id, d.len);
             let done = self.spill.try_write(sk, buf).await;
-            let lat = engine.metrics.now_ns().saturating_sub(t0);
+            let lat = self.metrics.now_ns().saturating_sub(t0);
             let status = if done.result.is_ok() {
                 0
             } else {
@@ -88,8 +87,8 @@ impl Tiering {
             };
             crate::probes::spill_complete(crate::probes::SPILL_WRITE, id, d.len, status, lat);
             if done.result.is_ok() {
-                engine.metrics.record_tier("nvme write", lat, d.len);
-                crate::probes::demote(engine.tier.handle_of(d.key.ns).unwrap_or(u32::MAX), d.len);
+                self.metrics.record_tier("nvme write", lat, d.len);
+                crate::probes::demote(self.dram.handle_of(d.key.ns).unwrap_or(u32::MAX), d.len);
             }
             match done.result {
                 Ok(out) => {
@@ -118,7 +117,7 @@ impl Tiering {
                 }
             }
         };
-        let fin = engine.tier.finish_demotion(&d, end, |meta| {
+        let fin = self.dram.finish_demotion(&d, end, |meta| {
             if end == DemoteEnd::Moved && self.spill.contains(&sk) {
                 let mut m = self.nvme();
                 if !m.contains_key(&sk)
@@ -139,8 +138,7 @@ impl Tiering {
 
 /// Runs the demoter and the stall monitor until `stop` flips.
 pub fn spawn_demoter(
-    t: Arc<Tiering>,
-    engine: Arc<Engine>,
+    t: Arc<NvmeTier>,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -152,11 +150,11 @@ pub fn spawn_demoter(
                 _ = tick.tick() => {}
                 _ = stop.changed() => break,
             }
-            let (free, cap) = engine.tier.free_and_capacity();
+            let (free, cap) = t.dram.free_and_capacity();
             if (free as f64) < cap as f64 * t.settings.low_watermark {
-                t.start_demotions(&engine, (cap as f64 * t.settings.high_watermark) as u64);
+                t.start_demotions((cap as f64 * t.settings.high_watermark) as u64);
             }
-            monitor.check(&t, &engine);
+            monitor.check(&t);
         }
     })
 }
@@ -171,7 +169,7 @@ struct Monitor {
 }
 
 impl Monitor {
-    fn check(&mut self, t: &Tiering, engine: &Engine) {
+    fn check(&mut self, t: &NvmeTier) {
         if self
             .last
             .is_some_and(|l| l.elapsed() < Duration::from_secs(1))
@@ -196,7 +194,7 @@ impl Monitor {
             );
         }
         self.stalled = stalled;
-        let dropped = engine.tier.snapshot().tier.dropped;
+        let dropped = t.dram.snapshot().tier.dropped;
         if dropped > self.dropped {
             tracing::warn!(
                 dropped_now = dropped - self.dropped,

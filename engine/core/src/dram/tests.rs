@@ -28,10 +28,17 @@ fn key(i: u32) -> Key {
     Key(Digest(d), 0)
 }
 
-fn put(t: &DramTier, ns: u32, i: u32, len: u64) -> Result<Reservation, PutStatus> {
+fn put(t: &DramTier, ns: u32, i: u32, len: u64) -> Result<Reserved, PutStatus> {
     let r = t.reserve(1, ns, &[key(i)], &[len]).unwrap().remove(0)?;
-    assert_eq!(t.commit(1, &[r]), vec![CommitStatus::Committed]);
+    assert_eq!(commit(&t, 1, &[r]), vec![CommitStatus::Committed]);
     Ok(r)
+}
+
+
+fn commit(t: &DramTier, owner: u64, rs: &[Reserved]) -> Vec<CommitStatus> {
+    rs.iter()
+        .map(|r| t.commit_one(owner, r, None, false, None))
+        .collect()
 }
 
 #[test]
@@ -106,8 +113,8 @@ fn blocks_are_immutable_and_duplicate_commit_is_refused() {
         .unwrap()
         .remove(0)
         .unwrap();
-    assert_eq!(t.commit(2, &[r2]), vec![CommitStatus::Committed]);
-    assert_eq!(t.commit(1, &[r1]), vec![CommitStatus::Duplicate]);
+    assert_eq!(commit(&t, 2, &[r2]), vec![CommitStatus::Committed]);
+    assert_eq!(commit(&t, 1, &[r1]), vec![CommitStatus::Duplicate]);
     assert_eq!(
         t.reserve(3, ns, &[key(5)], &[1]).unwrap()[0],
         Err(PutStatus::Exists)
@@ -118,9 +125,9 @@ fn blocks_are_immutable_and_duplicate_commit_is_refused() {
         .unwrap()
         .remove(0)
         .unwrap();
-    assert_eq!(t.commit(2, &[r3]), vec![CommitStatus::UnknownHandle]);
-    assert_eq!(t.commit(1, &[r3]), vec![CommitStatus::Committed]);
-    assert_eq!(t.commit(1, &[r3]), vec![CommitStatus::UnknownHandle]);
+    assert_eq!(commit(&t, 2, &[r3]), vec![CommitStatus::UnknownHandle]);
+    assert_eq!(commit(&t, 1, &[r3]), vec![CommitStatus::Committed]);
+    assert_eq!(commit(&t, 1, &[r3]), vec![CommitStatus::UnknownHandle]);
 }
 
 #[test]

@@ -69,9 +69,9 @@ pub struct TierConfig {
     pub policy: PolicyKind,
 }
 
-/// A slot reserved for a writer.
+/// A slot reserved for a writer (raw: the store wraps it in a guard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reservation {
+pub struct Reserved {
     /// Slot.
     pub slot: SlotId,
     /// Key it will hold.
@@ -84,9 +84,9 @@ pub struct Reservation {
     pub len: u64,
 }
 
-/// A leased block.
+/// A leased block (raw: the store wraps it in a guard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeasedBlock {
+pub struct Leased {
     /// Slot (pass back to [`DramTier::release`]).
     pub slot: SlotId,
     /// Where the bytes are.
@@ -214,13 +214,13 @@ impl DramTier {
     }
 
     /// Reserves slots for `keys`; each either gets a reservation or a refusal status.
-    pub fn reserve(
+    pub(crate) fn reserve(
         &self,
         conn: u64,
         ns: u32,
         keys: &[Key],
         lens: &[u64],
-    ) -> Result<Vec<Result<Reservation, PutStatus>>, TierError> {
+    ) -> Result<Vec<Result<Reserved, PutStatus>>, TierError> {
         if keys.len() != lens.len() {
             return Err(TierError::LengthMismatch {
                 keys: keys.len(),
@@ -230,55 +230,43 @@ impl DramTier {
         self.with(|s| s.reserve(conn, ns, keys, lens))
     }
 
-    /// Publishes reserved slots as blocks.
-    pub fn commit(&self, conn: u64, res: &[Reservation]) -> Vec<CommitStatus> {
-        self.with(|s| res.iter().map(|r| s.commit(conn, r, None, false)).collect())
-    }
-
-    /// Publishes a reserved slot whose bytes the caller verified against `xxh3`, keeping the
-    /// checksum with the block so sending it on to another peer need not hash it again.
-    pub fn commit_verified(&self, conn: u64, r: &Reservation, xxh3: u64) -> CommitStatus {
+    /// Publishes a reserved slot as a block, announced with `meta` when it has one.
+    /// `on_lower` marks a block promoted from the tier below; `xxh3` is a checksum the
+    /// caller verified the bytes against (kept, so sending the block on need not hash it).
+    pub(crate) fn commit_one(
+        &self,
+        owner: u64,
+        r: &Reserved,
+        meta: Option<Arc<RouterMeta>>,
+        on_lower: bool,
+        xxh3: Option<u64>,
+    ) -> CommitStatus {
         self.with(|s| {
-            let st = s.commit(conn, r, None, false);
-            if st == CommitStatus::Committed {
-                s.set_checksum(r.slot, xxh3);
+            let st = s.commit(owner, r, meta.as_ref(), on_lower);
+            if let (CommitStatus::Committed, Some(x)) = (st, xxh3) {
+                s.set_checksum(r.slot, x);
             }
             st
         })
     }
 
     /// Records the checksum of a block the caller holds a lease on.
-    pub fn remember_checksum(&self, b: &LeasedBlock, xxh3: u64) {
+    pub(crate) fn remember_checksum(&self, b: &Leased, xxh3: u64) {
         self.with(|s| s.set_checksum(b.slot, xxh3));
     }
 
-    /// Publishes reserved slots as blocks, announcing those with router metadata (in order,
-    /// so parents given first are announced first). `on_lower` marks promoted blocks.
-    pub fn commit_with(
-        &self,
-        conn: u64,
-        res: &[(Reservation, Option<Arc<RouterMeta>>)],
-        on_lower: bool,
-    ) -> Vec<CommitStatus> {
-        self.with(|s| {
-            res.iter()
-                .map(|(r, m)| s.commit(conn, r, m.as_ref(), on_lower))
-                .collect()
-        })
-    }
-
     /// Frees reserved slots without publishing them.
-    pub fn abort(&self, conn: u64, res: &[Reservation]) {
+    pub(crate) fn abort(&self, conn: u64, res: &[Reserved]) {
         self.with(|s| res.iter().for_each(|r| s.abort(conn, r)));
     }
 
     /// Looks keys up and leases every hit; counts hits and misses.
-    pub fn lease(&self, ns: u32, keys: &[Key]) -> Result<Vec<Option<LeasedBlock>>, TierError> {
+    pub(crate) fn lease(&self, ns: u32, keys: &[Key]) -> Result<Vec<Option<Leased>>, TierError> {
         self.with(|s| s.lease(ns, keys))
     }
 
     /// Ends one lease on each slot.
-    pub fn release(&self, slots: &[SlotId]) {
+    pub(crate) fn release(&self, slots: &[SlotId]) {
         self.with(|s| slots.iter().for_each(|&slot| s.release(slot)));
     }
 

@@ -1,0 +1,266 @@
+//! Block ops: register, put, get, alloc/commit/abort, release, exists, delete, clear.
+//! Every lookup goes through the store; every slot is held by a guard.
+
+use std::io;
+use std::sync::Arc;
+
+use kvnode_proto::Key;
+use kvnode_proto::client::{
+    AllocSlot, BlockMeta, CommitStatus, ErrorCode, GetMode, Op, PutStatus, Reply,
+};
+use kvnode_proto::frame::MAX_PAYLOAD;
+use kvnode_proto::pull::OpReport;
+
+use super::errors::{error, invalid, tier_error};
+use super::meta::router_metas;
+use super::session::Session;
+use crate::store::Lease;
+
+/// Per key: the put status a commit result means for a key that got a slot.
+fn put_status(c: CommitStatus) -> PutStatus {
+    match c {
+        CommitStatus::Committed => PutStatus::Stored,
+        _ => PutStatus::Exists,
+    }
+}
+
+impl Session {
+    /// `Put` and `Get`: ops that move bytes through the socket and write their own reply.
+    pub(super) async fn data_io(&mut self, id: u64, op: Op, payload_len: u64) -> io::Result<()> {
+        match op {
+            Op::Put {
+                ns,
+                keys,
+                lens,
+                meta,
+            } => self.put(id, ns, &keys, &lens, &meta, payload_len).await,
+            Op::Get {
+                ns,
+                keys,
+                mode,
+                hint,
+                deadline_ms,
+            } => {
+                let pull = match hint {
+                    Some(h) => Some(Box::new(self.get_pull(ns, &keys, &h, deadline_ms).await)),
+                    None => None,
+                };
+                self.get(id, ns, &keys, mode, pull).await
+            }
+            other => unreachable!("data_io got {other:?}"),
+        }
+    }
+
+    /// Block ops answered with one reply and no payload.
+    pub(super) async fn data_op(&mut self, op: Op) -> Reply {
+        let store = Arc::clone(&self.engine.store);
+        match op {
+            Op::Register { spec } => match store.register(&spec) {
+                Ok(r) => {
+                    tracing::info!(conn = self.id, ns = r.ns, id = %r.id, model = %spec.model, "namespace registered");
+                    Reply::Registered {
+                        ns: r.ns,
+                        id: r.id.to_string(),
+                        segments: r.segments,
+                    }
+                }
+                Err(e) => tier_error(&e),
+            },
+            Op::Alloc {
+                ns,
+                keys,
+                lens,
+                meta,
+            } => self.alloc(ns, &keys, &lens, &meta),
+            Op::Commit { handles } => self.commit(&handles),
+            Op::Abort { handles } => {
+                // Dropping a reservation frees its slot unpublished.
+                let count = handles
+                    .iter()
+                    .filter_map(|h| self.reservations.remove(h))
+                    .count();
+                Reply::Aborted {
+                    count: count as u32,
+                }
+            }
+            Op::Release { lease } => match self.leases.remove(&lease) {
+                Some(_) => {
+                    self.watch.lease_end(lease);
+                    Reply::Released
+                }
+                None => error(
+                    ErrorCode::NotOwned,
+                    format!("lease {lease} is not held by this connection (already released?)"),
+                ),
+            },
+            Op::Exists { ns, keys, hint } => match store.exists(ns, &keys) {
+                Ok(count) => {
+                    let pull = match hint {
+                        Some(h) => Some(Box::new(self.exists_pull(ns, &keys, &h).await)),
+                        None => None,
+                    };
+                    Reply::Exists { count, pull }
+                }
+                Err(e) => tier_error(&e),
+            },
+            Op::Delete { ns, keys } => match store.delete(ns, &keys) {
+                Ok(count) => Reply::Deleted { count },
+                Err(e) => tier_error(&e),
+            },
+            Op::Clear { ns } => match store.clear(ns) {
+                Ok(count) => {
+                    tracing::info!(conn = self.id, ?ns, count, "cleared");
+                    Reply::Cleared { count }
+                }
+                Err(e) => tier_error(&e),
+            },
+            other => unreachable!("data_op got {other:?}"),
+        }
+    }
+
+    async fn put(
+        &mut self,
+        id: u64,
+        ns: u32,
+        keys: &[Key],
+        lens: &[u64],
+        meta: &[Option<BlockMeta>],
+        payload_len: u64,
+    ) -> io::Result<()> {
+        let sum: Option<u64> = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l));
+        if keys.len() != lens.len() || sum != Some(payload_len) {
+            self.io.skip(payload_len).await?;
+            let msg = format!(
+                "{} keys, {} lengths summing to {sum:?}, but the payload is {payload_len} bytes",
+                keys.len(),
+                lens.len()
+            );
+            return self.send(id, invalid(msg), &[]).await;
+        }
+        let store = Arc::clone(&self.engine.store);
+        let metas = match router_metas(&store, ns, keys, meta) {
+            Ok(m) => m,
+            Err(msg) => {
+                self.io.skip(payload_len).await?;
+                return self.send(id, invalid(msg), &[]).await;
+            }
+        };
+        store.make_room(payload_len).await;
+        let mut reserved = match store.reserve(self.id, ns, keys, lens) {
+            Ok(r) => r,
+            Err(e) => {
+                self.io.skip(payload_len).await?;
+                return self.send(id, tier_error(&e), &[]).await;
+            }
+        };
+        // Bytes go straight from the socket into the reserved slots; an error drops the
+        // reservations, which frees their slots.
+        for (r, &len) in reserved.iter_mut().zip(lens) {
+            match r {
+                Ok(res) => self.io.read_exact(res.bytes_mut()).await.map(|_| ())?,
+                Err(_) => self.io.skip(len).await?,
+            }
+        }
+        let results = reserved
+            .into_iter()
+            .zip(metas)
+            .map(|(r, m)| match r {
+                Err(status) => status,
+                Ok(mut res) => {
+                    res.set_meta(m);
+                    put_status(res.commit())
+                }
+            })
+            .collect();
+        self.send(id, Reply::Put { results }, &[]).await
+    }
+
+    fn alloc(&mut self, ns: u32, keys: &[Key], lens: &[u64], meta: &[Option<BlockMeta>]) -> Reply {
+        let store = Arc::clone(&self.engine.store);
+        let metas = match router_metas(&store, ns, keys, meta) {
+            Ok(m) => m,
+            Err(msg) => return invalid(msg),
+        };
+        let reserved = match store.reserve(self.id, ns, keys, lens) {
+            Ok(r) => r,
+            Err(e) => return tier_error(&e),
+        };
+        let slots = reserved
+            .into_iter()
+            .zip(metas)
+            .map(|(r, m)| match r {
+                Ok(res) => {
+                    let (offset, len) = (res.offset(), res.len());
+                    let handle = self.hold(res, m);
+                    AllocSlot::Granted {
+                        handle,
+                        offset,
+                        len,
+                    }
+                }
+                Err(status) => AllocSlot::Refused { status },
+            })
+            .collect();
+        Reply::Alloc { slots }
+    }
+
+    fn commit(&mut self, handles: &[u64]) -> Reply {
+        let results = handles
+            .iter()
+            .map(|h| match self.reservations.remove(h) {
+                Some(r) => r.commit(),
+                None => CommitStatus::UnknownHandle,
+            })
+            .collect();
+        Reply::Commit { results }
+    }
+
+    async fn get(
+        &mut self,
+        id: u64,
+        ns: u32,
+        keys: &[Key],
+        mode: GetMode,
+        pull: Option<Box<OpReport>>,
+    ) -> io::Result<()> {
+        let store = Arc::clone(&self.engine.store);
+        let leased = match store.lease(ns, keys).await {
+            Ok(l) => l,
+            Err(e) => return self.send(id, tier_error(&e), &[]).await,
+        };
+        match mode {
+            GetMode::Lease => {
+                let extents = leased.iter().map(|l| l.as_ref().map(Lease::extent)).collect();
+                let held: Vec<Lease> = leased.into_iter().flatten().collect();
+                let lease = if held.is_empty() {
+                    0
+                } else {
+                    let l = self.next_id();
+                    let now = self.engine.metrics.now_ns();
+                    self.watch.lease_begin(l, held.len() as u64, now);
+                    self.leases.insert(l, held);
+                    l
+                };
+                let reply = Reply::GetLease {
+                    lease,
+                    extents,
+                    pull,
+                };
+                self.send(id, reply, &[]).await
+            }
+            GetMode::Inline => {
+                let total: u64 = leased.iter().flatten().map(Lease::len).sum();
+                if total > u64::from(MAX_PAYLOAD) {
+                    let msg = format!(
+                        "{total} bytes found exceed the 1 GiB frame limit: split the batch or use Lease mode"
+                    );
+                    return self.send(id, invalid(msg), &[]).await;
+                }
+                // Every block stays leased (immutable) until `leased` drops after the send.
+                let payload: Vec<&[u8]> = leased.iter().flatten().map(Lease::bytes).collect();
+                let lens = leased.iter().map(|l| l.as_ref().map(Lease::len)).collect();
+                self.send(id, Reply::GetInline { lens, pull }, &payload).await
+            }
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! Request dispatch: each op family goes to the file that handles it.
+
+use std::io;
+
+use kvnode_proto::client::{Op, Reply, Request};
+
+use super::errors::invalid;
+use super::session::Session;
+
+impl Session {
+    /// Handles one request whose header is decoded and whose `payload_len` bytes are unread;
+    /// answers exactly one reply frame.
+    pub async fn handle(&mut self, req: Request, payload_len: u64) -> io::Result<()> {
+        let id = req.id;
+        if payload_len > 0 && !matches!(req.op, Op::Put { .. }) {
+            self.io.skip(payload_len).await?;
+            return self
+                .send(id, invalid("only Put carries a payload"), &[])
+                .await;
+        }
+        let reply = match req.op {
+            Op::Hello { .. } => invalid("Hello is only valid as the first frame"),
+            // Ops that write their own reply (payload bytes follow the header).
+            op @ (Op::Put { .. } | Op::Get { .. }) => return self.data_io(id, op, payload_len).await,
+            op @ (Op::Register { .. }
+            | Op::Alloc { .. }
+            | Op::Commit { .. }
+            | Op::Abort { .. }
+            | Op::Release { .. }
+            | Op::Exists { .. }
+            | Op::Delete { .. }
+            | Op::Clear { .. }) => self.data_op(op).await,
+            Op::Stats => Reply::Stats(Box::new(self.engine.stats())),
+            Op::Timeouts => Reply::Timeouts(Box::new(self.engine.peers.stats.report())),
+            Op::Histograms => Reply::Histograms(Box::new(self.engine.metrics.report())),
+            op @ (Op::Pull { .. } | Op::Wait { .. } | Op::Cancel { .. }) => self.peer_op(op).await,
+            op @ (Op::AttachRegion { .. }
+            | Op::DetachRegion { .. }
+            | Op::GetToRegion { .. }
+            | Op::PutFromRegion { .. }) => self.region_op(op).await,
+            op @ (Op::AttachGpu(_)
+            | Op::Offload(_)
+            | Op::Onload(_)
+            | Op::OnloadAsync(_)
+            | Op::OnloadWait { .. }
+            | Op::OnloadCancel { .. }) => self.gpu_op(op).await,
+        };
+        self.send(id, reply, &[]).await
+    }
+}

@@ -1,0 +1,28 @@
+//! Error replies shared by the handlers.
+
+use kvnode_proto::client::{ErrorCode, Reply};
+
+use crate::dram::TierError;
+
+/// A tier refusal as an error reply.
+pub(super) fn tier_error(e: &TierError) -> Reply {
+    let code = match e {
+        TierError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
+        TierError::SlotTooLarge { .. } | TierError::TooManyClasses(_) => ErrorCode::Unsupported,
+        _ => ErrorCode::Invalid,
+    };
+    error(code, e.to_string())
+}
+
+/// An `Invalid` reply.
+pub(super) fn invalid(msg: impl Into<String>) -> Reply {
+    error(ErrorCode::Invalid, msg)
+}
+
+/// An error reply.
+pub(super) fn error(code: ErrorCode, message: impl Into<String>) -> Reply {
+    Reply::Error {
+        code,
+        message: message.into(),
+    }
+}

@@ -1,0 +1,207 @@
+//! The engine: wires the store, the peer service, the GPU path and the metrics together.
+//!
+//! Nothing below this module imports it: the client API takes an `Engine`, the peer
+//! service and the tiers take the [`Store`] (or narrower pieces), metrics are rendered
+//! from a stats report.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use kvnode_proto::stats::StatsReport;
+
+use crate::arena::{Arena, ArenaError, PinOptions};
+use crate::config::EngineConfig;
+use crate::dram::{DramTier, TierConfig};
+use crate::nvme::NvmeTier;
+use crate::obs::{Metrics, RegionCounters};
+use crate::peer::{PeerError, Peers};
+use crate::residency::Announcer;
+use crate::store::Store;
+
+/// Arena bytes populated and pinned per call. `mlock` and `MADV_POPULATE_WRITE` hold the
+/// process's mmap lock while they fault pages in, and every thread that maps memory (a new
+/// thread's stack, a growing allocator arena) waits behind it. On a freshly booted VM a
+/// 64 MiB chunk held it for 200-300 ms and the first answer waited that long; a 2 MiB chunk
+/// (one huge page) holds it for milliseconds.
+const PIN_CHUNK: u64 = 2 << 20;
+
+/// Failure to start the engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The DRAM arena could not be created.
+    #[error("creating the DRAM arena: {0}")]
+    Arena(#[from] ArenaError),
+    /// The spill tier could not be opened.
+    #[error("opening the spill tier: {0}")]
+    Spill(#[from] kvnode_spill::SpillError),
+    /// The peer service.
+    #[error("starting the peer service: {0}")]
+    Peer(#[from] PeerError),
+}
+
+/// One daemon's machinery.
+#[derive(Debug)]
+pub struct Engine {
+    /// Configuration in force.
+    pub config: EngineConfig,
+    /// GPU path (declared before the store: its registration of the arena is dropped first).
+    pub gpu: kvnode_gpu::GpuHub,
+    /// The tiers and the lookup order.
+    pub store: Arc<Store>,
+    /// Histograms, counters and the stall watchdog's view of connections.
+    pub metrics: Arc<Metrics>,
+    /// Peer pulls and operations.
+    pub peers: Arc<Peers>,
+    /// Client regions attached by copy mode, and absorbed faults.
+    pub regions: RegionCounters,
+    clients: AtomicU32,
+    next_conn: AtomicU64,
+    started: Instant,
+    stop_pinning: Arc<AtomicBool>,
+}
+
+impl Engine {
+    /// Creates the arena and tiers and starts background pinning. Returns immediately.
+    pub fn start(config: EngineConfig) -> Result<Arc<Self>, StartError> {
+        Self::start_with(config, Announcer::new(None))
+    }
+
+    /// Like [`Engine::start`], announcing residencies through `announcer`, and opening
+    /// (recovering) the spill tier when one is configured. Call
+    /// [`Engine::spawn_background`] from inside a tokio runtime afterwards.
+    pub fn start_with(
+        config: EngineConfig,
+        announcer: Arc<Announcer>,
+    ) -> Result<Arc<Self>, StartError> {
+        let metrics = Arc::new(Metrics::default());
+        let arena = Arc::new(Arena::create(config.dram, config.hugetlb)?);
+        let dram = Arc::new(DramTier::with_announcer(
+            &TierConfig {
+                capacity: arena.len(),
+                slab_bytes: config.slab_bytes(),
+                policy: config.eviction,
+            },
+            Arc::clone(&announcer),
+        ));
+        let nvme = if config.spill.dirs.is_empty() {
+            None
+        } else {
+            Some(Arc::new(NvmeTier::open(
+                &config.spill,
+                config.slab_bytes(),
+                &arena,
+                Arc::clone(&dram),
+                Arc::clone(&announcer),
+                Arc::clone(&metrics),
+            )?))
+        };
+        let store = Store::new(Arc::clone(&arena), dram, nvme, announcer);
+        let peers = Arc::new(Peers::new(
+            &config.peer,
+            Arc::clone(&store),
+            Arc::clone(&metrics),
+        )?);
+        let stop_pinning = Arc::new(AtomicBool::new(false));
+        arena.start_pinning(
+            PinOptions {
+                pin: config.pin,
+                populate: config.populate,
+                chunk: PIN_CHUNK,
+            },
+            Arc::clone(&stop_pinning),
+        );
+        let gpu = kvnode_gpu::GpuHub::cuda(kvnode_gpu::WorkerConfig::default());
+        gpu.start_registration(
+            arena.base(),
+            arena.len(),
+            kvnode_gpu::register::piece_for_slab(config.slab_bytes()),
+            Arc::clone(&stop_pinning),
+            Arc::clone(&arena) as Arc<dyn Send + Sync>,
+        );
+        Ok(Arc::new(Self {
+            config,
+            gpu,
+            store,
+            metrics,
+            peers,
+            regions: RegionCounters::default(),
+            clients: AtomicU32::new(0),
+            next_conn: AtomicU64::new(1),
+            started: Instant::now(),
+            stop_pinning,
+        }))
+    }
+
+    /// Starts the demoter (with a spill tier); needs a tokio runtime.
+    pub fn spawn_background(
+        &self,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let t = self.store.nvme()?;
+        Some(crate::nvme::spawn_demoter(Arc::clone(t), stop))
+    }
+
+    /// Runs the stall watchdog until `stop`; needs a tokio runtime.
+    pub async fn watchdog(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        let limits = crate::obs::watch::Limits {
+            op_deadline_s: self.config.op_deadline_s,
+            lease_age_limit_s: self.config.lease_age_limit_s,
+        };
+        crate::obs::watchdog(
+            Arc::clone(&self.metrics),
+            limits,
+            Arc::clone(self.store.arena().progress()),
+            stop,
+        )
+        .await;
+    }
+
+    /// Stops background pinning (at shutdown).
+    pub fn stop_background(&self) {
+        self.stop_pinning.store(true, Ordering::Relaxed);
+    }
+
+    /// Connected clients.
+    pub fn clients(&self) -> u32 {
+        self.clients.load(Ordering::Relaxed)
+    }
+
+    /// Counts a client connection in (returns its id).
+    pub fn client_connected(&self) -> u64 {
+        self.clients.fetch_add(1, Ordering::Relaxed);
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Counts a client connection out.
+    pub fn client_disconnected(&self) {
+        self.clients.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The full statistics report.
+    pub fn stats(&self) -> StatsReport {
+        let (snap, nvme) = self.store.snapshot();
+        let mut dram = snap.tier;
+        let p = self.store.arena().progress();
+        dram.pinned_bytes = p.pinned.load(Ordering::Relaxed);
+        dram.populated_bytes = p.populated.load(Ordering::Relaxed);
+        dram.pin_refused = p.refused.load(Ordering::Relaxed);
+        StatsReport {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            clients: self.clients(),
+            tiers: std::iter::once(dram).chain(nvme).collect(),
+            pools: snap.pools,
+            namespaces: snap.namespaces,
+            gpu: self.gpu.stats(),
+            regions: self.regions.report(),
+        }
+    }
+
+    /// Every metric in Prometheus' text exposition format.
+    pub fn prometheus(&self) -> String {
+        crate::obs::prom::render(&self.stats(), &self.metrics)
+    }
+}
