@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
-# Installs the system packages kvnode's build, tests and benchmarks need (Debian 12).
-# Idempotent: does nothing when everything is present.
+# Installs what kvnode needs on Debian 12. Idempotent: does nothing when everything is present.
+#   scripts/install-deps.sh serve   what building and running the daemon needs (a C compiler)
+#   scripts/install-deps.sh [test]  everything the test suite and benchmarks need
 set -euo pipefail
+MODE=${1:-test}
+case "$MODE" in serve|test) ;; *) echo "usage: $0 [serve|test]" >&2; exit 2 ;; esac
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
 need=()
 command -v cargo >/dev/null || { echo "install-deps: cargo (Rust >= 1.95) is required and missing" >&2; exit 1; }
 command -v cc >/dev/null || need+=(gcc)
+if [ "$MODE" = serve ]; then
+  if ((${#need[@]})); then
+    echo "install-deps: installing ${need[*]}" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+  exit 0
+fi
 command -v fio >/dev/null || need+=(fio)
 command -v iperf3 >/dev/null || need+=(iperf3)
 # kvtrace: clang compiles the BPF programs, bpftool generates vmlinux.h, libbpf (vendored by
@@ -21,7 +33,6 @@ command -v c++ >/dev/null || need+=(g++)
 # SGLang JIT-compiles its page-hash extension against libcrypto on first use.
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 if ((${#need[@]})); then
-  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   echo "install-deps: installing ${need[*]}" >&2
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null

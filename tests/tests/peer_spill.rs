@@ -87,3 +87,72 @@ fn source_promotes_nvme_only_blocks_and_sends_them_byte_identical() {
     drop(src);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The destination's own NVMe comes before any peer: a hinted get or exists whose keys were
+/// demoted to this node's spill tier answers from there at once, even though the hinted
+/// peer is frozen (SIGSTOP: it accepts connections but never answers), and pulls only
+/// true misses.
+#[test]
+fn hinted_get_serves_the_destinations_own_nvme_blocks_without_waiting_for_a_frozen_peer() {
+    let dir = spill_dir("hint-own-nvme");
+    let port = free_port();
+    let src = kvnode_e2e::peer_source(port, &[]);
+    src.freeze();
+    let peers = format!("tcp://127.0.0.1:{port}");
+    let dst = Daemon::start_spilling(&dir, "96MiB", &["--peers", &peers]);
+    let mut c = dst.client();
+    let ns = c.register(&spec("m", BLOCK as u64)).unwrap().ns;
+    for chunk in (0..BLOCKS).collect::<Vec<_>>().chunks(4) {
+        let keys: Vec<Key> = chunk.iter().map(|&i| key(i)).collect();
+        let data: Vec<Vec<u8>> = chunk.iter().map(|&i| block(i, BLOCK)).collect();
+        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        let r = c.put(ns, &keys, &refs).unwrap();
+        assert!(r.iter().all(|s| *s == PutStatus::Stored), "{r:?}");
+    }
+    let t0 = Instant::now();
+    while tier(&mut c, "dram").in_flight > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "demotions never finished");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let promoted_before = tier(&mut c, "nvme").promotions;
+    let keys: Vec<Key> = (0..PULLED).map(key).collect();
+    let declared = c.timeouts().unwrap();
+    let declared_s = declared.base_s + declared.per_page_s * PULLED as f64;
+
+    let t = Instant::now();
+    let (n, op) = c.exists_hinted(ns, &keys, Some(&hint(port, &keys))).unwrap();
+    let exists_took = t.elapsed();
+    assert_eq!(n, PULLED as u32);
+    let op = op.unwrap();
+    assert!(op.results.iter().all(|r| *r == KeyOutcome::HitLocal), "{op:?}");
+
+    let t = Instant::now();
+    let (pages, op) = c
+        .get_hinted(ns, &keys, Some(&hint(port, &keys)), None)
+        .unwrap();
+    let get_took = t.elapsed();
+    let op = op.unwrap();
+    assert_eq!(op.state, OpState::Done, "{op:?}");
+    assert!(op.results.iter().all(|r| *r == KeyOutcome::HitLocal), "{op:?}");
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(p.as_deref(), Some(block(i as u64, BLOCK).as_slice()), "page {i}");
+    }
+    assert!(
+        tier(&mut c, "nvme").promotions >= promoted_before + PULLED,
+        "the keys were promoted from this node's NVMe"
+    );
+    // Well under the declared prefetch timeout (the old lookup waited for the frozen peer
+    // until its connect timeout, then promoted).
+    let bound = Duration::from_secs_f64(declared_s / 4.0);
+    assert!(exists_took < bound, "hinted exists took {exists_took:?} (declared {declared_s} s)");
+    assert!(get_took < bound, "hinted get took {get_took:?} (declared {declared_s} s)");
+    assert_eq!(
+        dst.client().stats().unwrap().tiers[0].reserved,
+        0,
+        "no pull slot was reserved"
+    );
+    eprintln!(
+        "own-NVMe hinted exists {exists_took:?}, get {get_took:?}, declared timeout {declared_s:.2} s"
+    );
+    drop(src);
+}

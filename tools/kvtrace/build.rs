@@ -32,19 +32,37 @@ fn vmlinux_h(out: &Path) -> PathBuf {
     dir
 }
 
+/// The BPF target-architecture macro (`bpf_tracing.h` reads registers by it) and Debian's
+/// multiarch include directory (where `asm/` headers live, which `clang -target bpf` does
+/// not search), for the architecture being built for.
+fn arch_args() -> (String, String) {
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").expect("CARGO_CFG_TARGET_ARCH");
+    let (macro_arch, multiarch) = match arch.as_str() {
+        "x86_64" => ("x86", "x86_64-linux-gnu"),
+        "aarch64" => ("arm64", "aarch64-linux-gnu"),
+        "riscv64" => ("riscv", "riscv64-linux-gnu"),
+        "powerpc64" => ("powerpc", "powerpc64le-linux-gnu"),
+        "s390x" => ("s390", "s390x-linux-gnu"),
+        other => panic!("kvtrace build: no BPF register layout known for target arch {other}"),
+    };
+    (
+        format!("-D__TARGET_ARCH_{macro_arch}"),
+        format!("-I/usr/include/{multiarch}"),
+    )
+}
+
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let vmlinux = vmlinux_h(&out);
     let inc = format!("-I{}", vmlinux.display());
+    let (target_arch, multiarch_inc) = arch_args();
     libbpf_cargo::SkeletonBuilder::new()
         .source(SRC)
-        // Debian keeps asm/ headers under the multiarch directory, which clang -target bpf
-        // does not search.
         .clang_args([
             inc.as_str(),
             "-I../../ebpf",
-            "-D__TARGET_ARCH_x86",
-            "-I/usr/include/x86_64-linux-gnu",
+            target_arch.as_str(),
+            multiarch_inc.as_str(),
         ])
         .build_and_generate(out.join("kvtrace.skel.rs"))
         .unwrap_or_else(|e| {

@@ -1,7 +1,8 @@
 //! Developer tasks, mirrored by CI (`.ci/run` calls `./dev test`, which runs `cargo xtask ci`).
 //!
 //! ```text
-//! cargo xtask check        fmt --check, clippy -D warnings (one release profile for everything)
+//! cargo xtask check        fmt --check, no import loops (scripts/check-import-cycles.py),
+//!                          clippy -D warnings (one release profile for everything)
 //! cargo xtask test         the whole test suite (unit, property, end-to-end with real daemons,
 //!                          then the Python SGLang connector's pytest suite)
 //! cargo xtask fuzz-smoke   decoder property tests with many more cases (stable-toolchain fuzzing)
@@ -36,6 +37,10 @@ fn cargo() -> Command {
 
 fn check() -> Result<(), String> {
     run("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(
+        "import-cycles",
+        Command::new("python3").arg("scripts/check-import-cycles.py"),
+    )?;
     run(
         "clippy",
         cargo().args([

@@ -1,22 +1,28 @@
 //! kvnode-engine: the daemon's machinery, in request order.
 //!
 //! ```text
-//!  Unix socket ─> api (frames, handshake, per-connection leases)
-//!                  └─> tier (index: key -> slot, leases, eviction policy)
-//!                        └─> arena (one memfd, mapped shared, pinned in the background)
-//!  TCP ─> peer (hinted pulls in, authenticated pulls out) ─> tier
+//!  Unix socket ─> api (frames, handshake, per-connection guards) ─┐
+//!  TCP ─> peer (hinted pulls in, authenticated pulls out) ─────────┼─> store (lookup order DRAM → NVMe,
+//!  GPU ops (api/gpu.rs) ───────────────────────────────────────────┘    RAII leases and reservations)
+//!                                                                      ├─> dram  (index, slot classes, eviction)
+//!                                                                      ├─> nvme  (spill tier, demoter)
+//!                                                                      └─> arena (one memfd, pinned in the background)
 //! ```
 //!
-//! - [`api`]: the client protocol server.
+//! - [`engine`]: wires the store, the peer service, the GPU path and the metrics together.
+//! - [`api`]: the client protocol server (imports `engine`; nothing imports `api`).
+//! - [`store`]: the node store, the only owner of the lookup order and of slot guards.
+//! - [`dram`]: the DRAM tier's index, slot classes, leases and eviction.
+//! - [`nvme`]: the NVMe spill tier under DRAM: promotion reads, demotion, restart survival.
 //! - [`arena`]: the shared-memory arena and its background pinning.
-//! - [`tier`]: the DRAM tier's index, slot classes, leases and eviction.
 //! - [`peer`]: router-hinted pulls between daemons (source and destination sides).
 //! - [`policy`]: eviction policies (LRU, S3-FIFO).
 //! - [`residency`]: per-(tier, block) residencies whose lifecycle publishes KV events.
-//! - [`tiering`]: the NVMe spill tier under DRAM: demotion, promotion, restart survival.
 //! - [`config`]: engine configuration with documented defaults.
 //! - [`obs`]: histograms, counters, stall watchdog and Prometheus text.
 //! - [`probes`]: the USDT probes (provider `kvnode`) every component fires.
+//!
+//! No module imports one that imports it back (`scripts/check-import-cycles.py`).
 
 pub mod api;
 pub mod engine;

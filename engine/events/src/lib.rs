@@ -18,6 +18,7 @@
 //! residencies: the engine decides when a block is stored or removed and keeps parents
 //! before children; this crate keeps that order and gets it onto the wire.
 
+pub mod batch;
 pub mod config;
 pub mod error;
 pub mod publisher;
@@ -27,6 +28,7 @@ pub mod stats;
 pub mod validate;
 pub mod wire;
 
+pub use batch::EventBatch;
 pub use config::PublisherConfig;
 pub use error::{PublisherError, SinkError};
 pub use publisher::Publisher;
@@ -35,6 +37,6 @@ pub use sink::EventSink;
 pub use stats::Stats;
 pub use validate::{RejectReason, Rejection, ValidEvent, validate};
 pub use wire::{
-    AllBlocksCleared, BlockRemoved, BlockStored, CACHE_SALT_PREFIX, EventBatch, EventKind, KvEvent,
+    AllBlocksCleared, BlockRemoved, BlockStored, CACHE_SALT_PREFIX, EventKind, KvEvent,
     Medium, router_hash,
 };

@@ -14,7 +14,8 @@ use crate::replay::{self, Ring, SharedRing};
 use crate::sink::EventSink;
 use crate::stats::{Counters, Stats, bump, kind_index};
 use crate::validate::ValidEvent;
-use crate::wire::{EventBatch, now_ts};
+use crate::batch::EventBatch;
+use crate::wire::now_ts;
 
 /// Publishes KV event batches on a bound ZMQ PUB socket, with an optional replay socket.
 ///

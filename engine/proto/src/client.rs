@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::key::Key;
 use crate::namespace::NamespaceSpec;
-use crate::obs::LatencyReport;
+use crate::obs::{LatencyReport, OpKind};
 use crate::pull::{OpReport, TimeoutReport};
 use crate::stats::StatsReport;
 
@@ -465,4 +465,38 @@ pub enum Reply {
         /// What happened and what to do.
         message: String,
     },
+}
+
+impl Op {
+    /// The kind of this request for metrics (`Hello` after the handshake counts as `Other`).
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Register { .. } => OpKind::Register,
+            Op::Put { .. } => OpKind::Put,
+            Op::Alloc { .. } => OpKind::Alloc,
+            Op::Commit { .. } => OpKind::Commit,
+            Op::Abort { .. } => OpKind::Abort,
+            Op::Get { .. } => OpKind::Get,
+            Op::Release { .. } => OpKind::Release,
+            Op::Exists { .. } => OpKind::Exists,
+            Op::Delete { .. } => OpKind::Delete,
+            Op::Clear { .. } => OpKind::Clear,
+            Op::Stats => OpKind::Stats,
+            Op::Histograms => OpKind::Histograms,
+            Op::Hello { .. } => OpKind::Other,
+            Op::AttachRegion { .. } | Op::DetachRegion { .. } => OpKind::Region,
+            Op::GetToRegion { .. } => OpKind::GetToRegion,
+            Op::PutFromRegion { .. } => OpKind::PutFromRegion,
+            Op::Pull { .. } => OpKind::Pull,
+            Op::Wait { .. } => OpKind::Wait,
+            Op::Cancel { .. } => OpKind::Cancel,
+            Op::Timeouts => OpKind::Timeouts,
+            Op::AttachGpu(_) => OpKind::AttachGpu,
+            Op::Offload(_) => OpKind::Offload,
+            Op::Onload(_)
+            | Op::OnloadAsync(_)
+            | Op::OnloadWait { .. }
+            | Op::OnloadCancel { .. } => OpKind::Onload,
+        }
+    }
 }

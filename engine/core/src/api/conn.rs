@@ -159,7 +159,7 @@ impl Connection {
                 .map_err(End::Io)?;
             return Err(End::Closed);
         }
-        let (op, id, (ns, pages)) = (OpKind::of(&req.op), req.id, obs::shape(&req.op));
+        let (op, id, (ns, pages)) = (req.op.kind(), req.id, obs::shape(&req.op));
         let m = Arc::clone(&self.s.engine.metrics);
         let t0 = m.op_begin(&self.s.watch, id, op, ns, pages);
         self.s.reply_info = ReplyInfo::default();

@@ -145,33 +145,36 @@ impl Session {
                 return self.send(id, invalid(msg), &[]).await;
             }
         };
-        store.make_room(payload_len).await;
-        let mut reserved = match store.reserve(self.id, ns, keys, lens) {
-            Ok(r) => r,
-            Err(e) => {
-                self.io.skip(payload_len).await?;
-                return self.send(id, tier_error(&e), &[]).await;
+        // Run by run: each waits for DRAM room (demotion to NVMe paces a put larger than
+        // DRAM), then bytes go straight from the socket into the reserved slots. An error
+        // drops the reservations, which frees their slots.
+        let mut results = Vec::with_capacity(keys.len());
+        let mut metas = metas.into_iter();
+        for run in store.put_runs(lens) {
+            let (ks, ls) = (&keys[run.clone()], &lens[run.clone()]);
+            store.make_room(ls.iter().sum()).await;
+            let mut reserved = match store.reserve(self.id, ns, ks, ls) {
+                Ok(r) => r,
+                Err(e) => {
+                    let left: u64 = lens[run.start..].iter().sum();
+                    self.io.skip(left).await?;
+                    return self.send(id, tier_error(&e), &[]).await;
+                }
+            };
+            for (r, &len) in reserved.iter_mut().zip(ls) {
+                match r {
+                    Ok(res) => self.io.read_exact(res.bytes_mut()).await.map(|_| ())?,
+                    Err(_) => self.io.skip(len).await?,
+                }
             }
-        };
-        // Bytes go straight from the socket into the reserved slots; an error drops the
-        // reservations, which frees their slots.
-        for (r, &len) in reserved.iter_mut().zip(lens) {
-            match r {
-                Ok(res) => self.io.read_exact(res.bytes_mut()).await.map(|_| ())?,
-                Err(_) => self.io.skip(len).await?,
-            }
-        }
-        let results = reserved
-            .into_iter()
-            .zip(metas)
-            .map(|(r, m)| match r {
+            results.extend(reserved.into_iter().zip(metas.by_ref()).map(|(r, m)| match r {
                 Err(status) => status,
                 Ok(mut res) => {
                     res.set_meta(m);
                     put_status(res.commit())
                 }
-            })
-            .collect();
+            }));
+        }
         self.send(id, Reply::Put { results }, &[]).await
     }
 

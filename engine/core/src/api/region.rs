@@ -63,11 +63,12 @@ fn blocking<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// Which way a region copy went: into the client's pages (get) or out of them (put).
+/// Which way a region copy went: into the client's pages (get) or out of them (put, with
+/// the number of leading keys already handled before the failed run).
 #[derive(Clone, Copy)]
 enum Dir {
     Get,
-    Put,
+    Put(usize),
 }
 
 impl Session {
@@ -218,9 +219,13 @@ impl Session {
         let (what, outcome) = match dir {
             Dir::Get => (
                 "writing into",
-                "the destinations may hold part of the blocks",
+                "the destinations may hold part of the blocks".to_owned(),
             ),
-            Dir::Put => ("reading from", "nothing was stored"),
+            Dir::Put(0) => ("reading from", "nothing was stored".to_owned()),
+            Dir::Put(n) => (
+                "reading from",
+                format!("the first {n} keys were stored, none after them"),
+            ),
         };
         let CopyError::Faulted(why) = e else {
             return invalid(format!("{what} the client's region failed: {e}"));
@@ -249,35 +254,37 @@ impl Session {
             return reply;
         }
         let store = Arc::clone(&self.engine.store);
-        store.make_room(lens.iter().sum()).await;
-        let mut reserved = match store.reserve(self.id, ns, keys, lens) {
-            Ok(v) => v,
-            Err(e) => return tier_error(&e),
-        };
-        let Some(r) = self.regions.get_mut(&region) else {
-            return not_owned(region);
-        };
-        let mut copies: Vec<(&mut [u8], u64)> = reserved
-            .iter_mut()
-            .zip(offsets)
-            .filter_map(|(x, &o)| x.as_mut().ok().map(|res| (res.bytes_mut(), o)))
-            .collect();
-        if let Err(e) = blocking(|| r.read_all(&mut copies)) {
-            // Dropping `reserved` frees every slot: nothing was stored.
+        let mut results = Vec::with_capacity(keys.len());
+        // Run by run, each waiting for DRAM room (see `Store::put_runs`).
+        for run in store.put_runs(lens) {
+            let (ks, ls, os) = (&keys[run.clone()], &lens[run.clone()], &offsets[run.clone()]);
+            store.make_room(ls.iter().sum()).await;
+            let mut reserved = match store.reserve(self.id, ns, ks, ls) {
+                Ok(v) => v,
+                Err(e) => return tier_error(&e),
+            };
+            let Some(r) = self.regions.get_mut(&region) else {
+                return not_owned(region);
+            };
+            let mut copies: Vec<(&mut [u8], u64)> = reserved
+                .iter_mut()
+                .zip(os)
+                .filter_map(|(x, &o)| x.as_mut().ok().map(|res| (res.bytes_mut(), o)))
+                .collect();
+            if let Err(e) = blocking(|| r.read_all(&mut copies)) {
+                // Dropping `reserved` frees this run's slots; earlier runs are stored.
+                drop(copies);
+                return self.copy_failed(region, Dir::Put(results.len()), &e);
+            }
             drop(copies);
-            return self.copy_failed(region, Dir::Put, &e);
-        }
-        drop(copies);
-        let results = reserved
-            .into_iter()
-            .map(|x| match x {
+            results.extend(reserved.into_iter().map(|x| match x {
                 Err(status) => status,
                 Ok(res) => match res.commit() {
                     CommitStatus::Committed => PutStatus::Stored,
                     _ => PutStatus::Exists,
                 },
-            })
-            .collect();
+            }));
+        }
         Reply::Put { results }
     }
 }

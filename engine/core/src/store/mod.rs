@@ -240,6 +240,28 @@ impl Store {
         res.into_iter().map(Reservation::commit).collect()
     }
 
+    /// Splits a put of blocks `lens` into runs that DRAM can take one after another while the
+    /// NVMe tier drains it: a put larger than free DRAM then goes at disk speed instead of
+    /// failing. Each run is at most an eighth of the DRAM tier (and at least one block).
+    /// Without an NVMe tier the whole put is one run.
+    pub fn put_runs(&self, lens: &[u64]) -> Vec<std::ops::Range<usize>> {
+        if self.nvme.is_none() || lens.is_empty() {
+            return vec![0..lens.len()];
+        }
+        let max = (self.dram.free_and_capacity().1 / 8).max(1);
+        let mut runs = Vec::new();
+        let (mut start, mut bytes) = (0, 0u64);
+        for (i, &l) in lens.iter().enumerate() {
+            if i > start && bytes.saturating_add(l) > max {
+                runs.push(start..i);
+                (start, bytes) = (i, 0);
+            }
+            bytes = bytes.saturating_add(l);
+        }
+        runs.push(start..lens.len());
+        runs
+    }
+
     /// Waits (bounded) until DRAM has `bytes` free, demoting to NVMe ahead of need.
     pub async fn make_room(&self, bytes: u64) {
         if let Some(n) = &self.nvme {

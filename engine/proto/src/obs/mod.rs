@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::client::Op;
 
 macro_rules! codes {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $c:literal => $s:literal),+ $(,)? }) => {
@@ -129,40 +128,6 @@ codes!(
         Peer = 2 => "peer",
     }
 );
-
-impl OpKind {
-    /// The kind of a decoded request (`Hello` after the handshake counts as `Other`).
-    pub fn of(op: &Op) -> Self {
-        match op {
-            Op::Register { .. } => Self::Register,
-            Op::Put { .. } => Self::Put,
-            Op::Alloc { .. } => Self::Alloc,
-            Op::Commit { .. } => Self::Commit,
-            Op::Abort { .. } => Self::Abort,
-            Op::Get { .. } => Self::Get,
-            Op::Release { .. } => Self::Release,
-            Op::Exists { .. } => Self::Exists,
-            Op::Delete { .. } => Self::Delete,
-            Op::Clear { .. } => Self::Clear,
-            Op::Stats => Self::Stats,
-            Op::Histograms => Self::Histograms,
-            Op::Hello { .. } => Self::Other,
-            Op::AttachRegion { .. } | Op::DetachRegion { .. } => Self::Region,
-            Op::GetToRegion { .. } => Self::GetToRegion,
-            Op::PutFromRegion { .. } => Self::PutFromRegion,
-            Op::Pull { .. } => Self::Pull,
-            Op::Wait { .. } => Self::Wait,
-            Op::Cancel { .. } => Self::Cancel,
-            Op::Timeouts => Self::Timeouts,
-            Op::AttachGpu(_) => Self::AttachGpu,
-            Op::Offload(_) => Self::Offload,
-            Op::Onload(_)
-            | Op::OnloadAsync(_)
-            | Op::OnloadWait { .. }
-            | Op::OnloadCancel { .. } => Self::Onload,
-        }
-    }
-}
 
 /// One latency bucket: `count` samples in `[lo_ns, hi_ns)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
