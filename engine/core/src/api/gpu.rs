@@ -138,6 +138,9 @@ impl Session {
         let a = self.buffer(m)?;
         let page_bytes = a.layout.page_bytes();
         let lens = vec![page_bytes; m.keys.len()];
+        // Like a put: wait (bounded) for demotion to make room rather than evict uncopied.
+        store.make_room(lens.iter().sum()).await;
+        let a = self.buffer(m)?;
         let reserved = store
             .reserve(self.id, m.ns, &m.keys, &lens)
             .map_err(|e| tier_error(&e))?;

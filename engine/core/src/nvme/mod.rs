@@ -109,7 +109,11 @@ impl NvmeTier {
         let min_region = (max_block + 3 * 4096).div_ceil(4096) * 4096;
         let region = settings
             .region_size
-            .unwrap_or_else(|| ((smallest / 4) / 4096 * 4096).clamp(min_region, 64 << 20));
+            .unwrap_or_else(|| {
+                // A quarter of the smallest file, at least one whole block and its headers,
+                // at most 64 MiB unless one block needs more.
+                ((smallest / 4) / 4096 * 4096).clamp(min_region, min_region.max(64 << 20))
+            });
         let mut engine = match settings.engine {
             SpillEngine::Uring => IoEngineKind::Uring,
             SpillEngine::Psync => IoEngineKind::Psync,

@@ -184,6 +184,8 @@ impl Store {
             .collect();
         let keys: Vec<Key> = want.iter().map(|w| w.1).collect();
         let lens: Vec<u64> = want.iter().map(|w| w.2).collect();
+        // Room first, like a put: demote ahead rather than evict blocks without a copy.
+        nvme.make_room(lens.iter().sum()).await;
         let Ok(reserved) = self.reserve(STORE_OWNER, ns, &keys, &lens) else {
             return Vec::new();
         };
