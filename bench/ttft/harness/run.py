@@ -27,7 +27,7 @@ import time
 from typing import Dict, List
 
 from . import report
-from .daemons import Daemon, find_bin, write_cluster_key
+from .daemons import Daemon, DaemonError, find_bin, write_cluster_key
 
 PROFILES: Dict[str, Dict] = {
     "h200": {
@@ -38,7 +38,7 @@ PROFILES: Dict[str, Dict] = {
                      "user_len": 256, "answer_len": 192},
         "long_prefix": {"tokens": 32768, "suffix": 64, "reps": 3, "nvme_filler": 2, "peer_reps": 2},
         "correctness": {"prefix_pages": 40, "suffix": 100},
-        "daemons": {"d1": "32GiB", "d2": "6GiB", "d2_spill": "32GiB", "ea": "14GiB", "eb": "14GiB"},
+        "daemons": {"d1": "32GiB", "d2": "3GiB", "d2_spill": "32GiB", "ea": "14GiB", "eb": "14GiB"},
         "memcpy_bytes": 4 << 30,
         "chunk_pages": 64,
     },
@@ -68,6 +68,22 @@ def _stats(d: Daemon) -> Dict:
         return {"tiers": s.get("tiers"), "gpu": s.get("gpu")}
     except Exception as e:  # noqa: BLE001 - stats are informative only
         return {"error": str(e)}
+
+
+def _wait_registered(daemons) -> Dict[str, float]:
+    """Waits until every daemon's arena is registered with CUDA, so copies run pinned from the start."""
+    from kvnode.gpu import GpuClient
+    from kvnode.wire import Connection
+    out = {}
+    t0 = time.perf_counter()
+    for d in daemons:
+        c = Connection(d.sock, client="ttft-wait")
+        try:
+            GpuClient(c).wait_registered(timeout_s=400)
+        finally:
+            c.close()
+        out[d.name] = time.perf_counter() - t0
+    return out
 
 
 def _spawn(specs: List[Dict], outdir: str, tag: str) -> List[Dict]:
@@ -133,8 +149,18 @@ def main(argv=None) -> int:
     results: Dict = {"profile": a.profile, "config": prof, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      "kvnode_bin": binp, "argv": sys.argv}
     try:
-        for d in daemons.values():
-            d.start()
+        for name, d in daemons.items():
+            try:
+                d.start()
+            except DaemonError as e:
+                if name != "d2" or "--spill-engine" in d.extra:
+                    raise
+                # No O_DIRECT on the spill file system (tmpfs, overlayfs): the portable engine.
+                results["d2_uring_error"] = str(e)[-500:]
+                d.extra += ["--spill-engine", "psync"]
+                d.start()
+        if prof["mover"] == "dma":
+            results["registration_s"] = _wait_registered(daemons.values())
         results["daemon_args"] = {k: d.args()[1:] for k, d in daemons.items()}
         tier = lambda d, kind, ns, **kw: {"sock": daemons[d].sock, "kind": kind, "ns_name": ns,  # noqa: E731
                                           "endpoint": daemons[d].endpoint,

@@ -213,6 +213,8 @@ class Worker:
         warm.serve(self.req(-1, _tokens("warm", 2048, self.cfg.vocab)))
         t_start = time.perf_counter()
         for k, req in enumerate(mine):
+            if k % 16 == 0:
+                print(f"  workload request {k}/{len(mine)} at {time.perf_counter() - t_start:.1f}s", flush=True)
             logits_of = {}
             for j in range(len(arms)):
                 arm, lanes = arms[(k + j) % len(arms)]
@@ -261,7 +263,10 @@ def run(spec: Dict, out: str, barrier=None) -> Dict:
         if w.model.device.type == "cuda":
             res["device_name"] = torch.cuda.get_device_name(w.model.device)
         res["torch"] = torch.__version__
+        tag = f"[worker {spec.get('worker_index', 0)}/{spec.get('workers', 1)}]"
+        print(f"{tag} model {spec['model']} ready in {w.init_s:.1f}s", flush=True)
         for section in spec["sections"]:
+            print(f"{tag} {section} ...", flush=True)
             t = time.perf_counter()
             try:
                 res[section] = getattr(w, section)()
@@ -270,6 +275,8 @@ def run(spec: Dict, out: str, barrier=None) -> Dict:
                 if barrier is not None:
                     barrier.abort()
             res[section + "_s"] = time.perf_counter() - t
+            err = res[section].get("error") if isinstance(res[section], dict) else None
+            print(f"{tag} {section} done in {res[section + '_s']:.1f}s" + (f" ERROR {err}" if err else ""), flush=True)
             with open(out, "w") as f:
                 json.dump(res, f, indent=1, default=str)
     except Exception as e:  # noqa: BLE001
