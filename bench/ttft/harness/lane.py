@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 import torch
 
 from .model import Decoder
-from .pool import KvPool, PrefixCache
+from .pool import KvPool, PoolFull, PrefixCache
 from .tier import DaemonTier
 from .workload import Request, page_digests
 
@@ -32,6 +32,7 @@ class Lane:
         self.name, self.model, self.pool, self.tier = name, model, pool, tier
         self.cache = PrefixCache(pool.pages)
         self._digests: Dict[tuple, List[bytes]] = {}
+        self.stalls = 0  # allocations that waited for offloads to unpin pages
 
     def digests(self, req: Request) -> List[bytes]:
         key = (req.idx, len(req.tokens), tuple(req.tokens[-4:]))
@@ -44,6 +45,17 @@ class Lane:
     def _drain(self, wait: bool = False) -> None:
         if self.tier is not None:
             self.cache.unpin(self.tier.drain(wait))
+
+    def _alloc(self, n: int) -> List[int]:
+        """Pool pages; when in-flight offloads pin too much, waits for them (backpressure, timed)."""
+        try:
+            return self.cache.alloc(n)
+        except PoolFull:
+            if self.tier is None:
+                raise
+            self.stalls += 1
+            self._drain(wait=True)
+            return self.cache.alloc(n)
 
     def serve(self, req: Request, keep_logits: bool = False) -> Dict:
         ps = self.model.cfg.page_size
@@ -61,7 +73,7 @@ class Lane:
         ld = None
         if self.tier is not None and len(gpu_pages) < max_hit:
             ld, loaded = self.tier.lookup_and_load(
-                digs[len(gpu_pages):max_hit], digs, self.cache.alloc, self.cache.release)
+                digs[len(gpu_pages):max_hit], digs, self._alloc, self.cache.release)
             for d, p in zip(digs[len(gpu_pages):], loaded):
                 if d in self.cache.table:  # a page left over from a broken chain
                     dup.append(p)
@@ -70,7 +82,7 @@ class Lane:
         t_fetch = time.perf_counter()
         have = gpu_pages + loaded
         cached = len(have) * ps
-        fresh = self.cache.alloc(-(-n_tok // ps) - len(have))
+        fresh = self._alloc(-(-n_tok // ps) - len(have))
         tokens = torch.tensor(req.tokens[cached:], dtype=torch.long)
         logits = self.model.prefill(tokens, cached, torch.tensor(have + fresh, dtype=torch.long), self.pool)
         first = int(torch.argmax(logits).item())  # host sync: the token is on the host
@@ -115,4 +127,5 @@ class Lane:
         t = self.tier
         return {"offload_pages": t.offload_pages, "offload_bytes": t.offload_bytes,
                 "offload_s": t.offload_s, "offload_errors": t.offload_errors[:5],
-                "offload_shared_conn": t.offload_shared, "gpu_evictions": self.cache.evictions}
+                "offload_shared_conn": t.offload_shared, "gpu_evictions": self.cache.evictions,
+                "pool_full_stalls": self.stalls, "offload_room_waits_s": t.room_wait_s}

@@ -97,21 +97,27 @@ class Decoder:
         self._inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, half, device=self.device,
                                                               dtype=torch.float32) / half))
 
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        # x: [n, heads, d]; rotate-half convention.
+    def _rope_tables(self, pos: torch.Tensor):
         f = pos.float()[:, None] * self._inv_freq[None, :]
-        cos, sin = f.cos()[:, None, :], f.sin()[:, None, :]
-        x1, x2 = x[..., : x.shape[-1] // 2].float(), x[..., x.shape[-1] // 2:].float()
+        return f.cos()[:, None, :], f.sin()[:, None, :]
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [n, heads, d]; rotate-half convention, in float32.
+        h = x.shape[-1] // 2
+        x1, x2 = x[..., :h].float(), x[..., h:].float()
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
     @staticmethod
     def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached: int) -> torch.Tensor:
-        # q: [1, H, n, d]; k, v: [1, H, cached + n, d]. New token i sits at position cached + i.
+        # q: [1, Hq, n, d]; k, v: [1, Hkv, cached + n, d] (GQA: SDPA shares each KV head
+        # among Hq/Hkv query heads). New token i sits at position cached + i: causal from
+        # scratch, lower-right causal after a cached prefix (flash when available).
         if cached == 0:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         from torch.nn.attention.bias import causal_lower_right
         bias = causal_lower_right(q.shape[2], k.shape[2])
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cached: int, pages: torch.Tensor, pool) -> torch.Tensor:
@@ -136,22 +142,22 @@ class Decoder:
         slot_off = pos % ps
         x = self.embed[tokens.to(self.device)]
         qd, kd = c.q_heads * c.head_dim, c.kv_heads * c.head_dim
-        rep = c.q_heads // c.kv_heads
+        cos, sin = self._rope_tables(pos)
         for li, L in enumerate(self.layers):
             h = _rms(x, L["ln1"], c.eps)
             qkv = h @ L["wqkv"]
             q = qkv[:, :qd].view(n, c.q_heads, c.head_dim)
             k = qkv[:, qd:qd + kd].view(n, c.kv_heads, c.head_dim)
             v = qkv[:, qd + kd:].view(n, c.kv_heads, c.head_dim)
-            q = self._rope(_rms(q, L["qn"], c.eps), pos)
-            k = self._rope(_rms(k, L["kn"], c.eps), pos)
+            q = self._rope(_rms(q, L["qn"], c.eps), cos, sin)
+            k = self._rope(_rms(k, L["kn"], c.eps), cos, sin)
             kc, vc = pool.k(li), pool.v(li)
             kc[slot_page, slot_off] = k
             vc[slot_page, slot_off] = v
             ka = kc[pages].reshape(need * ps, c.kv_heads, c.head_dim)[:total]
             va = vc[pages].reshape(need * ps, c.kv_heads, c.head_dim)[:total]
-            ka = ka.transpose(0, 1).repeat_interleave(rep, dim=0).unsqueeze(0)
-            va = va.transpose(0, 1).repeat_interleave(rep, dim=0).unsqueeze(0)
+            ka = ka.transpose(0, 1).unsqueeze(0)
+            va = va.transpose(0, 1).unsqueeze(0)
             o = self._attend(q.transpose(0, 1).unsqueeze(0), ka, va, cached)
             x = x + o[0].transpose(0, 1).reshape(n, qd) @ L["wo"]
             h = _rms(x, L["ln2"], c.eps)

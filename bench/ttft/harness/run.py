@@ -32,15 +32,16 @@ from .daemons import Daemon, DaemonError, find_bin, write_cluster_key
 PROFILES: Dict[str, Dict] = {
     "h200": {
         "model": "qwen3-8b", "device": "cuda:0", "mover": "dma", "layout": "layer_first",
-        "pool_pages": 320,
+        "pool_pages": 384,  # 24k tokens of GPU prefix cache per worker; the working set is 4.5x that
         "workload": {"seed": 1, "vocab": 151936, "page_size": 64, "sys_len": 512, "docs": 6,
-                     "doc_len": 3072, "doc_prob": 0.75, "sessions": 24, "turns": 4,
-                     "user_len": 256, "answer_len": 192},
-        "long_prefix": {"tokens": 32768, "suffix": 64, "reps": 3, "nvme_filler": 2, "peer_reps": 2},
+                     "doc_len": 4096, "doc_prob": 0.5, "sessions": 24, "turns": 4,
+                     "user_len": 512, "answer_len": 512},
+        "long_prefix": {"tokens": 32768, "suffix": 64, "reps": 3, "nvme_filler": 1, "peer_reps": 2},
         "correctness": {"prefix_pages": 40, "suffix": 100},
-        # d2's slab holds exactly 4 pages of 9 MiB: with the default 64 MiB slab the daemon's spill
-        # set-up panics (its region clamp has min > max; reported to the lead).
-        "daemons": {"d1": "28GiB", "d2": "3GiB", "d2_spill": "32GiB", "ea": "14GiB", "eb": "14GiB",
+        # d1 holds arms b, b_pf, c (15.3 GiB each) and the long prefix. d2's slab holds exactly
+        # 4 pages of 9 MiB: with the default 64 MiB slab the daemon's spill set-up panics (its
+        # region clamp has min > max; reported to the lead).
+        "daemons": {"d1": "52GiB", "d2": "3GiB", "d2_spill": "40GiB", "ea": "16GiB", "eb": "16GiB",
                     "d2_extra": ["--slab-size", "36MiB"]},
         "memcpy_bytes": 4 << 30,
         "chunk_pages": 64,
@@ -189,6 +190,8 @@ def main(argv=None) -> int:
             spec["workload"] = dict(wl, arms=[
                 {"arm": "a", "lanes": [{"name": "a"}]},
                 {"arm": "b", "lanes": [{"name": "b", "tier": tier("d1", "dram", "wl-b")}]},
+                {"arm": "b_pf", "lanes": [{"name": "b_pf", "layout": "page_first",
+                                           "tier": tier("d1", "dram", "wl-b-pf")}]},
                 {"arm": "d", "lanes": [{"name": "d", "tier": tier("d2", "nvme", "wl-d")}]},
                 {"arm": "e", "lanes": [{"name": "eA", "tier": tier("ea", "peer", "wl-e")},
                                        {"name": "eB", "tier": tier("eb", "peer", "wl-e")}]},

@@ -168,6 +168,7 @@ class Worker:
                 p = prompt if r == 0 else _tokens(f"long/peer/{r}", L, v)
                 src.serve(self.req(10 + r, p))
                 src.finish()
+                dst.finish()
                 dst.cache.clear()
                 runs.append(dst.serve(self.req(10 + r, p)))
             self.close(src, dst)
@@ -176,7 +177,7 @@ class Worker:
         ln.serve(self.req(0, prompt))  # computes and offloads the prefix
         ln.finish()
         promo0 = ln.tier.promotions()
-        for i in range(path.get("filler_prompts", 0)):
+        for i in range(path.get("filler_prompts", 0)):  # push the prefix out of DRAM onto NVMe
             ln.cache.clear()
             ln.serve(self.req(50 + i, _tokens(f"long/fill/{i}", L, v)))
             ln.finish()
@@ -190,6 +191,8 @@ class Worker:
             runs.append(r)
         out = _summ(runs)
         out["promotions_before"] = promo0
+        out["tier_stats"] = {t["tier"]: {k: t.get(k) for k in ("blocks", "demotions", "promotions", "dropped", "evictions", "poisoned")}
+                             for t in ln.tier.conn.stats()["tiers"]}
         self.close(ln)
         return out
 
@@ -203,14 +206,17 @@ class Worker:
         mine = [r for r in reqs if r.idx % workers == widx][:per]
         arms = []
         for a in w["arms"]:
-            lanes = [self.lane(ln["name"], w["pool_pages"], ln.get("tier")) for ln in a["lanes"]]
+            lanes = [self.lane(ln["name"], w["pool_pages"], ln.get("tier"), ln.get("layout")) for ln in a["lanes"]]
             arms.append((a["arm"], lanes))
         names = [a for a, _ in arms]
         results: Dict[str, List[Dict]] = {a: [] for a in names}
         agree: Dict[str, List[float]] = {a: [] for a in names}
         # Warm the kernels outside the measurement (random tokens that no request shares).
-        warm = self.lane("warm", 2048 // self.cfg.page_size + 2)
-        warm.serve(self.req(-1, _tokens("warm", 2048, self.cfg.vocab)))
+        # Both attention paths: from scratch, and after a cached prefix (lower-right causal).
+        warm = self.lane("warm", 4096 // self.cfg.page_size + 2)
+        wt = _tokens("warm", 2048, self.cfg.vocab)
+        warm.serve(self.req(-1, wt))
+        warm.serve(self.req(-2, wt + _tokens("warm2", 1000, self.cfg.vocab)))
         t_start = time.perf_counter()
         for k, req in enumerate(mine):
             if k % 16 == 0:
