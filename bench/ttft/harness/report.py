@@ -202,7 +202,25 @@ def build(results: Dict) -> Dict:
                     row["ttft_p50_change"] = row["ttft_p50_ms"] / w[ref]["ttft_p50_ms"] - 1
                     row["ttft_mean_change"] = row["ttft_mean_ms"] / w[ref]["ttft_mean_ms"] - 1
     s["break_even"] = break_even(s)
+    s["recompute_equivalent_GBps"] = recompute_equivalent(s)
     return s
+
+
+def recompute_equivalent(s: Dict) -> Optional[Dict]:
+    """The bandwidth at which fetching a prefix takes as long as recomputing it.
+
+    short: KV bytes per token / marginal prefill time per token at no context (the fit);
+    long:  the long prefix's KV bytes / its measured recompute time. A path faster than this
+    (and with sub-millisecond fixed cost, as all measured paths have) beats recompute.
+    """
+    out = {}
+    fit, kvb = s.get("prefill_fit"), s.get("kv_bytes_per_token")
+    if fit and kvb and fit["per_token_s"] > 0:
+        out["short_context"] = kvb / fit["per_token_s"] / 1e9
+    lp, meta = s.get("long_prefix") or {}, s.get("long_prefix_meta") or {}
+    if lp.get("recompute", {}).get("ttft_ms") and meta.get("prefix_bytes"):
+        out[f"{meta['tokens']}_tokens"] = meta["prefix_bytes"] / (lp["recompute"]["ttft_ms"] / 1e3) / 1e9
+    return out or None
 
 
 def ok(s: Dict) -> bool:
@@ -283,6 +301,10 @@ def markdown(s: Dict) -> str:
             L.append(f"| {k} | {r['GBps']:.1f} | {r['fixed_s'] * 1e3:.2f} | {r['break_even_tokens']} tokens | "
                      f"{g['8192@0.5']:.2f}x | {g['32768@0.9']:.2f}x | {g['2048@0.25']:.2f}x |")
         L.append("")
+    eq = s.get("recompute_equivalent_GBps")
+    if eq:
+        L += ["Recompute-equivalent bandwidth (a path faster than this beats recomputing): " +
+              ", ".join(f"{k.replace('_', ' ')} {v:.1f} GB/s" for k, v in eq.items()) + ".", ""]
     return "\n".join(L)
 
 
@@ -305,6 +327,9 @@ def svg(s: Dict) -> str:
     mx = max([r[3] for r in rows] + [1e-9])
     y = 35
     colors = ("#1f77b4", "#ff7f0e", "#d62728")
+    for i, (lab, col) in enumerate(zip(("p50", "p90", "p99"), colors)):
+        out.append(f'<rect x="{W - 200 + i * 60}" y="8" width="12" height="12" fill="{col}"/>'
+                   f'<text x="{W - 184 + i * 60}" y="19">{lab}</text>')
     for name, *vals in rows:
         out.append(f'<text x="10" y="{y + bar * 2}">{name}</text>')
         for i, v in enumerate(vals):
@@ -326,3 +351,31 @@ def svg(s: Dict) -> str:
             y += bar + gap
     out.append("</svg>")
     return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    """Re-renders summary.json, report.md and ttft.svg from a results.json."""
+    import argparse
+    import json
+    import os
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("results")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    import gzip
+    opener = gzip.open if a.results.endswith(".gz") else open
+    with opener(a.results, "rt") as f:
+        s = build(json.load(f))
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump(s, f, indent=1)
+    with open(os.path.join(a.out, "report.md"), "w") as f:
+        f.write(markdown(s))
+    with open(os.path.join(a.out, "ttft.svg"), "w") as f:
+        f.write(svg(s))
+    print(markdown(s))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -48,11 +48,11 @@ PROFILES: Dict[str, Dict] = {
     },
     "tiny": {
         "model": "tiny", "device": "cpu", "mover": "copy", "layout": "layer_first",
-        "pool_pages": 24,
+        "pool_pages": 16,
         "workload": {"seed": 1, "vocab": 512, "page_size": 16, "sys_len": 32, "docs": 2,
                      "doc_len": 64, "doc_prob": 0.75, "sessions": 6, "turns": 3,
                      "user_len": 16, "answer_len": 16},
-        "long_prefix": {"tokens": 512, "suffix": 16, "reps": 2, "nvme_filler": 0, "peer_reps": 1},
+        "long_prefix": {"tokens": 512, "suffix": 16, "reps": 2, "nvme_filler": 1, "peer_reps": 1},
         "correctness": {"prefix_pages": 6, "suffix": 10},
         # A DRAM tier of a few small slabs over the spill dir, so the NVMe arm really promotes;
         # psync because CI temp dirs may be tmpfs (no O_DIRECT).
@@ -68,7 +68,7 @@ def _stats(d: Daemon) -> Dict:
     try:
         out = subprocess.run([d.bin, "stats", "--json", "--socket", d.sock], capture_output=True,
                              text=True, timeout=30, check=True).stdout
-        s = json.loads(out)
+        s = json.loads(out).get("stats", {})
         return {"tiers": s.get("tiers"), "gpu": s.get("gpu")}
     except Exception as e:  # noqa: BLE001 - stats are informative only
         return {"error": str(e)}

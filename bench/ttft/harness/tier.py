@@ -234,7 +234,7 @@ class DaemonTier:
             digests, pages = item
             t = time.perf_counter()
             res = []
-            step = self.spec.offload_chunk if self.spec.kind == "nvme" else len(pages)
+            step = self._offload_step() if self.spec.kind == "nvme" else len(pages)
             for i in range(0, len(pages), max(1, step)):
                 d, p = digests[i:i + step], pages[i:i + step]
                 try:
@@ -255,7 +255,15 @@ class DaemonTier:
                         self.router.holder.setdefault(d, self.spec.endpoint)
             self._done_q.put(pages)
 
-    def _wait_room(self, need: int, timeout_s: float = 20.0) -> None:
+    def _offload_step(self) -> int:
+        """Pages per paced Offload: what the demoter keeps free (5 % of DRAM, its low watermark)."""
+        if not hasattr(self, "_step"):
+            st = self._call(self._off_conn.stats)
+            cap = next(t for t in st["tiers"] if t["tier"] == "dram")["capacity_bytes"]
+            self._step = max(1, min(self.spec.offload_chunk, int(cap * 0.05) // self.pool.cfg.page_bytes))
+        return self._step
+
+    def _wait_room(self, need: int, timeout_s: float = 5.0) -> None:
         """Waits until the DRAM tier has `need` free bytes (its demoter writes to NVMe meanwhile).
 
         The daemon's GPU Offload reserves slots without waiting for demotions (a Put waits up to

@@ -73,3 +73,22 @@ def markdown_and_svg_render_a_full_summary():
     md = rp.markdown(s)
     assert "| b | 8 |" in md and "12.5x" in md and "Break-even" in md
     ET.fromstring(rp.svg(s))  # well-formed
+
+
+def the_report_cli_rerenders_a_results_file_and_names_the_recompute_equivalent_bandwidth(tmp_path):
+    import gzip
+    import json
+    rows = [_row(0.01 + 3e-5 * n, n, n) for n in (500, 1000, 2000, 4000, 8000)]
+    results = {"profile": "t", "config": {"model": "qwen3-8b"},
+               "phase1": {"long_prefix": {"tokens": 32768, "suffix": 64, "prefix_bytes": 4831838208,
+                                          "recompute": {"ttft_s": 1.6, "prefill_s": 1.6}},
+                          "workload": {"arms": ["a"], "results": {"a": rows}}}}
+    src = tmp_path / "results.json.gz"
+    with gzip.open(src, "wt") as f:
+        json.dump(results, f)
+    assert rp.main([str(src), "--out", str(tmp_path / "r")]) == 0
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    eq = s["recompute_equivalent_GBps"]
+    assert eq["32768_tokens"] == pytest.approx(4831838208 / 1.6 / 1e9)
+    assert eq["short_context"] == pytest.approx(147456 / (0.8 * 3e-5) / 1e9, rel=1e-3)  # _row: prefill = 0.8 TTFT
+    assert "Recompute-equivalent bandwidth" in (tmp_path / "r" / "report.md").read_text()
