@@ -1,0 +1,84 @@
+"""How page blocks move between a worker's KV pool and its daemon.
+
+`DmaMover` is the production path: the pool is exported with CUDA IPC once and the daemon
+copies pages by DMA (AttachGpu / Onload / Offload). `CopyMover` moves the same block bytes
+through Put / inline Get over the socket; it exists so the harness runs end to end on a
+machine without CUDA (CPU CI), where the daemon answers GPU ops with "no CUDA driver".
+Both return the daemon's per-key statuses (`Loaded`/`Miss`, `Stored`/`Exists`/...).
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+from kvnode.gpu import GpuClient, export_tensor
+from kvnode.wire import Connection
+
+from .pool import KvPool
+
+
+class DmaMover:
+    """Daemon-driven CUDA DMA into/out of an exported pool (one attach per connection)."""
+
+    kind = "dma"
+
+    def __init__(self, conn: Connection, pool: KvPool, device: int = 0):
+        self.gpu = GpuClient(conn)
+        exp = export_tensor(pool.t)
+        self.attached = self.gpu.attach(exp.handle, device, exp.length, pool.gpu_layout(exp.base))
+        if self.attached.page_bytes != pool.cfg.page_bytes:
+            raise RuntimeError(f"daemon sees {self.attached.page_bytes} B pages, pool has {pool.cfg.page_bytes}")
+
+    def onload(self, ns: int, keys: Sequence[list], pages: Sequence[int]) -> List[str]:
+        return self.gpu.onload(ns, keys, pages, self.attached.buffer)
+
+    def onload_async(self, ns: int, keys: Sequence[list], pages: Sequence[int]) -> int:
+        return self.gpu.onload_async(ns, keys, pages, self.attached.buffer)
+
+    def onload_wait(self, ticket: int) -> List[str]:
+        return self.gpu.onload_wait(ticket)
+
+    def offload(self, ns: int, keys: Sequence[list], pages: Sequence[int]) -> List[str]:
+        return self.gpu.offload(ns, keys, pages, self.attached.buffer)
+
+
+class CopyMover:
+    """Block bytes through the socket (Put / inline Get): the no-CUDA stand-in for DmaMover."""
+
+    kind = "copy"
+
+    def __init__(self, conn: Connection, pool: KvPool):
+        self.conn, self.pool = conn, pool
+        self._pending = {}
+
+    def onload(self, ns: int, keys: Sequence[list], pages: Sequence[int]) -> List[str]:
+        blocks = self.conn.get(ns, list(keys))
+        out = []
+        for b, p in zip(blocks, pages):
+            if b is None:
+                out.append("Miss")
+            elif len(b) != self.pool.cfg.page_bytes:
+                out.append("SizeMismatch")
+            else:
+                self.pool.write_block(p, b)
+                out.append("Loaded")
+        return out
+
+    def onload_async(self, ns: int, keys: Sequence[list], pages: Sequence[int]) -> int:
+        t = len(self._pending) + 1
+        self._pending[t] = self.onload(ns, keys, pages)
+        return t
+
+    def onload_wait(self, ticket: int) -> List[str]:
+        return self._pending.pop(ticket)
+
+    def offload(self, ns: int, keys: Sequence[list], pages: Sequence[int]) -> List[str]:
+        return self.conn.put(ns, list(keys), [self.pool.read_block(p) for p in pages])
+
+
+def make_mover(kind: str, conn: Connection, pool: KvPool):
+    if kind == "dma":
+        return DmaMover(conn, pool, pool.t.device.index or 0)
+    if kind == "copy":
+        return CopyMover(conn, pool)
+    raise ValueError(f"unknown mover {kind!r}: use dma (CUDA) or copy (no CUDA)")

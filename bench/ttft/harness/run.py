@@ -1,0 +1,237 @@
+"""Orchestrates a TTFT run: starts the daemons, runs the worker phases, writes results and report.
+
+Phase 1 (one worker process): memcpy reference, correctness, the long prefix, and the
+workload with arms a (GPU prefix cache only), b (kvnode DRAM, CUDA DMA), d (kvnode with a
+small DRAM tier over NVMe) and e (two workers on two daemons, peer pulls by router hint),
+interleaved request by request.
+Phase 2 (two worker processes, in lockstep per request): arms a2 (GPU only, each worker its
+own cache) and c (both workers on one daemon namespace), the same request stream split
+round-robin between the workers.
+
+Usage (from bench/ttft):  python -m harness.run --profile h200 --out DIR
+                          python -m harness.run --profile tiny --out DIR     (CPU, no CUDA)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+from . import report
+from .daemons import Daemon, DaemonError, find_bin, write_cluster_key
+
+PROFILES: Dict[str, Dict] = {
+    "h200": {
+        "model": "qwen3-8b", "device": "cuda:0", "mover": "dma", "layout": "layer_first",
+        "pool_pages": 384,  # 24k tokens of GPU prefix cache per worker; the working set is 4.5x that
+        "workload": {"seed": 1, "vocab": 151936, "page_size": 64, "sys_len": 512, "docs": 6,
+                     "doc_len": 4096, "doc_prob": 0.5, "sessions": 24, "turns": 4,
+                     "user_len": 512, "answer_len": 512},
+        "long_prefix": {"tokens": 32768, "suffix": 64, "reps": 3, "nvme_filler": 1, "peer_reps": 2},
+        "correctness": {"prefix_pages": 40, "suffix": 100},
+        # d1 holds arms b, b_pf, c (15.3 GiB each) and the long prefix. d2's slab holds exactly
+        # 4 pages of 9 MiB: with the default 64 MiB slab the daemon's spill set-up panics (its
+        # region clamp has min > max; reported to the lead).
+        "daemons": {"d1": "52GiB", "d2": "3GiB", "d2_spill": "40GiB", "ea": "16GiB", "eb": "16GiB",
+                    "d2_extra": ["--slab-size", "36MiB"]},
+        "memcpy_bytes": 4 << 30,
+        "chunk_pages": 64,
+    },
+    "tiny": {
+        "model": "tiny", "device": "cpu", "mover": "copy", "layout": "layer_first",
+        "pool_pages": 16,
+        "workload": {"seed": 1, "vocab": 512, "page_size": 16, "sys_len": 32, "docs": 2,
+                     "doc_len": 64, "doc_prob": 0.75, "sessions": 6, "turns": 3,
+                     "user_len": 16, "answer_len": 16},
+        "long_prefix": {"tokens": 512, "suffix": 16, "reps": 2, "nvme_filler": 1, "peer_reps": 1},
+        "correctness": {"prefix_pages": 6, "suffix": 10},
+        # A DRAM tier of a few small slabs over the spill dir, so the NVMe arm really promotes;
+        # psync because CI temp dirs may be tmpfs (no O_DIRECT).
+        "daemons": {"d1": "256MiB", "d2": "8MiB", "d2_spill": "256MiB", "ea": "128MiB", "eb": "128MiB",
+                    "d2_extra": ["--slab-size", "1MiB", "--spill-engine", "psync"]},
+        "chunk_pages": 8,
+        "memcpy_bytes": 0,
+    },
+}
+
+
+def _stats(d: Daemon) -> Dict:
+    try:
+        out = subprocess.run([d.bin, "stats", "--json", "--socket", d.sock], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+        s = json.loads(out).get("stats", {})
+        return {"tiers": s.get("tiers"), "gpu": s.get("gpu")}
+    except Exception as e:  # noqa: BLE001 - stats are informative only
+        return {"error": str(e)}
+
+
+def _wait_registered(daemons) -> Dict[str, float]:
+    """Waits until every daemon's arena is registered with CUDA, so copies run pinned from the start."""
+    from kvnode.gpu import GpuClient
+    from kvnode.wire import Connection
+    out = {}
+    t0 = time.perf_counter()
+    for d in daemons:
+        c = Connection(d.sock, client="ttft-wait")
+        try:
+            GpuClient(c).wait_registered(timeout_s=400)
+        finally:
+            c.close()
+        out[d.name] = time.perf_counter() - t0
+    return out
+
+
+def _spawn(specs: List[Dict], outdir: str, tag: str) -> List[Dict]:
+    from .worker import run as worker_run
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(len(specs)) if len(specs) > 1 else None
+    procs, outs = [], []
+    for i, s in enumerate(specs):
+        out = os.path.join(outdir, f"{tag}-w{i}.json")
+        outs.append(out)
+        p = ctx.Process(target=worker_run, args=(s, out, barrier))
+        p.start()
+        procs.append(p)
+    for p in procs:
+        p.join()
+    res = []
+    for p, out in zip(procs, outs):
+        try:
+            with open(out) as f:
+                r = json.load(f)
+        except (OSError, ValueError) as e:
+            r = {"error": f"worker wrote no result ({e}); exit code {p.exitcode}"}
+        r["exitcode"] = p.exitcode
+        res.append(r)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="h200")
+    ap.add_argument("--out", required=True, help="directory for results.json, report.md, ttft.svg, daemon logs")
+    ap.add_argument("--kvnode-bin", default=None, help="daemon binary (default $KVNODE_BIN)")
+    ap.add_argument("--phases", default="1,2", help="which phases to run (1, 2 or 1,2)")
+    ap.add_argument("--sections", default="memcpy,correctness,long_prefix,workload",
+                    help="phase-1 sections")
+    ap.add_argument("--spill-root", default=None, help="directory for the NVMe tier (not tmpfs: O_DIRECT)")
+    ap.add_argument("--set", action="append", default=[], metavar="PATH=JSON",
+                    help="override a profile value, e.g. workload.sessions=8 or pool_pages=64")
+    a = ap.parse_args(argv)
+    prof = copy.deepcopy(PROFILES[a.profile])
+    for kv in a.set:
+        path, _, val = kv.partition("=")
+        node = prof
+        *head, last = path.split(".")
+        for h in head:
+            node = node[h]
+        node[last] = json.loads(val)
+    binp = find_bin(a.kvnode_bin)
+    os.makedirs(a.out, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="kvnode-ttft-")
+    spill = a.spill_root or os.path.join(work, "spill")
+    key = write_cluster_key(os.path.join(work, "cluster.key"))
+    base = 20000 + (os.getpid() % 2000) * 2
+    ep_a, ep_b = f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"
+    dz = prof["daemons"]
+    daemons = {
+        "d1": Daemon("d1", binp, work, dz["d1"]),
+        "d2": Daemon("d2", binp, work, dz["d2"], spill_dir=os.path.join(spill, "d2"), spill_size=dz["d2_spill"],
+                     extra=list(dz.get("d2_extra", []))),
+        "ea": Daemon("ea", binp, work, dz["ea"], peer_listen=ep_a, cluster_key=key, peers=[f"tcp://{ep_b}"]),
+        "eb": Daemon("eb", binp, work, dz["eb"], peer_listen=ep_b, cluster_key=key, peers=[f"tcp://{ep_a}"]),
+    }
+    results: Dict = {"profile": a.profile, "config": prof, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "kvnode_bin": binp, "argv": sys.argv}
+    try:
+        for name, d in daemons.items():
+            try:
+                d.start()
+            except DaemonError as e:
+                if name != "d2" or "--spill-engine" in d.extra:
+                    raise
+                # No O_DIRECT on the spill file system (tmpfs, overlayfs): the portable engine.
+                results["d2_uring_error"] = str(e)[-500:]
+                d.extra += ["--spill-engine", "psync"]
+                d.start()
+        if prof["mover"] == "dma":
+            results["registration_s"] = _wait_registered(daemons.values())
+        results["daemon_args"] = {k: d.args()[1:] for k, d in daemons.items()}
+        tier = lambda d, kind, ns, **kw: {"sock": daemons[d].sock, "kind": kind, "ns_name": ns,  # noqa: E731
+                                          "endpoint": daemons[d].endpoint,
+                                          "chunk_pages": prof["chunk_pages"], **kw}
+        common = {k: prof[k] for k in ("model", "device", "mover", "layout", "memcpy_bytes")}
+        lp = prof["long_prefix"]
+        wl = {"config": prof["workload"], "pool_pages": prof["pool_pages"]}
+        if "1" in a.phases.split(","):
+            spec = dict(common, sections=a.sections.split(","), workers=1, worker_index=0)
+            spec["correctness"] = dict(prof["correctness"], paths=[
+                ["dram", tier("d1", "dram", "corr"), tier("d1", "dram", "corr")],
+                ["peer", tier("ea", "peer", "corr"), tier("eb", "peer", "corr")],
+            ])
+            spec["long_prefix"] = {"tokens": lp["tokens"], "suffix": lp["suffix"], "reps": lp["reps"], "paths": [
+                {"name": "dram", "kind": "dram", "tier": tier("d1", "dram", "long")},
+                {"name": "dram_page_first", "kind": "dram", "layout": "page_first",
+                 "tier": tier("d1", "dram", "long-pf")},
+                {"name": "nvme", "kind": "nvme", "tier": tier("d2", "nvme", "long"),
+                 "filler_prompts": lp["nvme_filler"]},
+                {"name": "peer", "kind": "peer", "reps": lp["peer_reps"],
+                 "source": tier("ea", "peer", "long"), "tier": tier("eb", "peer", "long")},
+            ]}
+            spec["workload"] = dict(wl, arms=[
+                {"arm": "a", "lanes": [{"name": "a"}]},
+                {"arm": "b", "lanes": [{"name": "b", "tier": tier("d1", "dram", "wl-b")}]},
+                {"arm": "b_pf", "lanes": [{"name": "b_pf", "layout": "page_first",
+                                           "tier": tier("d1", "dram", "wl-b-pf")}]},
+                {"arm": "d", "lanes": [{"name": "d", "tier": tier("d2", "nvme", "wl-d")}]},
+                {"arm": "e", "lanes": [{"name": "eA", "tier": tier("ea", "peer", "wl-e")},
+                                       {"name": "eB", "tier": tier("eb", "peer", "wl-e")}]},
+            ])
+            results["phase1"] = _spawn([spec], a.out, "phase1")[0]
+            results["daemon_stats_after_phase1"] = {k: _stats(d) for k, d in daemons.items()}
+        if "2" in a.phases.split(","):
+            specs = []
+            for i in range(2):
+                s = dict(common, sections=["workload"], workers=2, worker_index=i)
+                s["workload"] = dict(wl, arms=[
+                    {"arm": "a2", "lanes": [{"name": "a2"}]},
+                    {"arm": "c", "lanes": [{"name": "c", "tier": tier("d1", "dram", "wl-c")}]},
+                ])
+                specs.append(s)
+            results["phase2"] = _spawn(specs, a.out, "phase2")
+            results["daemon_stats_after_phase2"] = {k: _stats(d) for k, d in daemons.items()}
+    finally:
+        for d in daemons.values():
+            d.stop()
+        for d in daemons.values():
+            try:
+                shutil.copy(d.log, os.path.join(a.out, f"daemon-{d.name}.log"))
+            except OSError:
+                pass
+        shutil.rmtree(spill, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    summary = report.build(results)
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(a.out, "report.md"), "w") as f:
+        f.write(report.markdown(summary))
+    with open(os.path.join(a.out, "ttft.svg"), "w") as f:
+        f.write(report.svg(summary))
+    print(report.markdown(summary))
+    return 0 if report.ok(summary) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

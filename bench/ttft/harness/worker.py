@@ -1,0 +1,293 @@
+"""A worker process: builds the model once and runs the sections its spec names.
+
+Sections: `memcpy` (same-run pinned copy bandwidth), `correctness` (onloaded KV gives the same
+first-token logits as KV computed in place), `long_prefix` (one long prefix from each tier
+against recompute, with the time split), `workload` (arms interleaved request by request).
+Each section's result (or its error) goes into the JSON written at `out`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+import traceback
+from typing import Dict, List, Optional
+
+import torch
+
+from .lane import Lane, sync
+from .model import CONFIGS, Decoder, prefill_flops
+from .pool import KvPool
+from .tier import DaemonTier, Router, TierSpec
+from .workload import Request, WorkloadConfig, generate
+
+
+def _tokens(seed: str, n: int, vocab: int) -> List[int]:
+    g = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:7], "big"))
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+class Worker:
+    def __init__(self, spec: Dict, barrier=None):
+        self.spec = spec
+        self.cfg = CONFIGS[spec["model"]]
+        self.device = spec["device"]
+        self.barrier = barrier
+        t = time.perf_counter()
+        self.model = Decoder(self.cfg, self.device, seed=spec.get("seed", 0))
+        sync(self.model.device)
+        self.init_s = time.perf_counter() - t
+        self.router = Router()
+
+    # -- helpers -----------------------------------------------------------------------------
+    def lane(self, name: str, pages: int, tier: Optional[Dict] = None, layout: Optional[str] = None) -> Lane:
+        pool = KvPool(self.cfg, pages, self.device, layout or self.spec.get("layout", "layer_first"))
+        t = None
+        if tier:
+            ts = TierSpec(**{"mover": self.spec.get("mover", "dma"), **tier})
+            t = DaemonTier(ts, pool, self.router if ts.kind == "peer" else None, client=f"ttft-{name}")
+        return Lane(name, self.model, pool, t)
+
+    @staticmethod
+    def close(*lanes: Lane) -> None:
+        for ln in lanes:
+            if ln.tier is not None:
+                ln.finish()
+                ln.tier.close()
+
+    def req(self, idx: int, tokens: List[int]) -> Request:
+        return Request(idx, -1, 0, None, tokens)
+
+    # -- sections ----------------------------------------------------------------------------
+    def memcpy(self) -> Dict:
+        """Pinned host <-> device copy bandwidth (torch -> cudaMemcpyAsync), same run."""
+        if self.model.device.type != "cuda":
+            return {"skipped": "no CUDA device"}
+        n = int(self.spec.get("memcpy_bytes", 4 << 30))
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(n, dtype=torch.uint8, device=self.device)
+        out = {"bytes": n}
+        for name, dst, src in (("h2d", dev, host), ("d2h", host, dev)):
+            dst.copy_(src, non_blocking=True)
+            sync(self.model.device)
+            best = []
+            for _ in range(3):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                dst.copy_(src, non_blocking=True)
+                b.record()
+                b.synchronize()
+                best.append(n / (a.elapsed_time(b) / 1e3) / 1e9)
+            out[f"{name}_GBps"] = max(best)
+        del host, dev
+        return out
+
+    def correctness(self) -> Dict:
+        """Onloaded KV versus KV computed in place: bitwise first-token logits and page bytes."""
+        c = self.spec["correctness"]
+        ps, v = self.cfg.page_size, self.cfg.vocab
+        pre = _tokens("corr/prefix", c["prefix_pages"] * ps, v)
+        s1, s2 = _tokens("corr/s1", c["suffix"], v), _tokens("corr/s2", c["suffix"], v)
+        pages = c["prefix_pages"] + 8
+        out = {}
+        ref = self.lane("corr-gpu", pages)
+        ref.serve(self.req(0, pre + s1))
+        r_gpu = ref.serve(self.req(1, pre + s2), keep_logits=True)
+        full = self.lane("corr-full", pages)
+        r_full = full.serve(self.req(1, pre + s2), keep_logits=True)
+        for path, tier_x, tier_y in c["paths"]:
+            x = self.lane(f"corr-{path}-x", pages, tier_x)
+            y = self.lane(f"corr-{path}-y", pages, tier_y)
+            x.serve(self.req(0, pre + s1))
+            x.finish()
+            r_y = y.serve(self.req(1, pre + s2), keep_logits=True)
+            kv_equal = all(
+                torch.equal(x.pool.page(x.cache.table[d]).view(torch.uint8),
+                            y.pool.page(y.cache.table[d]).view(torch.uint8))
+                for d in y.digests(self.req(1, pre + s2))[: r_y["tier_hit_tokens"] // ps])
+            diff = (r_y["logits"] - r_full["logits"]).abs().max().item()
+            out[path] = {
+                "tier_hit_tokens": r_y["tier_hit_tokens"], "prompt_tokens": r_y["prompt_tokens"],
+                "kv_pages_bitwise_equal": kv_equal,
+                "logits_bitwise_equal_to_gpu_cached": bool(torch.equal(r_y["logits"], r_gpu["logits"])),
+                "max_abs_diff_vs_full_recompute": diff,
+                "first_token_equal_full_recompute": r_y["first_token"] == r_full["first_token"],
+                "logit_scale": r_full["logits"].abs().max().item(),
+            }
+            self.close(x, y)
+        self.close(ref, full)
+        return out
+
+    def long_prefix(self) -> Dict:
+        """One long prefix: recompute vs each tier, with the TTFT split into fetch and compute."""
+        c = self.spec["long_prefix"]
+        ps, v = self.cfg.page_size, self.cfg.vocab
+        L, S, reps = c["tokens"], c["suffix"], c.get("reps", 3)
+        pages = -(-(L + S) // ps) + 2
+        out: Dict = {"tokens": L, "suffix": S, "page_bytes": self.cfg.page_bytes,
+                     "prefix_bytes": (L // ps) * self.cfg.page_bytes,
+                     "prefill_tflop": prefill_flops(self.cfg, 0, L + S) / 1e12}
+        prompt = _tokens("long/0", L, v) + _tokens("long/s", S, v)
+        # Recompute (warm the kernels first with a shorter prompt).
+        rc = self.lane("long-recompute", pages)
+        rc.serve(self.req(99, _tokens("long/warm", min(L, 4096) + S, v)))
+        runs = []
+        for _ in range(reps):
+            rc.cache.clear()
+            runs.append(rc.serve(self.req(0, prompt)))
+        out["recompute"] = _summ(runs)
+        out["recompute"]["tflops"] = prefill_flops(self.cfg, 0, L + S) / 1e12 / out["recompute"]["ttft_s"]
+        # The suffix alone after a cached prefix (what remains once the prefix is fetched).
+        runs = []
+        for _ in range(reps):
+            rc.cache.clear()
+            rc.serve(self.req(0, prompt))
+            runs.append(rc.serve(self.req(0, prompt)))
+        out["gpu_cached"] = _summ(runs)
+        self.close(rc)
+        del rc
+        for path in c["paths"]:
+            name, layout = path["name"], path.get("layout")
+            try:
+                out[name] = self._long_path(path, prompt, pages, path.get("reps", reps), layout)
+            except Exception as e:  # noqa: BLE001 - one path failing must not hide the others
+                out[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
+            torch.cuda.empty_cache() if self.model.device.type == "cuda" else None
+        return out
+
+    def _long_path(self, path: Dict, prompt: List[int], pages: int, reps: int, layout) -> Dict:
+        v = self.cfg.vocab
+        L = len(prompt)
+        if path["kind"] == "peer":
+            src = self.lane(f"long-{path['name']}-src", pages, path["source"], layout)
+            dst = self.lane(f"long-{path['name']}-dst", pages, path["tier"], layout)
+            runs = []
+            for r in range(reps):
+                p = prompt if r == 0 else _tokens(f"long/peer/{r}", L, v)
+                src.serve(self.req(10 + r, p))
+                src.finish()
+                dst.finish()
+                dst.cache.clear()
+                runs.append(dst.serve(self.req(10 + r, p)))
+            self.close(src, dst)
+            return _summ(runs)
+        ln = self.lane(f"long-{path['name']}", pages, path["tier"], layout)
+        ln.serve(self.req(0, prompt))  # computes and offloads the prefix
+        ln.finish()
+        promo0 = ln.tier.promotions()
+        for i in range(path.get("filler_prompts", 0)):  # push the prefix out of DRAM onto NVMe
+            ln.cache.clear()
+            ln.serve(self.req(50 + i, _tokens(f"long/fill/{i}", L, v)))
+            ln.finish()
+        runs = []
+        for _ in range(reps):
+            ln.finish()
+            ln.cache.clear()
+            p0 = ln.tier.promotions()
+            r = ln.serve(self.req(0, prompt))
+            r["promoted_pages"] = ln.tier.promotions() - p0
+            runs.append(r)
+        out = _summ(runs)
+        out["promotions_before"] = promo0
+        out["tier_stats"] = {t["tier"]: {k: t.get(k) for k in ("blocks", "demotions", "promotions", "dropped", "evictions", "poisoned")}
+                             for t in ln.tier.conn.stats()["tiers"]}
+        self.close(ln)
+        return out
+
+    def workload(self) -> Dict:
+        """Arms interleaved request by request (rotating which arm goes first)."""
+        w = self.spec["workload"]
+        wcfg = WorkloadConfig(**w["config"])
+        workers, widx = self.spec.get("workers", 1), self.spec.get("worker_index", 0)
+        reqs = generate(wcfg)
+        per = len(reqs) // workers
+        mine = [r for r in reqs if r.idx % workers == widx][:per]
+        arms = []
+        for a in w["arms"]:
+            lanes = [self.lane(ln["name"], w["pool_pages"], ln.get("tier"), ln.get("layout")) for ln in a["lanes"]]
+            arms.append((a["arm"], lanes))
+        names = [a for a, _ in arms]
+        results: Dict[str, List[Dict]] = {a: [] for a in names}
+        agree: Dict[str, List[float]] = {a: [] for a in names}
+        # Warm the kernels outside the measurement (random tokens that no request shares).
+        # Both attention paths: from scratch, and after a cached prefix (lower-right causal).
+        warm = self.lane("warm", 4096 // self.cfg.page_size + 2)
+        wt = _tokens("warm", 2048, self.cfg.vocab)
+        warm.serve(self.req(-1, wt))
+        warm.serve(self.req(-2, wt + _tokens("warm2", 1000, self.cfg.vocab)))
+        t_start = time.perf_counter()
+        for k, req in enumerate(mine):
+            if k % 16 == 0:
+                print(f"  workload request {k}/{len(mine)} at {time.perf_counter() - t_start:.1f}s", flush=True)
+            logits_of = {}
+            for j in range(len(arms)):
+                arm, lanes = arms[(k + j) % len(arms)]
+                lane = lanes[(req.idx // workers) % len(lanes)]
+                nvme = lane.tier is not None and lane.tier.spec.kind == "nvme"
+                p0 = lane.tier.promotions() if nvme else 0
+                if self.barrier is not None:
+                    self.barrier.wait(timeout=600)
+                r = lane.serve(req, keep_logits=True)
+                if nvme:
+                    r["nvme_tokens"] = (lane.tier.promotions() - p0) * self.cfg.page_size
+                logits_of[arm] = r.pop("logits")
+                r["worker"] = widx
+                results[arm].append(r)
+            # Every arm's first token and logits against the first arm's (GPU prefix cache only).
+            ref = logits_of[names[0]]
+            for arm in names[1:]:
+                r = results[arm][-1]
+                r["first_token_equal_ref"] = r["first_token"] == results[names[0]][-1]["first_token"]
+                r["max_abs_logit_diff_ref"] = (logits_of[arm] - ref).abs().max().item()
+        wall = time.perf_counter() - t_start
+        finish = {}
+        for arm, lanes in arms:
+            finish[arm] = [ln.finish() for ln in lanes]
+            self.close(*lanes)
+        self.close(warm)
+        return {"arms": names, "results": results, "finish": finish, "wall_s": wall,
+                "worker": widx, "workers": workers, "requests": len(mine)}
+
+
+def _summ(runs: List[Dict]) -> Dict:
+    """Median run of a repeated measurement, with every run's TTFT."""
+    runs = sorted(runs, key=lambda r: r["ttft_s"])
+    med = dict(runs[len(runs) // 2])
+    med.pop("logits", None)
+    med["ttft_runs_s"] = [r["ttft_s"] for r in runs]
+    med["ttft_s"] = statistics.median(r["ttft_s"] for r in runs)
+    return med
+
+
+def run(spec: Dict, out: str, barrier=None) -> Dict:
+    res: Dict = {"spec": spec}
+    try:
+        w = Worker(spec, barrier)
+        res["model_init_s"] = w.init_s
+        if w.model.device.type == "cuda":
+            res["device_name"] = torch.cuda.get_device_name(w.model.device)
+        res["torch"] = torch.__version__
+        tag = f"[worker {spec.get('worker_index', 0)}/{spec.get('workers', 1)}]"
+        print(f"{tag} model {spec['model']} ready in {w.init_s:.1f}s", flush=True)
+        for section in spec["sections"]:
+            print(f"{tag} {section} ...", flush=True)
+            t = time.perf_counter()
+            try:
+                res[section] = getattr(w, section)()
+            except Exception as e:  # noqa: BLE001 - recorded; later sections still run
+                res[section] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+                if barrier is not None:
+                    barrier.abort()
+            res[section + "_s"] = time.perf_counter() - t
+            err = res[section].get("error") if isinstance(res[section], dict) else None
+            print(f"{tag} {section} done in {res[section + '_s']:.1f}s" + (f" ERROR {err}" if err else ""), flush=True)
+            with open(out, "w") as f:
+                json.dump(res, f, indent=1, default=str)
+    except Exception as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["trace"] = traceback.format_exc()[-3000:]
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    return res
