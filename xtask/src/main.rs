@@ -85,9 +85,18 @@ fn python_tests() -> Result<(), String> {
     let path = format!("{venv}/bin:{}", std::env::var("PATH").unwrap_or_default());
     run(
         "python-tests",
-        Command::new(py)
+        Command::new(&py)
             .args(["-m", "pytest", "-q", "clients/python/tests"])
-            .env("PATH", path)
+            .env("PATH", &path)
+            .env("KVNODE_BIN", "target/release/kvnode"),
+    )?;
+    // The TTFT harness's CPU parts (workload, decoder, report, a tiny end-to-end run with
+    // real daemons), so the GPU benchmark does not rot (bench/ttft/README.md).
+    run(
+        "ttft-harness",
+        Command::new(&py)
+            .args(["-m", "pytest", "-q", "bench/ttft/tests"])
+            .env("PATH", &path)
             .env("KVNODE_BIN", "target/release/kvnode"),
     )
 }
