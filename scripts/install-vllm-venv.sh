@@ -34,7 +34,7 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 #    cublasLt, cufft, cufile, cupti, curand, cusparse, cusparseLt, cudnn, nccl, nvrtc, nvshmem)
 #    at the versions torch 2.14.0's metadata pins.
 "${PIP[@]}" --no-deps \
-  torch==2.14.0 vllm==0.33.0 xgrammar==0.2.8 \
+  torch==2.14.0 vllm==0.33.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.11 \
   'nvidia-cuda-runtime==13.0.96.*' 'nvidia-cublas==13.1.1.3.*' 'nvidia-cuda-nvrtc==13.0.88.*' \
   'nvidia-cufft==12.0.0.61.*' 'nvidia-nvjitlink>=13.0.88,<14' 'nvidia-cufile==1.15.1.6.*' \
   'nvidia-cuda-cupti==13.0.85.*' 'nvidia-curand==10.4.0.35.*' 'nvidia-cusparse==12.6.3.3.*' \

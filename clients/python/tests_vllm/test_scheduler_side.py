@@ -136,7 +136,7 @@ def test_pending_lookup_returns_none_without_blocking_the_scheduler(daemon, mode
 
 
 def test_finished_request_keeps_its_blocks_until_workers_report_the_offloads(daemon, model_dir):
-    s = make_scheduler(vllm_config(model_dir, daemon.socket))
+    s = make_scheduler(vllm_config(model_dir, daemon.socket, lookup_wait_ms=5000))
     total = free_blocks(s)
     req = make_request("done", prompt(6, 3), max_tokens=1)
     s.add_request(req)
@@ -157,7 +157,7 @@ def test_finished_request_keeps_its_blocks_until_workers_report_the_offloads(dae
 
 
 def test_a_request_that_offloaded_nothing_is_freed_at_once(daemon, model_dir):
-    s = make_scheduler(vllm_config(model_dir, daemon.socket, kv_role="kv_consumer"))
+    s = make_scheduler(vllm_config(model_dir, daemon.socket, kv_role="kv_consumer", lookup_wait_ms=5000))
     total = free_blocks(s)
     req = make_request("ro", prompt(7, 3), max_tokens=1)
     s.add_request(req)
@@ -183,7 +183,7 @@ def test_cache_salt_separates_keys_and_router_hashes_are_vllms_event_hashes(daem
 
 
 def test_reset_prefix_cache_clears_the_namespace_in_the_daemon(daemon, model_dir):
-    s = make_scheduler(vllm_config(model_dir, daemon.socket))
+    s = make_scheduler(vllm_config(model_dir, daemon.socket, lookup_wait_ms=5000))
     req = make_request("r", prompt(9, 3))
     deposit(daemon.socket, s.connector.spec, req.block_hashes)
     assert present(daemon.socket, s.connector.spec, req.block_hashes) == 3

@@ -7,6 +7,10 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional
 
 
+#: vLLM 0.33's KVCacheLayout names (and "" = no preference).
+_LAYOUTS = {"", "LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC", "NHD", "HND"}
+
+
 class ConfigError(ValueError):
     """A `kv_connector_extra_config` entry kvnode cannot use; the message names it."""
 
@@ -37,6 +41,10 @@ class KvnodeVllmConfig:
     save               offload new full blocks (kv_role kv_both / kv_producer)
     load               onload hits (kv_role kv_both / kv_consumer)
     connect_timeout_s  socket timeout of every daemon call
+    kv_cache_layout    the KV cache layout the connector asks vLLM for (get_required_kvcache_layout):
+                       "BLNHC" (default: block-outermost, each block one contiguous run of all its
+                       layers, one DMA per block), any other vLLM layout name, or "" for vLLM's
+                       own choice (LBNHC by default: one DMA per layer per block, slower)
     """
 
     socket: str = ""
@@ -48,6 +56,7 @@ class KvnodeVllmConfig:
     save: bool = True
     load: bool = True
     connect_timeout_s: float = 30.0
+    kv_cache_layout: str = "BLNHC"
 
     @classmethod
     def parse(cls, extra: Optional[Mapping[str, Any]], kv_role: str = "kv_both") -> "KvnodeVllmConfig":
@@ -70,6 +79,9 @@ class KvnodeVllmConfig:
             elif not isinstance(value, str):
                 raise ConfigError(f"kvnode connector: {name} must be a string, got {value!r}")
             vals[name] = value
+        layout = vals.get("kv_cache_layout", "BLNHC")
+        if layout not in _LAYOUTS:
+            raise ConfigError(f"kvnode connector: kv_cache_layout {layout!r} is not one of {sorted(_LAYOUTS)}")
         if kv_role not in ("kv_both", "kv_producer", "kv_consumer"):
             raise ConfigError(f"kvnode connector: kv_role {kv_role!r} is not kv_both, kv_producer or kv_consumer")
         if kv_role == "kv_producer":

@@ -141,6 +141,15 @@ class KvnodeConnector(KVConnectorBase_V1):
         return Connection(self.cfg.socket, client=f"vllm-{self.role.name.lower()}",
                           timeout=self.cfg.connect_timeout_s)
 
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> Optional[str]:
+        """Block-outermost by default: a block's layers are one contiguous run, so the daemon
+        moves each block with one DMA (docs/vllm.md, throughput). vLLM keeps its own choice,
+        with a warning, when the attention backends cannot use it."""
+        ktc = vllm_config.kv_transfer_config
+        cfg = KvnodeVllmConfig.parse(ktc.kv_connector_extra_config, ktc.kv_role)
+        return cfg.kv_cache_layout or None
+
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a cache: a dropped offload is a later miss, never a wrong answer

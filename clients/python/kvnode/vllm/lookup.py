@@ -88,6 +88,11 @@ class LookupService:
 
     # -- lookup thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        try:  # connect ahead of the first request (handshake, Register, Timeouts)
+            self._connection()
+        except (KvnodeError, OSError) as e:
+            logger.warning("kvnode daemon not reachable yet (%s); lookups answer 0 until it is", e)
+            self._conn = None
         while True:
             req_id = self._q.get()
             if req_id is None:
