@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds (once) a cached virtualenv with the real vllm==0.33.0 wheel importable on a CPU-only
 # machine, for clients/python/tests_vllm. Idempotent: a venv whose stamp matches is reused in
-# well under a second. Prints the venv's python path on its last line.
+# about a tenth of a second. Prints the venv's python path on its last line.
 #
 #   scripts/install-vllm-venv.sh            # -> ~/.cache/kvnode-vllm-venv
 #   KVNODE_VLLM_VENV=/path scripts/install-vllm-venv.sh
@@ -19,7 +19,8 @@ PY="${PYTHON:-python3}"
 STAMP_TEXT="vllm==0.33.0 torch==2.14.0 kvnode-vllm-venv v1"
 
 if [[ -f "$VENV/.kvnode-stamp" && "$(cat "$VENV/.kvnode-stamp")" == "$STAMP_TEXT" ]] \
-   && "$VENV/bin/python" -c "import vllm, torch" >/dev/null 2>&1; then
+   && "$VENV/bin/python" -c "import importlib.util as u; assert u.find_spec('vllm') and u.find_spec('torch')" \
+      >/dev/null 2>&1; then
   echo "$VENV/bin/python"
   exit 0
 fi
