@@ -62,6 +62,7 @@ def test_blocks_in_the_daemon_are_matched_and_planned_into_the_allocated_vllm_bl
     out = s.schedule()
     assert out.num_scheduled_tokens["a"] == len(req.prompt_token_ids) - 3 * BLOCK
     assert req.num_computed_tokens == len(req.prompt_token_ids)
+    assert out.has_sync_kv_loads, "vLLM runs start_load_kv before this step's forward"
     plan = out.kv_connector_metadata.plan
     ids = s.kv_cache_manager.get_block_ids("a")[0]
     digests = [digest_of(h) for h in req.block_hashes]

@@ -150,6 +150,10 @@ class KvnodeConnector(KVConnectorBase_V1):
         cfg = KvnodeVllmConfig.parse(ktc.kv_connector_extra_config, ktc.kv_role)
         return cfg.kv_cache_layout or None
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        return False  # the daemon maps the KV allocation by CUDA IPC; sleep mode remaps it
+
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a cache: a dropped offload is a later miss, never a wrong answer
