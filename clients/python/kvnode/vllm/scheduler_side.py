@@ -8,9 +8,8 @@ vLLM must not free the request's blocks until the workers report the offloads do
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set
 
 from kvnode.vllm.keys import block_hashes_per_block, digest_of
 from kvnode.vllm.lookup import LookupService
@@ -40,7 +39,6 @@ class SchedulerSide:
         self._reqs: Dict[str, _Req] = {}
         self._preempted: List[str] = []
         self._awaiting_free: Set[str] = set()
-        self._lock = threading.Lock()
         # Counters for metrics / stats.
         self.lookups = 0
         self.hit_tokens = 0
@@ -111,7 +109,7 @@ class SchedulerSide:
         """`scheduled`: (req_id, hashes, block_ids, tokens_computed_after_this_step) for each
         request scheduled this step. Returns the step's plan and resets the per-step state."""
         plan = StepPlan(preempted=list(preempted))
-        for st_id, st in self._reqs.items():
+        for st in self._reqs.values():
             if st.load is not None:
                 plan.loads.append(st.load)
                 st.load = None
