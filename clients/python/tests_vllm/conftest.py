@@ -24,6 +24,7 @@ from vllm.config import (  # noqa: E402
     CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig)
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor)
@@ -99,10 +100,11 @@ def model_dir(tmp_path_factory):
     return str(d)
 
 
-def vllm_config(model_dir: str, socket: str, **extra) -> VllmConfig:
+def vllm_config(model_dir: str, socket: str, async_scheduling: bool = False, **extra) -> VllmConfig:
     model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", seed=0)
     sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=2048,
-                            enable_chunked_prefill=True, is_encoder_decoder=False)
+                            enable_chunked_prefill=True, is_encoder_decoder=False,
+                            async_scheduling=async_scheduling)
     cache = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, cache_dtype="auto",
                         enable_prefix_caching=True)
     cache.kv_cache_layout = "LBNHC"  # the engine resolves it before building connectors
@@ -129,7 +131,8 @@ def kv_cache_config(num_blocks: int = 200, groups=None) -> KVCacheConfig:
 def make_scheduler(vc: VllmConfig, kcc: KVCacheConfig = None) -> Scheduler:
     kcc = kcc or kv_cache_config()
     vc.cache_config.num_gpu_blocks = kcc.num_blocks
-    return Scheduler(vllm_config=vc, kv_cache_config=kcc, log_stats=True,
+    cls = AsyncScheduler if vc.scheduler_config.async_scheduling else Scheduler
+    return cls(vllm_config=vc, kv_cache_config=kcc, log_stats=True,
                      structured_output_manager=StructuredOutputManager(vc), block_size=BLOCK)
 
 

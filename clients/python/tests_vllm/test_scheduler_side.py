@@ -67,18 +67,59 @@ def test_blocks_in_the_daemon_are_matched_and_planned_into_the_allocated_vllm_bl
     ids = s.kv_cache_manager.get_block_ids("a")[0]
     digests = [digest_of(h) for h in req.block_hashes]
     assert plan.loads == [BlockMove("a", digests[:3], ids[:3])]
-    # Blocks 3 and 4 become full in this step: offloaded once; 0..2 are in kvnode already.
-    assert plan.saves == [BlockMove("a", digests[3:5], ids[3:5])]
-
-    # Decode steps: the next offload happens when block 5 fills, and only block 5.
+    # Blocks 3 and 4 become full in this step, but they were computed on top of the loaded
+    # blocks: they are offered only once the step's outcome is back (no load error), i.e. in
+    # the next step; 0..2 are in kvnode already. Block 5 is offered when it fills.
+    assert plan.saves == []
     saves = []
-    for _ in range(BLOCK):
+    for step in range(BLOCK):
         s.update_from_output(out, runner_output([req], token=9))
         out = s.schedule()
-        saves += out.kv_connector_metadata.plan.saves
+        saves.append(out.kv_connector_metadata.plan.saves)
         assert not out.kv_connector_metadata.plan.loads
-    assert [(m.digests, m.block_ids) for m in saves] == [
-        ([digest_of(req.block_hashes[5])], [s.kv_cache_manager.get_block_ids("a")[0][5]])]
+    ids = s.kv_cache_manager.get_block_ids("a")[0]
+    digests = [digest_of(h) for h in req.block_hashes]
+    assert saves[0] == [BlockMove("a", digests[3:5], ids[3:5])]
+    assert [m for st in saves[1:] for m in st] == [BlockMove("a", [digests[5]], [ids[5]])]
+
+
+def test_a_failed_load_is_recomputed_and_only_then_offloaded(daemon, model_dir):
+    s = make_scheduler(vllm_config(model_dir, daemon.socket, lookup_wait_ms=5000))
+    req = make_request("e", prompt(12, 5), max_tokens=8)  # 83 tokens: 5 full blocks
+    d = [digest_of(h) for h in req.block_hashes]
+    deposit(daemon.socket, s.connector.spec, req.block_hashes[:3])
+    s.add_request(req)
+    out = s.schedule()
+    ids = s.kv_cache_manager.get_block_ids("e")[0]
+    assert out.kv_connector_metadata.plan.loads == [BlockMove("e", d[:3], ids[:3])]
+    assert out.kv_connector_metadata.plan.saves == []
+    # A worker reports block 1 of the load failed (say, evicted between lookup and onload).
+    s.update_from_output(out, runner_output([req], invalid_block_ids={ids[1]}))
+    assert req.num_computed_tokens == BLOCK, "vLLM keeps only the blocks before the failed one"
+    out = s.schedule()
+    assert out.num_scheduled_tokens["e"] == len(req.prompt_token_ids) - BLOCK
+    plan = out.kv_connector_metadata.plan
+    assert plan.loads == []
+    # Blocks 1..4 are recomputed in this step and offered once (never the step-1 versions).
+    assert plan.saves == [BlockMove("e", d[1:5], ids[1:5])]
+
+
+def test_with_async_scheduling_offloads_wait_until_the_load_steps_output_is_back(daemon, model_dir):
+    vc = vllm_config(model_dir, daemon.socket, async_scheduling=True, lookup_wait_ms=5000)
+    s = make_scheduler(vc)
+    assert vc.max_concurrent_batches == 2 and s.connector.sched.steps_in_flight == 2
+    req = make_request("as", prompt(13, 5), max_tokens=40)
+    deposit(daemon.socket, s.connector.spec, req.block_hashes[:3])
+    s.add_request(req)
+    out1 = s.schedule()
+    assert len(out1.kv_connector_metadata.plan.loads) == 1
+    out2 = s.schedule()  # built before step 1's output (and any load error) is back
+    assert out2.kv_connector_metadata.plan.saves == []
+    s.update_from_output(out1, runner_output([req], token=9))
+    out3 = s.schedule()
+    ids = s.kv_cache_manager.get_block_ids("as")[0]
+    assert out3.kv_connector_metadata.plan.saves == [
+        BlockMove("as", [digest_of(h) for h in req.block_hashes[3:5]], ids[3:5])]
 
 
 def test_a_prompt_entirely_in_the_daemon_leaves_one_token_to_compute(daemon, model_dir):

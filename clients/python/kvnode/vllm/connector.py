@@ -131,7 +131,8 @@ class KvnodeConnector(KVConnectorBase_V1):
             lookup = LookupService(self._connect, lambda c: c.register(self.spec)["ns"],
                                    len(self.spec["segments"]), self.cfg.hint_wait_s)
             self.sched = SchedulerSide(lookup, self.geometry.block_size, hash_block,
-                                       self.cfg.lookup_wait_ms / 1000.0, self.cfg.load, self.cfg.save)
+                                       self.cfg.lookup_wait_ms / 1000.0, self.cfg.load, self.cfg.save,
+                                       steps_in_flight=vllm_config.max_concurrent_batches)
         else:
             self.worker = WorkerSide(self._connect, self.spec)
         logger.info("kvnode connector (%s) on %s, namespace %s", role.name, self.cfg.socket,
@@ -278,8 +279,18 @@ class KvnodeConnector(KVConnectorBase_V1):
         return KvnodeConnectorMetadata(self.sched.build_plan(scheduled, preempted))
 
     def update_connector_output(self, connector_output: Any) -> None:
-        if self.sched is not None:
-            self.sched.finished_sending(connector_output.finished_sending)
+        if self.sched is None:
+            return
+        self.sched.finished_sending(connector_output.finished_sending)
+        invalid = set(connector_output.invalid_block_ids or ())
+        if invalid and self._kv_cache_manager is not None:
+            by_req = {}
+            for req_id in self._requests:
+                try:
+                    by_req[req_id] = self._kv_cache_manager.get_block_ids(req_id)[0]
+                except (KeyError, AssertionError):
+                    continue
+            self.sched.load_failed(by_req, invalid)
 
     def request_finished(self, request: "Request", block_ids: list) -> Tuple[bool, Optional[dict]]:
         assert self.sched is not None

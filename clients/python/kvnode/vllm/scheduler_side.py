@@ -23,13 +23,15 @@ class _Req:
     saved_blocks: int = 0        # leading blocks in kvnode or being offloaded
     offloaded: bool = False      # any offload issued: free only after the workers say so
     load: Optional[BlockMove] = None
+    load_first: int = 0          # block index of the first loaded block
+    hold_until: int = 0          # no offload before this step (a load's outcome is unknown)
 
 
 class SchedulerSide:
     """Lookup, load planning and save planning for one vLLM scheduler."""
 
     def __init__(self, lookup: LookupService, block_size: int, hash_block_size: int,
-                 lookup_wait_s: float, load: bool, save: bool):
+                 lookup_wait_s: float, load: bool, save: bool, steps_in_flight: int = 1):
         self.lookup = lookup
         self.block_size = block_size
         self.hash_block_size = hash_block_size
@@ -37,6 +39,10 @@ class SchedulerSide:
         self.load_enabled = load
         self.save_enabled = save
         self._reqs: Dict[str, _Req] = {}
+        # Steps scheduled before the previous ones' outputs come back (vLLM's
+        # max_concurrent_batches: 1, 2 with async scheduling, PP size with PP).
+        self.steps_in_flight = max(1, steps_in_flight)
+        self._step = 0
         self._preempted: List[str] = []
         self._awaiting_free: Set[str] = set()
         # Counters for metrics / stats.
@@ -102,20 +108,27 @@ class SchedulerSide:
             raise RuntimeError(f"kvnode: request {req_id} has {len(digests)} hashes and {len(ids)} "
                                f"blocks for blocks [{first}, {end})")
         st.load = BlockMove(req_id, digests, ids)
+        st.load_first = first
         self.hit_tokens += num_external_tokens
 
     # -- per step --------------------------------------------------------------------------
     def build_plan(self, scheduled: Sequence[tuple], preempted: Sequence[str]) -> StepPlan:
         """`scheduled`: (req_id, hashes, block_ids, tokens_computed_after_this_step) for each
         request scheduled this step. Returns the step's plan and resets the per-step state."""
+        self._step += 1
         plan = StepPlan(preempted=list(preempted))
         for st in self._reqs.values():
             if st.load is not None:
                 plan.loads.append(st.load)
                 st.load = None
+                # Blocks computed in this step depend on the loaded ones: offer none of them
+                # until this step's outcome (load errors) is known to the scheduler.
+                st.hold_until = self._step + self.steps_in_flight
         if self.save_enabled:
             for req_id, hashes, block_ids, tokens_after in scheduled:
                 st = self._state(req_id)
+                if self._step < st.hold_until:
+                    continue
                 full = min(tokens_after // self.block_size, len(block_ids),
                            len(hashes) * self.hash_block_size // self.block_size)
                 if full <= st.saved_blocks:
@@ -135,6 +148,18 @@ class SchedulerSide:
             self._awaiting_free.add(req_id)
             return True
         return False
+
+    def load_failed(self, block_ids_by_req: Dict[str, Sequence[int]], invalid: Set[int]) -> None:
+        """Workers reported `invalid` blocks (vLLM recomputes from the first one of each
+        request): those blocks are not in kvnode, so offer them again once recomputed."""
+        for req_id, ids in block_ids_by_req.items():
+            st = self._reqs.get(req_id)
+            if st is None:
+                continue
+            bad = [i for i, b in enumerate(ids) if b in invalid]
+            if bad:
+                st.saved_blocks = min(st.saved_blocks, bad[0])
+                st.hit_blocks = min(st.hit_blocks, bad[0])
 
     def finished_sending(self, req_ids) -> None:
         for r in req_ids or ():
