@@ -1,0 +1,92 @@
+"""`kv_connector_extra_config` of the kvnode vLLM connector, checked (no vllm import)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Mapping, Optional
+
+
+#: vLLM 0.33's KVCacheLayout names (and "" = no preference).
+_LAYOUTS = {"", "LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC", "NHD", "HND"}
+
+
+class ConfigError(ValueError):
+    """A `kv_connector_extra_config` entry kvnode cannot use; the message names it."""
+
+
+def default_socket() -> str:
+    """The daemon's default socket: $KVNODE_SOCKET, else $XDG_RUNTIME_DIR/kvnode/kvnode.sock,
+    else /run/kvnode/kvnode.sock (the daemon's own default, README)."""
+    env = os.environ.get("KVNODE_SOCKET")
+    if env:
+        return env
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(xdg, "kvnode", "kvnode.sock") if xdg else "/run/kvnode/kvnode.sock"
+
+
+@dataclass(frozen=True)
+class KvnodeVllmConfig:
+    """Connector settings. Every field is a key of `kv_connector_extra_config`.
+
+    socket             daemon socket path
+    model_name         namespace model name (default: vLLM's --model / served model)
+    tenant_salt        tenant isolation: folded into the namespace id
+    lookup_wait_ms     how long get_num_new_matched_tokens may wait for a daemon answer
+                       before returning None ("ask again next step"); 0 = never wait
+    hint_wait_s        most a hinted pull may keep a request waiting (capped again by the
+                       daemon's declared timeouts); after it the request runs with what is local
+    load_timeout_s     most a worker waits for one step's onload before cancelling it; cancelled
+                       blocks are reported as load errors (vLLM recomputes them)
+    save               offload new full blocks (kv_role kv_both / kv_producer)
+    load               onload hits (kv_role kv_both / kv_consumer)
+    connect_timeout_s  socket timeout of every daemon call
+    kv_cache_layout    the KV cache layout the connector asks vLLM for (get_required_kvcache_layout):
+                       "BLNHC" (default: block-outermost, each block one contiguous run of all its
+                       layers, one DMA per block), any other vLLM layout name, or "" for vLLM's
+                       own choice (LBNHC by default: one DMA per layer per block, slower)
+    """
+
+    socket: str = ""
+    model_name: str = ""
+    tenant_salt: str = ""
+    lookup_wait_ms: float = 2.0
+    hint_wait_s: float = 5.0
+    load_timeout_s: float = 10.0
+    save: bool = True
+    load: bool = True
+    connect_timeout_s: float = 30.0
+    kv_cache_layout: str = "BLNHC"
+
+    @classmethod
+    def parse(cls, extra: Optional[Mapping[str, Any]], kv_role: str = "kv_both") -> "KvnodeVllmConfig":
+        extra = dict(extra or {})
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(extra) - set(known))
+        if unknown:
+            raise ConfigError(f"kvnode connector: unknown kv_connector_extra_config keys {unknown}; "
+                              f"known: {sorted(known)}")
+        vals: Dict[str, Any] = {}
+        for name, value in extra.items():
+            default = known[name].default
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"kvnode connector: {name} must be true or false, got {value!r}")
+            elif isinstance(default, float):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    raise ConfigError(f"kvnode connector: {name} must be a number >= 0, got {value!r}")
+                value = float(value)
+            elif not isinstance(value, str):
+                raise ConfigError(f"kvnode connector: {name} must be a string, got {value!r}")
+            vals[name] = value
+        layout = vals.get("kv_cache_layout", "BLNHC")
+        if layout not in _LAYOUTS:
+            raise ConfigError(f"kvnode connector: kv_cache_layout {layout!r} is not one of {sorted(_LAYOUTS)}")
+        if kv_role not in ("kv_both", "kv_producer", "kv_consumer"):
+            raise ConfigError(f"kvnode connector: kv_role {kv_role!r} is not kv_both, kv_producer or kv_consumer")
+        if kv_role == "kv_producer":
+            vals.setdefault("load", False)
+        if kv_role == "kv_consumer":
+            vals.setdefault("save", False)
+        vals.setdefault("socket", default_socket())
+        return cls(**vals)

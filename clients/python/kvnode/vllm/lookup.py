@@ -1,0 +1,151 @@
+"""Non-blocking prefix lookups for the scheduler: batched `Exists` on a background thread.
+
+vLLM's scheduler asks `get_num_new_matched_tokens` from its one thread, every step, for every
+waiting request; it must never wait on a socket there. `LookupService.submit` queues a lookup
+(the request's leading block digests, and its router hint if any); one thread with its own
+daemon connection answers it with one `Exists` (count of leading keys present). A request with
+a hint gets a hinted `Exists`, which starts the daemon's pull from the named peer; the thread
+then `Wait`s on that pull (bounded by the daemon's declared timeout and `hint_wait_s`) and asks
+again, so the request is scheduled only once the pulled blocks are local (docs/peer-protocol.md).
+Until the answer is there, `result` returns None: vLLM then skips the request this step.
+
+A daemon that is down or refuses answers "0 blocks" (the request is computed, never blocked).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from kvnode.wire import Connection, KvnodeError
+
+logger = logging.getLogger("kvnode.vllm")
+
+
+@dataclass
+class Lookup:
+    """One submitted lookup. `blocks` is set (whole blocks present, leading) when `done` is."""
+
+    digests: List[bytes]
+    hint: Optional[dict]
+    done: threading.Event = field(default_factory=threading.Event)
+    blocks: int = 0
+    pulled: bool = False
+    reason: Optional[str] = None
+
+
+def hint_field(hint: dict) -> Dict[str, Any]:
+    """The `hint` request field: the compact form as JSON text (the daemon re-validates it)."""
+    compact = {"source_control_endpoint": hint["source"], "block_hashes": list(hint["block_hashes"])}
+    return {"hint": json.dumps(compact)}
+
+
+class LookupService:
+    """Answers prefix lookups on one background thread (one daemon connection)."""
+
+    def __init__(self, connect: Callable[[], Connection], register: Callable[[Connection], int],
+                 nseg: int, hint_wait_s: float):
+        self._connect = connect
+        self._register = register
+        self._nseg = nseg
+        self._hint_wait_s = hint_wait_s
+        self._lock = threading.Lock()
+        self._lookups: Dict[str, Lookup] = {}
+        self._q: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._conn: Optional[Connection] = None
+        self._ns = 0
+        self._timeouts: Optional[dict] = None
+        self.served = 0
+        self._thread = threading.Thread(target=self._run, name="kvnode-lookup", daemon=True)
+        self._thread.start()
+
+    # -- scheduler thread ------------------------------------------------------------------
+    def submit(self, req_id: str, digests: List[bytes], hint: Optional[dict]) -> Lookup:
+        lk = Lookup(list(digests), hint)
+        with self._lock:
+            self._lookups[req_id] = lk
+        self._q.put(req_id)
+        return lk
+
+    def get(self, req_id: str) -> Optional[Lookup]:
+        with self._lock:
+            return self._lookups.get(req_id)
+
+    def forget(self, req_id: str) -> None:
+        with self._lock:
+            self._lookups.pop(req_id, None)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- lookup thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        try:  # connect ahead of the first request (handshake, Register, Timeouts)
+            self._connection()
+        except (KvnodeError, OSError) as e:
+            logger.warning("kvnode daemon not reachable yet (%s); lookups answer 0 until it is", e)
+            self._conn = None
+        while True:
+            req_id = self._q.get()
+            if req_id is None:
+                return
+            lk = self.get(req_id)
+            if lk is None or lk.done.is_set():
+                continue
+            try:
+                lk.blocks, lk.pulled = self._answer(lk)
+            except (KvnodeError, OSError) as e:
+                # Down or refusing daemon: a miss, never a stall. Reconnect on the next lookup.
+                lk.blocks, lk.reason = 0, str(e)
+                logger.warning("kvnode lookup failed (%s); request %s computes its prefix", e, req_id)
+                if self._conn is not None:
+                    try:
+                        self._conn.close()
+                    except OSError:
+                        pass
+                    self._conn = None
+            self.served += 1
+            lk.done.set()
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            self._conn = self._connect()
+            self._ns = self._register(self._conn)
+            try:
+                self._timeouts = self._conn.call("Timeouts")[1]
+            except KvnodeError:
+                self._timeouts = None  # a daemon without the peer path: hints stay off
+        return self._conn
+
+    def _exists(self, keys: List[list], extra: Optional[dict] = None) -> Dict[str, Any]:
+        return self._connection().call({"Exists": {"ns": self._ns, "keys": keys, **(extra or {})}})[1]
+
+    def _answer(self, lk: Lookup):
+        if not lk.digests:
+            return 0, False
+        keys = [[d, s] for d in lk.digests for s in range(self._nseg)]
+        conn = self._connection()
+        if lk.hint is None or self._timeouts is None:
+            return self._exists(keys)["count"] // self._nseg, False
+        body = self._exists(keys, hint_field(lk.hint))
+        pull = body.get("pull") or {}
+        if pull.get("reason"):
+            lk.reason = pull["reason"]
+        if pull.get("state") == "Pulling":
+            pages = len(lk.digests)
+            declared = self._timeouts["base_s"] + self._timeouts["per_page_s"] * pages
+            limit_ms = int(1000 * min(declared, self._hint_wait_s))
+            report = conn.call({"Wait": {"op": pull["op"], "timeout_ms": max(1, limit_ms)}})[1]
+            if report.get("reason"):
+                lk.reason = report["reason"]
+            body = self._exists(keys)
+            return body["count"] // self._nseg, True
+        return body["count"] // self._nseg, bool(pull.get("peer"))
