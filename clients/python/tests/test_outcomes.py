@@ -34,10 +34,11 @@ def test_a_real_daemon_reports_refusals_with_codes(daemon):
     c = Connection(daemon.socket)
     ns = c.register({"model": "outcomes", "page_size": 64, "segments": [4096]})["ns"]
     keys = [key(bytes([i]) * 32) for i in range(2)]
-    _, reply = c.call({"Exists": {"ns": ns, "keys": keys, "hint": "[]"}})
+    _, reply, _ = c.call({"Exists": {"ns": ns, "keys": keys, "hint": "[]"}})
     assert failure_of(reply["pull"]["reason"])[0] is FailCode.MALFORMED_HINT
-    hint = '{"source_control_endpoint":"tcp://127.0.0.1:9","block_hashes":[1,2]}'
-    _, reply = c.call({"Exists": {"ns": ns, "keys": keys, "hint": hint}})
+    hashes = [int.from_bytes(bytes([i]) * 8, "big") for i in range(2)]
+    hint = '{"source_control_endpoint":"tcp://127.0.0.1:9","block_hashes":%s}' % hashes
+    _, reply, _ = c.call({"Exists": {"ns": ns, "keys": keys, "hint": hint}})
     code, message = failure_of(reply["pull"]["reason"])
     assert code is FailCode.NOT_AUTHORIZED and "not an authorized peer" in message
     c.close()
