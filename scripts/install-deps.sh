@@ -55,3 +55,6 @@ if ! "$VENV/bin/python" -c "import sglang.srt.mem_cache.hicache_storage, msgpack
 fi
 # Always point the venv at this checkout's connector (the venv is shared between checkouts).
 "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e clients/python
+
+# The vLLM connector's tests run against the real vllm 0.33.0 wheel in a venv of its own.
+bash scripts/install-vllm-venv.sh >/dev/null

@@ -90,6 +90,19 @@ fn python_tests() -> Result<(), String> {
             .env("PATH", &path)
             .env("KVNODE_BIN", "target/release/kvnode"),
     )?;
+    // The vLLM connector against the real vllm wheel (its own venv: vllm pins another torch).
+    let vllm_venv = std::env::var("KVNODE_VLLM_VENV").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/kvnode-vllm-venv",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    run(
+        "vllm-tests",
+        Command::new(format!("{vllm_venv}/bin/python"))
+            .args(["-m", "pytest", "-q", "clients/python/tests_vllm"])
+            .env("KVNODE_BIN", "target/release/kvnode"),
+    )?;
     // The TTFT harness's CPU parts (workload, decoder, report, a tiny end-to-end run with
     // real daemons), so the GPU benchmark does not rot (bench/ttft/README.md).
     run(
