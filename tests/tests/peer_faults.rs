@@ -61,11 +61,30 @@ fn frozen_source_costs_at_most_the_heartbeat_and_recovers_after_sigcont() {
             "{op:?}"
         );
     }
-    // Background hints to the frozen peer cannot pile up: each is bounded and refused fast.
-    for _ in 0..20 {
-        c.exists_hinted(ns, &keys[1..], Some(&hint(port, &keys)))
-            .unwrap();
+    // Background hints to the frozen peer cannot pile up: every pull they start ends,
+    // failed, within the connect/io timeouts (500 ms each), and holds no slot afterwards.
+    let t = Instant::now();
+    let ops: Vec<u64> = (0..20)
+        .map(|_| {
+            let (_, op) = c
+                .exists_hinted(ns, &keys[1..], Some(&hint(port, &keys)))
+                .unwrap();
+            op.expect("a hinted exists starts a background pull").op
+        })
+        .collect();
+    for op in ops {
+        let r = c.wait(op, 10_000).unwrap();
+        assert_eq!(r.state, OpState::Failed, "{r:?}");
+        assert!(
+            matches!(&r.results[0], KeyOutcome::Failed(why) if why.contains("timed out") || why.contains("busy")),
+            "{r:?}"
+        );
     }
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "20 hinted pulls to a frozen peer took {:?} to end",
+        t.elapsed()
+    );
     assert_eq!(dst.client().stats().unwrap().tiers[0].reserved, 0);
     src.signal(libc::SIGCONT);
     let t = Instant::now();

@@ -1,0 +1,241 @@
+//! Sizes a client declares (Register segments, Put and Alloc lengths) against a real daemon:
+//! the attack from issue 15 (a slot of 2^64-1 whose class rounded to 0, then a Put that
+//! divided by zero under the DRAM tier lock and left every client disconnected), a property
+//! test over Register/Put/Alloc parameters, and the `kvnode put` CLI with such sizes. After
+//! each, the daemon answers every client and the committed reference blocks are unchanged.
+//! Run: `cargo test --release -p kvnode-e2e --test bad_sizes`.
+
+use std::cell::RefCell;
+use std::process::Command;
+
+use kvnode_client::{Client, ClientError};
+use kvnode_e2e::raw::Raw;
+use kvnode_e2e::{Daemon, assert_unchanged, key, kvnode_bin, seed_blocks, spec, temp_dir};
+use kvnode_proto::client::{AllocSlot, ErrorCode, Op, PutStatus, Reply, Request};
+use kvnode_proto::namespace::MAX_SLOT_BYTES;
+use kvnode_proto::{Key, NamespaceSpec};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+/// Slab size the daemons below run with (`--slab-size`): the largest registrable slot.
+const SLAB: u64 = 1 << 20;
+
+fn daemon() -> Daemon {
+    Daemon::start(&[
+        "--dram",
+        "256MiB",
+        "--slab-size",
+        "1MiB",
+        "--no-pin",
+        "--no-populate",
+    ])
+}
+
+fn refused(r: Result<impl std::fmt::Debug, ClientError>) -> (ErrorCode, String) {
+    match r {
+        Err(ClientError::Server { code, message }) => (code, message),
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_slot_of_u64_max_is_refused_at_register_and_every_client_keeps_being_served() {
+    let d = daemon();
+    let (mut c, ns, keys, data) = seed_blocks(&d);
+    let mut attacker = d.client();
+    for size in [u64::MAX, u64::MAX - 4095, MAX_SLOT_BYTES + 1] {
+        let (code, msg) = refused(attacker.register(&spec("attack", size)));
+        assert_eq!(code, ErrorCode::Invalid, "{msg}");
+        assert!(msg.contains("at most 1099511627776 (1 TiB)"), "{msg}");
+    }
+    // Registrable by the protocol, larger than this daemon's slab: refused by the tier.
+    let (code, msg) = refused(attacker.register(&spec("attack", SLAB + 1)));
+    assert_eq!(code, ErrorCode::Unsupported, "{msg}");
+    assert!(msg.contains("exceeds the slab size"), "{msg}");
+    // The Put that used to divide by zero: there is no namespace to put into.
+    let (code, _) = refused(attacker.put(ns + 1, &[key(1)], &[&[7u8; 16]]));
+    assert_eq!(code, ErrorCode::UnknownNamespace);
+    // The attacker's own connection, the reference client and a new client all work.
+    attacker.stats().unwrap();
+    assert_unchanged(&mut c, ns, &keys, &data);
+    d.client().stats().unwrap();
+}
+
+/// A declared size: the edges around alignment, the slab, the protocol limit and u64.
+fn size() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        prop::sample::select(vec![
+            0,
+            1,
+            4095,
+            4096,
+            4097,
+            SLAB - 1,
+            SLAB,
+            SLAB + 1,
+            MAX_SLOT_BYTES,
+            MAX_SLOT_BYTES + 1,
+            u64::MAX - 4095,
+            u64::MAX,
+        ]),
+        1..=SLAB,
+        any::<u64>(),
+    ]
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Put real bytes of these lengths (segment index of each key).
+    Put(Vec<(u16, u64)>),
+    /// Put whose declared lengths need not match the payload it sends.
+    PutLying(Vec<u64>, usize),
+    /// Alloc of these lengths (segment index of each key), aborted afterwards.
+    Alloc(Vec<(u16, u64)>),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let seg = 0..4u16;
+    prop_oneof![
+        prop::collection::vec((seg.clone(), 0..20_000u64), 1..4).prop_map(Step::Put),
+        (prop::collection::vec(size(), 0..4), 0..64usize)
+            .prop_map(|(l, p)| Step::PutLying(l, p)),
+        prop::collection::vec((seg, size()), 0..4).prop_map(Step::Alloc),
+    ]
+}
+
+fn seg_key(i: u64, seg: u16) -> Key {
+    Key(key(i).0, seg)
+}
+
+/// Runs one step on `c` (namespace `ns`, declared `segments`, or none registered), checking
+/// that the daemon answers it and that what it grants fits what was declared.
+fn run_step(d: &Daemon, c: &mut Client, ns: u32, segments: Option<&[u64]>, s: &Step, n: &mut u64) {
+    let declared = |seg: u16| segments.and_then(|v| v.get(usize::from(seg)).copied());
+    match s {
+        Step::Put(items) => {
+            let keys: Vec<Key> = items.iter().map(|&(sg, _)| { *n += 1; seg_key(*n, sg) }).collect();
+            let bytes: Vec<Vec<u8>> = items.iter().map(|&(_, l)| vec![0xA5; l as usize]).collect();
+            let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+            match c.put(ns, &keys, &refs) {
+                Ok(res) => {
+                    for (&(sg, len), st) in items.iter().zip(&res) {
+                        match (declared(sg), st) {
+                            (Some(slot), PutStatus::Stored) => assert!(len <= slot, "stored {len} in a slot of {slot}"),
+                            (Some(slot), PutStatus::TooLarge) => assert!(len > slot),
+                            (None, PutStatus::BadSegment) | (Some(_), PutStatus::NoSpace) => {}
+                            other => panic!("put of {len} bytes in segment {sg}: {other:?}"),
+                        }
+                    }
+                }
+                Err(e) => {
+                    let (code, msg) = refused(Err::<(), _>(e));
+                    assert!(segments.is_none() && code == ErrorCode::UnknownNamespace, "{code:?}: {msg}");
+                }
+            }
+        }
+        Step::PutLying(lens, payload) => {
+            let mut r = Raw::connect(d, true);
+            let keys: Vec<Key> = lens.iter().map(|_| { *n += 1; key(*n) }).collect();
+            r.send(&Request { id: 2, op: Op::Put { ns, keys, lens: lens.clone(), meta: vec![] } }, &vec![0x5A; *payload]);
+            let reply = r.recv().expect("the daemon answers a Put whose lengths lie").reply;
+            let honest = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l)) == Some(*payload as u64);
+            match reply {
+                Reply::Error { code, .. } if !honest => assert_eq!(code, ErrorCode::Invalid),
+                Reply::Error { code: ErrorCode::UnknownNamespace, .. } if segments.is_none() => {}
+                Reply::Put { results } if honest => assert_eq!(results.len(), lens.len()),
+                other => panic!("Put lens {lens:?} with {payload} payload bytes: {other:?}"),
+            }
+        }
+        Step::Alloc(items) => {
+            let keys: Vec<Key> = items.iter().map(|&(sg, _)| { *n += 1; seg_key(*n, sg) }).collect();
+            let lens: Vec<u64> = items.iter().map(|&(_, l)| l).collect();
+            match c.alloc(ns, &keys, &lens) {
+                Ok(slots) => {
+                    let mut handles = Vec::new();
+                    for (&(sg, len), slot) in items.iter().zip(&slots) {
+                        match (declared(sg), slot) {
+                            (Some(slot_bytes), AllocSlot::Granted { handle, len: l, .. }) => {
+                                assert!(len <= slot_bytes && *l == len, "granted {l} for {len} in a slot of {slot_bytes}");
+                                handles.push(*handle);
+                            }
+                            (Some(slot_bytes), AllocSlot::Refused { status: PutStatus::TooLarge }) => assert!(len > slot_bytes),
+                            (None, AllocSlot::Refused { status: PutStatus::BadSegment })
+                            | (Some(_), AllocSlot::Refused { status: PutStatus::NoSpace }) => {}
+                            other => panic!("alloc of {len} bytes in segment {sg}: {other:?}"),
+                        }
+                    }
+                    assert_eq!(c.abort(&handles).unwrap() as usize, handles.len());
+                }
+                Err(e) => {
+                    let (code, msg) = refused(Err::<(), _>(e));
+                    assert!(segments.is_none() && code == ErrorCode::UnknownNamespace, "{code:?}: {msg}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn register_put_and_alloc_sizes_get_answers_and_never_hurt_other_clients() {
+    let mut d = daemon();
+    let (c, ref_ns, keys, data) = seed_blocks(&d);
+    let reference = RefCell::new(c);
+    let n = RefCell::new(1_000_000u64);
+    let model = RefCell::new(0u64);
+    let case = (prop::collection::vec(size(), 0..4), prop::collection::vec(step(), 1..6));
+    let mut runner = TestRunner::new(Config { cases: 64, ..Config::default() });
+    runner
+        .run(&case, |(segments, steps)| {
+            let mut c = d.client();
+            *model.borrow_mut() += 1;
+            let spec = NamespaceSpec { segments: segments.clone(), ..spec(&format!("prop-{}", model.borrow()), 1) };
+            let valid = !segments.is_empty() && segments.iter().all(|&s| (1..=SLAB).contains(&s));
+            let ns = match c.register(&spec) {
+                Ok(r) => {
+                    assert!(valid, "registered {segments:?}");
+                    Some(r.ns)
+                }
+                Err(e) => {
+                    let (code, msg) = refused(Err::<(), _>(e));
+                    assert!(!valid, "{segments:?} refused: {msg}");
+                    assert!(matches!(code, ErrorCode::Invalid | ErrorCode::Unsupported), "{code:?}: {msg}");
+                    None
+                }
+            };
+            for s in &steps {
+                let (h, segs) = match ns {
+                    Some(h) => (h, Some(segments.as_slice())),
+                    None => (ref_ns + 100_000, None),
+                };
+                run_step(&d, &mut c, h, segs, s, &mut n.borrow_mut());
+            }
+            c.stats().expect("this connection is still served");
+            assert_unchanged(&mut reference.borrow_mut(), ref_ns, &keys, &data);
+            Ok(())
+        })
+        .unwrap();
+    assert!(d.child.try_wait().unwrap().is_none(), "the daemon is still running");
+}
+
+#[test]
+fn kvnode_put_with_a_huge_page_size_is_a_clear_error_not_a_panic() {
+    let d = daemon();
+    let (mut c, ns, keys, data) = seed_blocks(&d);
+    let small = temp_dir("bad-sizes").join("small.bin");
+    std::fs::write(&small, [1u8; 100]).unwrap();
+    let hex = key(77).0.to_hex();
+    for bytes in [["--file", small.to_str().unwrap()], ["--seed", "1"]] {
+        let o = Command::new(kvnode_bin())
+            .args(["put", "--socket"])
+            .arg(d.socket())
+            .args(["--page-bytes", "18446744073709551615", "--keys", &hex])
+            .args(bytes)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(err.contains("at most 1099511627776 (1 TiB)"), "{err}");
+    }
+    assert_unchanged(&mut c, ns, &keys, &data);
+}
