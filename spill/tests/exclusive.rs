@@ -68,16 +68,21 @@ fn a_file_whose_start_died_before_the_superblock_is_taken_over() {
 fn foreign_and_resized_files_are_explained() {
     let d = TempDir::disk();
     drop(SpillTier::open(small(&d.0, 8 << 20, IoEngineKind::Uring).build().unwrap()).unwrap());
-    let e = SpillTier::open(small(&d.0, 16 << 20, IoEngineKind::Uring).build().unwrap()).unwrap_err();
+    let e =
+        SpillTier::open(small(&d.0, 16 << 20, IoEngineKind::Uring).build().unwrap()).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, SpillError::GeometryMismatch { .. }), "{msg}");
     assert!(msg.contains("restore the old --spill-size"), "{msg}");
     assert!(msg.contains("delete the file to start empty"), "{msg}");
     std::fs::write(d.file(), b"somebody else's file").unwrap();
-    let e = SpillTier::open(small(&d.0, 8 << 20, IoEngineKind::Uring).build().unwrap()).unwrap_err();
+    let e =
+        SpillTier::open(small(&d.0, 8 << 20, IoEngineKind::Uring).build().unwrap()).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, SpillError::NotASpillFile { .. }), "{msg}");
-    assert!(msg.contains("never overwrites a file it did not write"), "{msg}");
+    assert!(
+        msg.contains("never overwrites a file it did not write"),
+        "{msg}"
+    );
     assert_eq!(std::fs::read(d.file()).unwrap(), b"somebody else's file");
 }
 
@@ -124,7 +129,10 @@ fn a_failed_preallocation_leaves_no_file_and_the_next_start_works() {
     let msg = e.to_string();
     assert!(matches!(e, SpillError::Preallocate { .. }), "{msg}");
     assert!(msg.contains("lower --spill-size"), "{msg}");
-    assert!(!disk.0.file().exists(), "the partial spill file was left behind");
+    assert!(
+        !disk.0.file().exists(),
+        "the partial spill file was left behind"
+    );
     let t = SpillTier::open(cfg(3 << 20)).unwrap();
     write_vec(&t, 1, 5000);
     assert!(matches!(read_vec(&t, 1).0, ReadOutcome::Hit { .. }));

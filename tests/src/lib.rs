@@ -53,7 +53,9 @@ pub fn prerequisite(what: &str, missing: Option<String>) -> bool {
     };
     let allowed = std::env::var(ALLOW_SKIP_ENV).unwrap_or_default();
     assert!(
-        allowed.split(',').any(|w| w.trim() == what || w.trim() == "all"),
+        allowed
+            .split(',')
+            .any(|w| w.trim() == what || w.trim() == "all"),
         "prerequisite `{what}` missing: {why}. Provide it (CI runs as root with iproute2), or set {ALLOW_SKIP_ENV}={what} to skip this test on purpose"
     );
     eprintln!("\n!!!!! SKIPPING ({ALLOW_SKIP_ENV}={allowed}): {why} !!!!!\n");
@@ -68,10 +70,7 @@ pub fn not_root(needs: &str) -> Option<String> {
 
 /// Whether BPF tests can run (root); see [`prerequisite`].
 pub fn bpf_allowed() -> bool {
-    prerequisite(
-        "root",
-        not_root("kvtrace needs CAP_BPF + CAP_PERFMON"),
-    )
+    prerequisite("root", not_root("kvtrace needs CAP_BPF + CAP_PERFMON"))
 }
 
 /// A fresh private directory under the system temp dir.

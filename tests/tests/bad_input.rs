@@ -8,9 +8,9 @@ use std::io::Write;
 
 use kvnode_e2e::raw::Raw;
 use kvnode_e2e::{Daemon, assert_unchanged, key, seed_blocks, spec};
+use kvnode_proto::PROTOCOL_VERSION;
 use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply, Request};
 use kvnode_proto::frame::FramePrefix;
-use kvnode_proto::PROTOCOL_VERSION;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -352,5 +352,8 @@ fn random_frames_never_crash_the_daemon_or_change_blocks() {
             Ok(())
         })
         .unwrap();
-    assert!(d.child.try_wait().unwrap().is_none(), "the daemon is still running");
+    assert!(
+        d.child.try_wait().unwrap().is_none(),
+        "the daemon is still running"
+    );
 }

@@ -97,8 +97,7 @@ fn step() -> impl Strategy<Value = Step> {
     let seg = 0..4u16;
     prop_oneof![
         prop::collection::vec((seg.clone(), 0..20_000u64), 1..4).prop_map(Step::Put),
-        (prop::collection::vec(size(), 0..4), 0..64usize)
-            .prop_map(|(l, p)| Step::PutLying(l, p)),
+        (prop::collection::vec(size(), 0..4), 0..64usize).prop_map(|(l, p)| Step::PutLying(l, p)),
         prop::collection::vec((seg, size()), 0..4).prop_map(Step::Alloc),
     ]
 }
@@ -113,14 +112,22 @@ fn run_step(d: &Daemon, c: &mut Client, ns: u32, segments: Option<&[u64]>, s: &S
     let declared = |seg: u16| segments.and_then(|v| v.get(usize::from(seg)).copied());
     match s {
         Step::Put(items) => {
-            let keys: Vec<Key> = items.iter().map(|&(sg, _)| { *n += 1; seg_key(*n, sg) }).collect();
+            let keys: Vec<Key> = items
+                .iter()
+                .map(|&(sg, _)| {
+                    *n += 1;
+                    seg_key(*n, sg)
+                })
+                .collect();
             let bytes: Vec<Vec<u8>> = items.iter().map(|&(_, l)| vec![0xA5; l as usize]).collect();
             let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
             match c.put(ns, &keys, &refs) {
                 Ok(res) => {
                     for (&(sg, len), st) in items.iter().zip(&res) {
                         match (declared(sg), st) {
-                            (Some(slot), PutStatus::Stored) => assert!(len <= slot, "stored {len} in a slot of {slot}"),
+                            (Some(slot), PutStatus::Stored) => {
+                                assert!(len <= slot, "stored {len} in a slot of {slot}")
+                            }
                             (Some(slot), PutStatus::TooLarge) => assert!(len > slot),
                             (None, PutStatus::BadSegment) | (Some(_), PutStatus::NoSpace) => {}
                             other => panic!("put of {len} bytes in segment {sg}: {other:?}"),
@@ -129,25 +136,58 @@ fn run_step(d: &Daemon, c: &mut Client, ns: u32, segments: Option<&[u64]>, s: &S
                 }
                 Err(e) => {
                     let (code, msg) = refused(Err::<(), _>(e));
-                    assert!(segments.is_none() && code == ErrorCode::UnknownNamespace, "{code:?}: {msg}");
+                    assert!(
+                        segments.is_none() && code == ErrorCode::UnknownNamespace,
+                        "{code:?}: {msg}"
+                    );
                 }
             }
         }
         Step::PutLying(lens, payload) => {
             let mut r = Raw::connect(d, true);
-            let keys: Vec<Key> = lens.iter().map(|_| { *n += 1; key(*n) }).collect();
-            r.send(&Request { id: 2, op: Op::Put { ns, keys, lens: lens.clone(), meta: vec![] } }, &vec![0x5A; *payload]);
-            let reply = r.recv().expect("the daemon answers a Put whose lengths lie").reply;
-            let honest = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l)) == Some(*payload as u64);
+            let keys: Vec<Key> = lens
+                .iter()
+                .map(|_| {
+                    *n += 1;
+                    key(*n)
+                })
+                .collect();
+            r.send(
+                &Request {
+                    id: 2,
+                    op: Op::Put {
+                        ns,
+                        keys,
+                        lens: lens.clone(),
+                        meta: vec![],
+                    },
+                },
+                &vec![0x5A; *payload],
+            );
+            let reply = r
+                .recv()
+                .expect("the daemon answers a Put whose lengths lie")
+                .reply;
+            let honest =
+                lens.iter().try_fold(0u64, |a, &l| a.checked_add(l)) == Some(*payload as u64);
             match reply {
                 Reply::Error { code, .. } if !honest => assert_eq!(code, ErrorCode::Invalid),
-                Reply::Error { code: ErrorCode::UnknownNamespace, .. } if segments.is_none() => {}
+                Reply::Error {
+                    code: ErrorCode::UnknownNamespace,
+                    ..
+                } if segments.is_none() => {}
                 Reply::Put { results } if honest => assert_eq!(results.len(), lens.len()),
                 other => panic!("Put lens {lens:?} with {payload} payload bytes: {other:?}"),
             }
         }
         Step::Alloc(items) => {
-            let keys: Vec<Key> = items.iter().map(|&(sg, _)| { *n += 1; seg_key(*n, sg) }).collect();
+            let keys: Vec<Key> = items
+                .iter()
+                .map(|&(sg, _)| {
+                    *n += 1;
+                    seg_key(*n, sg)
+                })
+                .collect();
             let lens: Vec<u64> = items.iter().map(|&(_, l)| l).collect();
             match c.alloc(ns, &keys, &lens) {
                 Ok(slots) => {
@@ -155,12 +195,30 @@ fn run_step(d: &Daemon, c: &mut Client, ns: u32, segments: Option<&[u64]>, s: &S
                     for (&(sg, len), slot) in items.iter().zip(&slots) {
                         match (declared(sg), slot) {
                             (Some(slot_bytes), AllocSlot::Granted { handle, len: l, .. }) => {
-                                assert!(len <= slot_bytes && *l == len, "granted {l} for {len} in a slot of {slot_bytes}");
+                                assert!(
+                                    len <= slot_bytes && *l == len,
+                                    "granted {l} for {len} in a slot of {slot_bytes}"
+                                );
                                 handles.push(*handle);
                             }
-                            (Some(slot_bytes), AllocSlot::Refused { status: PutStatus::TooLarge }) => assert!(len > slot_bytes),
-                            (None, AllocSlot::Refused { status: PutStatus::BadSegment })
-                            | (Some(_), AllocSlot::Refused { status: PutStatus::NoSpace }) => {}
+                            (
+                                Some(slot_bytes),
+                                AllocSlot::Refused {
+                                    status: PutStatus::TooLarge,
+                                },
+                            ) => assert!(len > slot_bytes),
+                            (
+                                None,
+                                AllocSlot::Refused {
+                                    status: PutStatus::BadSegment,
+                                },
+                            )
+                            | (
+                                Some(_),
+                                AllocSlot::Refused {
+                                    status: PutStatus::NoSpace,
+                                },
+                            ) => {}
                             other => panic!("alloc of {len} bytes in segment {sg}: {other:?}"),
                         }
                     }
@@ -168,7 +226,10 @@ fn run_step(d: &Daemon, c: &mut Client, ns: u32, segments: Option<&[u64]>, s: &S
                 }
                 Err(e) => {
                     let (code, msg) = refused(Err::<(), _>(e));
-                    assert!(segments.is_none() && code == ErrorCode::UnknownNamespace, "{code:?}: {msg}");
+                    assert!(
+                        segments.is_none() && code == ErrorCode::UnknownNamespace,
+                        "{code:?}: {msg}"
+                    );
                 }
             }
         }
@@ -182,13 +243,22 @@ fn register_put_and_alloc_sizes_get_answers_and_never_hurt_other_clients() {
     let reference = RefCell::new(c);
     let n = RefCell::new(1_000_000u64);
     let model = RefCell::new(0u64);
-    let case = (prop::collection::vec(size(), 0..4), prop::collection::vec(step(), 1..6));
-    let mut runner = TestRunner::new(Config { cases: 64, ..Config::default() });
+    let case = (
+        prop::collection::vec(size(), 0..4),
+        prop::collection::vec(step(), 1..6),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        ..Config::default()
+    });
     runner
         .run(&case, |(segments, steps)| {
             let mut c = d.client();
             *model.borrow_mut() += 1;
-            let spec = NamespaceSpec { segments: segments.clone(), ..spec(&format!("prop-{}", model.borrow()), 1) };
+            let spec = NamespaceSpec {
+                segments: segments.clone(),
+                ..spec(&format!("prop-{}", model.borrow()), 1)
+            };
             let valid = !segments.is_empty() && segments.iter().all(|&s| (1..=SLAB).contains(&s));
             let ns = match c.register(&spec) {
                 Ok(r) => {
@@ -198,7 +268,10 @@ fn register_put_and_alloc_sizes_get_answers_and_never_hurt_other_clients() {
                 Err(e) => {
                     let (code, msg) = refused(Err::<(), _>(e));
                     assert!(!valid, "{segments:?} refused: {msg}");
-                    assert!(matches!(code, ErrorCode::Invalid | ErrorCode::Unsupported), "{code:?}: {msg}");
+                    assert!(
+                        matches!(code, ErrorCode::Invalid | ErrorCode::Unsupported),
+                        "{code:?}: {msg}"
+                    );
                     None
                 }
             };
@@ -214,7 +287,10 @@ fn register_put_and_alloc_sizes_get_answers_and_never_hurt_other_clients() {
             Ok(())
         })
         .unwrap();
-    assert!(d.child.try_wait().unwrap().is_none(), "the daemon is still running");
+    assert!(
+        d.child.try_wait().unwrap().is_none(),
+        "the daemon is still running"
+    );
 }
 
 #[test]

@@ -160,7 +160,10 @@ fn settle(c: &mut Client) {
         if s.tiers.iter().all(|t| t.in_flight == 0) {
             return;
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "demotions still in flight after 20 s");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "demotions still in flight after 20 s"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -183,7 +186,10 @@ fn replay_through(rt: &tokio::runtime::Runtime, endpoint: &str, marker: u64) -> 
         if all.iter().any(|(_, p)| stores(p, marker)) {
             return all;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "the store of {marker} was not published within 10 s");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the store of {marker} was not published within 10 s"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -299,12 +305,19 @@ fn run_case(steps: &[Step]) {
     let mut live: Vec<u64> = Vec::new();
     let t0 = Instant::now();
     while live.is_empty() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the subscriber got nothing in 10 s");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the subscriber got nothing in 10 s"
+        );
         let p = 7000 + probes.len() as u64;
         put(&mut c, ns, &[p]);
         probes.push(p);
-        if let Ok(Ok(m)) = rt.block_on(tokio::time::timeout(Duration::from_millis(50), sub.recv())) {
-            live.push(u64::from_be_bytes(m.get(1).unwrap()[..].try_into().unwrap()));
+        let got = rt
+            .block_on(async { tokio::time::timeout(Duration::from_millis(50), sub.recv()).await });
+        if let Ok(Ok(m)) = got {
+            live.push(u64::from_be_bytes(
+                m.get(1).unwrap()[..].try_into().unwrap(),
+            ));
         }
     }
     for s in late {

@@ -36,13 +36,29 @@ fn hex_keys(n: u64) -> String {
 fn clear_needs_a_model_or_all_and_says_what_it_cleared() {
     let d = Daemon::start(&["--dram", "16MiB", "--no-pin"]);
     let keys = hex_keys(3);
-    let put = kvnode(&d, &["put", "--model", "llama", "--page-bytes", "4KiB", "--seed", "1", "--keys", &keys]);
+    let put = kvnode(
+        &d,
+        &[
+            "put",
+            "--model",
+            "llama",
+            "--page-bytes",
+            "4KiB",
+            "--seed",
+            "1",
+            "--keys",
+            &keys,
+        ],
+    );
     assert!(put.status.success(), "{:?}", text(&put));
 
     let o = kvnode(&d, &["clear"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("--model NAME") && err.contains("--all"), "{err}");
+    assert!(
+        err.contains("--model NAME") && err.contains("--all"),
+        "{err}"
+    );
 
     let o = kvnode(&d, &["clear", "--model", "lama", "--page-bytes", "4KiB"]);
     let (_, err) = text(&o);
@@ -66,7 +82,15 @@ fn a_refused_put_is_summarised_and_verbose_lists_every_key() {
     // 8 MiB of DRAM: one put of 64 pages of 256 KiB can reserve room for about half.
     let d = Daemon::start(&["--dram", "8MiB", "--slab-size", "1MiB", "--no-pin"]);
     let keys = hex_keys(64);
-    let args = ["put", "--page-bytes", "256KiB", "--seed", "1", "--keys", &keys];
+    let args = [
+        "put",
+        "--page-bytes",
+        "256KiB",
+        "--seed",
+        "1",
+        "--keys",
+        &keys,
+    ];
     let o = kvnode(&d, &args);
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
@@ -77,10 +101,25 @@ fn a_refused_put_is_summarised_and_verbose_lists_every_key() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no refusal summary in:\n{out}"));
     assert!(refused > 5, "{out}");
-    assert!(out.contains(&format!("refused {refused}: {refused} NoSpace")), "{out}");
-    assert_eq!(out.lines().filter(|l| l.ends_with(" NoSpace") && l.starts_with("  ")).count(), 5, "{out}");
-    assert!(out.contains(&format!("... and {} more (--verbose", refused - 5)), "{out}");
-    assert!(err.contains(&format!("{refused} pages were not stored")), "{err}");
+    assert!(
+        out.contains(&format!("refused {refused}: {refused} NoSpace")),
+        "{out}"
+    );
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.ends_with(" NoSpace") && l.starts_with("  "))
+            .count(),
+        5,
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("... and {} more (--verbose", refused - 5)),
+        "{out}"
+    );
+    assert!(
+        err.contains(&format!("{refused} pages were not stored")),
+        "{err}"
+    );
 
     let clear = kvnode(&d, &["clear", "--all"]);
     assert!(clear.status.success());
@@ -88,7 +127,10 @@ fn a_refused_put_is_summarised_and_verbose_lists_every_key() {
     verbose.push("--verbose");
     let o = kvnode(&d, &verbose);
     let (out, _) = text(&o);
-    let listed = out.lines().filter(|l| l.ends_with(" NoSpace") && l.starts_with("  ")).count();
+    let listed = out
+        .lines()
+        .filter(|l| l.ends_with(" NoSpace") && l.starts_with("  "))
+        .count();
     assert!(listed > 5, "{out}");
     assert!(!out.contains("more (--verbose"), "{out}");
 }

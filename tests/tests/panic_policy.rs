@@ -21,7 +21,10 @@ fn a_panic_on_a_worker_thread_ends_the_daemon_with_status_101_and_a_log_line() {
         .unwrap_or_else(|| panic!("the daemon stayed up after a panic; log:\n{}", d.log()));
     assert_eq!(status.code(), Some(101), "{status}; log:\n{}", d.log());
     let log = d.log();
-    assert!(log.contains("test panic requested by KVNODE_TEST_PANIC_AFTER_MS"), "{log}");
+    assert!(
+        log.contains("test panic requested by KVNODE_TEST_PANIC_AFTER_MS"),
+        "{log}"
+    );
     assert!(log.contains("kvnode panicked; exiting now"), "{log}");
     // The connected client learns at once that the daemon is gone.
     assert!(c.stats().is_err());

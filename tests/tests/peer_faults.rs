@@ -62,7 +62,9 @@ fn frozen_source_costs_at_most_the_heartbeat_and_recovers_after_sigcont() {
         );
     }
     // Background hints to the frozen peer cannot pile up: every pull they start ends,
-    // failed, within the connect/io timeouts (500 ms each), and holds no slot afterwards.
+    // failed (at its deadline, or refused busy / timed out), and the transfers behind them,
+    // which may continue past the op into reserved DRAM slots, end within the connect/io
+    // timeouts (500 ms each), so no slot stays reserved.
     let t = Instant::now();
     let ops: Vec<u64> = (0..20)
         .map(|_| {
@@ -76,16 +78,20 @@ fn frozen_source_costs_at_most_the_heartbeat_and_recovers_after_sigcont() {
         let r = c.wait(op, 10_000).unwrap();
         assert_eq!(r.state, OpState::Failed, "{r:?}");
         assert!(
-            matches!(&r.results[0], KeyOutcome::Failed(why) if why.contains("timed out") || why.contains("busy")),
+            matches!(&r.results[0], KeyOutcome::Failed(why)
+                if ["timed out", "busy", "deadline passed"].iter().any(|w| why.contains(w))),
             "{r:?}"
         );
     }
-    assert!(
-        t.elapsed() < Duration::from_secs(5),
-        "20 hinted pulls to a frozen peer took {:?} to end",
-        t.elapsed()
-    );
-    assert_eq!(dst.client().stats().unwrap().tiers[0].reserved, 0);
+    let mut d = dst.client();
+    while d.stats().unwrap().tiers[0].reserved > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "transfers of 20 hinted pulls to a frozen peer still hold DRAM slots after {:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     src.signal(libc::SIGCONT);
     let t = Instant::now();
     loop {

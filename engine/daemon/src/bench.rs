@@ -50,6 +50,9 @@ fn baseline_pools(a: &BenchArgs, page: u64, pool: usize) -> (usize, usize) {
     }
 }
 
+/// Largest buffer the bench allocates on the client side (batch, working-set copy, pool).
+const MAX_BUFFER: u64 = 64 << 30;
+
 fn key(i: u64) -> Key {
     let mut d = [0u8; 32];
     d[..8].copy_from_slice(&i.to_be_bytes());
@@ -164,6 +167,15 @@ pub fn local(a: &BenchArgs) -> anyhow::Result<()> {
     let pool = parse_size(&a.memcpy_pool).context("--memcpy-pool")? as usize;
     if a.batch == 0 || a.concurrency == 0 || a.working_set == 0 {
         bail!("--batch, --concurrency and --working-set must be positive");
+    }
+    // Buffers of these sizes are allocated here: refuse sizes no machine holds.
+    for (what, n) in [("--batch", a.batch), ("--working-set", a.working_set)] {
+        if page.checked_mul(n as u64).is_none_or(|b| b > MAX_BUFFER) {
+            bail!("--page-size x {what} exceeds {}", ByteSize(MAX_BUFFER));
+        }
+    }
+    if pool as u64 > MAX_BUFFER {
+        bail!("--memcpy-pool exceeds {}", ByteSize(MAX_BUFFER));
     }
     let mut c = Client::connect(keys::socket(&a.socket)).context("connecting to the daemon")?;
     let ns = c.register(&spec(page))?.ns;

@@ -26,10 +26,16 @@ pub fn dram_too_large(dram: u64) -> Option<String> {
     let limit = cgroup_limit();
     let mut why = Vec::new();
     if let Some(t) = total.filter(|&t| dram > t) {
-        why.push(format!("this machine has {} of RAM (MemTotal)", ByteSize(t)));
+        why.push(format!(
+            "this machine has {} of RAM (MemTotal)",
+            ByteSize(t)
+        ));
     }
     if let Some(l) = limit.filter(|&l| dram > l) {
-        why.push(format!("this process's cgroup allows {} (memory.max)", ByteSize(l)));
+        why.push(format!(
+            "this process's cgroup allows {} (memory.max)",
+            ByteSize(l)
+        ));
     }
     (!why.is_empty()).then(|| {
         format!(

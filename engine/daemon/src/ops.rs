@@ -236,7 +236,11 @@ pub fn clear(a: &ClearArgs) -> anyhow::Result<()> {
             bail!(
                 "no namespace of model {:?} with these flags is registered on this daemon (registered: {}); check --page-size, --page-bytes, --dtype, --layout, --tp-*, --salt",
                 spec.model,
-                if list.is_empty() { "none".to_owned() } else { list.join(", ") }
+                if list.is_empty() {
+                    "none".to_owned()
+                } else {
+                    list.join(", ")
+                }
             );
         }
         Some(c.register(&spec)?.ns)
