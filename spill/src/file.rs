@@ -83,6 +83,34 @@ fn write_superblock(file: &File, path: &Path, sb: &Superblock) -> Result<(), Spi
         .map_err(|e| SpillError::io("fdatasync", path, e))
 }
 
+/// Truncates `file`, preallocates it and writes `sb`. On failure the file is removed again:
+/// it is still locked by us, so nobody else uses it, and it holds nothing.
+fn init_empty(file: File, path: &Path, sb: Superblock) -> Result<SpillFile, SpillError> {
+    let written = file
+        .set_len(0)
+        .map_err(|e| SpillError::io("truncating spill file", path, e))
+        .and_then(|()| {
+            fallocate(&file, sb.file_size).map_err(|source| SpillError::Preallocate {
+                path: path.into(),
+                size: sb.file_size,
+                source,
+            })
+        })
+        .and_then(|()| write_superblock(&file, path, &sb));
+    if let Err(e) = written {
+        if let Err(rm) = std::fs::remove_file(path) {
+            tracing::warn!(path = %path.display(), error = %rm, "could not remove the spill file after a failed initialisation");
+        }
+        return Err(e);
+    }
+    Ok(SpillFile {
+        path: path.into(),
+        file,
+        sb,
+        fresh: true,
+    })
+}
+
 /// Opens (creating if needed) the spill file at `path` with the given geometry, and locks it
 /// exclusively for as long as the returned file stays open (see `lock.rs`).
 ///
@@ -131,32 +159,7 @@ pub(crate) fn open_spill_file(
         file_index: index,
         uuid: random_uuid(),
     };
-    let init = |file: File| -> Result<SpillFile, SpillError> {
-        let written = file
-            .set_len(0)
-            .map_err(|e| SpillError::io("truncating spill file", path, e))
-            .and_then(|()| {
-                fallocate(&file, file_size).map_err(|source| SpillError::Preallocate {
-                    path: path.into(),
-                    size: file_size,
-                    source,
-                })
-            })
-            .and_then(|()| write_superblock(&file, path, &fresh_sb));
-        if let Err(e) = written {
-            // Still locked by us: nobody else uses the file, and it holds nothing.
-            if let Err(rm) = std::fs::remove_file(path) {
-                tracing::warn!(path = %path.display(), error = %rm, "could not remove the spill file after a failed initialisation");
-            }
-            return Err(e);
-        }
-        Ok(SpillFile {
-            path: path.into(),
-            file,
-            sb: fresh_sb,
-            fresh: true,
-        })
-    };
+    let init = |file: File| init_empty(file, path, fresh_sb);
     if len == 0 {
         return init(file);
     }

@@ -106,133 +106,121 @@ fn seg_key(i: u64, seg: u16) -> Key {
     Key(key(i).0, seg)
 }
 
-/// Runs one step on `c` (namespace `ns`, declared `segments`, or none registered), checking
-/// that the daemon answers it and that what it grants fits what was declared.
-fn run_step(d: &Daemon, c: &mut Client, ns: u32, segments: Option<&[u64]>, s: &Step, n: &mut u64) {
-    let declared = |seg: u16| segments.and_then(|v| v.get(usize::from(seg)).copied());
-    match s {
-        Step::Put(items) => {
-            let keys: Vec<Key> = items
-                .iter()
-                .map(|&(sg, _)| {
-                    *n += 1;
-                    seg_key(*n, sg)
-                })
-                .collect();
-            let bytes: Vec<Vec<u8>> = items.iter().map(|&(_, l)| vec![0xA5; l as usize]).collect();
-            let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
-            match c.put(ns, &keys, &refs) {
-                Ok(res) => {
-                    for (&(sg, len), st) in items.iter().zip(&res) {
-                        match (declared(sg), st) {
-                            (Some(slot), PutStatus::Stored) => {
-                                assert!(len <= slot, "stored {len} in a slot of {slot}")
-                            }
-                            (Some(slot), PutStatus::TooLarge) => assert!(len > slot),
-                            (None, PutStatus::BadSegment) | (Some(_), PutStatus::NoSpace) => {}
-                            other => panic!("put of {len} bytes in segment {sg}: {other:?}"),
+/// Where a case's steps go: namespace `ns` with its declared `segments`, or (`None`) a
+/// handle that was never registered. `n` numbers the keys so none repeats.
+struct Target<'a> {
+    d: &'a Daemon,
+    ns: u32,
+    segments: Option<&'a [u64]>,
+    n: u64,
+}
+
+impl Target<'_> {
+    fn declared(&self, seg: u16) -> Option<u64> {
+        self.segments.and_then(|v| v.get(usize::from(seg)).copied())
+    }
+
+    fn keys(&mut self, segs: impl Iterator<Item = u16>) -> Vec<Key> {
+        segs.map(|sg| {
+            self.n += 1;
+            seg_key(self.n, sg)
+        })
+        .collect()
+    }
+
+    /// An error reply is only right for a handle that was never registered.
+    fn unknown_namespace(&self, e: ClientError) {
+        let (code, msg) = refused(Err::<(), _>(e));
+        assert!(
+            self.segments.is_none() && code == ErrorCode::UnknownNamespace,
+            "{code:?}: {msg}"
+        );
+    }
+
+    /// Runs one step on `c`, checking that the daemon answers it and that what it grants
+    /// fits what was declared.
+    fn run(&mut self, c: &mut Client, s: &Step) {
+        match s {
+            Step::Put(items) => self.put(c, items),
+            Step::PutLying(lens, payload) => self.put_lying(lens, *payload),
+            Step::Alloc(items) => self.alloc(c, items),
+        }
+    }
+
+    fn put(&mut self, c: &mut Client, items: &[(u16, u64)]) {
+        let keys = self.keys(items.iter().map(|i| i.0));
+        let bytes: Vec<Vec<u8>> = items.iter().map(|&(_, l)| vec![0xA5; l as usize]).collect();
+        let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        match c.put(self.ns, &keys, &refs) {
+            Ok(res) => {
+                for (&(sg, len), st) in items.iter().zip(&res) {
+                    match (self.declared(sg), st) {
+                        (Some(slot), PutStatus::Stored) => {
+                            assert!(len <= slot, "stored {len} in a slot of {slot}");
                         }
+                        (Some(slot), PutStatus::TooLarge) => assert!(len > slot),
+                        (None, PutStatus::BadSegment) | (Some(_), PutStatus::NoSpace) => {}
+                        other => panic!("put of {len} bytes in segment {sg}: {other:?}"),
                     }
                 }
-                Err(e) => {
-                    let (code, msg) = refused(Err::<(), _>(e));
+            }
+            Err(e) => self.unknown_namespace(e),
+        }
+    }
+
+    fn put_lying(&mut self, lens: &[u64], payload: usize) {
+        let mut r = Raw::connect(self.d, true);
+        let keys = self.keys(lens.iter().map(|_| 0));
+        let op = Op::Put {
+            ns: self.ns,
+            keys,
+            lens: lens.to_vec(),
+            meta: vec![],
+        };
+        r.send(&Request { id: 2, op }, &vec![0x5A; payload]);
+        let reply = r
+            .recv()
+            .expect("the daemon answers a Put whose lengths lie")
+            .reply;
+        let honest = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l)) == Some(payload as u64);
+        match reply {
+            Reply::Error { code, .. } if !honest => assert_eq!(code, ErrorCode::Invalid),
+            Reply::Error {
+                code: ErrorCode::UnknownNamespace,
+                ..
+            } if self.segments.is_none() => {}
+            Reply::Put { results } if honest => assert_eq!(results.len(), lens.len()),
+            other => panic!("Put lens {lens:?} with {payload} payload bytes: {other:?}"),
+        }
+    }
+
+    fn alloc(&mut self, c: &mut Client, items: &[(u16, u64)]) {
+        let keys = self.keys(items.iter().map(|i| i.0));
+        let lens: Vec<u64> = items.iter().map(|&(_, l)| l).collect();
+        let slots = match c.alloc(self.ns, &keys, &lens) {
+            Ok(s) => s,
+            Err(e) => return self.unknown_namespace(e),
+        };
+        let mut handles = Vec::new();
+        for (&(sg, len), slot) in items.iter().zip(&slots) {
+            let refused = |status| matches!(slot, AllocSlot::Refused { status: s } if *s == status);
+            match (self.declared(sg), slot) {
+                (Some(slot_bytes), AllocSlot::Granted { handle, len: l, .. }) => {
                     assert!(
-                        segments.is_none() && code == ErrorCode::UnknownNamespace,
-                        "{code:?}: {msg}"
+                        len <= slot_bytes && *l == len,
+                        "granted {l} for {len} in a slot of {slot_bytes}"
                     );
+                    handles.push(*handle);
                 }
+                (Some(slot_bytes), _) if refused(PutStatus::TooLarge) => {
+                    assert!(len > slot_bytes);
+                }
+                (None, _) if refused(PutStatus::BadSegment) => {}
+                (Some(_), _) if refused(PutStatus::NoSpace) => {}
+                other => panic!("alloc of {len} bytes in segment {sg}: {other:?}"),
             }
         }
-        Step::PutLying(lens, payload) => {
-            let mut r = Raw::connect(d, true);
-            let keys: Vec<Key> = lens
-                .iter()
-                .map(|_| {
-                    *n += 1;
-                    key(*n)
-                })
-                .collect();
-            r.send(
-                &Request {
-                    id: 2,
-                    op: Op::Put {
-                        ns,
-                        keys,
-                        lens: lens.clone(),
-                        meta: vec![],
-                    },
-                },
-                &vec![0x5A; *payload],
-            );
-            let reply = r
-                .recv()
-                .expect("the daemon answers a Put whose lengths lie")
-                .reply;
-            let honest =
-                lens.iter().try_fold(0u64, |a, &l| a.checked_add(l)) == Some(*payload as u64);
-            match reply {
-                Reply::Error { code, .. } if !honest => assert_eq!(code, ErrorCode::Invalid),
-                Reply::Error {
-                    code: ErrorCode::UnknownNamespace,
-                    ..
-                } if segments.is_none() => {}
-                Reply::Put { results } if honest => assert_eq!(results.len(), lens.len()),
-                other => panic!("Put lens {lens:?} with {payload} payload bytes: {other:?}"),
-            }
-        }
-        Step::Alloc(items) => {
-            let keys: Vec<Key> = items
-                .iter()
-                .map(|&(sg, _)| {
-                    *n += 1;
-                    seg_key(*n, sg)
-                })
-                .collect();
-            let lens: Vec<u64> = items.iter().map(|&(_, l)| l).collect();
-            match c.alloc(ns, &keys, &lens) {
-                Ok(slots) => {
-                    let mut handles = Vec::new();
-                    for (&(sg, len), slot) in items.iter().zip(&slots) {
-                        match (declared(sg), slot) {
-                            (Some(slot_bytes), AllocSlot::Granted { handle, len: l, .. }) => {
-                                assert!(
-                                    len <= slot_bytes && *l == len,
-                                    "granted {l} for {len} in a slot of {slot_bytes}"
-                                );
-                                handles.push(*handle);
-                            }
-                            (
-                                Some(slot_bytes),
-                                AllocSlot::Refused {
-                                    status: PutStatus::TooLarge,
-                                },
-                            ) => assert!(len > slot_bytes),
-                            (
-                                None,
-                                AllocSlot::Refused {
-                                    status: PutStatus::BadSegment,
-                                },
-                            )
-                            | (
-                                Some(_),
-                                AllocSlot::Refused {
-                                    status: PutStatus::NoSpace,
-                                },
-                            ) => {}
-                            other => panic!("alloc of {len} bytes in segment {sg}: {other:?}"),
-                        }
-                    }
-                    assert_eq!(c.abort(&handles).unwrap() as usize, handles.len());
-                }
-                Err(e) => {
-                    let (code, msg) = refused(Err::<(), _>(e));
-                    assert!(
-                        segments.is_none() && code == ErrorCode::UnknownNamespace,
-                        "{code:?}: {msg}"
-                    );
-                }
-            }
-        }
+        assert_eq!(c.abort(&handles).unwrap() as usize, handles.len());
     }
 }
 
@@ -243,6 +231,7 @@ fn register_put_and_alloc_sizes_get_answers_and_never_hurt_other_clients() {
     let reference = RefCell::new(c);
     let n = RefCell::new(1_000_000u64);
     let model = RefCell::new(0u64);
+    let registered = RefCell::new(0u64);
     let case = (
         prop::collection::vec(size(), 0..4),
         prop::collection::vec(step(), 1..6),
@@ -263,6 +252,7 @@ fn register_put_and_alloc_sizes_get_answers_and_never_hurt_other_clients() {
             let ns = match c.register(&spec) {
                 Ok(r) => {
                     assert!(valid, "registered {segments:?}");
+                    *registered.borrow_mut() += 1;
                     Some(r.ns)
                 }
                 Err(e) => {
@@ -275,18 +265,27 @@ fn register_put_and_alloc_sizes_get_answers_and_never_hurt_other_clients() {
                     None
                 }
             };
+            let mut target = Target {
+                d: &d,
+                ns: ns.unwrap_or(ref_ns + 100_000),
+                segments: ns.map(|_| segments.as_slice()),
+                n: *n.borrow(),
+            };
             for s in &steps {
-                let (h, segs) = match ns {
-                    Some(h) => (h, Some(segments.as_slice())),
-                    None => (ref_ns + 100_000, None),
-                };
-                run_step(&d, &mut c, h, segs, s, &mut n.borrow_mut());
+                target.run(&mut c, s);
             }
+            *n.borrow_mut() = target.n;
             c.stats().expect("this connection is still served");
             assert_unchanged(&mut reference.borrow_mut(), ref_ns, &keys, &data);
             Ok(())
         })
         .unwrap();
+    // The cases ran, and both sides of the size rules were exercised.
+    let (cases, ok) = (*model.borrow(), *registered.borrow());
+    assert!(
+        cases >= 64 && ok > 0 && ok < cases,
+        "{cases} cases, {ok} registered"
+    );
     assert!(
         d.child.try_wait().unwrap().is_none(),
         "the daemon is still running"
