@@ -151,18 +151,31 @@ fn apply(c: &mut Client, ns: u32, s: &Step, filler: &mut u64) {
     }
 }
 
-/// Waits until no demotion is in flight in either tier (DRAM's count drops inside the
-/// tier lock, the NVMe tier's after the demotion's last event).
+/// Waits until the demoter is idle: nothing in flight in either tier (DRAM's count drops
+/// inside the tier lock, the NVMe tier's after the demotion's last event) and no demotion
+/// started for 50 ms, ten of the demoter's 5 ms ticks (it starts one within a tick whenever
+/// free DRAM is below its watermark).
 fn settle(c: &mut Client) {
     let t0 = Instant::now();
+    let mut quiet_since: Option<(Instant, u64)> = None;
     loop {
         let s = c.stats().unwrap();
+        let demotions = s.tiers[0].demotions;
         if s.tiers.iter().all(|t| t.in_flight == 0) {
-            return;
+            match quiet_since {
+                Some((t, d)) if d == demotions => {
+                    if t.elapsed() >= Duration::from_millis(50) {
+                        return;
+                    }
+                }
+                _ => quiet_since = Some((Instant::now(), demotions)),
+            }
+        } else {
+            quiet_since = None;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "demotions still in flight after 20 s"
+            "demotions still running after 20 s"
         );
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -326,7 +339,6 @@ fn run_case(steps: &[Step]) {
     // A final put: the marker whose publication proves every earlier event published.
     put(&mut c, ns, &[5000]);
     settle(&mut c);
-    let all = replay_through(&rt, &fx.replay, 5000);
     live.extend(rt.block_on(async {
         let mut seqs = Vec::new();
         while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
@@ -337,7 +349,8 @@ fn run_case(steps: &[Step]) {
         }
         seqs
     }));
-    // What the subscriber missed (it joined late) came from the replay socket above.
+    // Recover what the subscriber missed (it joined late) from the replay socket.
+    let all = replay_through(&rt, &fx.replay, 5000);
     let seqs: Vec<u64> = all.iter().map(|(s, _)| *s).collect();
     assert_eq!(seqs, (0..all.len() as u64).collect::<Vec<_>>(), "no gaps");
     assert!(live.iter().all(|s| seqs.contains(s)));
