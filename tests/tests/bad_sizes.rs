@@ -1,7 +1,8 @@
 //! Sizes a client declares (Register segments, Put and Alloc lengths) against a real daemon:
 //! the attack from issue 15 (a slot of 2^64-1 whose class rounded to 0, then a Put that
 //! divided by zero under the DRAM tier lock and left every client disconnected), a property
-//! test over Register/Put/Alloc parameters, and the `kvnode put` CLI with such sizes. After
+//! test over Register/Put/Alloc parameters, the `kvnode put` CLI with such sizes, and the
+//! largest pull deadline a client can state. After
 //! each, the daemon answers every client and the committed reference blocks are unchanged.
 //! Run: `cargo test --release -p kvnode-e2e --test bad_sizes`.
 
@@ -313,4 +314,30 @@ fn kvnode_put_with_a_huge_page_size_is_a_clear_error_not_a_panic() {
         assert!(err.contains("at most 1099511627776 (1 TiB)"), "{err}");
     }
     assert_unchanged(&mut c, ns, &keys, &data);
+}
+
+/// The largest deadline a client can state (u64::MAX ms) is a long wait, not an overflow.
+#[test]
+fn a_pull_deadline_of_u64_max_is_answered_and_the_daemon_keeps_serving() {
+    let port = kvnode_e2e::free_port();
+    let src = kvnode_e2e::peer_source(port, &[]);
+    let mut dst = kvnode_e2e::peer_dest(&format!("tcp://127.0.0.1:{port}"), &[]);
+    let keys: Vec<Key> = (0..2).map(key).collect();
+    let mut s = src.client();
+    let sns = s.register(&spec("m", 4096)).unwrap().ns;
+    s.put(sns, &keys, &[&[1u8; 4096], &[2u8; 4096]]).unwrap();
+    let mut c = dst.client();
+    let ns = c.register(&spec("m", 4096)).unwrap().ns;
+    let hint = kvnode_e2e::hint(port, &keys);
+    let r = c.get_hinted(ns, &keys, Some(&hint), Some(u64::MAX));
+    let r2 = c.pull(ns, &keys, &hint, &[], Some(u64::MAX));
+    assert!(
+        dst.child.try_wait().unwrap().is_none(),
+        "the daemon died: {r:?} {r2:?}\n{}",
+        dst.log()
+    );
+    let (pages, _) = r.unwrap();
+    assert!(pages.iter().all(Option::is_some));
+    r2.unwrap();
+    c.stats().expect("this connection is still served");
 }
