@@ -16,12 +16,24 @@ local_run() { # BIN LABEL
   j=$("$1" bench local --socket "$sock" --op get --mode zero-copy --page-size 1MiB --batch 16 \
         --duration 3 --working-set 512 --memcpy-pool 1GiB --json | tail -1)
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  python3 -c 'import json,sys; j=json.loads(sys.argv[2]); print(f"{sys.argv[1]:4} local zero-copy get: {j[\"gbps\"]:.2f} GB/s = {j[\"ratio\"]:.2f} x memcpy ({j[\"memcpy_gbps\"]:.2f} GB/s), p50 {j[\"p50_us\"]} us")' "$2" "$j"
+  python3 - "$2" "$j" <<'PY'
+import json, sys
+j = json.loads(sys.argv[2])
+print("%-4s local zero-copy get: %.2f GB/s = %.2f x memcpy (%.2f GB/s), p50 %s us"
+      % (sys.argv[1], j["gbps"], j["ratio"], j["memcpy_gbps"], j["p50_us"]))
+PY
 }
 pull_run() { # BIN LABEL
   local j
   j=$("$1" bench pull --iterations 10 --rounds 2 --latency-samples 100 --iperf-seconds 2 --json 2>>"$DIR/$2.log" | tail -1)
-  python3 -c 'import json,sys; j=json.loads(sys.argv[2]); r=j["ratio"]; print(f"{sys.argv[1]:4} pull 64x1MiB: median {j[\"median_gbps\"]:.2f} GB/s = {r*100 if r else float(\"nan\"):.0f} % of iperf3, 64 KiB p50 {j[\"lat_p50_us\"]} us p99 {j[\"lat_p99_us\"]} us")' "$2" "$j"
+  python3 - "$2" "$j" <<'PY'
+import json, sys
+j = json.loads(sys.argv[2])
+r = j["ratio"]
+print("%-4s pull 64x1MiB: median %.2f GB/s = %s of iperf3, %.0f %% of memcpy; 64 KiB p50 %s us p99 %s us"
+      % (sys.argv[1], j["median_gbps"], "%.0f %%" % (r * 100) if r else "n/a", j["memcpy_ratio"] * 100,
+         j["lat_p50_us"], j["lat_p99_us"]))
+PY
 }
 echo "A = $A"; echo "B = $B"; echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for _ in $(seq "$ROUNDS"); do

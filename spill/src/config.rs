@@ -76,6 +76,26 @@ impl SpillConfig {
     }
 }
 
+/// The first two entries naming one directory (after resolving `.`/`..`, symlinks of
+/// existing paths and the working directory). Paths that resolve
+/// differently here but still meet in one file are caught by the file lock at open.
+fn duplicate_dir(dirs: &[SpillDir]) -> Option<(usize, usize)> {
+    let resolved: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| {
+            std::fs::canonicalize(&d.path)
+                .or_else(|_| std::path::absolute(&d.path))
+                .unwrap_or_else(|_| d.path.clone())
+        })
+        .collect();
+    for (j, b) in resolved.iter().enumerate() {
+        if let Some(i) = resolved[..j].iter().position(|a| a == b) {
+            return Some((i, j));
+        }
+    }
+    None
+}
+
 /// Builder for [`SpillConfig`].
 #[derive(Clone, Debug)]
 pub struct SpillConfigBuilder {
@@ -180,6 +200,17 @@ impl SpillConfigBuilder {
         }
         if c.queue_depth == 0 || c.queue_depth > 4096 || c.submit_queue == 0 {
             return bad("queue_depth must be 1..=4096 and submit_queue >= 1".into());
+        }
+        if let Some((i, j)) = duplicate_dir(&c.dirs) {
+            return bad(format!(
+                "spill directory {} is given twice (entries {i} and {j}{}); each directory holds one spill file, so give each device once",
+                c.dirs[i].path.display(),
+                if c.dirs[j].path == c.dirs[i].path {
+                    String::new()
+                } else {
+                    format!(": {} is the same directory", c.dirs[j].path.display())
+                },
+            ));
         }
         for d in &c.dirs {
             if c.regions_in(d) < 2 {

@@ -79,7 +79,7 @@ pub enum SpillError {
     },
     /// An existing file at the spill path is not a kvnode spill file.
     #[error(
-        "{path} exists and is not a kvnode spill file ({source}); move it away or point the spill dir elsewhere"
+        "{path} exists and is not a kvnode spill file ({source}); kvnode never overwrites a file it did not write: if nothing else uses it, delete it (kvnode creates a fresh one), else point --spill-dir elsewhere"
     )]
     NotASpillFile {
         /// The file concerned.
@@ -88,9 +88,32 @@ pub enum SpillError {
         #[source]
         source: DecodeError,
     },
+    /// Another open holds the spill file's lock: a second daemon on the same directory, or
+    /// the same file reached twice in one configuration.
+    #[error("{path} is locked by {}", locked_by(*.holder))]
+    Locked {
+        /// The file concerned.
+        path: PathBuf,
+        /// The process holding the lock, when /proc/locks tells.
+        holder: Option<u32>,
+    },
+    /// Preallocating a new spill file failed (usually: the device is too small); the
+    /// partial file was removed.
+    #[error(
+        "cannot preallocate {size} bytes for {path} ({source}); the partial file was removed: free space on that device or lower --spill-size"
+    )]
+    Preallocate {
+        /// The file concerned.
+        path: PathBuf,
+        /// Bytes asked for.
+        size: u64,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The existing spill file was created with a different geometry.
     #[error(
-        "{path} was created with {found}, the configuration asks for {configured}; restore the old size or delete the file to start empty"
+        "{path} was created with {found}, the configuration asks for {configured}; its blocks are kept until you decide: restore the old --spill-size (and region size) to keep them, or delete the file to start empty at the new size"
     )]
     GeometryMismatch {
         /// The file concerned.
@@ -151,6 +174,18 @@ pub enum SpillError {
     /// The arena was already registered.
     #[error("an arena is already registered with this tier")]
     ArenaAlreadyRegistered,
+}
+
+fn locked_by(holder: Option<u32>) -> String {
+    match holder {
+        Some(pid) if pid == std::process::id() => format!(
+            "this process (pid {pid}): the same spill file is configured twice (two --spill-dir paths name one directory); give each directory once"
+        ),
+        Some(pid) => format!(
+            "another process (pid {pid}): two daemons must not share a spill directory; stop that one or give this daemon its own --spill-dir"
+        ),
+        None => "another open (another kvnode daemon?): two daemons must not share a spill directory; stop the other one or give this daemon its own --spill-dir".to_owned(),
+    }
 }
 
 impl SpillError {

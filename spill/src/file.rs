@@ -52,18 +52,18 @@ fn random_uuid() -> [u8; 16] {
     u
 }
 
-fn preallocate(file: &File, path: &Path, size: u64) -> Result<(), SpillError> {
-    // SAFETY: plain syscall on an owned fd.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size.cast_signed()) };
-    if rc != 0 {
+fn fallocate(file: &File, size: u64) -> std::io::Result<()> {
+    loop {
+        // SAFETY: plain syscall on an owned fd.
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size.cast_signed()) };
+        if rc == 0 {
+            return Ok(());
+        }
         let e = std::io::Error::last_os_error();
-        return Err(SpillError::io(
-            "fallocate (preallocating the spill file)",
-            path,
-            e,
-        ));
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
-    Ok(())
 }
 
 fn write_superblock(file: &File, path: &Path, sb: &Superblock) -> Result<(), SpillError> {
@@ -83,11 +83,43 @@ fn write_superblock(file: &File, path: &Path, sb: &Superblock) -> Result<(), Spi
         .map_err(|e| SpillError::io("fdatasync", path, e))
 }
 
-/// Opens (creating if needed) the spill file at `path` with the given geometry.
+/// Truncates `file`, preallocates it and writes `sb`. On failure the file is removed again:
+/// it is still locked by us, so nobody else uses it, and it holds nothing.
+fn init_empty(file: File, path: &Path, sb: Superblock) -> Result<SpillFile, SpillError> {
+    let written = file
+        .set_len(0)
+        .map_err(|e| SpillError::io("truncating spill file", path, e))
+        .and_then(|()| {
+            fallocate(&file, sb.file_size).map_err(|source| SpillError::Preallocate {
+                path: path.into(),
+                size: sb.file_size,
+                source,
+            })
+        })
+        .and_then(|()| write_superblock(&file, path, &sb));
+    if let Err(e) = written {
+        if let Err(rm) = std::fs::remove_file(path) {
+            tracing::warn!(path = %path.display(), error = %rm, "could not remove the spill file after a failed initialisation");
+        }
+        return Err(e);
+    }
+    Ok(SpillFile {
+        path: path.into(),
+        file,
+        sb,
+        fresh: true,
+    })
+}
+
+/// Opens (creating if needed) the spill file at `path` with the given geometry, and locks it
+/// exclusively for as long as the returned file stays open (see `lock.rs`).
 ///
-/// A file whose superblock has our magic but is otherwise damaged is reinitialised empty
-/// (its blocks become misses); a file without our magic is refused so that a wrong path never
-/// overwrites foreign data.
+/// A file whose superblock has our magic but is otherwise damaged, or whose first sector is
+/// all zeroes (a start that died between preallocation and the superblock write), is
+/// reinitialised empty (its blocks become misses); a file without our magic is refused so
+/// that a wrong path never overwrites foreign data. When initialising fails (e.g. the
+/// device is too small for the preallocation) the file is removed again, so no zero-filled
+/// file is left to fill the disk and block the next start.
 pub(crate) fn open_spill_file(
     path: &Path,
     index: u32,
@@ -104,7 +136,10 @@ pub(crate) fn open_spill_file(
         opts.custom_flags(libc::O_DIRECT);
     }
     let file = match opts.open(path) {
-        Ok(f) => f,
+        Ok(f) => {
+            crate::lock::lock_exclusive(&f, path)?;
+            f
+        }
         Err(e) if direct && is_einval(&e) => {
             return Err(SpillError::DirectIoUnsupported {
                 path: path.into(),
@@ -124,18 +159,7 @@ pub(crate) fn open_spill_file(
         file_index: index,
         uuid: random_uuid(),
     };
-    let init = |file: File| -> Result<SpillFile, SpillError> {
-        file.set_len(0)
-            .map_err(|e| SpillError::io("truncating spill file", path, e))?;
-        preallocate(&file, path, file_size)?;
-        write_superblock(&file, path, &fresh_sb)?;
-        Ok(SpillFile {
-            path: path.into(),
-            file,
-            sb: fresh_sb,
-            fresh: true,
-        })
-    };
+    let init = |file: File| init_empty(file, path, fresh_sb);
     if len == 0 {
         return init(file);
     }
@@ -150,11 +174,17 @@ pub(crate) fn open_spill_file(
         }
         Err(e) => return Err(SpillError::io("reading the superblock", path, e)),
     }
+    if sector.iter().all(|&b| b == 0) {
+        tracing::warn!(path = %path.display(), "spill file has an all-zero superblock (a start that stopped before writing it); reinitialising it empty");
+        return init(file);
+    }
     match Superblock::decode(&sector) {
         Ok(sb) if sb.file_size == file_size && sb.region_size == region_size => {
             if len < file_size {
                 tracing::warn!(path = %path.display(), len, "spill file is shorter than its geometry; extending (blocks past the cut are lost)");
-                preallocate(&file, path, file_size)?;
+                fallocate(&file, file_size).map_err(|e| {
+                    SpillError::io("fallocate (extending a short spill file)", path, e)
+                })?;
             }
             Ok(SpillFile {
                 path: path.into(),

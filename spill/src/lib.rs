@@ -42,6 +42,7 @@ mod file;
 pub mod fio;
 mod format;
 mod key;
+mod lock;
 mod ops;
 mod recovery;
 mod region;

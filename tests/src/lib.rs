@@ -3,6 +3,7 @@
 //! The `kvnode` binary is found next to the test executable (`target/<profile>/kvnode`);
 //! `cargo test --workspace` builds it before running these tests.
 
+pub mod raw;
 pub mod shm;
 
 use std::path::{Path, PathBuf};
@@ -38,15 +39,38 @@ pub fn kvtrace_bin() -> PathBuf {
         .map_or_else(|| kvnode_bin().with_file_name("kvtrace"), PathBuf::from)
 }
 
-/// Why BPF tests cannot run here (not root), or `None` when they can; loud on skip.
-pub fn bpf_skip_reason() -> Option<String> {
+/// Environment variable that lets a test skip when a prerequisite is missing: a comma list
+/// of the prerequisites that may be missing (`root`, `ip`, `gpu-driver`) or `all`. Unset,
+/// as in CI, a missing prerequisite fails the test: nothing passes by skipping.
+pub const ALLOW_SKIP_ENV: &str = "KVNODE_TEST_ALLOW_SKIP";
+
+/// Whether a test may run: true when its prerequisite `what` is there (`missing` is `None`).
+/// Otherwise panics with the reason, unless [`ALLOW_SKIP_ENV`] lists `what` (or `all`):
+/// then it prints a loud skip notice and returns false.
+pub fn prerequisite(what: &str, missing: Option<String>) -> bool {
+    let Some(why) = missing else {
+        return true;
+    };
+    let allowed = std::env::var(ALLOW_SKIP_ENV).unwrap_or_default();
+    assert!(
+        allowed
+            .split(',')
+            .any(|w| w.trim() == what || w.trim() == "all"),
+        "prerequisite `{what}` missing: {why}. Provide it (CI runs as root with iproute2), or set {ALLOW_SKIP_ENV}={what} to skip this test on purpose"
+    );
+    eprintln!("\n!!!!! SKIPPING ({ALLOW_SKIP_ENV}={allowed}): {why} !!!!!\n");
+    false
+}
+
+/// `Some(reason)` when this process is not root.
+pub fn not_root(needs: &str) -> Option<String> {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        let why = "not running as root: kvtrace needs CAP_BPF + CAP_PERFMON".to_owned();
-        eprintln!("\n!!!!! SKIPPING BPF TEST: {why} (CI runs these as root) !!!!!\n");
-        return Some(why);
-    }
-    None
+    (unsafe { libc::geteuid() } != 0).then(|| format!("not running as root: {needs}"))
+}
+
+/// Whether BPF tests can run (root); see [`prerequisite`].
+pub fn bpf_allowed() -> bool {
+    prerequisite("root", not_root("kvtrace needs CAP_BPF + CAP_PERFMON"))
 }
 
 /// A fresh private directory under the system temp dir.
@@ -74,6 +98,48 @@ impl Daemon {
     /// Starts `kvnode serve --socket <dir>/kvnode.sock <args>` and waits until it answers.
     pub fn start(args: &[&str]) -> Self {
         Self::spawn(Command::new(kvnode_bin()), args)
+    }
+
+    /// Like [`Daemon::start`], with extra environment variables.
+    pub fn start_env(env: &[(&str, &str)], args: &[&str]) -> Self {
+        let mut cmd = Command::new(kvnode_bin());
+        cmd.envs(env.iter().copied());
+        Self::spawn(cmd, args)
+    }
+
+    /// Runs `kvnode serve <args>` on a private socket expecting it to refuse to start:
+    /// returns its exit status and log. Panics if it is still running after `limit`.
+    pub fn start_failing(args: &[&str], limit: Duration) -> (ExitStatus, String) {
+        let dir = temp_dir("daemon-fail");
+        let log_path = dir.join("daemon.log");
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut child = Command::new(kvnode_bin())
+            .arg("serve")
+            .arg("--socket")
+            .arg(dir.join("kvnode.sock"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn kvnode");
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait for kvnode") {
+                break s;
+            }
+            if t.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "kvnode serve {args:?} was expected to refuse to start but still runs after {limit:?}; log:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        (status, text)
     }
 
     /// A daemon whose small DRAM tier (16 MiB of 2 MiB slabs, unpinned) spills into `dir`
@@ -205,6 +271,31 @@ pub fn spec(model: &str, slot: u64) -> NamespaceSpec {
         page_size: 64,
         segments: vec![slot],
         ..NamespaceSpec::default()
+    }
+}
+
+/// A reference namespace ("ref", 8 KiB slots) with 16 committed blocks whose bytes must
+/// never change while a test throws bad input at the daemon: (client, ns, keys, bytes).
+pub fn seed_blocks(d: &Daemon) -> (Client, u32, Vec<Key>, Vec<Vec<u8>>) {
+    let mut c = d.client();
+    let ns = c.register(&spec("ref", 8192)).expect("register ref").ns;
+    let keys: Vec<Key> = (0..16).map(key).collect();
+    let data: Vec<Vec<u8>> = (0..16).map(|i| block(i, 8192)).collect();
+    let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    let res = c.put(ns, &keys, &refs).expect("put ref blocks");
+    assert!(
+        res.iter()
+            .all(|s| *s == kvnode_proto::client::PutStatus::Stored),
+        "{res:?}"
+    );
+    (c, ns, keys, data)
+}
+
+/// Every block of [`seed_blocks`] is still there with its bytes.
+pub fn assert_unchanged(c: &mut Client, ns: u32, keys: &[Key], data: &[Vec<u8>]) {
+    let got = c.get(ns, keys).expect("get ref blocks");
+    for (i, (g, want)) in got.iter().zip(data).enumerate() {
+        assert_eq!(g.as_deref(), Some(want.as_slice()), "reference block {i}");
     }
 }
 

@@ -4,93 +4,15 @@
 //! Run: `cargo test --release -p kvnode-e2e --test bad_input`.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::io::Write;
 
-use kvnode_client::Client;
-use kvnode_e2e::{Daemon, block, key, spec};
-use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply, Request, Response};
-use kvnode_proto::frame::{FramePrefix, decode_header, encode_frame};
-use kvnode_proto::{Key, PROTOCOL_VERSION};
+use kvnode_e2e::raw::Raw;
+use kvnode_e2e::{Daemon, assert_unchanged, key, seed_blocks, spec};
+use kvnode_proto::PROTOCOL_VERSION;
+use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply, Request};
+use kvnode_proto::frame::FramePrefix;
 use proptest::prelude::*;
-
-struct Raw(UnixStream);
-
-impl Raw {
-    fn connect(d: &Daemon, hello: bool) -> Self {
-        let s = UnixStream::connect(d.socket()).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut r = Raw(s);
-        if hello {
-            r.send(
-                &Request {
-                    id: 1,
-                    op: Op::Hello {
-                        version: PROTOCOL_VERSION,
-                        client: "raw".into(),
-                    },
-                },
-                &[],
-            );
-            assert!(matches!(r.recv().unwrap().reply, Reply::HelloOk { .. }));
-        }
-        r
-    }
-
-    fn send<T: serde::Serialize>(&mut self, msg: &T, payload: &[u8]) {
-        let f = encode_frame(msg, payload.len() as u64).unwrap();
-        self.0.write_all(&f).unwrap();
-        self.0.write_all(payload).unwrap();
-    }
-
-    /// Next reply, or None if the daemon closed the connection.
-    fn recv(&mut self) -> Option<Response> {
-        let mut p = [0u8; 8];
-        self.0.read_exact(&mut p).ok()?;
-        let p = FramePrefix::decode(p).unwrap();
-        let mut h = vec![0u8; p.header_len as usize];
-        self.0.read_exact(&mut h).unwrap();
-        let mut payload = vec![0u8; p.payload_len as usize];
-        self.0.read_exact(&mut payload).unwrap();
-        Some(decode_header(&h).unwrap())
-    }
-
-    fn expect_error(&mut self, code: ErrorCode) -> String {
-        match self.recv().map(|r| r.reply) {
-            Some(Reply::Error { code: c, message }) if c == code => message,
-            other => panic!("expected {code:?} error, got {other:?}"),
-        }
-    }
-
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.0.read(&mut b), Ok(0) | Err(_))
-    }
-}
-
-/// A reference namespace with committed blocks whose bytes must never change.
-fn seed_blocks(d: &Daemon) -> (Client, u32, Vec<Key>, Vec<Vec<u8>>) {
-    let mut c = d.client();
-    let ns = c.register(&spec("ref", 8192)).unwrap().ns;
-    let keys: Vec<Key> = (0..16).map(key).collect();
-    let data: Vec<Vec<u8>> = (0..16).map(|i| block(i, 8192)).collect();
-    let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-    assert!(
-        c.put(ns, &keys, &refs)
-            .unwrap()
-            .iter()
-            .all(|s| *s == PutStatus::Stored)
-    );
-    (c, ns, keys, data)
-}
-
-fn assert_unchanged(c: &mut Client, ns: u32, keys: &[Key], data: &[Vec<u8>]) {
-    let got = c.get(ns, keys).unwrap();
-    for (g, want) in got.iter().zip(data) {
-        assert_eq!(g.as_deref(), Some(want.as_slice()));
-    }
-}
+use proptest::test_runner::{Config, TestRunner};
 
 #[derive(serde::Serialize)]
 struct WeirdRequest {
@@ -383,44 +305,55 @@ fn a_connection_cannot_commit_or_abort_another_connections_slot() {
     assert_eq!(b.exists(ns, &[key(1)]).unwrap(), 1);
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
-
-    /// Random frames (valid prefixes with random headers and payloads, and pure garbage)
-    /// never crash the daemon nor change a committed block.
-    #[test]
-    fn random_frames_never_crash_the_daemon_or_change_blocks(
-        frames in proptest::collection::vec(
-            (proptest::collection::vec(any::<u8>(), 1..200), proptest::collection::vec(any::<u8>(), 0..64), any::<bool>()),
-            1..8,
-        )
-    ) {
-        use std::sync::OnceLock;
-        type Seeded = (Client, u32, Vec<Key>, Vec<Vec<u8>>);
-        static D: OnceLock<(Daemon, std::sync::Mutex<Seeded>)> = OnceLock::new();
-        let (d, state) = D.get_or_init(|| {
-            let d = Daemon::start(&["--dram", "16MiB"]);
-            let s = seed_blocks(&d);
-            (d, std::sync::Mutex::new(s))
-        });
-        let mut r = Raw::connect(d, true);
-        for (header, payload, garbage) in frames {
-            let mut bytes = if garbage {
-                header.clone()
-            } else {
-                FramePrefix { header_len: header.len() as u32, payload_len: payload.len() as u32 }.encode().to_vec()
-            };
-            if !garbage {
-                bytes.extend_from_slice(&header);
-                bytes.extend_from_slice(&payload);
+/// Random frames (valid prefixes with random headers and payloads, and pure garbage)
+/// never crash the daemon nor change a committed block. One daemon serves every case and
+/// is stopped when the test ends (it lives in this function, not in a static).
+#[test]
+fn random_frames_never_crash_the_daemon_or_change_blocks() {
+    let mut d = Daemon::start(&["--dram", "16MiB"]);
+    let (c, ns, keys, data) = seed_blocks(&d);
+    let c = std::cell::RefCell::new(c);
+    let frames = proptest::collection::vec(
+        (
+            proptest::collection::vec(any::<u8>(), 1..200),
+            proptest::collection::vec(any::<u8>(), 0..64),
+            any::<bool>(),
+        ),
+        1..8,
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        ..Config::default()
+    });
+    runner
+        .run(&frames, |frames| {
+            let mut r = Raw::connect(&d, true);
+            for (header, payload, garbage) in frames {
+                let mut bytes = if garbage {
+                    header.clone()
+                } else {
+                    FramePrefix {
+                        header_len: header.len() as u32,
+                        payload_len: payload.len() as u32,
+                    }
+                    .encode()
+                    .to_vec()
+                };
+                if !garbage {
+                    bytes.extend_from_slice(&header);
+                    bytes.extend_from_slice(&payload);
+                }
+                if r.0.write_all(&bytes).is_err() {
+                    break;
+                }
             }
-            if r.0.write_all(&bytes).is_err() {
-                break;
-            }
-        }
-        drop(r);
-        let mut g = state.lock().unwrap();
-        let (c, ns, keys, data) = &mut *g;
-        assert_unchanged(c, *ns, keys, data);
-    }
+            drop(r);
+            assert_unchanged(&mut c.borrow_mut(), ns, &keys, &data);
+            Ok(())
+        })
+        .unwrap();
+    assert!(
+        d.child.try_wait().unwrap().is_none(),
+        "the daemon is still running"
+    );
 }

@@ -27,9 +27,17 @@ fn server_error(r: Result<impl std::fmt::Debug, ClientError>) -> (ErrorCode, Str
     }
 }
 
+/// Whether the no-driver paths can be exercised here. On a machine with a CUDA driver this
+/// test cannot run (scripts/gpu-smoke.sh covers that machine): it fails there unless
+/// `KVNODE_TEST_ALLOW_SKIP=gpu-driver` says skipping is intended.
 fn no_driver_here() -> bool {
-    // The test pins the no-driver paths; on a GPU machine scripts/gpu-smoke.sh covers the rest.
-    kvnode_gpu::driver::init() == Err(kvnode_gpu::GpuError::NoDriver)
+    let present = kvnode_gpu::driver::init() != Err(kvnode_gpu::GpuError::NoDriver);
+    kvnode_e2e::prerequisite(
+        "gpu-driver",
+        present.then(|| {
+            "a CUDA driver is loaded here, so the no-driver paths cannot be exercised (run scripts/gpu-smoke.sh on GPU machines)".to_owned()
+        }),
+    )
 }
 
 #[test]

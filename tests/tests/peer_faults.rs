@@ -63,12 +63,38 @@ fn frozen_source_costs_at_most_the_heartbeat_and_recovers_after_sigcont() {
             "{op:?}"
         );
     }
-    // Background hints to the frozen peer cannot pile up: each is bounded and refused fast.
-    for _ in 0..20 {
-        c.exists_hinted(ns, &keys[1..], Some(&hint(port, &keys)))
-            .unwrap();
+    // Background hints to the frozen peer cannot pile up: every pull they start ends,
+    // failed (at its deadline, or refused busy / timed out), and the transfers behind them,
+    // which may continue past the op into reserved DRAM slots, end within the connect/io
+    // timeouts (500 ms each), so no slot stays reserved.
+    let t = Instant::now();
+    let ops: Vec<u64> = (0..20)
+        .map(|_| {
+            let (_, op) = c
+                .exists_hinted(ns, &keys[1..], Some(&hint(port, &keys)))
+                .unwrap();
+            op.expect("a hinted exists starts a background pull").op
+        })
+        .collect();
+    for op in ops {
+        let r = c.wait(op, 10_000).unwrap();
+        assert_eq!(r.state, OpState::Failed, "{r:?}");
+        assert!(
+            matches!(&r.results[0], KeyOutcome::Failed(why)
+                if matches!(why.code, FailCode::PeerUnreachable | FailCode::PeerBusy | FailCode::Deadline)
+                    && ["timed out", "busy", "deadline passed"].iter().any(|w| why.message.contains(w))),
+            "{r:?}"
+        );
     }
-    assert_eq!(dst.client().stats().unwrap().tiers[0].reserved, 0);
+    let mut d = dst.client();
+    while d.stats().unwrap().tiers[0].reserved > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "transfers of 20 hinted pulls to a frozen peer still hold DRAM slots after {:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     src.signal(libc::SIGCONT);
     let t = Instant::now();
     loop {

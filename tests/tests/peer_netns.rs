@@ -1,6 +1,7 @@
 //! A pull between two daemons in two network namespaces joined only by a veth pair: the
-//! bytes cross that link (its counters move), with cluster-key authentication. Skipped with a printed reason unless root with
-//! `ip` available. Run: `sudo cargo test --release -p kvnode-e2e --test peer_netns`.
+//! bytes cross that link (its counters move), with cluster-key authentication. Needs root
+//! and `ip` (iproute2): without them it fails, unless `KVNODE_TEST_ALLOW_SKIP=root,ip` says
+//! skipping is intended. Run: `sudo cargo test --release -p kvnode-e2e --test peer_netns`.
 
 use std::process::Command;
 
@@ -88,30 +89,27 @@ impl Drop for Namespaces {
     }
 }
 
-fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not running as root: creating network namespaces needs CAP_NET_ADMIN".into());
-    }
-    if Command::new("ip").arg("-V").output().is_err() {
-        return Some("`ip` (iproute2) is not installed".into());
-    }
-    None
+/// Whether this test can run: root, and iproute2 installed (else see `prerequisite`).
+fn runnable() -> bool {
+    kvnode_e2e::prerequisite(
+        "root",
+        kvnode_e2e::not_root("creating network namespaces needs CAP_NET_ADMIN"),
+    ) && kvnode_e2e::prerequisite(
+        "ip",
+        Command::new("ip")
+            .arg("-V")
+            .output()
+            .is_err()
+            .then(|| "`ip` (iproute2) is not installed".to_owned()),
+    )
 }
 
 #[test]
 fn pull_between_two_network_namespaces_crosses_only_their_veth_link() {
-    if let Some(why) = skip_reason() {
-        eprintln!("\n!!!!! SKIPPING NETNS TEST: {why} !!!!!\n");
+    if !runnable() {
         return;
     }
-    let ns = match Namespaces::create() {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("\n!!!!! SKIPPING NETNS TEST: cannot set up namespaces: {e} !!!!!\n");
-            return;
-        }
-    };
+    let ns = Namespaces::create().expect("setting up two network namespaces and a veth pair");
     let dir = temp_dir("netns-key");
     let key_file = dir.join("cluster.key");
     std::fs::write(&key_file, "netns-test-cluster-key-0123456789\n").unwrap();

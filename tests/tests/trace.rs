@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use kvnode_e2e::{Daemon, block, bpf_skip_reason, key, kvnode_bin, kvtrace_bin, spec};
+use kvnode_e2e::{Daemon, block, bpf_allowed, key, kvnode_bin, kvtrace_bin, spec};
 use kvnode_proto::obs::LatencyReport;
 
 /// A kvtrace process whose stderr said it attached.
@@ -106,7 +106,7 @@ fn bench(d: &Daemon, op: &str) {
 /// Records a get and a put bench with kvtrace; returns the daemon's per-op (count, sum ns)
 /// over the bench, kvtrace's report and its table.
 fn record_benches(extra: &[&str]) -> Option<(OpSums, LatencyReport, String)> {
-    if bpf_skip_reason().is_some() {
+    if !bpf_allowed() {
         return None;
     }
     let d = Daemon::start(&["--dram", "64MiB", "--no-pin"]);
@@ -211,6 +211,39 @@ fn scrape(port: u16) -> String {
     r
 }
 
+/// Scrapes until every line of `want` is in the metrics (10 s at most); returns the scrape.
+fn scrape_until(port: u16, want: &[&str]) -> String {
+    let t = std::time::Instant::now();
+    loop {
+        let m = scrape(port);
+        if want.iter().all(|w| m.contains(w)) {
+            return m;
+        }
+        let missing: Vec<&&str> = want.iter().filter(|w| !m.contains(**w)).collect();
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "metrics still lack {missing:?} after 10 s:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Reads the daemon log until it holds every line of `want` (10 s at most).
+fn log_until(d: &Daemon, want: &[&str]) -> String {
+    let t = std::time::Instant::now();
+    loop {
+        let log = d.log();
+        if want.iter().all(|w| log.contains(w)) {
+            return log;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "log still lacks one of {want:?} after 10 s:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -261,9 +294,7 @@ fn frozen_client_and_leaked_lease_show_in_stalls_metrics_and_log() {
         "--metrics",
         &format!("127.0.0.1:{port}"),
     ]);
-    let trace = bpf_skip_reason()
-        .is_none()
-        .then(|| Trace::start(&["stalls"], d.child.id()));
+    let trace = bpf_allowed().then(|| Trace::start(&["stalls"], d.child.id()));
     let mut holder = d.client();
     let ns = holder.register(&spec("m", 4096)).unwrap().ns;
     let b = block(1, 4096);
@@ -272,18 +303,18 @@ fn frozen_client_and_leaked_lease_show_in_stalls_metrics_and_log() {
     let _frozen = frozen_client(&d);
     let m0 = scrape(port);
     assert!(m0.contains("kvnode_leases_overdue_total 0"), "{m0}");
-    std::thread::sleep(Duration::from_millis(2500));
-    let m = scrape(port);
-    for want in [
-        "kvnode_leases_overdue_total 1",
-        "kvnode_leases_overdue 1",
-        "kvnode_ops_overdue 1",
-        "kvnode_stalls_total{kind=\"op_deadline\"} 1",
-        "kvnode_leases{tier=\"dram\"} 1",
-    ] {
-        assert!(m.contains(want), "missing {want}:\n{m}");
-    }
-    let log = d.log();
+    // The watchdog reports both after their 1 s limits; poll until it has.
+    scrape_until(
+        port,
+        &[
+            "kvnode_leases_overdue_total 1",
+            "kvnode_leases_overdue 1",
+            "kvnode_ops_overdue 1",
+            "kvnode_stalls_total{kind=\"op_deadline\"} 1",
+            "kvnode_leases{tier=\"dram\"} 1",
+        ],
+    );
+    let log = log_until(&d, &["lease held past its age limit", "stall detected"]);
     assert_eq!(
         log.matches("lease held past its age limit").count(),
         1,
@@ -291,8 +322,7 @@ fn frozen_client_and_leaked_lease_show_in_stalls_metrics_and_log() {
     );
     assert_eq!(log.matches("stall detected").count(), 1, "{log}");
     holder.release(lease.id).unwrap();
-    std::thread::sleep(Duration::from_millis(600));
-    assert!(scrape(port).contains("kvnode_leases_overdue 0"));
+    scrape_until(port, &["kvnode_leases_overdue 0"]);
     if let Some(t) = trace {
         let out = t.stop();
         assert!(

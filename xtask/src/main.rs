@@ -6,7 +6,7 @@
 //! cargo xtask test         the whole test suite (unit, property, end-to-end with real daemons,
 //!                          then the Python SGLang connector's pytest suite)
 //! cargo xtask fuzz-smoke   decoder property tests with many more cases (stable-toolchain fuzzing)
-//! cargo xtask bench-smoke  every benchmark for a short run against a real daemon
+//! cargo xtask bench-smoke  every benchmark but `bench gpu` for a short run (scripts/bench-smoke.sh)
 //! cargo xtask ci           all of the above, in that order
 //! cargo xtask serve ARGS   build and run `kvnode serve ARGS`
 //! ```

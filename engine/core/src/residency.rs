@@ -6,9 +6,14 @@
 //! `BlockRemoved` with the same medium. So each residency yields exactly one store and one
 //! remove, whatever path ends it. `clear` of everything publishes `AllBlocksCleared` and
 //! advances an epoch, which silences the drops of residencies announced before it.
+//!
+//! Ordering against a clear: a store publishes its event and reads the epoch, a drop
+//! compares the epoch and publishes its removal, each while holding the epoch lock for
+//! reading; a clear advances the epoch and publishes `AllBlocksCleared` holding it for
+//! writing. So every store or removal lands entirely before or entirely after a clear on
+//! the wire, and a router never sees a removal whose store a clear already wiped.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use kvnode_events::{BlockStored, EventSink, Medium};
 use kvnode_proto::NamespaceSpec;
@@ -54,17 +59,57 @@ impl RouterMeta {
 /// Publishes residency events; cheap to share. Without a sink it announces nothing.
 #[derive(Debug, Default)]
 pub struct Announcer {
-    sink: Option<EventSink>,
-    epoch: AtomicU64,
+    sink: Option<Out>,
+    /// Clears so far; see the module doc for why publishing happens under this lock.
+    epoch: RwLock<u64>,
+}
+
+/// Where events go: the publisher's sink, or (unit tests) a recorder.
+#[derive(Debug)]
+enum Out {
+    Sink(EventSink),
+    #[cfg(test)]
+    Record(Arc<record::Recorder>),
+}
+
+impl Out {
+    fn stored(&self, ev: BlockStored) {
+        match self {
+            // A rejected or dropped event is counted and logged by the sink.
+            Self::Sink(s) => drop(s.stored(ev)),
+            #[cfg(test)]
+            Self::Record(r) => r.stored(&ev),
+        }
+    }
+
+    fn removed(&self, medium: Medium, hash: u64) {
+        match self {
+            Self::Sink(s) => drop(s.removed(medium, vec![hash])),
+            #[cfg(test)]
+            Self::Record(r) => r.removed(hash),
+        }
+    }
+
+    fn cleared(&self) {
+        match self {
+            Self::Sink(s) => drop(s.cleared()),
+            #[cfg(test)]
+            Self::Record(r) => r.cleared(),
+        }
+    }
 }
 
 impl Announcer {
     /// An announcer publishing through `sink` (or nothing).
     pub fn new(sink: Option<EventSink>) -> Arc<Self> {
         Arc::new(Self {
-            sink,
-            epoch: AtomicU64::new(0),
+            sink: sink.map(Out::Sink),
+            epoch: RwLock::new(0),
         })
+    }
+
+    fn epoch_read(&self) -> std::sync::RwLockReadGuard<'_, u64> {
+        self.epoch.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether events are published at all.
@@ -85,13 +130,13 @@ impl Announcer {
             .with_parent(meta.parent)
             .with_salt(meta.salt.clone())
             .block(meta.hash, &meta.tokens);
-        // A rejected or dropped event is counted and logged by the sink.
-        let _ = sink.stored(ev);
+        let epoch = self.epoch_read();
+        sink.stored(ev);
         Some(Residency {
             announcer: Arc::clone(self),
             meta,
             medium,
-            epoch: self.epoch.load(Ordering::Acquire),
+            epoch: *epoch,
         })
     }
 
@@ -99,14 +144,19 @@ impl Announcer {
     /// call end silently.
     pub fn clear_all(&self) {
         if let Some(sink) = &self.sink {
-            self.epoch.fetch_add(1, Ordering::AcqRel);
-            let _ = sink.cleared();
+            let mut epoch = self.epoch.write().unwrap_or_else(PoisonError::into_inner);
+            *epoch += 1;
+            sink.cleared();
         }
     }
 
     /// The publisher's counters, if events are on.
     pub fn stats(&self) -> Option<kvnode_events::Stats> {
-        self.sink.as_ref().map(EventSink::stats)
+        match self.sink.as_ref()? {
+            Out::Sink(s) => Some(s.stats()),
+            #[cfg(test)]
+            Out::Record(_) => None,
+        }
     }
 }
 
@@ -128,11 +178,15 @@ impl Residency {
 
 impl Drop for Residency {
     fn drop(&mut self) {
-        if self.announcer.epoch.load(Ordering::Acquire) != self.epoch {
+        let Some(sink) = &self.announcer.sink else {
             return;
-        }
-        if let Some(sink) = &self.announcer.sink {
-            let _ = sink.removed(self.medium, vec![self.meta.hash]);
+        };
+        let epoch = self.announcer.epoch_read();
+        if *epoch == self.epoch {
+            sink.removed(self.medium, self.meta.hash);
         }
     }
 }
+
+#[cfg(test)]
+mod record;

@@ -24,7 +24,7 @@ pub enum Command {
     Exists(KeyArgs),
     /// Print statistics.
     Stats(StatsArgs),
-    /// Remove every page of a namespace (or of all namespaces with --all).
+    /// Remove every page of one namespace (--model ...) or of all namespaces (--all).
     Clear(ClearArgs),
     /// Benchmarks.
     #[command(subcommand)]
@@ -155,9 +155,9 @@ pub struct SocketArg {
 /// The namespace pages live in.
 #[derive(Debug, Args, Clone)]
 pub struct NsArgs {
-    /// Model name.
-    #[arg(long, default_value = "default")]
-    pub model: String,
+    /// Model name [put/get/exists default: "default"; clear needs it or --all].
+    #[arg(long)]
+    pub model: Option<String>,
     /// Tokens per page.
     #[arg(long, default_value_t = 64)]
     pub page_size: u32,
@@ -211,6 +211,9 @@ pub struct PutArgs {
     /// Generate deterministic bytes from this seed (page i gets stream (seed, digest)).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// List every refused page (default: counts per status and the first few keys).
+    #[arg(long)]
+    pub verbose: bool,
 }
 
 #[derive(Debug, Args)]
@@ -246,8 +249,8 @@ pub struct ClearArgs {
     pub socket: SocketArg,
     #[command(flatten)]
     pub ns: NsArgs,
-    /// Clear every namespace.
-    #[arg(long)]
+    /// Clear every namespace (instead of the one named by --model and the other flags).
+    #[arg(long, conflicts_with = "model")]
     pub all: bool,
 }
 
@@ -355,7 +358,9 @@ pub struct BenchArgs {
     /// Distinct pages in the working set (get/exists).
     #[arg(long, default_value_t = 256)]
     pub working_set: usize,
-    /// Bytes of the source and destination pools of the memcpy baseline.
+    /// Bytes the memcpy baseline's destination walks for `--op put` (the bench's puts walk
+    /// fresh slots of the DRAM tier). For get the baseline walks the working set
+    /// (`--working-set` pages) into one batch buffer, as the bench does.
     #[arg(long, default_value = "1GiB")]
     pub memcpy_pool: String,
     /// Print a JSON summary line as well.

@@ -8,6 +8,9 @@ use kvnode_proto::{Digest, Key, NamespaceSpec};
 
 use crate::cli::{KeyArgs, NsArgs, SocketArg};
 
+/// Model name of the namespace when `--model` is not given (put, get, exists).
+pub const DEFAULT_MODEL: &str = "default";
+
 /// The socket path in force.
 pub fn socket(s: &SocketArg) -> std::path::PathBuf {
     s.socket
@@ -18,7 +21,7 @@ pub fn socket(s: &SocketArg) -> std::path::PathBuf {
 /// The namespace spec named by the flags.
 pub fn spec(a: &NsArgs) -> anyhow::Result<NamespaceSpec> {
     Ok(NamespaceSpec {
-        model: a.model.clone(),
+        model: a.model.clone().unwrap_or_else(|| DEFAULT_MODEL.to_owned()),
         dtype: a.dtype.clone(),
         page_size: a.page_size,
         layout: a.layout.clone(),

@@ -18,6 +18,8 @@ mod bench_gpu;
 mod bench_pull;
 mod bench_spill;
 mod cli;
+mod crash;
+mod host_mem;
 mod keys;
 mod metrics_http;
 mod ops;

@@ -17,7 +17,10 @@ fn connect_ns(a: &KeyArgs) -> anyhow::Result<(Client, u32)> {
 
 pub fn put(a: &PutArgs) -> anyhow::Result<()> {
     let ks = keys::keys(&a.keys)?;
-    let pb = keys::page_bytes(&a.keys.ns)? as usize;
+    // Register first: the daemon judges --page-bytes (bounded by its slab size) before
+    // this process allocates a single page of it.
+    let (mut c, ns) = connect_ns(&a.keys)?;
+    let pb = usize::try_from(keys::page_bytes(&a.keys.ns)?).context("--page-bytes")?;
     let blocks: Vec<Vec<u8>> = match (&a.file, a.seed) {
         (Some(f), _) => {
             let data = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
@@ -38,24 +41,85 @@ pub fn put(a: &PutArgs) -> anyhow::Result<()> {
             .collect(),
         (None, None) => bail!("give the bytes with --file FILE or --seed N"),
     };
-    let (mut c, ns) = connect_ns(&a.keys)?;
     let refs: Vec<&[u8]> = blocks.iter().map(Vec::as_slice).collect();
     let res = c.put_with_meta(ns, &ks, &refs, keys::metas(&a.keys, &ks))?;
-    let stored = res.iter().filter(|r| **r == PutStatus::Stored).count();
-    let existed = res.iter().filter(|r| **r == PutStatus::Exists).count();
-    println!(
-        "stored {stored} of {} pages ({existed} already present)",
-        ks.len()
-    );
-    for (k, r) in ks.iter().zip(&res) {
-        if !matches!(r, PutStatus::Stored | PutStatus::Exists) {
-            println!("  {} {r:?}", k.0);
-        }
-    }
-    if stored + existed != ks.len() {
-        bail!("{} pages were not stored", ks.len() - stored - existed);
+    let summary = PutSummary::new(&ks, &res);
+    print!("{}", summary.render(a.verbose));
+    if summary.refused > 0 {
+        bail!("{} pages were not stored", summary.refused);
     }
     Ok(())
+}
+
+/// Refused keys listed without `--verbose`.
+const SHOWN_REFUSED: usize = 5;
+
+/// What one `put` did, for the operator: totals, counts per refusal status, refused keys.
+struct PutSummary {
+    total: usize,
+    stored: usize,
+    existed: usize,
+    refused: usize,
+    by_status: std::collections::BTreeMap<String, usize>,
+    refused_keys: Vec<(String, PutStatus)>,
+}
+
+impl PutSummary {
+    fn new(ks: &[kvnode_proto::Key], res: &[PutStatus]) -> Self {
+        let mut s = Self {
+            total: ks.len(),
+            stored: 0,
+            existed: 0,
+            refused: 0,
+            by_status: std::collections::BTreeMap::new(),
+            refused_keys: Vec::new(),
+        };
+        for (k, r) in ks.iter().zip(res) {
+            match r {
+                PutStatus::Stored => s.stored += 1,
+                PutStatus::Exists => s.existed += 1,
+                other => {
+                    s.refused += 1;
+                    *s.by_status.entry(format!("{other:?}")).or_default() += 1;
+                    s.refused_keys.push((k.0.to_string(), *other));
+                }
+            }
+        }
+        s
+    }
+
+    fn render(&self, verbose: bool) -> String {
+        use std::fmt::Write as _;
+        let mut out = format!(
+            "stored {} of {} pages ({} already present)\n",
+            self.stored, self.total, self.existed
+        );
+        if self.refused == 0 {
+            return out;
+        }
+        let counts: Vec<String> = self
+            .by_status
+            .iter()
+            .map(|(st, n)| format!("{n} {st}"))
+            .collect();
+        let _ = writeln!(out, "refused {}: {}", self.refused, counts.join(", "));
+        let shown = if verbose {
+            self.refused_keys.len()
+        } else {
+            SHOWN_REFUSED.min(self.refused_keys.len())
+        };
+        for (k, st) in &self.refused_keys[..shown] {
+            let _ = writeln!(out, "  {k} {st:?}");
+        }
+        if shown < self.refused_keys.len() {
+            let _ = writeln!(
+                out,
+                "  ... and {} more (--verbose lists every refused page)",
+                self.refused_keys.len() - shown
+            );
+        }
+        out
+    }
 }
 
 fn hint_text(h: &str) -> anyhow::Result<String> {
@@ -151,15 +215,43 @@ pub fn stats(a: &StatsArgs) -> anyhow::Result<()> {
 }
 
 pub fn clear(a: &ClearArgs) -> anyhow::Result<()> {
+    if !a.all && a.ns.model.is_none() {
+        bail!(
+            "name what to clear: --model NAME (with the namespace's other flags) for one namespace, or --all for every namespace"
+        );
+    }
     let path = keys::socket(&a.socket);
     let mut c =
         Client::connect(&path).with_context(|| format!("connecting to {}", path.display()))?;
     let ns = if a.all {
         None
     } else {
-        Some(c.register(&keys::spec(&a.ns)?)?.ns)
+        // Registering an unknown spec would create an empty namespace and "clear" it: name
+        // the namespaces that do exist instead.
+        let spec = keys::spec(&a.ns)?;
+        let id = spec.id().to_string();
+        let known = c.stats()?.namespaces;
+        if !known.iter().any(|n| n.id == id) {
+            let list: Vec<String> = known
+                .iter()
+                .map(|n| format!("{} ({} blocks)", n.model, n.blocks))
+                .collect();
+            bail!(
+                "no namespace of model {:?} with these flags is registered on this daemon (registered: {}); check --page-size, --page-bytes, --dtype, --layout, --tp-*, --salt",
+                spec.model,
+                if list.is_empty() {
+                    "none".to_owned()
+                } else {
+                    list.join(", ")
+                }
+            );
+        }
+        Some(c.register(&spec)?.ns)
     };
     let n = c.clear(ns)?;
-    println!("cleared {n} blocks");
+    match &a.ns.model {
+        Some(m) if !a.all => println!("cleared {n} blocks of model {m:?}"),
+        _ => println!("cleared {n} blocks in all namespaces"),
+    }
     Ok(())
 }

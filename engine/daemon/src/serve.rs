@@ -140,7 +140,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     init_logging();
+    crate::crash::install();
     tracing::info!("effective configuration:\n{shown}");
+    if let Some(why) = crate::host_mem::dram_too_large(cfg.dram) {
+        tracing::warn!("{why}");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("kvnode-rt")
@@ -160,6 +164,13 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             crate::metrics_http::spawn(std::sync::Arc::clone(&engine), addr, stop_rx.clone()).await?;
         }
         tokio::spawn(std::sync::Arc::clone(&engine).watchdog(stop_rx.clone()));
+        if let Some(after) = crate::crash::test_panic_delay() {
+            tracing::warn!(?after, "{} is set: this daemon will panic on purpose", crate::crash::TEST_PANIC_ENV);
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                panic!("test panic requested by {}", crate::crash::TEST_PANIC_ENV);
+            });
+        }
         let peer_server = crate::serve_peer::start(&engine, stop_rx.clone()).await?;
         let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), listener, stop_rx));
         let sig = tokio::select! {

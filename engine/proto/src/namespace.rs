@@ -11,6 +11,10 @@ use crate::key::NamespaceId;
 /// Largest number of segments one namespace may declare.
 pub const MAX_SEGMENTS: usize = 1024;
 
+/// Largest slot size a segment may declare (1 TiB). Far above any slab a daemon can have,
+/// and far enough below `u64::MAX` that rounding a slot up to its class never overflows.
+pub const MAX_SLOT_BYTES: u64 = 1 << 40;
+
 /// What a client declares when it registers a namespace. Every field takes part in the id,
 /// except that `mla = true` drops the TP coordinates (every TP rank holds the same MLA bytes).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +67,16 @@ pub enum SpecError {
     /// A zero slot size.
     #[error("segment {0} has slot size 0")]
     ZeroSlot(usize),
+    /// A slot size above [`MAX_SLOT_BYTES`].
+    #[error(
+        "segment {segment} declares a slot of {size} bytes; at most {MAX_SLOT_BYTES} (1 TiB) is allowed: give the bytes of one page"
+    )]
+    SlotTooLarge {
+        /// Segment index.
+        segment: usize,
+        /// Declared size.
+        size: u64,
+    },
     /// `page_size` is zero.
     #[error("page_size must be at least 1 token")]
     ZeroPageSize,
@@ -89,6 +103,12 @@ impl NamespaceSpec {
         }
         if let Some(i) = self.segments.iter().position(|&s| s == 0) {
             return Err(SpecError::ZeroSlot(i));
+        }
+        if let Some(segment) = self.segments.iter().position(|&s| s > MAX_SLOT_BYTES) {
+            return Err(SpecError::SlotTooLarge {
+                segment,
+                size: self.segments[segment],
+            });
         }
         if self.page_size == 0 {
             return Err(SpecError::ZeroPageSize);
@@ -256,5 +276,24 @@ mod tests {
             Err(SpecError::RankOutOfRange { what: "tp", .. })
         ));
         assert_eq!(base().validate(), Ok(()));
+    }
+
+    #[test]
+    fn slot_sizes_whose_class_would_overflow_are_refused() {
+        for size in [u64::MAX, u64::MAX - 4095, MAX_SLOT_BYTES + 1] {
+            let spec = NamespaceSpec {
+                segments: vec![4096, size],
+                ..base()
+            };
+            assert_eq!(
+                spec.validate(),
+                Err(SpecError::SlotTooLarge { segment: 1, size })
+            );
+        }
+        let at_limit = NamespaceSpec {
+            segments: vec![MAX_SLOT_BYTES],
+            ..base()
+        };
+        assert_eq!(at_limit.validate(), Ok(()));
     }
 }

@@ -125,3 +125,19 @@ impl Drop for Mapping {
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
+
+/// Whether a test that needs root may run: true as root; otherwise panics, unless
+/// `KVNODE_TEST_ALLOW_SKIP` lists `root` (or `all`), which skips it loudly (false).
+pub fn require_root(why: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let allowed = std::env::var("KVNODE_TEST_ALLOW_SKIP").unwrap_or_default();
+    assert!(
+        allowed.split(',').any(|w| w == "root" || w == "all"),
+        "this test needs root ({why}); run the suite as root, or set KVNODE_TEST_ALLOW_SKIP=root to skip it on purpose"
+    );
+    eprintln!("\n!!!!! SKIPPING (KVNODE_TEST_ALLOW_SKIP): needs root for {why} !!!!!\n");
+    false
+}

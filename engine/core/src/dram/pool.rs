@@ -103,7 +103,19 @@ pub fn slot_parts(id: SlotId) -> (u32, u32) {
     ((id >> 32) as u32, id as u32)
 }
 
-/// Rounds a declared slot size up to the class size.
+/// Rounds a declared slot size up to the class size; saturates instead of wrapping, so a
+/// size near `u64::MAX` can only be refused as larger than a slab, never become 0.
 pub fn class_bytes(declared: u64) -> u64 {
-    declared.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+    declared.div_ceil(SLOT_ALIGN).saturating_mul(SLOT_ALIGN)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn class_bytes_never_wraps_to_a_small_class() {
+        assert_eq!(super::class_bytes(1), 4096);
+        assert_eq!(super::class_bytes(4096), 4096);
+        assert_eq!(super::class_bytes(u64::MAX), u64::MAX);
+        assert!(super::class_bytes(u64::MAX - 4095) >= u64::MAX - 4095);
+    }
 }

@@ -118,9 +118,11 @@ impl NvmeTier {
             }
         };
         let fin = self.dram.finish_demotion(&d, end, |meta| {
-            if end == DemoteEnd::Moved && self.spill.contains(&sk) {
+            if end == DemoteEnd::Moved {
+                // Checked under the map lock, as `forget` does (see there).
                 let mut m = self.nvme();
-                if !m.contains_key(&sk)
+                if self.spill.contains(&sk)
+                    && !m.contains_key(&sk)
                     && let Some(r) = self.announcer.reside(Self::MEDIUM, meta)
                 {
                     m.insert(sk, r);

@@ -174,13 +174,18 @@ impl NvmeTier {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Forgets blocks the spill tier no longer holds (evicted, corrupt): announces removal.
+    /// Forgets blocks the spill tier no longer holds (evicted, corrupt, deleted): announces
+    /// their removal. A key written again since (a newer copy is on disk) keeps its
+    /// residency. The check and the removal's announcement happen under the map lock that
+    /// the demoter takes to announce a store, so a block's NVMe removal and its next NVMe
+    /// store are published in the order they happened.
     fn forget(&self, keys: &[SpillKey]) {
-        let gone: Vec<Residency> = {
-            let mut m = self.nvme();
-            keys.iter().filter_map(|k| m.remove(k)).collect()
-        };
-        drop(gone);
+        let mut m = self.nvme();
+        for k in keys {
+            if !self.spill.contains(k) {
+                drop(m.remove(k));
+            }
+        }
     }
 
     /// Whether the NVMe tier holds `k` of namespace `id`.
