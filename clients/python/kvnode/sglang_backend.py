@@ -169,6 +169,9 @@ class KvnodeStorage(_Base):
                            used + len(extents), MAX_REGIONS)
             extents = []
         b = PoolBinding(name, host_pool, ns, sizes, extents, replicated)
+        c = self._conn()
+        for e in extents:  # attach now on this thread (fail fast); other threads attach on first use
+            self._region(c, e)
         if extents:
             logger.info("kvnode: pool %s: zero copy into %d shm extent(s), %d objects per page",
                         name, len(extents), b.seg_n)
