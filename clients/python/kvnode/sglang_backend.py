@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover - exercised only where sglang is absent
 
 logger = logging.getLogger(__name__)
 _OK_PUT = ("Stored", "Exists")
-_AVAILABLE = ("HitLocal", "Pulled", "Pending")
+_DONE = ("HitLocal", "Pulled")
 #: The daemon maps at most this many regions per connection.
 MAX_REGIONS = 16
 KV = "kv"
@@ -297,18 +297,31 @@ class KvnodeStorage(_Base):
         return [next(done) in ("Committed", "Duplicate") if f is None else f for f in flags]
 
     # -- presence --------------------------------------------------------------------------
+    def _pull_budget_ms(self, pages: int) -> int:
+        """The daemon's declared time for a hinted pull of `pages` pages."""
+        t = self.daemon_timeouts or {}
+        return int(1000 * (float(t.get("base_s", 1.0)) + float(t.get("per_page_s", 0.0)) * pages))
+
     def _available(self, b: PoolBinding, keys: Sequence[str], hint: dict) -> Optional[List[bool]]:
-        """Per page: present, or being pulled by the hint (None without a hint's report)."""
+        """Per page: present locally or pulled by the hint (None without a hint's report).
+
+        The hint's pull is awaited (up to the daemon's declared timeout) so the answer is exact:
+        a page the source turns out not to hold, or that does not arrive in time, is absent,
+        and SGLang never reserves host memory for it.
+        """
         if not hint:
             return None
-        count, report = self._conn().exists_report(b.ns, b.keys(keys), extra=hint)
+        c = self._conn()
+        count, report = c.exists_report(b.ns, b.keys(keys), extra=hint)
         if not report:
             return None
-        ok = [(r if isinstance(r, str) else next(iter(r))) in _AVAILABLE for r in report["results"]]
+        if report.get("state") == "Pulling":
+            report = c.wait(report["op"], self._pull_budget_ms(len(keys)))
+        ok = [(r if isinstance(r, str) else next(iter(r))) in _DONE for r in report["results"]]
         return b.pages(ok, len(keys))
 
     def _leading(self, b: PoolBinding, keys: Sequence[str], hint: dict) -> int:
-        """Leading pages present now or covered by the hint's pull (which the get then awaits)."""
+        """Leading pages present, counting those the hint's pull brought in."""
         avail = self._available(b, keys, hint)
         if avail is None:
             return self._conn().exists(b.ns, b.keys(keys)) // b.seg_n

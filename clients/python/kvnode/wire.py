@@ -141,6 +141,10 @@ class Connection:
         body = self.call({"Exists": {"ns": ns, "keys": keys, **(extra or {})}})[1]
         return body["count"], body.get("pull")
 
+    def wait(self, op: int, timeout_ms: int) -> Dict[str, Any]:
+        """Waits up to `timeout_ms` for a pull op to end; returns its OpReport (ended or not)."""
+        return self.call({"Wait": {"op": op, "timeout_ms": int(timeout_ms)}})[1]
+
     def put(self, ns: int, keys: List[list], blocks: Sequence[bytes]) -> List[str]:
         body = {"ns": ns, "keys": keys, "lens": [len(b) for b in blocks]}
         return self.call({"Put": body}, payload=blocks)[1]["results"]

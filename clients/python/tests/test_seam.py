@@ -52,7 +52,7 @@ def wheel_copy(tmp_path):
         dst = tmp_path / fp.path
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / fp.path, dst)
-    assert seam.revert(tmp_path) == "reverted"
+    assert seam.revert(tmp_path) in ("reverted", "not applied")
     return tmp_path
 
 
