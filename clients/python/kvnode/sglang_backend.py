@@ -66,6 +66,14 @@ def _pool_key(name: Any) -> str:
     return str(getattr(name, "value", name))
 
 
+def _by_extent(spots):
+    """(extent, object indices) per extent the objects lie in; indices None when all share one."""
+    exts = {i for i, _ in spots}
+    if len(exts) == 1:
+        return [(exts.pop(), None)]
+    return [(e, [j for j, (i, _) in enumerate(spots) if i == e]) for e in sorted(exts)]
+
+
 class _PerThread(threading.local):
     conn: Optional[Connection] = None
     regions: Optional[Dict[int, Region]] = None
@@ -243,8 +251,12 @@ class KvnodeStorage(_Base):
             flags = self._copy_in(c, b.ns, pk, ptrs, sizes, hint)
         else:
             flags = [False] * len(pk)
-            for ext in sorted({i for i, _ in spots}):
-                idx = [j for j, (i, _) in enumerate(spots) if i == ext]
+            for ext, idx in _by_extent(spots):
+                if idx is None:  # every object in one extent: the lists go as they are
+                    got = c.get_to_region(b.ns, pk, self._region(c, b.extents[ext]),
+                                          [o for _, o in spots], sizes, extra=hint)
+                    flags = [g == n for g, n in zip(got, sizes)]
+                    break
                 got = c.get_to_region(b.ns, [pk[j] for j in idx], self._region(c, b.extents[ext]),
                                       [spots[j][1] for j in idx], [sizes[j] for j in idx], extra=hint)
                 for j, g in zip(idx, got):
@@ -259,8 +271,12 @@ class KvnodeStorage(_Base):
             flags = self._copy_out(c, b.ns, pk, ptrs, sizes)
         else:
             flags = [False] * len(pk)
-            for ext in sorted({i for i, _ in spots}):
-                idx = [j for j, (i, _) in enumerate(spots) if i == ext]
+            for ext, idx in _by_extent(spots):
+                if idx is None:
+                    res = c.put_from_region(b.ns, pk, self._region(c, b.extents[ext]),
+                                            [o for _, o in spots], sizes)
+                    flags = [r in _OK_PUT for r in res]
+                    break
                 res = c.put_from_region(b.ns, [pk[j] for j in idx], self._region(c, b.extents[ext]),
                                         [spots[j][1] for j in idx], [sizes[j] for j in idx])
                 for j, r in zip(idx, res):
