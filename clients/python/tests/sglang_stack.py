@@ -96,7 +96,7 @@ class TreeCache:
     prefetch_from_storage = UnifiedRadixCache.prefetch_from_storage
     _build_sidecar_transfers = UnifiedRadixCache._build_sidecar_transfers
 
-    def __init__(self, controller: HybridCacheController, page_size: int):
+    def __init__(self, controller: HybridCacheController, page_size: int, sidecar_pool_specs=()):
         self.root = _Root()
         self.cache_controller = controller
         self.page_size = page_size
@@ -113,7 +113,7 @@ class TreeCache:
         self._prefetch_outcome_stats = collections.defaultdict(int)
         self.tree_components = (ComponentType.FULL,)
         self.components = {}
-        self.sidecar_pool_specs = ()
+        self.sidecar_pool_specs = tuple(sidecar_pool_specs)  # KV-indexed side pools (DSA indexer)
 
     # what Scheduler._prefetch_kvcache and Req.init_next_round_input ask of a tree
     def match_prefix(self, params) -> MatchResult:
@@ -145,7 +145,7 @@ class Worker:
     """One SGLang worker's L3 path: SGLang's HybridCacheController threads over a real host pool
     (in a real HostPoolGroup) and a KvnodeStorage, with the controller's device half absent."""
 
-    def __init__(self, storage, host_pool, extra_pools: Optional[dict] = None):
+    def __init__(self, storage, host_pool, extra_pools: Optional[dict] = None, sidecar_pool_specs=()):
         c = HybridCacheController.__new__(HybridCacheController)
         entries = [PoolEntry(PoolName.KV, host_pool, None, lambda i: i, is_primary_index_anchor=True)]
         entries += [PoolEntry(n, p, None, lambda i: i) for n, p in (extra_pools or {}).items()]
@@ -165,7 +165,7 @@ class Worker:
         c.page_get_func = c._page_get_zero_copy
         self.controller = c
         self.host_pool = host_pool
-        self.tree = TreeCache(c, host_pool.page_size)
+        self.tree = TreeCache(c, host_pool.page_size, sidecar_pool_specs)
         self.scheduler = SimpleNamespace(enable_hicache_storage=True, enable_lmcache=False,
                                          tree_cache=self.tree)
         self._threads = [threading.Thread(target=HiCacheController.prefetch_thread_func, args=(c,), daemon=True),

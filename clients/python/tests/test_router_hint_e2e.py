@@ -245,3 +245,43 @@ def test_hints_reach_v2_pools_mamba_state_is_pulled_too(pair):
     assert sp.page_bytes(mamba_b, 3) == sp.page_bytes(mamba_a, 7)
     for s in stores.values():
         s.close()
+
+
+def test_hint_reaches_a_kv_indexed_side_pool_through_the_hybrid_controller(pair):
+    """A DSA-style side pool indexed like KV (SidecarPoolSpec(indexer, indices_from_pool=kv)):
+    SGLang's controller asks batch_exists_v2 and reads the side pool with batch_get_v2, both with
+    the hint; B ends with A's KV and side-pool pages."""
+    from sglang.srt.mem_cache.hicache_storage import SidecarPoolSpec
+
+    a_daemon, pa, b_daemon, _ = pair
+    pools = {n: (sp.mha_pool(pages=32, page_size=PAGE), sp.mha_pool(pages=32, page_size=PAGE, pool_label="indexer"))
+             for n in "ab"}
+    stores = {}
+    for n, d in (("a", a_daemon), ("b", b_daemon)):
+        s = storage(d, pools[n][0])
+        s.register_mem_host_pool_v2(pools[n][1], PoolName.INDEXER)
+        stores[n] = s
+    kv_a, idx_a = pools["a"]
+    sp.fill_random(kv_a, 3)
+    sp.fill_random(idx_a, 4)
+    toks = tokens(5, seed=12)
+    keys = get_hash_str(toks, None, page_size=PAGE)
+    put = [PoolTransfer(name=n, host_indices=sp.indices(p, range(5)), keys=keys)
+           for n, p in ((PoolName.KV, kv_a), (PoolName.INDEXER, idx_a))]
+    assert all(all(v) for v in stores["a"].batch_set_v2(put).values())
+    kv_b, idx_b = pools["b"]
+    wb = stack.Worker(stores["b"], kv_b, {PoolName.INDEXER: idx_b},
+                      [SidecarPoolSpec(PoolName.INDEXER, PoolName.KV, PoolHitPolicy.ALL_PAGES)])
+    try:
+        req = request(body(toks, envelope(pa, keys)))
+        assert wb.prefetch(req) == prefetchable(toks) == 16
+        op = wb.tree.ongoing_prefetch[req.cache_request_handle].operation
+        assert [t.name for t in op.pool_transfers] == [PoolName.INDEXER]
+        b_pages = [int(i) // PAGE for i in op.host_indices[::PAGE]]
+        for a_page, b_page in zip(range(4), b_pages):
+            assert sp.page_bytes(kv_b, b_page) == sp.page_bytes(kv_a, a_page)
+            assert sp.page_bytes(idx_b, b_page) == sp.page_bytes(idx_a, a_page)
+    finally:
+        wb.close()
+        for s in stores.values():
+            s.close()
