@@ -16,14 +16,13 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from kvnode import hitpolicy
+from kvnode import hitpolicy, transfer
 from kvnode.hints import extract_router_hint
 from kvnode.metrics import Metrics
-from kvnode.namespace import namespace_spec
+from kvnode.namespace import digest_of, namespace_spec
 from kvnode.pool import RANK_SHARDED_POOLS, Extent, PoolBinding, UnsupportedPool, probe_layout, shm_extents
 from kvnode.wire import Connection, KvnodeError, Region
 from kvnode.wire import key as wire_key
-from kvnode.namespace import digest_of
 
 try:  # The real base class whenever SGLang is installed; the library imports without it.
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
@@ -64,14 +63,6 @@ def router_hint_fields(hint: Optional[dict], daemon_supports_hints: bool) -> dic
 def _pool_key(name: Any) -> str:
     """SGLang's PoolName (a str enum) or a plain string, as the plain value."""
     return str(getattr(name, "value", name))
-
-
-def _by_extent(spots):
-    """(extent, object indices) per extent the objects lie in; indices None when all share one."""
-    exts = {i for i, _ in spots}
-    if len(exts) == 1:
-        return [(exts.pop(), None)]
-    return [(e, [j for j, (i, _) in enumerate(spots) if i == e]) for e in sorted(exts)]
 
 
 class _PerThread(threading.local):
@@ -244,73 +235,12 @@ class KvnodeStorage(_Base):
         return router_hint_fields(extract_router_hint(extra_info), self.supports_hints)
 
     def _get_pages(self, b: PoolBinding, keys: Sequence[str], host_indices: Any, hint: dict) -> List[bool]:
-        pk, ptrs, sizes = b.layout(keys, host_indices)
         c = self._conn()
-        spots = b.locate(ptrs, sizes)
-        if spots is None:
-            flags = self._copy_in(c, b.ns, pk, ptrs, sizes, hint)
-        else:
-            flags = [False] * len(pk)
-            for ext, idx in _by_extent(spots):
-                if idx is None:  # every object in one extent: the lists go as they are
-                    got = c.get_to_region(b.ns, pk, self._region(c, b.extents[ext]),
-                                          [o for _, o in spots], sizes, extra=hint)
-                    flags = [g == n for g, n in zip(got, sizes)]
-                    break
-                got = c.get_to_region(b.ns, [pk[j] for j in idx], self._region(c, b.extents[ext]),
-                                      [spots[j][1] for j in idx], [sizes[j] for j in idx], extra=hint)
-                for j, g in zip(idx, got):
-                    flags[j] = g == sizes[j]
-        return b.pages(flags, len(keys))
+        return transfer.get_pages(c, lambda e: self._region(c, e), b, keys, host_indices, hint)
 
     def _put_pages(self, b: PoolBinding, keys: Sequence[str], host_indices: Any) -> List[bool]:
-        pk, ptrs, sizes = b.layout(keys, host_indices)
         c = self._conn()
-        spots = b.locate(ptrs, sizes)
-        if spots is None:
-            flags = self._copy_out(c, b.ns, pk, ptrs, sizes)
-        else:
-            flags = [False] * len(pk)
-            for ext, idx in _by_extent(spots):
-                if idx is None:
-                    res = c.put_from_region(b.ns, pk, self._region(c, b.extents[ext]),
-                                            [o for _, o in spots], sizes)
-                    flags = [r in _OK_PUT for r in res]
-                    break
-                res = c.put_from_region(b.ns, [pk[j] for j in idx], self._region(c, b.extents[ext]),
-                                        [spots[j][1] for j in idx], [sizes[j] for j in idx])
-                for j, r in zip(idx, res):
-                    flags[j] = r in _OK_PUT
-        return b.pages(flags, len(keys))
-
-    def _copy_in(self, c: Connection, ns: int, pk: list, ptrs: List[int], sizes: List[int],
-                 hint: Optional[dict] = None) -> List[bool]:
-        lease, extents = c.get_lease(ns, pk, extra=hint)
-        try:
-            flags = []
-            for e, p, s in zip(extents, ptrs, sizes):
-                ok = e is not None and e["len"] == s
-                if ok:
-                    ctypes.memmove(p, c.arena_base + e["offset"], s)
-                flags.append(ok)
-            return flags
-        finally:
-            if lease:
-                c.release(lease)
-
-    def _copy_out(self, c: Connection, ns: int, pk: list, ptrs: List[int], sizes: List[int]) -> List[bool]:
-        slots = c.alloc(ns, pk, sizes)
-        flags, handles = [], []
-        for slot, p, s in zip(slots, ptrs, sizes):
-            if "Granted" in slot:
-                g = slot["Granted"]
-                ctypes.memmove(c.arena_base + g["offset"], p, s)
-                handles.append(g["handle"])
-                flags.append(None)
-            else:
-                flags.append(slot["Refused"]["status"] == "Exists")
-        done = iter(c.commit(handles))
-        return [next(done) in ("Committed", "Duplicate") if f is None else f for f in flags]
+        return transfer.put_pages(c, lambda e: self._region(c, e), b, keys, host_indices)
 
     # -- presence --------------------------------------------------------------------------
     def _pull_budget_ms(self, pages: int) -> int:

@@ -6,7 +6,6 @@ same pages: both must answer every batch_exists_v2 alike.
 """
 
 import pytest
-import torch
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheFile,
     PoolHitPolicy,

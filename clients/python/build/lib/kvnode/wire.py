@@ -1,0 +1,195 @@
+"""The kvnode client protocol over a Unix socket: frames, the handshake, ops (docs/client-protocol.md)."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import socket
+import struct
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+_PREFIX = struct.Struct("<II")  # header_len, payload_len
+
+
+class KvnodeError(RuntimeError):
+    """The daemon refused a request (`code` is its ErrorCode name) or the protocol broke."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"kvnode refused the request ({code}): {message}")
+        self.code = code
+        self.message = message
+
+
+def key(digest: bytes, segment: int = 0) -> list:
+    """A protocol key: 32-byte page digest and segment number."""
+    if len(digest) != 32:
+        raise ValueError(f"page digest must be 32 bytes, got {len(digest)}")
+    return [digest, segment]
+
+
+def _split_reply(reply: Any) -> Tuple[str, Any]:
+    # Externally tagged enum: a bare string for unit variants, else a one-entry map.
+    if isinstance(reply, str):
+        return reply, None
+    if isinstance(reply, dict) and len(reply) == 1:
+        return next(iter(reply.items()))
+    raise KvnodeError("Malformed", f"unexpected reply shape {reply!r}")
+
+
+class Region:
+    """A memfd the daemon has mapped; offsets in requests are relative to its start."""
+
+    def __init__(self, region_id: int, length: int):
+        self.id = region_id
+        self.length = length
+
+
+class Connection:
+    """One blocking connection (not thread-safe: use one per thread)."""
+
+    def __init__(self, path: str, client: str = "kvnode-python", timeout: Optional[float] = None):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self._next_id = 1
+        hello = {"id": 0, "op": {"Hello": {"version": PROTOCOL_VERSION, "client": client}}}
+        self.sock.sendall(self._frame(hello, 0))
+        # The reply's first bytes carry the arena memfd.
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, _PREFIX.size, 4)
+        buf = bytearray(msg)
+        if not buf:
+            raise KvnodeError("Handshake", "daemon closed the connection during the handshake")
+        buf += self._recv_exact(_PREFIX.size - len(buf))
+        name, body, _ = self._read_rest(bytes(buf))
+        if name != "HelloOk":
+            for fd in fds:
+                os.close(fd)
+            raise KvnodeError(body.get("code", "Handshake"), body.get("message", str(body)))
+        if not fds:
+            raise KvnodeError("Handshake", "daemon sent no arena descriptor")
+        for extra in fds[1:]:
+            os.close(extra)
+        self.hello = body
+        self.arena = mmap.mmap(fds[0], body["arena_bytes"], mmap.MAP_SHARED,
+                               mmap.PROT_READ | mmap.PROT_WRITE)
+        os.close(fds[0])
+        self._arena_anchor = ctypes.c_char.from_buffer(self.arena)
+        self.arena_base = ctypes.addressof(self._arena_anchor)
+
+    # -- framing ---------------------------------------------------------------------------
+    @staticmethod
+    def _frame(msg: dict, payload_len: int) -> bytes:
+        header = msgpack.packb(msg, use_bin_type=True)
+        return _PREFIX.pack(len(header), payload_len) + header
+
+    def _recv_exact(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise KvnodeError("Io", "daemon closed the connection mid-frame")
+            out += chunk
+        return bytes(out)
+
+    def _read_rest(self, prefix: bytes) -> Tuple[str, Any, bytes]:
+        header_len, payload_len = _PREFIX.unpack(prefix)
+        resp = msgpack.unpackb(self._recv_exact(header_len), raw=False)
+        payload = self._recv_exact(payload_len) if payload_len else b""
+        name, body = _split_reply(resp["reply"])
+        return name, body, payload
+
+    def call(self, op: Any, payload: Sequence[bytes] = (), fd: Optional[int] = None
+             ) -> Tuple[str, Any, bytes]:
+        """Sends one request and returns (reply variant, body, payload); raises on Error."""
+        rid = self._next_id
+        self._next_id += 1
+        total = sum(len(p) for p in payload)
+        frame = self._frame({"id": rid, "op": op}, total)
+        if fd is None:
+            self.sock.sendall(frame)
+        else:
+            sent = socket.send_fds(self.sock, [frame], [fd])
+            self.sock.sendall(frame[sent:])
+        for p in payload:
+            self.sock.sendall(p)
+        name, body, data = self._read_rest(self._recv_exact(_PREFIX.size))
+        if name == "Error":
+            raise KvnodeError(body["code"], body["message"])
+        return name, body, data
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            del self._arena_anchor
+            self.arena.close()
+
+    # -- ops -------------------------------------------------------------------------------
+    def register(self, spec: Dict[str, Any]) -> Dict[str, Any]:
+        return self.call({"Register": {"spec": spec}})[1]
+
+    def exists(self, ns: int, keys: List[list], extra: Optional[dict] = None) -> int:
+        return self.exists_report(ns, keys, extra)[0]
+
+    def exists_report(self, ns: int, keys: List[list], extra: Optional[dict] = None
+                      ) -> Tuple[int, Optional[Dict[str, Any]]]:
+        """(leading keys present now, the OpReport of the background pull a hint started, if any)."""
+        body = self.call({"Exists": {"ns": ns, "keys": keys, **(extra or {})}})[1]
+        return body["count"], body.get("pull")
+
+    def wait(self, op: int, timeout_ms: int) -> Dict[str, Any]:
+        """Waits up to `timeout_ms` for a pull op to end; returns its OpReport (ended or not)."""
+        return self.call({"Wait": {"op": op, "timeout_ms": int(timeout_ms)}})[1]
+
+    def put(self, ns: int, keys: List[list], blocks: Sequence[bytes]) -> List[str]:
+        body = {"ns": ns, "keys": keys, "lens": [len(b) for b in blocks]}
+        return self.call({"Put": body}, payload=blocks)[1]["results"]
+
+    def get(self, ns: int, keys: List[list], extra: Optional[dict] = None) -> List[Optional[bytes]]:
+        _, body, data = self.call({"Get": {"ns": ns, "keys": keys, "mode": "Inline", **(extra or {})}})
+        out, off = [], 0
+        for n in body["lens"]:
+            out.append(None if n is None else data[off:off + n])
+            off += n or 0
+        return out
+
+    def get_lease(self, ns: int, keys: List[list], extra: Optional[dict] = None
+                  ) -> Tuple[int, List[Optional[dict]]]:
+        body = self.call({"Get": {"ns": ns, "keys": keys, "mode": "Lease", **(extra or {})}})[1]
+        return body["lease"], body["extents"]
+
+    def release(self, lease: int) -> None:
+        self.call({"Release": {"lease": lease}})
+
+    def alloc(self, ns: int, keys: List[list], lens: List[int]) -> List[dict]:
+        return self.call({"Alloc": {"ns": ns, "keys": keys, "lens": lens}})[1]["slots"]
+
+    def commit(self, handles: List[int]) -> List[str]:
+        return self.call({"Commit": {"handles": handles}})[1]["results"]
+
+    def clear(self, ns: Optional[int]) -> int:
+        return self.call({"Clear": {"ns": ns}})[1]["count"]
+
+    def stats(self) -> Dict[str, Any]:
+        return self.call("Stats")[1]
+
+    def attach_region(self, fd: int, length: int) -> Region:
+        body = self.call({"AttachRegion": {"len": length}}, fd=fd)[1]
+        return Region(body["region"], body["len"])
+
+    def detach_region(self, region: Region) -> None:
+        self.call({"DetachRegion": {"region": region.id}})
+
+    def get_to_region(self, ns: int, keys: List[list], region: Region, offsets: List[int],
+                      lens: List[int], extra: Optional[dict] = None) -> List[Optional[int]]:
+        body = {"ns": ns, "keys": keys, "region": region.id, "offsets": offsets, "lens": lens}
+        return self.call({"GetToRegion": {**body, **(extra or {})}})[1]["lens"]
+
+    def put_from_region(self, ns: int, keys: List[list], region: Region, offsets: List[int],
+                        lens: List[int]) -> List[str]:
+        body = {"ns": ns, "keys": keys, "region": region.id, "offsets": offsets, "lens": lens}
+        return self.call({"PutFromRegion": body})[1]["results"]
