@@ -94,3 +94,23 @@ def mamba_fill_random(pool, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     for r in mamba_raw(pool):
         r.copy_(torch.randint(0, 256, r.shape, generator=g, dtype=torch.uint8))
+
+
+def mla_pool(layout: str = "page_first", pages: int = 16, page_size: int = 4, layer_num: int = 3,
+             kv_lora_rank: int = 512, qk_rope_head_dim: int = 64, dtype=torch.bfloat16, shm: bool = True):
+    """SGLang's MLATokenToKVPoolHost (one latent row per token and layer, replicated across TP)."""
+    from sglang.srt.mem_cache.device_pool_info import MLABufferInfo
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    dim = kv_lora_rank + qk_rope_head_dim
+    bufs = tuple(torch.zeros((page_size * 2, 1, dim), dtype=dtype) for _ in range(layer_num))
+    info = MLABufferInfo(buffers=bufs, data_ptrs=_ptrs(bufs), layer_indices=tuple(range(layer_num)),
+                         device_layer_num=layer_num, page_size=page_size, kv_lora_rank=kv_lora_rank,
+                         qk_rope_head_dim=qk_rope_head_dim, kv_cache_dim=dim, dtype=dtype, device=CPU)
+    pool = MLATokenToKVPoolHost(
+        info, 2.0, 0, page_size, layout, pin_memory=False, device="cpu",
+        allocator_type="shm" if shm else "default", device_capacity_tokens=page_size * 2,
+        start_layer=0, end_layer=layer_num - 1, target_layer_num=layer_num,
+        host_token_capacity=pages * page_size)
+    pool._keep = bufs
+    return pool

@@ -18,6 +18,7 @@ from sglang.srt.mem_cache.utils import get_hash_str, hash_str_to_int64
 
 import sglang_pools as sp
 import sglang_stack as stack
+from conftest import free_port
 from test_sglang_backend import storage
 
 PAGE = 4
@@ -147,6 +148,8 @@ def test_malformed_hints_fail_closed(workers):
     other = envelope(w["pa"], keys)
     other["actions"][0]["payload"]["source_control_endpoint"] = "udp://127.0.0.1:1"
     assert w["wb"].prefetch(request(body(toks, other))) == 0
+    # Well formed, but naming an endpoint B's daemon does not authorize: never dialled.
+    assert w["wb"].prefetch(request(body(toks, envelope(free_port(), keys)))) == 0
     assert w["b"].batch_exists(keys) == 0
 
 

@@ -140,8 +140,24 @@ def test_a_pool_without_a_zero_copy_page_layout_is_refused_at_registration(daemo
     s.close()
 
 
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct", "layer_first"])
+def test_sglang_mla_pool_has_one_writer_and_every_rank_reads_its_bytes(daemon, layout):
+    w_pool, r_pool = sp.mla_pool(layout), sp.mla_pool(layout)
+    sp.fill_random(w_pool, 21)
+    writer = backend(daemon, w_pool, {}, mla=True, tp_rank=0, tp_size=2)
+    reader = backend(daemon, r_pool, {}, mla=True, tp_rank=1, tp_size=2)
+    keys = hashes(3, seed=21)
+    assert reader.batch_set_v1(keys, sp.indices(r_pool, [0, 1, 2])) == [True] * 3
+    assert writer.batch_exists(keys) == 0, "the non-writer rank stored"
+    assert writer.batch_set_v1(keys, sp.indices(w_pool, [0, 1, 2])) == [True] * 3
+    assert reader.batch_get_v1(keys, sp.indices(r_pool, [5, 6, 7])) == [True] * 3
+    assert [sp.page_bytes(r_pool, p) for p in (5, 6, 7)] == [sp.page_bytes(w_pool, p) for p in (0, 1, 2)]
+    for s in (writer, reader):
+        s.close()
+
+
 def test_mla_replicated_pools_have_one_writer_but_mamba_state_is_per_rank(daemon):
-    kv0, kv1, m0, m1 = sp.mha_pool(), sp.mha_pool(), sp.mamba_pool(), sp.mamba_pool()
+    kv0, kv1, m0, m1 = sp.mla_pool(), sp.mla_pool(), sp.mamba_pool(), sp.mamba_pool()
     r0 = backend(daemon, kv0, {PoolName.MAMBA: m0}, mla=True, tp_rank=0, tp_size=2)
     r1 = backend(daemon, kv1, {PoolName.MAMBA: m1}, mla=True, tp_rank=1, tp_size=2)
     assert r0._pools["kv"].ns == r1._pools["kv"].ns, "MLA KV is one set of bytes for every rank"
