@@ -38,23 +38,40 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# Python: the SGLang connector's tests run against the real sglang 0.5.23 wheel in a venv.
+# Python: the SGLang connector's tests run against the real sglang 0.5.23 wheel in a venv, with
+# kvnode's KV-hint seam applied to it (python -m kvnode.sglang patch --apply, reversible).
 # `import sglang.srt.mem_cache.hicache_storage` needs torch at module top, and PyPI's Linux torch
 # only imports with its CUDA runtime wheels (~3.5 GB download, ~5 min on a cold machine, cached in
-# the venv after). The rest is the minimal set found by importing hicache_storage and
-# mem_cache.utils (get_hash_str) until nothing was missing; ninja + g++ + libssl-dev build
+# the venv after). The rest is the set found by importing, until nothing was missing, what the
+# tests use of SGLang: its host pools (pool_host.mha, pool_host.mamba), StorageMetrics
+# (observability.metrics_collector), the request path (io_struct, tokenizer_manager,
+# schedule_batch, scheduler, http_server) and both cache controllers (managers.cache_controller,
+# hybrid_cache.hybrid_cache_controller, unified_radix_cache). torch is pinned through a
+# constraint so torchvision and friends cannot replace it. ninja + g++ + libssl-dev build
 # SGLang's native hash extension (cached under ~/.cache/torch_extensions).
 VENV="${KVNODE_PY_VENV:-$HOME/.cache/kvnode-sglang-venv}"
-if ! "$VENV/bin/python" -c "import sglang.srt.mem_cache.hicache_storage, msgpack, pytest" >/dev/null 2>&1; then
+PROBE="import sglang.srt.mem_cache.pool_host.mamba, sglang.srt.observability.metrics_collector, \
+sglang.srt.managers.scheduler, sglang.srt.managers.tokenizer_manager, sglang.srt.entrypoints.http_server, \
+sglang.srt.mem_cache.unified_radix_cache, msgpack, pytest, torch"
+if ! "$VENV/bin/python" -c "$PROBE" >/dev/null 2>&1; then
   echo "install-deps: building the Python test venv at $VENV (torch + sglang 0.5.23 --no-deps)" >&2
   python3 -m venv "$VENV"
+  pin="$(mktemp)"
+  echo "torch==2.14.1" > "$pin"
   "$VENV/bin/pip" install -q torch==2.14.1
   "$VENV/bin/pip" install -q --no-deps sglang==0.5.23
-  "$VENV/bin/pip" install -q numpy orjson psutil pybase64 requests pillow starlette msgspec \
-    pydantic pyzmq tqdm IPython aiohttp ninja msgpack pytest
+  "$VENV/bin/pip" install -q -c "$pin" numpy orjson psutil pybase64 requests pillow starlette msgspec \
+    pydantic pyzmq tqdm IPython aiohttp ninja msgpack pytest \
+    transformers==5.19.0 tokenizers==0.23.2 zstandard torchvision apache-tvm-ffi==0.1.11 setproctitle \
+    fastapi "uvicorn>=0.51" uvloop xxhash prometheus-client python-multipart dill \
+    sentencepiece==0.2.1 compressed-tensors==0.18.0 gguf openai partial_json_parser einops \
+    jsonschema xgrammar==0.2.7 soundfile
+  rm -f "$pin"
 fi
 # Always point the venv at this checkout's connector (the venv is shared between checkouts).
 "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e clients/python
+# The seam: idempotent; refuses (exit 2) an sglang other than 0.5.23 or a tree it does not match.
+"$VENV/bin/python" -m kvnode.sglang patch --apply
 
 # The vLLM connector's tests run against the real vllm 0.33.0 wheel in a venv of its own.
 bash scripts/install-vllm-venv.sh >/dev/null

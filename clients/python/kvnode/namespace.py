@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 
 def _int(obj: Any, name: str, default: int = 0) -> int:
@@ -10,12 +10,16 @@ def _int(obj: Any, name: str, default: int = 0) -> int:
     return default if v is None else int(v)
 
 
-def namespace_spec(config: Any, host_pool: Any, segments: List[int], flavor: str = "") -> Dict[str, Any]:
+def namespace_spec(config: Any, host_pool: Any, segments: List[int], flavor: str = "",
+                   pool: str = "", replicated: Optional[bool] = None) -> Dict[str, Any]:
     """A NamespaceSpec (engine/proto/src/namespace.rs) as a msgpack-ready dict.
 
     `segments` are the byte sizes of one page's objects (K and V, or one per layer and K/V
     for layer_first, or one for MLA). `flavor` separates byte arrangements that share a
-    layout name (the legacy flat-page path uses "flat"). TP coordinates are folded in
+    layout name (the legacy flat-page path uses "flat"). `pool` names an SGLang host pool
+    other than the KV anchor (v2 API: mamba, swa, indexer, draft, ...): each pool gets its
+    own namespace, so pools never alias. `replicated` overrides the config's MLA flag for
+    pools whose bytes are per TP rank even in an MLA model (Mamba state). TP coordinates are folded in
     unless the model is MLA (every TP rank holds the same bytes; the daemon drops them);
     PP stage, attention CP and DCP coordinates, split-heads geometry, model, dtype, page
     size and layout always are, so ranks holding different slices never share a key.
@@ -30,6 +34,8 @@ def namespace_spec(config: Any, host_pool: Any, segments: List[int], flavor: str
     layout = str(getattr(host_pool, "layout", "page_first"))
     if flavor:
         layout = f"{layout}+{flavor}"
+    if pool:
+        layout = f"{layout}+pool={pool}"
     shape = [
         _int(host_pool, "layer_num", 0),
         head_num,
@@ -42,7 +48,7 @@ def namespace_spec(config: Any, host_pool: Any, segments: List[int], flavor: str
         max(1, _int(config, "dcp_size", 1)),
         _int(host_pool, "start_layer", 0),
     ]
-    mla = bool(getattr(config, "is_mla_model", False))
+    mla = bool(getattr(config, "is_mla_model", False)) if replicated is None else replicated
     return {
         "model": str(getattr(config, "model_name", None) or ""),
         "dtype": str(getattr(host_pool, "dtype", "")),

@@ -1,4 +1,10 @@
-"""SGLang HiCache L3 storage backend on the node's kvnode daemon, zero-copy into shm host pages."""
+"""SGLang HiCache L3 storage backend on the node's kvnode daemon, zero-copy into shm host pages.
+
+Both of SGLang 0.5.23's page interfaces: v1 (`batch_get_v1` / `batch_set_v1` on the KV
+anchor pool) and v2 (`register_mem_host_pool_v2`, `batch_exists_v2` / `batch_get_v2` /
+`batch_set_v2` with `PoolTransfer`s: KV, Mamba state, SWA, DSA indexer, draft pools), each
+pool in its own kvnode namespace. See docs/sglang.md.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,14 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
+from kvnode import hitpolicy, transfer
 from kvnode.hints import extract_router_hint
+from kvnode.metrics import Metrics
 from kvnode.namespace import digest_of, namespace_spec
-from kvnode.wire import Connection, KvnodeError
+from kvnode.pool import RANK_SHARDED_POOLS, Extent, PoolBinding, UnsupportedPool, probe_layout, shm_extents
+from kvnode.wire import Connection, KvnodeError, Region
 from kvnode.wire import key as wire_key
 
 try:  # The real base class whenever SGLang is installed; the library imports without it.
@@ -27,24 +35,10 @@ except ImportError:  # pragma: no cover - exercised only where sglang is absent
 
 logger = logging.getLogger(__name__)
 _OK_PUT = ("Stored", "Exists")
-
-
-@dataclass
-class _Metrics:
-    """Same fields as SGLang's StorageMetrics, used only when SGLang is absent."""
-
-    prefetch_pgs: List[int] = field(default_factory=list)
-    backup_pgs: List[int] = field(default_factory=list)
-    prefetch_bandwidth: List[float] = field(default_factory=list)
-    backup_bandwidth: List[float] = field(default_factory=list)
-
-
-def _new_metrics() -> Any:
-    try:
-        from sglang.srt.observability.metrics_collector import StorageMetrics
-        return StorageMetrics()
-    except ImportError:
-        return _Metrics()
+_DONE = ("HitLocal", "Pulled")
+#: The daemon maps at most this many regions per connection.
+MAX_REGIONS = 16
+KV = "kv"
 
 
 def default_socket() -> str:
@@ -54,10 +48,10 @@ def default_socket() -> str:
 
 
 def router_hint_fields(hint: Optional[dict], daemon_supports_hints: bool) -> dict:
-    """THE single place where a router hint joins a request (Exists and GetToRegion/Get).
+    """THE single place where a router hint joins a request (Exists, GetToRegion, Get).
 
     Returns the extra header fields merged into those ops. Until the daemon answers the
-    `Timeouts` probe (the peer-pull work), nothing is attached and requests stay local.
+    `Timeouts` probe (peer pulls), nothing is attached and requests stay local.
     """
     if not hint or not daemon_supports_hints:
         return {}
@@ -66,9 +60,14 @@ def router_hint_fields(hint: Optional[dict], daemon_supports_hints: bool) -> dic
     return {"hint": json.dumps(compact)}
 
 
+def _pool_key(name: Any) -> str:
+    """SGLang's PoolName (a str enum) or a plain string, as the plain value."""
+    return str(getattr(name, "value", name))
+
+
 class _PerThread(threading.local):
     conn: Optional[Connection] = None
-    region: Any = None
+    regions: Optional[Dict[int, Region]] = None
 
 
 class KvnodeStorage(_Base):
@@ -78,38 +77,40 @@ class KvnodeStorage(_Base):
         self.config = storage_config
         extra = getattr(storage_config, "extra_config", None) or {}
         self.socket_path = str(extra.get("socket") or os.environ.get("KVNODE_SOCKET") or default_socket())
-        mla = bool(getattr(storage_config, "is_mla_model", False))
+        self.is_mla = bool(getattr(storage_config, "is_mla_model", False))
         writer = getattr(storage_config, "is_storage_writer", None)
-        self.is_writer = bool(writer) if writer is not None else (not mla or getattr(storage_config, "tp_rank", 0) == 0)
+        self.is_writer = bool(writer) if writer is not None else (not self.is_mla or getattr(storage_config, "tp_rank", 0) == 0)
         self.metrics_on = bool(getattr(storage_config, "enable_storage_metrics", True))
         self.mem_pool_host = None
-        self.ns: Optional[int] = None
+        self.registered_pools: Dict[Any, Any] = {}
+        self._pools: Dict[str, PoolBinding] = {}
         self.flat_ns: Optional[int] = None
-        self.seg_n = 1
-        self.page_bytes = 0
-        self.zero_copy = False
-        self._fd: Optional[int] = None
-        self._base = 0
-        self._length = 0
         self._tls = _PerThread()
         self._all: List[Connection] = []
         self._lock = threading.Lock()
-        self._metrics = _new_metrics()
+        self._metrics = Metrics()
         self.daemon_timeouts: Optional[dict] = None
         self._conn()  # fail fast when the daemon is not there
         self.supports_hints = self._probe_timeouts(extra)
+        self._warn_if_no_seam()
 
     # -- connections -----------------------------------------------------------------------
     def _conn(self) -> Connection:
         c = self._tls.conn
         if c is None:
             c = Connection(self.socket_path, client=f"sglang-tp{getattr(self.config, 'tp_rank', 0)}")
-            if self.zero_copy:
-                self._tls.region = c.attach_region(self._fd, self._length)
-            self._tls.conn = c
+            self._tls.conn, self._tls.regions = c, {}
             with self._lock:
                 self._all.append(c)
         return c
+
+    def _region(self, c: Connection, e: Extent) -> Region:
+        """This thread's attachment of one memfd (attached on first use)."""
+        regions = self._tls.regions
+        r = regions.get(e.fd)
+        if r is None:
+            r = regions[e.fd] = c.attach_region(e.fd, e.length)
+        return r
 
     def _probe_timeouts(self, extra: dict) -> bool:
         try:
@@ -123,6 +124,15 @@ class KvnodeStorage(_Base):
         logger.info("kvnode: daemon timeout model %s; SGLang prefetch_timeout_base=%s per_ki_token=%s",
                     body, *self._sglang_timeouts)
         return True
+
+    def _warn_if_no_seam(self) -> None:
+        if not self.supports_hints or not HAVE_SGLANG:
+            return
+        from kvnode.sglang.seam import seam_installed
+        if not seam_installed():
+            logger.warning("kvnode: this SGLang does not pass request kv_hints to storage "
+                           "backends, so router hints never arrive (peer pulls stay off). Apply "
+                           "kvnode's seam: python -m kvnode.sglang patch --apply")
 
     def recommended_extra_config(self, page_size: int) -> dict:
         """SGLang extra-config timeouts that never abandon a fetch the daemon expects to finish:
@@ -143,73 +153,148 @@ class KvnodeStorage(_Base):
                 "than the daemon's declared model: fetches that would land may be abandoned. "
                 "Set in the extra-config: %s", base, per_ki, json.dumps(rec))
 
-    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
-        import torch  # present whenever SGLang hands us a host pool
-
-        self.mem_pool_host = mem_pool_host
-        ps = int(mem_pool_host.page_size)
-        self._check_timeouts(ps)
-        _, sizes = mem_pool_host.get_page_buffer_meta(torch.arange(ps, dtype=torch.int64))
-        self.seg_n = len(sizes)
-        self.page_bytes = int(sum(sizes))
-        spec = namespace_spec(self.config, mem_pool_host, list(sizes))
-        self.ns = self._conn().register(spec)["ns"]
-        fd = getattr(mem_pool_host, "fd", None)
-        if fd is not None:
-            self._fd = fd
-            self._length = os.fstat(fd).st_size
-            self._base = self._pool_base(mem_pool_host)
-            self._tls.region = self._conn().attach_region(fd, self._length)
-            self.zero_copy = True
-            logger.info("kvnode: zero copy into the shm host pool (%d bytes, %d objects per page)",
-                        self._length, self.seg_n)
+    # -- pool registration -----------------------------------------------------------------
+    def _bind(self, name: str, host_pool: Any) -> PoolBinding:
+        sizes = probe_layout(name, host_pool)
+        replicated = self.is_mla and name not in RANK_SHARDED_POOLS
+        spec = namespace_spec(self.config, host_pool, sizes, pool="" if name == KV else name,
+                              replicated=replicated)
+        ns = self._conn().register(spec)["ns"]
+        extents = shm_extents(host_pool)
+        used = sum(len(b.extents) for b in self._pools.values() if b.host_pool is not host_pool)
+        if extents and used + len(extents) > MAX_REGIONS:
+            logger.warning("kvnode: pool %s would need region %d of at most %d per connection; "
+                           "its pages are copied through the daemon's arena", name,
+                           used + len(extents), MAX_REGIONS)
+            extents = []
+        b = PoolBinding(name, host_pool, ns, sizes, extents, replicated)
+        c = self._conn()
+        for e in extents:  # attach now on this thread (fail fast); other threads attach on first use
+            self._region(c, e)
+        if extents:
+            logger.info("kvnode: pool %s: zero copy into %d shm extent(s), %d objects per page",
+                        name, len(extents), b.seg_n)
         else:
             logger.warning(
-                "kvnode: host pool is not shared memory, pages are copied through the daemon's "
+                "kvnode: pool %s is not shared memory, pages are copied through the daemon's "
                 "arena. Enable zero copy with \"allocator\": \"shm\" in "
-                "--hicache-storage-backend-extra-config (inline JSON).")
+                "--hicache-storage-backend-extra-config (inline JSON).", name)
+        return b
 
-    @staticmethod
-    def _pool_base(pool: Any) -> int:
-        mm = getattr(getattr(pool, "allocator", None), "mm", None)
-        if mm is not None:
-            anchor = ctypes.c_char.from_buffer(mm)
-            addr = ctypes.addressof(anchor)
-            del anchor
-            return addr
-        return int(pool.kv_buffer.data_ptr())
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """The KV anchor pool (v1 interface, and the v2 pool named "kv")."""
+        self.mem_pool_host = mem_pool_host
+        self._check_timeouts(int(mem_pool_host.page_size))
+        self._pools[KV] = self._bind(KV, mem_pool_host)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """One v2 pool (PoolName.KV, MAMBA, SWA, INDEXER, DRAFT, ...): its own namespace.
+
+        Raises UnsupportedPool (a ValueError) with SGLang's reason for a pool whose pages
+        have no zero-copy layout, so SGLang fails the attach instead of storing wrong KV.
+        """
+        name = _pool_key(host_pool_name)
+        self.registered_pools[host_pool_name] = host_pool
+        kv = self._pools.get(KV)
+        if name == KV and kv is not None and kv.host_pool is host_pool:
+            return  # the anchor registered through v1 already
+        self._pools[name] = self._bind(name, host_pool)
+        if name == KV and self.mem_pool_host is None:
+            self.mem_pool_host = host_pool
+
+    def _binding(self, name: Any) -> PoolBinding:
+        b = self._pools.get(_pool_key(name))
+        if b is None:
+            raise ValueError(f"kvnode: pool {_pool_key(name)!r} was never registered "
+                             f"(registered: {sorted(self._pools)})")
+        return b
+
+    # Kept for callers of the old single-pool attributes.
+    @property
+    def ns(self) -> Optional[int]:
+        kv = self._pools.get(KV)
+        return kv.ns if kv else None
+
+    @property
+    def seg_n(self) -> int:
+        kv = self._pools.get(KV)
+        return kv.seg_n if kv else 1
+
+    @property
+    def page_bytes(self) -> int:
+        kv = self._pools.get(KV)
+        return kv.page_bytes if kv else 0
+
+    @property
+    def zero_copy(self) -> bool:
+        kv = self._pools.get(KV)
+        return bool(kv and kv.zero_copy)
+
+    # -- page transfers (one pool) ---------------------------------------------------------
+    def _hint(self, extra_info: Any) -> dict:
+        return router_hint_fields(extract_router_hint(extra_info), self.supports_hints)
+
+    def _get_pages(self, b: PoolBinding, keys: Sequence[str], host_indices: Any, hint: dict) -> List[bool]:
+        c = self._conn()
+        return transfer.get_pages(c, lambda e: self._region(c, e), b, keys, host_indices, hint)
+
+    def _put_pages(self, b: PoolBinding, keys: Sequence[str], host_indices: Any) -> List[bool]:
+        c = self._conn()
+        return transfer.put_pages(c, lambda e: self._region(c, e), b, keys, host_indices)
+
+    # -- presence --------------------------------------------------------------------------
+    def _pull_budget_ms(self, pages: int) -> int:
+        """The daemon's declared time for a hinted pull of `pages` pages."""
+        t = self.daemon_timeouts or {}
+        return int(1000 * (float(t.get("base_s", 1.0)) + float(t.get("per_page_s", 0.0)) * pages))
+
+    def _available(self, b: PoolBinding, keys: Sequence[str], hint: dict) -> Optional[List[bool]]:
+        """Per page: present locally or pulled by the hint (None without a hint's report).
+
+        The hint's pull is awaited (up to the daemon's declared timeout) so the answer is exact:
+        a page the source turns out not to hold, or that does not arrive in time, is absent,
+        and SGLang never reserves host memory for it.
+        """
+        if not hint:
+            return None
+        c = self._conn()
+        count, report = c.exists_report(b.ns, b.keys(keys), extra=hint)
+        if not report:
+            return None
+        if report.get("state") == "Pulling":
+            report = c.wait(report["op"], self._pull_budget_ms(len(keys)))
+        ok = [(r if isinstance(r, str) else next(iter(r))) in _DONE for r in report["results"]]
+        return b.pages(ok, len(keys))
+
+    def _leading(self, b: PoolBinding, keys: Sequence[str], hint: dict) -> int:
+        """Leading pages present, counting those the hint's pull brought in."""
+        avail = self._available(b, keys, hint)
+        if avail is None:
+            return self._conn().exists(b.ns, b.keys(keys)) // b.seg_n
+        n = 0
+        while n < len(avail) and avail[n]:
+            n += 1
+        return n
+
+    def _each(self, b: PoolBinding, keys: Sequence[str], hint: dict) -> List[bool]:
+        """Per page presence (a lease taken and released at once: no bytes move)."""
+        avail = self._available(b, keys, hint)
+        if avail is not None:
+            return avail
+        c = self._conn()
+        lease, extents = c.get_lease(b.ns, b.keys(keys))
+        if lease:
+            c.release(lease)
+        return b.pages([e is not None for e in extents], len(keys))
 
     # -- v1 zero-copy interface ------------------------------------------------------------
-    def _layout(self, keys: List[str], host_indices: Any):
-        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-        if len(ptrs) != len(keys) * self.seg_n:
-            raise ValueError(f"{len(keys)} keys but {len(ptrs)} page objects (expected {self.seg_n} per page)")
-        pk = [wire_key(digest_of(k), s) for k in keys for s in range(self.seg_n)]
-        return pk, [int(p) for p in ptrs], [int(s) for s in sizes]
-
-    def _in_region(self, ptrs: List[int], sizes: List[int]) -> bool:
-        lo, hi = self._base, self._base + self._length
-        return self.zero_copy and all(lo <= p and p + s <= hi for p, s in zip(ptrs, sizes))
-
-    def _pages(self, flags: List[bool], n: int) -> List[bool]:
-        s = self.seg_n
-        return [all(flags[i * s:(i + 1) * s]) for i in range(n)]
-
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         if not keys:
             return []
         t0 = time.perf_counter()
-        pk, ptrs, sizes = self._layout(keys, host_indices)
-        hint = router_hint_fields(extract_router_hint(extra_info), self.supports_hints)
-        c = self._conn()
-        if self._in_region(ptrs, sizes):
-            offs = [p - self._base for p in ptrs]
-            got = c.get_to_region(self.ns, pk, self._tls.region, offs, sizes, extra=hint)
-            flags = [g == s for g, s in zip(got, sizes)]
-        else:
-            flags = self._copy_in(c, pk, ptrs, sizes, hint)
-        res = self._pages(flags, len(keys))
-        self._record(self._metrics.prefetch_pgs, self._metrics.prefetch_bandwidth, res, t0)
+        b = self._binding(KV)
+        res = self._get_pages(b, keys, host_indices, self._hint(extra_info))
+        self._record(True, res, b.page_bytes, t0)
         return res
 
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
@@ -218,64 +303,57 @@ class KvnodeStorage(_Base):
         if not self.is_writer:  # MLA: one writer per page; every rank reads
             return [True] * len(keys)
         t0 = time.perf_counter()
-        pk, ptrs, sizes = self._layout(keys, host_indices)
-        c = self._conn()
-        if self._in_region(ptrs, sizes):
-            offs = [p - self._base for p in ptrs]
-            flags = [r in _OK_PUT for r in c.put_from_region(self.ns, pk, self._tls.region, offs, sizes)]
-        else:
-            flags = self._copy_out(c, pk, ptrs, sizes)
-        res = self._pages(flags, len(keys))
-        self._record(self._metrics.backup_pgs, self._metrics.backup_bandwidth, res, t0)
+        b = self._binding(KV)
+        res = self._put_pages(b, keys, host_indices)
+        self._record(False, res, b.page_bytes, t0)
         return res
-
-    def _copy_in(self, c: Connection, pk: list, ptrs: List[int], sizes: List[int],
-                 hint: Optional[dict] = None) -> List[bool]:
-        lease, extents = c.get_lease(self.ns, pk, extra=hint)
-        try:
-            flags = []
-            for e, p, s in zip(extents, ptrs, sizes):
-                ok = e is not None and e["len"] == s
-                if ok:
-                    ctypes.memmove(p, c.arena_base + e["offset"], s)
-                flags.append(ok)
-            return flags
-        finally:
-            if lease:
-                c.release(lease)
-
-    def _copy_out(self, c: Connection, pk: list, ptrs: List[int], sizes: List[int]) -> List[bool]:
-        slots = c.alloc(self.ns, pk, sizes)
-        flags, handles = [], []
-        for slot, p, s in zip(slots, ptrs, sizes):
-            if "Granted" in slot:
-                g = slot["Granted"]
-                ctypes.memmove(c.arena_base + g["offset"], p, s)
-                handles.append(g["handle"])
-                flags.append(None)
-            else:
-                flags.append(slot["Refused"]["status"] == "Exists")
-        done = iter(c.commit(handles))
-        return [next(done) in ("Committed", "Duplicate") if f is None else f for f in flags]
-
-    def _record(self, pgs: list, bw: list, res: List[bool], t0: float) -> None:
-        if not self.metrics_on:
-            return
-        hits = sum(res)
-        dt = max(time.perf_counter() - t0, 1e-9)
-        with self._lock:
-            pgs.append(hits)
-            bw.append(hits * self.page_bytes / dt / (1 << 30))
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         if not keys:
             return 0
-        pk = [wire_key(digest_of(k), s) for k in keys for s in range(self.seg_n)]
-        hint = router_hint_fields(extract_router_hint(extra_info), self.supports_hints)
-        return self._conn().exists(self.ns, pk, extra=hint) // self.seg_n
+        return self._leading(self._binding(KV), keys, self._hint(extra_info))
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
+
+    # -- v2 interface ----------------------------------------------------------------------
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[list] = None,
+                        extra_info: Any = None) -> Any:
+        """The usable KV prefix, shrunk so every extra pool can restore it (its hit policy)."""
+        from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransferResult
+
+        hint = self._hint(extra_info)
+        kv_pages = self._leading(self._binding(KV), keys, hint) if keys else 0
+        per_pool = []
+        for t in pool_transfers or []:
+            present = self._each(self._binding(t.name), keys[:kv_pages], hint) if kv_pages else []
+            per_pool.append((t.name, t.hit_policy, len(t.keys or []), present))
+        final, hits, restorable = hitpolicy.combine(kv_pages, per_pool, kv_name=PoolName.KV)
+        return PoolTransferResult(final, hits, restorable)
+
+    def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
+        hint = self._hint(extra_info)
+        out = {}
+        for t in transfers:
+            keys = list(t.keys or [])
+            t0 = time.perf_counter()
+            b = self._binding(t.name)
+            out[t.name] = self._get_pages(b, keys, t.host_indices, hint) if keys else []
+            self._record(True, out[t.name], b.page_bytes, t0)
+        return out
+
+    def batch_set_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
+        out = {}
+        for t in transfers:
+            keys = list(t.keys or [])
+            b = self._binding(t.name)
+            if b.replicated and not self.is_writer:
+                out[t.name] = [True] * len(keys)  # replicated bytes: the writer stores them
+                continue
+            t0 = time.perf_counter()
+            out[t.name] = self._put_pages(b, keys, t.host_indices) if keys else []
+            self._record(False, out[t.name], b.page_bytes, t0)
+        return out
 
     # -- legacy whole-page interface (flat pages: their own namespace) ---------------------
     def _flat(self) -> int:
@@ -313,17 +391,23 @@ class KvnodeStorage(_Base):
         return all(s in _OK_PUT for s in st)
 
     # -- lifecycle -------------------------------------------------------------------------
+    def _record(self, prefetch: bool, res: List[bool], page_bytes: int, t0: float) -> None:
+        if self.metrics_on:
+            with self._lock:
+                self._metrics.record(prefetch, sum(res), page_bytes, time.perf_counter() - t0)
+
     def clear(self) -> bool:
         """Removes every page of this rank's namespaces; raises KvnodeError if refused."""
         c = self._conn()
-        n = sum(c.clear(ns) for ns in (self.ns, self.flat_ns) if ns is not None)
+        spaces = {b.ns for b in self._pools.values()} | ({self.flat_ns} if self.flat_ns is not None else set())
+        n = sum(c.clear(ns) for ns in sorted(spaces))
         logger.info("kvnode: cleared %d blocks", n)
         return True
 
     def get_stats(self) -> Any:
         with self._lock:
-            m, self._metrics = self._metrics, _new_metrics()
-        return m
+            m, self._metrics = self._metrics, Metrics()
+        return m.to_sglang()
 
     def close(self) -> None:
         with self._lock:
@@ -331,3 +415,6 @@ class KvnodeStorage(_Base):
         for c in conns:
             c.close()
         self._tls = _PerThread()
+
+
+__all__ = ["KvnodeStorage", "UnsupportedPool", "router_hint_fields", "default_socket", "HAVE_SGLANG"]

@@ -133,7 +133,17 @@ class Connection:
         return self.call({"Register": {"spec": spec}})[1]
 
     def exists(self, ns: int, keys: List[list], extra: Optional[dict] = None) -> int:
-        return self.call({"Exists": {"ns": ns, "keys": keys, **(extra or {})}})[1]["count"]
+        return self.exists_report(ns, keys, extra)[0]
+
+    def exists_report(self, ns: int, keys: List[list], extra: Optional[dict] = None
+                      ) -> Tuple[int, Optional[Dict[str, Any]]]:
+        """(leading keys present now, the OpReport of the background pull a hint started, if any)."""
+        body = self.call({"Exists": {"ns": ns, "keys": keys, **(extra or {})}})[1]
+        return body["count"], body.get("pull")
+
+    def wait(self, op: int, timeout_ms: int) -> Dict[str, Any]:
+        """Waits up to `timeout_ms` for a pull op to end; returns its OpReport (ended or not)."""
+        return self.call({"Wait": {"op": op, "timeout_ms": int(timeout_ms)}})[1]
 
     def put(self, ns: int, keys: List[list], blocks: Sequence[bytes]) -> List[str]:
         body = {"ns": ns, "keys": keys, "lens": [len(b) for b in blocks]}

@@ -1,6 +1,7 @@
-"""Fixtures: a real kvnode daemon on a private socket, and SGLang-shaped shm host pools."""
+"""Fixtures: real kvnode daemons on private sockets (one, or a peer pair with a dead third)."""
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# SGLang JIT-builds its page-hash extension with the venv's `ninja`, found through PATH.
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 from kvnode.wire import Connection  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,3 +56,25 @@ def daemon(tmp_path):
     d = Daemon(tmp_path)
     yield d
     d.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """Daemon A serves peers on a port; daemon B may pull from A and from a port nobody holds.
+
+    Yields (A, A's peer port, B, the dead port).
+    """
+    pa = free_port()
+    a = Daemon(tmp_path / "a", extra=("--peer-listen", f"127.0.0.1:{pa}",
+                                      "--advertise", f"tcp://127.0.0.1:{pa}"))
+    dead = free_port()
+    b = Daemon(tmp_path / "b", extra=("--peers", f"tcp://127.0.0.1:{pa},tcp://127.0.0.1:{dead}"))
+    yield a, pa, b, dead
+    a.stop()
+    b.stop()

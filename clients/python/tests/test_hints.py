@@ -1,4 +1,5 @@
-"""Router hint extraction: compact form, Dynamo kv.fetch envelope, signed hashes, refusals."""
+"""Router hint extraction: compact form, Dynamo kv.fetch envelope (dict or SGLang's typed
+KvHintsEnvelope), signed hashes, refusals."""
 
 import json
 from types import SimpleNamespace
@@ -10,8 +11,8 @@ EP = "tcp://10.0.0.2:7000"
 
 
 def test_compact_and_envelope_forms_normalize_alike():
-    compact = {"kv_router_hint": {"source_control_endpoint": EP, "block_hashes": [1, -1]}}
-    env = {"kv_router_hint": {"protocol_version": "0.1", "message_id": "m", "actions": [
+    compact = {"kv_hints": {"source_control_endpoint": EP, "block_hashes": [1, -1]}}
+    env = {"kv_hints": {"protocol_version": "0.1", "message_id": "m", "actions": [
         {"action_id": "a", "action_type": "kv.fetch", "action_version": "1.0",
          "payload": {"source_control_endpoint": EP, "block_hashes": [1, (1 << 64) - 1], "mode": "copy"}}]}}
     want = {"source": EP, "block_hashes": [1, (1 << 64) - 1]}
@@ -20,15 +21,33 @@ def test_compact_and_envelope_forms_normalize_alike():
 
 
 def test_malformed_hints_are_ignored():
-    bad = [None, {}, {"kv_router_hint": 3},
-           {"kv_router_hint": {"source_control_endpoint": EP, "block_hashes": []}},
-           {"kv_router_hint": {"source_control_endpoint": EP, "block_hashes": ["ab"]}},
-           {"kv_router_hint": {"source_control_endpoint": EP, "block_hashes": [1 << 64]}},
-           {"kv_router_hint": {"source_control_endpoint": "udp://x:1", "block_hashes": [1]}},
+    bad = [None, {}, {"kv_hints": 3},
+           {"kv_hints": {"source_control_endpoint": EP, "block_hashes": []}},
+           {"kv_hints": {"source_control_endpoint": EP, "block_hashes": ["ab"]}},
+           {"kv_hints": {"source_control_endpoint": EP, "block_hashes": [1 << 64]}},
+           {"kv_hints": {"source_control_endpoint": EP, "block_hashes": [True]}},
+           {"kv_hints": {"source_control_endpoint": "udp://x:1", "block_hashes": [1]}},
+           {"kv_hints": {"source_control_endpoint": 7, "block_hashes": [1]}},
            {"protocol_version": "0.2", "actions": []},
-           {"protocol_version": "0.1", "actions": [{"action_type": "kv.drop", "payload": {}}]}]
+           {"protocol_version": "0.1", "actions": [{"action_type": "kv.drop", "payload": {}}]},
+           {"protocol_version": "0.1", "actions": [{"action_type": "kv.fetch", "action_version": "2.0",
+                                                    "payload": {"source_control_endpoint": EP, "block_hashes": [1]}}]},
+           {"protocol_version": "0.1", "actions": [{"action_type": "kv.fetch", "payload": [1]}]}]
     for b in bad:
         assert extract_router_hint(b) is None, b
+
+
+def test_sglang_typed_envelope_is_read_like_its_dict():
+    from sglang.srt.managers.kv_hints import decode_kv_hints_envelope
+
+    d = {"protocol_version": "0.1", "message_id": "m", "actions": [
+        {"action_id": "x", "action_type": "kv.other", "action_version": "9", "payload": {}},
+        {"action_id": "a", "action_type": "kv.fetch", "action_version": "1.0",
+         "payload": {"source_control_endpoint": EP, "block_hashes": [-2]}}]}
+    typed = decode_kv_hints_envelope(d)
+    assert type(typed).__name__ == "KvHintsEnvelope"
+    want = {"source": EP, "block_hashes": [(1 << 64) - 2]}
+    assert extract_router_hint({"kv_hints": typed}) == want == extract_router_hint({"kv_hints": d})
 
 
 def test_hint_is_attached_only_when_the_daemon_supports_it():

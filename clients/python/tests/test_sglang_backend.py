@@ -1,6 +1,6 @@
-"""The SGLang connector against the real sglang 0.5.23 classes and a real kvnode daemon.
+"""The SGLang connector (v1 interface) against sglang 0.5.23's own host pools and a real daemon.
 
-Run: `cargo build --release -p kvnode && python -m pytest clients/python/tests`.
+Run: `KVNODE_BIN=target/release/kvnode python -m pytest clients/python/tests`.
 """
 
 import logging
@@ -11,13 +11,12 @@ import threading
 
 import pytest
 
-sglang_hs = pytest.importorskip("sglang.srt.mem_cache.hicache_storage")
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig  # noqa: E402
-from sglang.srt.mem_cache.utils import get_hash_str, get_storage_hash_str  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+from sglang.srt.mem_cache.utils import get_hash_str, get_storage_hash_str
 
-from hostpool import ShmMhaPool  # noqa: E402
-from kvnode.sglang_backend import HAVE_SGLANG, KvnodeStorage  # noqa: E402
-from kvnode.wire import Connection, KvnodeError  # noqa: E402
+import sglang_pools as sp
+from kvnode.sglang_backend import HAVE_SGLANG, KvnodeStorage
+from kvnode.wire import Connection, KvnodeError
 
 LAYOUTS = ["page_first", "page_first_direct", "layer_first"]
 
@@ -85,8 +84,8 @@ def test_sglang_page_hashes_are_kvnode_digests(daemon, salted):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shm", [True, False])
 def test_round_trip_into_host_pages_is_byte_exact(daemon, layout, shm, caplog):
-    a_pool, b_pool = ShmMhaPool(layout, shm=shm), ShmMhaPool(layout, shm=shm)
-    a_pool.fill_random(1)
+    a_pool, b_pool = sp.mha_pool(layout, shm=shm), sp.mha_pool(layout, shm=shm)
+    sp.fill_random(a_pool, 1)
     with caplog.at_level(logging.WARNING):
         a, b = storage(daemon, a_pool), storage(daemon, b_pool)
     assert a.zero_copy == shm and b.zero_copy == shm
@@ -94,13 +93,13 @@ def test_round_trip_into_host_pages_is_byte_exact(daemon, layout, shm, caplog):
     keys = hashes(6, seed=len(layout))
     src, dst = [1, 3, 4, 7, 8, 15], [0, 2, 5, 6, 9, 10]
     assert b.batch_exists(keys) == 0
-    assert a.batch_set_v1(keys, a_pool.indices(src)) == [True] * 6
+    assert a.batch_set_v1(keys, sp.indices(a_pool, src)) == [True] * 6
     assert b.batch_exists(keys) == 6
     ask = keys[:4] + ["ab" * 32] + keys[5:]
-    assert b.batch_get_v1(ask, b_pool.indices(dst)) == [True] * 4 + [False, True]
+    assert b.batch_get_v1(ask, sp.indices(b_pool, dst)) == [True] * 4 + [False, True]
     for i in (0, 1, 2, 3, 5):
-        assert b_pool.page_bytes(dst[i]) == a_pool.page_bytes(src[i]), f"page {i}"
-    assert set(b_pool.page_bytes(dst[4])) == {0}, "a miss wrote into the host page"
+        assert sp.page_bytes(b_pool, dst[i]) == sp.page_bytes(a_pool, src[i]), f"page {i}"
+    assert set(sp.page_bytes(b_pool, dst[4])) == {0}, "a miss wrote into the host page"
     for s in (a, b):
         s.close()
 
@@ -109,70 +108,70 @@ def test_sglang_shaped_pool_is_guarded_and_shrinking_it_only_fails_its_owner(dae
     """SGLang 0.5.23's pool memfd (MFD_CLOEXEC only) cannot be sealed, so the daemon maps it under
     its SIGBUS guard. A pool shrunk under the daemon fails its owner's next call with an error;
     the daemon and another connector keep serving byte-exact pages."""
-    a_pool, b_pool = ShmMhaPool("page_first"), ShmMhaPool("page_first")
-    a_pool.fill_random(3)
+    a_pool, b_pool = sp.mha_pool("page_first"), sp.mha_pool("page_first")
+    sp.fill_random(a_pool, 3)
     a, b = storage(daemon, a_pool), storage(daemon, b_pool)
     regions = Connection(daemon.socket).stats()["regions"]
     assert (regions["attached_guarded"], regions["attached_sealed"]) == (2, 0), regions
     keys = hashes(4, seed=5)
-    assert a.batch_set_v1(keys, a_pool.indices([0, 1, 2, 3])) == [True] * 4
-    want = [a_pool.page_bytes(p) for p in range(4)]
+    assert a.batch_set_v1(keys, sp.indices(a_pool, [0, 1, 2, 3])) == [True] * 4
+    want = [sp.page_bytes(a_pool, p) for p in range(4)]
     os.ftruncate(a_pool.fd, 4096)  # from here on the test must not touch a_pool's pages
     with pytest.raises(KvnodeError, match="shrank under the daemon"):
-        a.batch_get_v1(keys, a_pool.indices([4, 5, 6, 7]))
-    assert b.batch_get_v1(keys, b_pool.indices([4, 5, 6, 7])) == [True] * 4
-    assert [b_pool.page_bytes(p) for p in (4, 5, 6, 7)] == want
+        a.batch_get_v1(keys, sp.indices(a_pool, [4, 5, 6, 7]))
+    assert b.batch_get_v1(keys, sp.indices(b_pool, [4, 5, 6, 7])) == [True] * 4
+    assert [sp.page_bytes(b_pool, p) for p in (4, 5, 6, 7)] == want
     assert Connection(daemon.socket).stats()["regions"]["faults"] == 1
     for s in (a, b):
         s.close()
 
 
 def test_pages_written_under_one_layout_are_never_read_under_another(daemon):
-    pools = {lay: ShmMhaPool(lay) for lay in LAYOUTS}
+    pools = {lay: sp.mha_pool(lay) for lay in LAYOUTS}
     stores = {lay: storage(daemon, p) for lay, p in pools.items()}
     keys = hashes(4, seed=99)
-    pools["page_first"].fill_random(3)
-    assert all(stores["page_first"].batch_set_v1(keys, pools["page_first"].indices(range(4))))
+    sp.fill_random(pools["page_first"], 3)
+    assert all(stores["page_first"].batch_set_v1(keys, sp.indices(pools["page_first"], range(4))))
     for lay in ("page_first_direct", "layer_first"):
         assert stores[lay].batch_exists(keys) == 0
-        assert stores[lay].batch_get_v1(keys, pools[lay].indices(range(4))) == [False] * 4
-        assert set(bytes(pools[lay].raw.numpy())) == {0}
+        assert stores[lay].batch_get_v1(keys, sp.indices(pools[lay], range(4))) == [False] * 4
+        assert set(bytes(sp.raw(pools[lay]).numpy())) == {0}
     assert stores["page_first"].batch_exists(keys) == 4
 
 
 def test_tp_ranks_and_models_do_not_share_pages_but_mla_ranks_do(daemon):
-    pool = ShmMhaPool("page_first")
-    pool.fill_random(5)
+    pool = sp.mha_pool("page_first")
+    sp.fill_random(pool, 5)
     keys = hashes(3, seed=5)
     r0 = storage(daemon, pool, tp_rank=0, tp_size=2)
-    assert all(r0.batch_set_v1(keys, pool.indices(range(3))))
-    assert storage(daemon, ShmMhaPool("page_first"), tp_rank=1, tp_size=2).batch_exists(keys) == 0
-    assert storage(daemon, ShmMhaPool("page_first"), model="other").batch_exists(keys) == 0
+    assert all(r0.batch_set_v1(keys, sp.indices(pool, range(3))))
+    assert storage(daemon, sp.mha_pool("page_first"), tp_rank=1, tp_size=2).batch_exists(keys) == 0
+    assert storage(daemon, sp.mha_pool("page_first"), model="other").batch_exists(keys) == 0
     # MLA: only the storage writer (rank 0) stores; every rank reads the same blocks.
-    m1_pool = ShmMhaPool("page_first")
+    m1_pool = sp.mha_pool("page_first")
     m1 = storage(daemon, m1_pool, mla=True, tp_rank=1, tp_size=2)
-    m1_pool.fill_random(6)
-    assert m1.batch_set_v1(keys, m1_pool.indices(range(3))) == [True] * 3
+    sp.fill_random(m1_pool, 6)
+    assert m1.batch_set_v1(keys, sp.indices(m1_pool, range(3))) == [True] * 3
     assert m1.batch_exists(keys) == 0, "a non-writer MLA rank stored pages"
     m0 = storage(daemon, pool, mla=True, tp_rank=0, tp_size=2)
-    assert all(m0.batch_set_v1(keys, pool.indices(range(3))))
-    assert m1.batch_get_v1(keys, m1_pool.indices([9, 10, 11])) == [True] * 3
-    assert m1_pool.page_bytes(10) == pool.page_bytes(1)
+    assert all(m0.batch_set_v1(keys, sp.indices(pool, range(3))))
+    assert m1.batch_get_v1(keys, sp.indices(m1_pool, [9, 10, 11])) == [True] * 3
+    assert sp.page_bytes(m1_pool, 10) == sp.page_bytes(pool, 1)
 
 
 def test_clear_really_clears_and_stats_report_bandwidth(daemon):
-    pool = ShmMhaPool("page_first")
-    pool.fill_random(8)
+    pool = sp.mha_pool("page_first")
+    sp.fill_random(pool, 8)
     s = storage(daemon, pool)
-    other = storage(daemon, ShmMhaPool("page_first"), model="kept")
+    other = storage(daemon, sp.mha_pool("page_first"), model="kept")
     keys = hashes(5, seed=8)
-    assert all(s.batch_set_v1(keys, pool.indices(range(5))))
-    assert all(other.batch_set_v1(keys, pool.indices(range(5))))
-    assert all(s.batch_get_v1(keys, pool.indices(range(5, 10))))
+    assert all(s.batch_set_v1(keys, sp.indices(pool, range(5))))
+    assert all(other.batch_set_v1(keys, sp.indices(pool, range(5))))
+    assert all(s.batch_get_v1(keys, sp.indices(pool, range(5, 10))))
     m = s.get_stats()
-    # SGLang's StorageMetrics when its module imports (it needs transformers), else the
-    # same four fields: what SGLang's metrics collector reads.
-    assert type(m).__name__ in ("StorageMetrics", "_Metrics")
+    from sglang.srt.observability.metrics_collector import StorageMetrics
+
+    assert type(m) is StorageMetrics, "SGLang's own StorageMetrics, what its collector reads"
     assert m.backup_pgs == [5] and m.prefetch_pgs == [5]
     assert m.prefetch_bandwidth[0] > 0 and m.backup_bandwidth[0] > 0
     assert s.get_stats().prefetch_pgs == []
@@ -183,7 +182,7 @@ def test_clear_really_clears_and_stats_report_bandwidth(daemon):
 
 def test_legacy_flat_page_interface_round_trips(daemon):
     import torch
-    pool = ShmMhaPool("page_first")
+    pool = sp.mha_pool("page_first")
     s = storage(daemon, pool)
     keys = hashes(2, seed=11)
     vals = [torch.randint(0, 255, (s.page_bytes,), dtype=torch.uint8) for _ in keys]
@@ -195,21 +194,21 @@ def test_legacy_flat_page_interface_round_trips(daemon):
 
 
 def test_concurrent_threads_each_get_exact_pages(daemon):
-    src = ShmMhaPool("page_first", pages=32)
-    src.fill_random(12)
+    src = sp.mha_pool("page_first", pages=32)
+    sp.fill_random(src, 12)
     s = storage(daemon, src)
     keys = hashes(8, seed=12)
-    assert all(s.batch_set_v1(keys, src.indices(range(8))))
+    assert all(s.batch_set_v1(keys, sp.indices(src, range(8))))
     errors = []
 
     def worker(t):
         try:
             for _ in range(20):
                 dst = list(range(8 + 3 * t, 8 + 3 * t + 3))
-                assert s.batch_get_v1(keys[t:t + 3], src.indices(dst)) == [True] * 3
+                assert s.batch_get_v1(keys[t:t + 3], sp.indices(src, dst)) == [True] * 3
                 assert s.batch_exists(keys) == 8
                 for j, d in enumerate(dst):
-                    assert src.page_bytes(d) == src.page_bytes(t + j)
+                    assert sp.page_bytes(src, d) == sp.page_bytes(src, t + j)
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
