@@ -53,7 +53,9 @@ mod worker;
 pub use buf::{ARENA_PIECE, AlignedBuf, ArenaSlice, Done, IoBuf, RawBuf};
 pub use completion::Completion;
 pub use config::{SPILL_FILE_NAME, SpillConfig, SpillConfigBuilder, SpillDir};
-pub use engine::{FaultPlan, IoEngineKind};
+#[cfg(feature = "fault-injection")]
+pub use engine::FaultPlan;
+pub use engine::IoEngineKind;
 pub use error::{DecodeError, SpillError};
 pub use key::SpillKey;
 pub use ops::{MissReason, ReadOutcome, WriteOutcome};

@@ -7,6 +7,7 @@
 //!                          then the Python SGLang connector's pytest suite)
 //! cargo xtask fuzz-smoke   decoder property tests with many more cases (stable-toolchain fuzzing)
 //! cargo xtask bench-smoke  every benchmark but `bench gpu` for a short run (scripts/bench-smoke.sh)
+//! cargo xtask release-seams  `cargo build --release -p kvnode` has no test seams
 //! cargo xtask ci           all of the above, in that order
 //! cargo xtask serve ARGS   build and run `kvnode serve ARGS`
 //! ```
@@ -152,6 +153,34 @@ fn bench_smoke() -> Result<(), String> {
     )
 }
 
+/// The daemon as `./dev serve` builds it (`cargo build --release -p kvnode`) carries no test
+/// seams: a config that asks for fault injection is refused as an unknown field.
+fn release_has_no_seams() -> Result<(), String> {
+    run(
+        "release-build",
+        cargo().args(["build", "--release", "-p", "kvnode"]),
+    )?;
+    let dir = std::env::temp_dir().join(format!("kvnode-seams-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let cfg = dir.join("seams.toml");
+    std::fs::write(&cfg, "[peer]\ndebug_fault = { corrupt_block = 1 }\n").map_err(|e| e.to_string())?;
+    let out = Command::new("target/release/kvnode")
+        .args(["serve", "--print-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .map_err(|e| format!("release-seams: cannot run the daemon: {e}"))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !text.contains("debug_fault") {
+        return Err(format!(
+            "release-seams: the release daemon accepted a fault-injection config (status {}): {text}",
+            out.status
+        ));
+    }
+    eprintln!("xtask: release-seams: the release daemon refuses debug_fault: ok");
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
@@ -159,10 +188,12 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("fuzz-smoke") => fuzz_smoke(),
         Some("bench-smoke") => bench_smoke(),
+        Some("release-seams") => release_has_no_seams(),
         Some("ci") => check()
             .and_then(|()| test())
             .and_then(|()| fuzz_smoke())
-            .and_then(|()| bench_smoke()),
+            .and_then(|()| bench_smoke())
+            .and_then(|()| release_has_no_seams()),
         Some("serve") => run(
             "serve",
             cargo()

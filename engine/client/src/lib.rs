@@ -7,6 +7,8 @@
 //!
 //! One `Client` per thread: it is `Send`, not `Sync`. See docs/client-protocol.md.
 
+pub mod report;
+pub mod seeded;
 mod arena;
 mod conn;
 mod gpu;

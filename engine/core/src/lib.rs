@@ -39,4 +39,9 @@ pub mod dram;
 pub mod nvme;
 
 pub use config::EngineConfig;
+
+/// Whether this build carries the test seams (feature `test-seams`: fault-injecting spill
+/// engine and peer transport, the fake GPU, test hooks). A release daemon built with
+/// `cargo build --release -p kvnode` has none; the workspace test build has them.
+pub const TEST_SEAMS: bool = cfg!(feature = "test-seams");
 pub use engine::{Engine, StartError};

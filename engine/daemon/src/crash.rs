@@ -16,8 +16,9 @@
 /// Exit status after a panic (the code Rust itself uses for a panicking main thread).
 pub const PANIC_EXIT_CODE: i32 = 101;
 
-/// Environment variable (test hook): panic on a runtime worker thread this many
-/// milliseconds after start-up, to prove the policy against a real process.
+/// Environment variable (test hook, compiled only into test builds: see
+/// `kvnode_engine::TEST_SEAMS`): panic on a runtime worker thread this many milliseconds after
+/// start-up, to prove the policy against a real process.
 pub const TEST_PANIC_ENV: &str = "KVNODE_TEST_PANIC_AFTER_MS";
 
 /// Installs the policy for this process (daemon only; the operator commands keep the
@@ -39,8 +40,11 @@ pub fn install() {
     }));
 }
 
-/// The test hook's delay, if set (see [`TEST_PANIC_ENV`]).
+/// The test hook's delay, if set (see [`TEST_PANIC_ENV`]); always `None` in a release build.
 pub fn test_panic_delay() -> Option<std::time::Duration> {
+    if !kvnode_engine::TEST_SEAMS {
+        return None;
+    }
     let ms = std::env::var(TEST_PANIC_ENV).ok()?.parse::<u64>().ok()?;
     Some(std::time::Duration::from_millis(ms))
 }

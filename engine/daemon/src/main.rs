@@ -12,11 +12,6 @@
 //! kvnode report           latency percentile tables and SVG (live daemon or kvtrace file)
 //! ```
 
-mod bench;
-mod bench_events;
-mod bench_gpu;
-mod bench_pull;
-mod bench_spill;
 mod cli;
 mod crash;
 mod host_mem;
@@ -40,12 +35,8 @@ fn main() -> std::process::ExitCode {
         cli::Command::Exists(a) => ops::exists(&a),
         cli::Command::Stats(a) => ops::stats(&a),
         cli::Command::Clear(a) => ops::clear(&a),
-        cli::Command::Bench(cli::BenchCmd::Local(a)) => bench::local(&a),
-        cli::Command::Bench(cli::BenchCmd::Spill(a)) => bench_spill::spill(&a),
         cli::Command::Report(a) => report::run(&a),
-        cli::Command::Bench(cli::BenchCmd::Gpu(a)) => bench_gpu::run(&a),
-        cli::Command::Bench(cli::BenchCmd::Events(a)) => bench_events::run(&a),
-        cli::Command::Bench(cli::BenchCmd::Pull(a)) => bench_pull::run(&a),
+        cli::Command::Bench(b) => kvnode_bench::run(&b),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -21,6 +21,7 @@ pub mod backend;
 pub mod cuda;
 pub mod driver;
 mod error;
+#[cfg(feature = "fake")]
 pub mod fake;
 pub mod hub;
 pub mod mem;

@@ -1,10 +1,13 @@
 //! IO engines behind one enum (enum dispatch): `io_uring`, pread/pwrite, and fault injection.
 
+#[cfg(feature = "fault-injection")]
 mod faulty;
 mod psync;
 mod uring;
 
+#[cfg(feature = "fault-injection")]
 pub use faulty::FaultPlan;
+#[cfg(feature = "fault-injection")]
 pub(crate) use faulty::FaultyEngine;
 pub(crate) use psync::PsyncEngine;
 pub(crate) use uring::UringEngine;
@@ -22,7 +25,9 @@ pub enum IoEngineKind {
     Uring,
     /// `pread`/`pwrite` through the page cache, for file systems that refuse `O_DIRECT`.
     Psync,
-    /// Fault injection around another engine, for tests.
+    /// Fault injection around another engine, for tests (feature `fault-injection`; never
+    /// in a release daemon).
+    #[cfg(feature = "fault-injection")]
     Faulty {
         /// The engine doing the real IO.
         inner: Box<IoEngineKind>,
@@ -37,6 +42,7 @@ impl IoEngineKind {
         match self {
             IoEngineKind::Uring => true,
             IoEngineKind::Psync => false,
+            #[cfg(feature = "fault-injection")]
             IoEngineKind::Faulty { inner, .. } => inner.direct(),
         }
     }
@@ -46,6 +52,7 @@ impl IoEngineKind {
         match self {
             IoEngineKind::Uring => true,
             IoEngineKind::Psync => false,
+            #[cfg(feature = "fault-injection")]
             IoEngineKind::Faulty { inner, .. } => inner.uses_ring(),
         }
     }
@@ -81,6 +88,7 @@ pub(crate) struct Cqe {
 pub(crate) enum IoEngine {
     Uring(Box<UringEngine>),
     Psync(PsyncEngine),
+    #[cfg(feature = "fault-injection")]
     Faulty(Box<FaultyEngine>),
 }
 
@@ -94,8 +102,10 @@ impl IoEngine {
         Ok(match kind {
             IoEngineKind::Uring => IoEngine::Uring(Box::new(UringEngine::new(fd, entries, wake)?)),
             IoEngineKind::Psync => IoEngine::Psync(PsyncEngine::new(fd)),
+            #[cfg(feature = "fault-injection")]
             IoEngineKind::Faulty { inner, plan } => {
                 let inner = IoEngine::new(inner, fd, entries, wake)?;
+                #[cfg(feature = "fault-injection")]
                 IoEngine::Faulty(Box::new(FaultyEngine::new(
                     inner,
                     plan.clone(),
@@ -113,6 +123,7 @@ impl IoEngine {
                 e.push(token, sqe);
                 Ok(())
             }
+            #[cfg(feature = "fault-injection")]
             IoEngine::Faulty(e) => e.push(token, sqe),
         }
     }
@@ -126,6 +137,7 @@ impl IoEngine {
                 e.drain(out);
                 Ok(())
             }
+            #[cfg(feature = "fault-injection")]
             IoEngine::Faulty(e) => e.wait(min, out),
         }
     }
@@ -140,6 +152,7 @@ impl IoEngine {
             IoEngine::Uring(e) => unsafe { e.register_buffers(iov) },
             IoEngine::Psync(_) => Ok(()),
             // SAFETY: forwarded contract.
+            #[cfg(feature = "fault-injection")]
             IoEngine::Faulty(e) => unsafe { e.inner.register_buffers(iov) },
         }
     }

@@ -39,7 +39,8 @@ pub struct SpillDirSetting {
     pub size: u64,
 }
 
-/// Fault injection for end-to-end tests (undocumented in `--help`; never use in production).
+/// Fault injection for end-to-end tests (test builds only, feature `test-seams`).
+#[cfg(feature = "test-seams")]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DebugFault {
@@ -82,6 +83,7 @@ pub struct SpillSettings {
     pub stall_warn_s: f64,
     /// Fault injection for tests.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg(feature = "test-seams")]
     pub debug_fault: Option<DebugFault>,
 }
 
@@ -97,6 +99,7 @@ impl Default for SpillSettings {
             max_in_flight: 64,
             room_wait_ms: 500,
             stall_warn_s: 2.0,
+            #[cfg(feature = "test-seams")]
             debug_fault: None,
         }
     }

@@ -24,7 +24,7 @@ use kvnode_events::Medium;
 use kvnode_proto::stats::TierStats;
 use kvnode_proto::{BlockKey, Key, NamespaceId};
 use kvnode_spill::{
-    ArenaSlice, FaultPlan, IoBuf, IoEngineKind, MissReason, ReadOutcome, SpillConfig, SpillError,
+    ArenaSlice, IoBuf, IoEngineKind, MissReason, ReadOutcome, SpillConfig, SpillError,
     SpillKey, SpillTier,
 };
 
@@ -114,11 +114,14 @@ impl NvmeTier {
                 // at most 64 MiB unless one block needs more.
                 ((smallest / 4) / 4096 * 4096).clamp(min_region, min_region.max(64 << 20))
             });
+        #[cfg_attr(not(feature = "test-seams"), expect(unused_mut, reason = "faults wrap it in test builds"))]
         let mut engine = match settings.engine {
             SpillEngine::Uring => IoEngineKind::Uring,
             SpillEngine::Psync => IoEngineKind::Psync,
         };
+        #[cfg(feature = "test-seams")]
         if let Some(f) = &settings.debug_fault {
+            use kvnode_spill::FaultPlan;
             tracing::warn!(
                 ?f,
                 "spill fault injection is ON (debug_fault): for tests only"

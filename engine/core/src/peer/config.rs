@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use kvnode_proto::hint::Endpoint;
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "test-seams")]
 use super::transport::FaultPlan;
 
 /// Peer service settings. Every field has a default; with no `listen` the daemon serves no
@@ -34,8 +35,9 @@ pub struct PeerConfig {
     pub max_outstanding_keys: u32,
     /// Keys per `Pull` frame (requests are pipelined). Default: 16.
     pub batch_keys: u32,
-    /// Fault injection on dialled connections (tests only; see `transport::FaultPlan`).
-    /// Default: none.
+    /// Fault injection on dialled connections (test builds only, feature `test-seams`; see
+    /// `transport::FaultPlan`). Default: none.
+    #[cfg(feature = "test-seams")]
     pub debug_fault: Option<FaultPlan>,
 }
 
@@ -51,6 +53,7 @@ impl Default for PeerConfig {
             connections: 2,
             max_outstanding_keys: 8192,
             batch_keys: 16,
+            #[cfg(feature = "test-seams")]
             debug_fault: None,
         }
     }

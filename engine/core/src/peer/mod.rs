@@ -176,7 +176,7 @@ impl Peers {
             stats: PullStats::default(),
             counters: PeerCounters::default(),
             owners: AtomicU64::new(PULL_OWNER_BASE),
-            transport: transport::Transport::from_plan(cfg.debug_fault.as_ref()),
+            transport: transport::Transport::from_config(cfg),
             store,
             metrics,
         })

@@ -15,19 +15,23 @@
 //! An RDMA transport is not implemented (no RDMA hardware here); docs/peer-protocol.md says
 //! what it must provide to become a third arm.
 
+#[cfg(feature = "test-seams")]
 mod faulty;
 mod tcp;
 mod tcp_pull;
 
 use std::io;
 use std::net::SocketAddr;
+#[cfg(feature = "test-seams")]
 use std::sync::Arc;
+#[cfg(feature = "test-seams")]
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 use kvnode_proto::peer::PeerMsg;
 use tokio::net::{TcpListener, TcpStream};
 
+#[cfg(feature = "test-seams")]
 pub use faulty::{FaultPlan, FaultyConn};
 pub use tcp::TcpConn;
 pub use tcp_pull::TcpPull;
@@ -74,6 +78,7 @@ pub enum PullWire {
     /// Plain TCP.
     Tcp(TcpPull),
     /// TCP with injected faults (tests only).
+    #[cfg(feature = "test-seams")]
     Faulty(Box<FaultyConn>),
 }
 
@@ -82,6 +87,7 @@ impl PullWire {
     pub fn remote(&self) -> SocketAddr {
         match self {
             Self::Tcp(c) => c.remote(),
+            #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.remote(),
         }
     }
@@ -90,6 +96,7 @@ impl PullWire {
     pub fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
         match self {
             Self::Tcp(c) => c.send_all(msgs, limit),
+            #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.send_all(msgs, limit),
         }
     }
@@ -98,6 +105,7 @@ impl PullWire {
     pub fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
         match self {
             Self::Tcp(c) => c.recv(limit),
+            #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.recv(limit),
         }
     }
@@ -106,6 +114,7 @@ impl PullWire {
     pub fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
         match self {
             Self::Tcp(c) => c.read_payload(dst, limit),
+            #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.read_payload(dst, limit),
         }
     }
@@ -118,11 +127,13 @@ pub enum Transport {
     Tcp,
     /// TCP whose dialled connections inject `plan`'s faults; the block count is shared by
     /// every connection, so each fault fires once per daemon.
+    #[cfg(feature = "test-seams")]
     Faulty(FaultPlan, Arc<AtomicU32>),
 }
 
 impl Transport {
     /// The transport `debug_fault` asks for (TCP without it).
+    #[cfg(feature = "test-seams")]
     pub fn from_plan(plan: Option<&FaultPlan>) -> Self {
         match plan {
             None => Self::Tcp,
@@ -136,6 +147,18 @@ impl Transport {
         }
     }
 
+    /// The transport a configuration asks for: TCP (fault injection is compiled only into
+    /// test builds, feature `test-seams`).
+    pub fn from_config(cfg: &crate::peer::PeerConfig) -> Self {
+        #[cfg(feature = "test-seams")]
+        return Self::from_plan(cfg.debug_fault.as_ref());
+        #[cfg(not(feature = "test-seams"))]
+        {
+            let _ = cfg;
+            Self::Tcp
+        }
+    }
+
     /// Connects to `host:port` (the caller bounds the wait and runs the handshake).
     pub async fn dial(&self, host: &str, port: u16) -> io::Result<TcpConn> {
         TcpConn::new(TcpStream::connect((host, port)).await?)
@@ -146,6 +169,7 @@ impl Transport {
         let tcp = c.into_pull()?;
         Ok(match self {
             Self::Tcp => PullWire::Tcp(tcp),
+            #[cfg(feature = "test-seams")]
             Self::Faulty(plan, seen) => PullWire::Faulty(Box::new(FaultyConn::new(
                 tcp,
                 plan.clone(),

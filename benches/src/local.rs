@@ -9,35 +9,9 @@ use kvnode_proto::client::PutStatus;
 use kvnode_proto::size::{ByteSize, parse_size};
 use kvnode_proto::{Digest, Key, NamespaceSpec};
 
-use crate::cli::{BenchArgs, BenchMode, BenchOp};
-use crate::keys;
+use crate::args::{BenchArgs, BenchMode, BenchOp};
 
-/// Single-thread memcpy bandwidth in bytes/s: `block`-sized copies whose source walks a
-/// `src_pool`-byte buffer and whose destination walks a `dst_pool`-byte buffer, for at
-/// least 1 s and two passes over the larger pool. A pool of one block stays cache-resident;
-/// a pool much larger than the last-level cache is cold, so callers give the pools the
-/// sizes the measured path uses, and both sides are equally cold or warm.
-pub fn memcpy_bandwidth(block: usize, src_pool: usize, dst_pool: usize) -> f64 {
-    let block = block.max(1);
-    let src_pool = src_pool.max(block);
-    let dst_pool = dst_pool.max(block);
-    let mut src = vec![0u8; src_pool];
-    let mut dst = vec![0u8; dst_pool];
-    keys::fill_seeded(7, &mut src);
-    dst.fill(1);
-    let (src_blocks, dst_blocks) = (src_pool / block, dst_pool / block);
-    let (mut bytes, mut i) = (0u64, 0usize);
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(1) || bytes < 2 * src_pool.max(dst_pool) as u64 {
-        let s = (i % src_blocks) * block;
-        let d = (i % dst_blocks) * block;
-        dst[d..d + block].copy_from_slice(&src[s..s + block]);
-        std::hint::black_box(&dst[d]);
-        bytes += block as u64;
-        i += 1;
-    }
-    bytes as f64 / t.elapsed().as_secs_f64()
-}
+
 
 /// Source and destination sizes of the memcpy baseline that match what `op` copies: a get
 /// reads the working set out of the arena into one reused batch buffer; a put copies one
@@ -96,7 +70,7 @@ fn prefill(c: &mut Client, ns: u32, page: u64, n: usize) -> anyhow::Result<()> {
 }
 
 fn worker(a: &BenchArgs, thread: usize, page: u64, deadline: Instant) -> anyhow::Result<Outcome> {
-    let mut c = Client::connect(keys::socket(&a.socket))?;
+    let mut c = Client::connect(a.socket.path())?;
     let ns = c.register(&spec(page))?.ns;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut dst = vec![0u8; page as usize * a.batch];
@@ -177,7 +151,7 @@ pub fn local(a: &BenchArgs) -> anyhow::Result<()> {
     if pool as u64 > MAX_BUFFER {
         bail!("--memcpy-pool exceeds {}", ByteSize(MAX_BUFFER));
     }
-    let mut c = Client::connect(keys::socket(&a.socket)).context("connecting to the daemon")?;
+    let mut c = Client::connect(a.socket.path()).context("connecting to the daemon")?;
     let ns = c.register(&spec(page))?.ns;
     if a.op != BenchOp::Put {
         prefill(&mut c, ns, page, a.working_set)?;
@@ -193,7 +167,7 @@ pub fn local(a: &BenchArgs) -> anyhow::Result<()> {
         a.working_set
     );
     let (src_pool, dst_pool) = baseline_pools(a, page, pool);
-    let memcpy = memcpy_bandwidth(page as usize, src_pool, dst_pool);
+    let memcpy = crate::memcpy::bandwidth(page as usize, src_pool, dst_pool);
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(a.duration);
     let outs: Vec<anyhow::Result<Outcome>> = std::thread::scope(|s| {

@@ -11,8 +11,7 @@ use kvnode_proto::gpu::{GpuLayout, GpuObject, OnloadStatus};
 use kvnode_proto::size::{ByteSize, parse_size};
 use kvnode_proto::{Digest, Key, NamespaceSpec};
 
-use crate::cli::GpuBenchArgs;
-use crate::keys;
+use crate::args::GpuBenchArgs;
 
 fn key(size: u64, i: u64) -> Key {
     let mut d = [0u8; 32];
@@ -63,7 +62,7 @@ fn one_size(a: &GpuBenchArgs, page: u64, buf_bytes: u64, host: &PinnedHost) -> a
     let pages = (buf_bytes / page).max(1);
     let dev = DeviceBuffer::alloc(a.device, pages * page)?;
     dev.fill(0x5a)?;
-    let mut c = Client::connect(keys::socket(&a.socket)).context("connecting to the daemon")?;
+    let mut c = Client::connect(a.socket.path()).context("connecting to the daemon")?;
     let ns = c
         .register(&NamespaceSpec {
             model: format!("bench-gpu-{}", ByteSize(page)),
@@ -133,7 +132,7 @@ fn one_size(a: &GpuBenchArgs, page: u64, buf_bytes: u64, host: &PinnedHost) -> a
 
 /// Runs the benchmark and prints one row per page size.
 pub fn run(a: &GpuBenchArgs) -> anyhow::Result<()> {
-    let mut c = Client::connect(keys::socket(&a.socket)).context("connecting to the daemon")?;
+    let mut c = Client::connect(a.socket.path()).context("connecting to the daemon")?;
     wait_registered(&mut c, Duration::from_secs(a.register_timeout))?;
     kvnode_gpu::driver::init()?;
     let buf_bytes = parse_size(&a.gpu_buffer)?;

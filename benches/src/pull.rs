@@ -278,7 +278,7 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
             med / top * 100.0
         );
     }
-    print!("{}", crate::stats_fmt::render_timeouts(t));
+    print!("{}", kvnode_client::report::render_timeouts(t));
     if a.json {
         println!(
             "{}",
@@ -347,7 +347,7 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         let iperf = (a.iperf_seconds > 0)
             .then(|| iperf3(a.iperf_seconds))
             .transpose()?;
-        let memcpy = crate::bench::memcpy_bandwidth(page as usize, bytes as usize, bytes as usize);
+        let memcpy = crate::memcpy::bandwidth(page as usize, bytes as usize, bytes as usize);
         let mut pulls = Vec::new();
         for _ in 0..a.iterations.max(1) {
             pulls.push(bytes / pull(&mut d, db, &big, &big_hint)?);

@@ -14,7 +14,7 @@ use kvnode_client::Client;
 use kvnode_proto::size::{ByteSize, parse_size};
 use kvnode_proto::{Digest, Key, NamespaceSpec};
 
-use crate::cli::BenchSpillArgs;
+use crate::args::BenchSpillArgs;
 
 fn key(i: u64) -> Key {
     let mut d = [0u8; 32];

@@ -1,0 +1,31 @@
+//! kvnode-bench: the benchmarks behind `kvnode bench ...`, out of the daemon crate.
+//!
+//! Every benchmark reports a ratio against a physical limit measured in the same run
+//! (docs/benchmarks.md has the figures and the commands):
+//!
+//! - [`local`]: load against a running daemon (get zero-copy / inline, put, exists) vs memcpy.
+//! - [`spill`]: demotion and promotion through a daemon it starts, vs fio on the same dir.
+//! - [`events`]: KV events reaching a live ZMQ subscriber while the daemon serves puts.
+//! - [`gpu`]: GPU offload/onload through the daemon vs plain pinned `cuMemcpy`.
+//! - [`pull`]: two daemons on loopback: peer pulls vs iperf3 and memcpy.
+
+pub mod args;
+pub mod events;
+pub mod gpu;
+pub mod local;
+pub mod memcpy;
+pub mod pull;
+pub mod spill;
+
+pub use args::BenchCmd;
+
+/// Runs one benchmark.
+pub fn run(cmd: &BenchCmd) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Local(a) => local::local(a),
+        BenchCmd::Spill(a) => spill::spill(a),
+        BenchCmd::Gpu(a) => gpu::run(a),
+        BenchCmd::Events(a) => events::run(a),
+        BenchCmd::Pull(a) => pull::run(a),
+    }
+}
