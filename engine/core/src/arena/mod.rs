@@ -2,12 +2,24 @@
 //!
 //! Creation is instant whatever the size (memfd + ftruncate + mmap); faulting pages in and
 //! locking them happens on a background thread ([`pin`]) so start-up never waits for it.
+//!
+//! The mapping is a `memmap2::MmapRaw`: `MAP_SHARED`, read-write, over the memfd (a `File`),
+//! which is every flag the arena uses. What memmap2 does not do stays raw libc, on purpose:
+//! - `memfd_create` (with `MFD_HUGETLB | MFD_HUGE_2MB` for hugetlb) and `ftruncate`: memmap2
+//!   maps files, it does not create them. A hugetlb memfd makes the shared mapping hugetlb by
+//!   itself; memmap2's `huge()` (`MAP_HUGETLB`) only applies to anonymous maps and is not used.
+//! - `MAP_POPULATE` (memmap2's `populate()`) is not used: it would fault the whole arena in
+//!   inside `mmap`, and start-up must not wait for that; [`pin`] does it chunk by chunk.
+//! - `MADV_HUGEPAGE` goes through memmap2's `advise(Advice::HugePage)`.
 
 mod pin;
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use memmap2::{Advice, MmapOptions, MmapRaw};
 
 pub use pin::PinOptions;
 
@@ -46,17 +58,16 @@ pub struct PinProgress {
 /// [`crate::dram`]) and only for the lease's extent.
 #[derive(Debug)]
 pub struct Arena {
-    fd: OwnedFd,
-    base: *mut u8,
+    /// The memfd, kept open for passing to clients. Declared before `map`, but the order does
+    /// not matter: a mapping outlives the descriptor it was made from.
+    fd: File,
+    /// Send + Sync (memmap2's promise for a raw map): the bytes are plain shared memory and
+    /// concurrent access is coordinated by the tier's leases (a slot is written only while
+    /// reserved by one writer and read only once committed).
+    map: MmapRaw,
     len: u64,
     progress: Arc<PinProgress>,
 }
-
-// SAFETY: the mapping is plain shared memory; concurrent access is coordinated by the tier's
-// leases (a slot is written only while reserved by one writer and read only once committed).
-unsafe impl Send for Arena {}
-// SAFETY: as above.
-unsafe impl Sync for Arena {}
 
 impl Arena {
     /// Creates and maps an arena of `len` bytes (rounded up to 2 MiB with hugetlb).
@@ -76,39 +87,22 @@ impl Arena {
             return Err(ArenaError::Memfd(std::io::Error::last_os_error(), hugetlb));
         }
         // SAFETY: raw is a fresh, owned descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: fd is valid.
-        if unsafe {
-            libc::ftruncate(
-                fd.as_raw_fd(),
-                libc::off_t::try_from(len).unwrap_or(libc::off_t::MAX),
-            )
-        } != 0
-        {
-            return Err(ArenaError::Truncate(std::io::Error::last_os_error(), len));
-        }
-        // SAFETY: mapping a valid fd of at least `len` bytes.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(ArenaError::Map(std::io::Error::last_os_error(), len));
-        }
+        let fd = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        fd.set_len(len).map_err(|e| ArenaError::Truncate(e, len))?;
+        let bytes = usize::try_from(len)
+            .map_err(|_| ArenaError::Map(std::io::ErrorKind::InvalidInput.into(), len))?;
+        let map = MmapOptions::new()
+            .len(bytes)
+            .map_raw(&fd)
+            .map_err(|e| ArenaError::Map(e, len))?;
         if !hugetlb {
-            // Advice only: shmem THP depends on /sys/kernel/mm/transparent_hugepage/shmem_enabled.
-            // SAFETY: advising our own mapping.
-            unsafe { libc::madvise(base, len as usize, libc::MADV_HUGEPAGE) };
+            // Advice only (errors ignored): shmem THP depends on
+            // /sys/kernel/mm/transparent_hugepage/shmem_enabled.
+            let _ = map.advise(Advice::HugePage);
         }
         Ok(Self {
             fd,
-            base: base.cast(),
+            map,
             len,
             progress: Arc::new(PinProgress::default()),
         })
@@ -131,7 +125,7 @@ impl Arena {
 
     /// Base address of the mapping.
     pub fn base(&self) -> *mut u8 {
-        self.base
+        self.map.as_mut_ptr()
     }
 
     /// Background pinning progress.
@@ -150,7 +144,9 @@ impl Arena {
             "extent outside arena"
         );
         // SAFETY: in bounds (checked); exclusivity is the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.base.add(offset as usize), len as usize) }
+        unsafe {
+            std::slice::from_raw_parts(self.map.as_mut_ptr().add(offset as usize), len as usize)
+        }
     }
 
     /// Bytes `[offset, offset + len)` for writing.
@@ -167,7 +163,9 @@ impl Arena {
             "extent outside arena"
         );
         // SAFETY: in bounds (checked); exclusivity is the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.base.add(offset as usize), len as usize) }
+        unsafe {
+            std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset as usize), len as usize)
+        }
     }
 
     /// Starts populating and pinning on a background thread; it stops early when `stop` is set.
@@ -190,16 +188,10 @@ impl Arena {
     }
 }
 
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping; no slices outlive the arena (they borrow it).
-        unsafe { libc::munmap(self.base.cast(), self.len as usize) };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn sixteen_gib_arena_is_created_instantly_and_pins_in_background() {
