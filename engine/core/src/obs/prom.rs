@@ -491,8 +491,9 @@ mod tests {
             .split("\n## Metrics")
             .nth(1)
             .expect("docs/observability.md has a Metrics section");
+        let section = table.split("\n## ").next().unwrap_or(table);
         let mut out = BTreeSet::new();
-        for row in table.lines().skip(3).take_while(|l| l.starts_with('|')) {
+        for row in section.lines().filter(|l| l.starts_with("| `kvnode_")) {
             let cells: Vec<&str> = row.split('|').map(str::trim).collect();
             let names: Vec<&str> = cells[1].split('`').skip(1).step_by(2).collect();
             let kinds: Vec<&str> = cells[2]
