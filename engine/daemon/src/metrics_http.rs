@@ -29,7 +29,8 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 /// What a scrape renders: the metrics text, or why it could not be encoded.
-type Render = Arc<dyn Fn() -> Result<String, std::fmt::Error> + Send + Sync>;
+type RenderFn = dyn Fn() -> Result<String, std::fmt::Error> + Send + Sync;
+type Render = Arc<RenderFn>;
 
 /// Time and size bounds of the listener.
 #[derive(Debug, Clone, Copy)]
@@ -144,10 +145,7 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
 }
 
 /// The response to one request.
-fn route(
-    req: &Request<Incoming>,
-    render: &(dyn Fn() -> Result<String, std::fmt::Error> + Send + Sync),
-) -> Response<Full<Bytes>> {
+fn route(req: &Request<Incoming>, render: &RenderFn) -> Response<Full<Bytes>> {
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
         let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD only\n");
         r.headers_mut()
@@ -155,23 +153,21 @@ fn route(
         return r;
     }
     match req.uri().path() {
-        "/metrics" => match render() {
-            Ok(body) => {
-                let mut r = Response::new(Full::new(Bytes::from(body)));
-                r.headers_mut().insert(
-                    CONTENT_TYPE,
-                    hyper::header::HeaderValue::from_static(prom::CONTENT_TYPE),
-                );
-                r
-            }
-            Err(_) => {
+        "/metrics" => {
+            let Ok(body) = render() else {
                 tracing::warn!("a metric could not be encoded; scrape answered 500");
-                text(
+                return text(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "metrics could not be encoded (see the daemon log)\n",
-                )
-            }
-        },
+                );
+            };
+            let mut r = Response::new(Full::new(Bytes::from(body)));
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(prom::CONTENT_TYPE),
+            );
+            r
+        }
         "/" => text(StatusCode::OK, "kvnode: metrics at /metrics\n"),
         _ => text(StatusCode::NOT_FOUND, "not found: try /metrics\n"),
     }

@@ -222,6 +222,37 @@ mod tests {
     }
 
     #[test]
+    fn hugetlb_arena_is_rounded_to_2mib_and_shared_or_refused_with_a_typed_error() {
+        // With pages reserved (vm.nr_hugepages) the mapping works; without, mapping a hugetlb
+        // memfd fails at mmap (ENOMEM) and must come back as ArenaError::Map, not a panic.
+        match Arena::create(3 << 20, true) {
+            Ok(a) => {
+                assert_eq!(a.len(), 4 << 20);
+                // SAFETY: test owns the whole arena.
+                unsafe { a.slice_mut((4 << 20) - 4, 4) }.copy_from_slice(b"huge");
+                let mut buf = [0u8; 4];
+                // SAFETY: pread into a local buffer from a valid fd.
+                let n = unsafe {
+                    libc::pread(
+                        a.fd().as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        4,
+                        (4 << 20) - 4,
+                    )
+                };
+                assert_eq!((n, &buf), (4, b"huge"));
+            }
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    ArenaError::Map(_, 4_194_304) | ArenaError::Memfd(_, true)
+                ),
+                "{e}"
+            ),
+        }
+    }
+
+    #[test]
     fn writes_through_one_mapping_are_seen_through_the_fd() {
         let a = Arena::create(8 << 20, false).unwrap();
         // SAFETY: test owns the whole arena.

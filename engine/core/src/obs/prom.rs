@@ -4,7 +4,7 @@
 //! Why a [`Collector`] and not instruments: the daemon already counts everything it exports
 //! (atomics in [`Metrics`], HDR histograms in [`Hist`], the stats report), and those feed the
 //! `histograms`/`stats` ops and kvtrace's cross-checks too. A collector reads them when
-//! Prometheus scrapes, so each event is recorded once, on the hot path, in one place; the crate
+//! Prometheus scrapes, so each event is recorded once, where it happens; the crate
 //! owns the exposition format (names, label escaping, `_total`, `le` and `+Inf`, HELP/TYPE).
 //! The `metrics` facade with `metrics-exporter-prometheus` would record every event a second
 //! time into its own registry (and bucket latencies again), and brings its own HTTP listener.
@@ -36,7 +36,7 @@ pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 const LE_POW: std::ops::RangeInclusive<usize> = 10..=36;
 
 /// Where the collector reads the stats report at scrape time (the engine's `stats()`).
-pub type StatsFn = Box<dyn Fn() -> StatsReport + Send + Sync>;
+type StatsFn = Box<dyn Fn() -> StatsReport + Send + Sync>;
 
 /// The registry served at `/metrics`: one collector over the daemon's own counters.
 #[derive(Debug)]
