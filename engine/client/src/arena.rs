@@ -3,8 +3,9 @@
 //! The mapping is a `memmap2::MmapRaw` (`MAP_SHARED`, read-write, of the memfd the daemon
 //! passed): memmap2 covers every flag this mapping needs, and a raw map (pointer, no slice)
 //! because the daemon and other clients write the same pages, which no `&[u8]` over the whole
-//! arena could describe. The daemon never shrinks its arena memfd, so no SIGBUS guard is
-//! needed here (the daemon guards the client memfds it maps: kvnode-shmguard).
+//! arena could describe. The daemon seals its arena memfd against resizing (`F_SEAL_SHRINK`),
+//! so no page of this mapping can go away and no SIGBUS guard is needed here (the daemon
+//! guards the client memfds it maps: kvnode-shmguard).
 
 use std::cell::Cell;
 use std::marker::PhantomData;

@@ -5,8 +5,10 @@
 //!
 //! The mapping is a `memmap2::MmapRaw`: `MAP_SHARED`, read-write, over the memfd (a `File`),
 //! which is every flag the arena uses. What memmap2 does not do stays raw libc, on purpose:
-//! - `memfd_create` (with `MFD_HUGETLB | MFD_HUGE_2MB` for hugetlb) and `ftruncate`: memmap2
-//!   maps files, it does not create them. A hugetlb memfd makes the shared mapping hugetlb by
+//! - `memfd_create` (with `MFD_HUGETLB | MFD_HUGE_2MB` for hugetlb), `ftruncate` and the
+//!   seals (`F_SEAL_SHRINK | F_SEAL_GROW`: clients hold the descriptor read-write and must
+//!   not resize the arena under the daemon's mapping): memmap2 maps files, it does not create
+//!   or seal them. A hugetlb memfd makes the shared mapping hugetlb by
 //!   itself; memmap2's `huge()` (`MAP_HUGETLB`) only applies to anonymous maps and is not used.
 //! - `MAP_POPULATE` (memmap2's `populate()`) is not used: it would fault the whole arena in
 //!   inside `mmap`, and start-up must not wait for that; [`pin`] does it chunk by chunk.
@@ -15,7 +17,7 @@
 mod pin;
 
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -35,6 +37,9 @@ pub enum ArenaError {
     /// ftruncate failed.
     #[error("cannot size the arena to {1} bytes: {0}")]
     Truncate(std::io::Error, u64),
+    /// Sealing the memfd against resizing failed.
+    #[error("cannot seal the arena memfd against resizing: {0}")]
+    Seal(std::io::Error),
     /// mmap failed.
     #[error("cannot map the arena ({1} bytes): {0}")]
     Map(std::io::Error, u64),
@@ -77,7 +82,7 @@ impl Arena {
         } else {
             len
         };
-        let mut flags = libc::MFD_CLOEXEC;
+        let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
         if hugetlb {
             flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB;
         }
@@ -89,6 +94,13 @@ impl Arena {
         // SAFETY: raw is a fresh, owned descriptor.
         let fd = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
         fd.set_len(len).map_err(|e| ArenaError::Truncate(e, len))?;
+        // Clients get this descriptor read-write: the seals stop one from shrinking the arena
+        // under the daemon's mapping (a SIGBUS in the daemon) or growing it.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a valid descriptor.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(ArenaError::Seal(std::io::Error::last_os_error()));
+        }
         let bytes = usize::try_from(len)
             .map_err(|_| ArenaError::Map(std::io::ErrorKind::InvalidInput.into(), len))?;
         let map = MmapOptions::new()
@@ -191,7 +203,6 @@ impl Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
 
     #[test]
     fn sixteen_gib_arena_is_created_instantly_and_pins_in_background() {
@@ -250,6 +261,18 @@ mod tests {
                 "{e}"
             ),
         }
+    }
+
+    #[test]
+    fn a_client_holding_the_fd_cannot_resize_the_arena() {
+        let a = Arena::create(8 << 20, false).unwrap();
+        // What a client receives over SCM_RIGHTS: the same open file, read-write.
+        let client = File::from(a.fd().try_clone_to_owned().unwrap());
+        for size in [0, 4 << 20, 16 << 20] {
+            let e = client.set_len(size).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "set_len({size}): {e}");
+        }
+        assert_eq!(client.metadata().unwrap().len(), 8 << 20);
     }
 
     #[test]
