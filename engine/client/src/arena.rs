@@ -1,40 +1,39 @@
 //! The client's mapping of the daemon's arena.
+//!
+//! The mapping is a `memmap2::MmapRaw` (`MAP_SHARED`, read-write, of the memfd the daemon
+//! passed): memmap2 covers every flag this mapping needs, and a raw map (pointer, no slice)
+//! because the daemon and other clients write the same pages, which no `&[u8]` over the whole
+//! arena could describe. The daemon seals its arena memfd against resizing (`F_SEAL_SHRINK`),
+//! so no page of this mapping can go away and no SIGBUS guard is needed here (the daemon
+//! guards the client memfds it maps: kvnode-shmguard).
 
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use kvnode_proto::client::Extent;
+use memmap2::{MmapOptions, MmapRaw};
 
 /// A shared, read-write mapping of the daemon's arena memfd.
 #[derive(Debug)]
 pub struct ArenaMap {
-    base: *mut u8,
+    map: MmapRaw,
     len: u64,
     _fd: OwnedFd,
+    /// Send but not Sync (as before memmap2): `write` hands out `&mut` slices from `&self`, so
+    /// one thread at a time drives a mapping.
+    _not_sync: PhantomData<Cell<()>>,
 }
-
-// SAFETY: plain shared memory; access discipline (leases, reservations) is the protocol's.
-unsafe impl Send for ArenaMap {}
 
 impl ArenaMap {
     pub(crate) fn map(fd: &OwnedFd, len: u64) -> std::io::Result<Self> {
-        // SAFETY: mapping a memfd of `len` bytes received from the daemon.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        let bytes = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        let map = MmapOptions::new().len(bytes).map_raw(fd.as_raw_fd())?;
         Ok(Self {
-            base: base.cast(),
+            map,
             len,
             _fd: fd.try_clone()?,
+            _not_sync: PhantomData,
         })
     }
 
@@ -61,7 +60,9 @@ impl ArenaMap {
     pub fn read(&self, e: Extent) -> &[u8] {
         self.check(e);
         // SAFETY: in bounds; a leased block is immutable until released.
-        unsafe { std::slice::from_raw_parts(self.base.add(e.offset as usize), e.len as usize) }
+        unsafe {
+            std::slice::from_raw_parts(self.map.as_ptr().add(e.offset as usize), e.len as usize)
+        }
     }
 
     /// The bytes of a granted (reserved) extent, to fill before commit.
@@ -72,7 +73,12 @@ impl ArenaMap {
     pub fn write(&self, e: Extent) -> &mut [u8] {
         self.check(e);
         // SAFETY: in bounds; a reserved slot belongs to this connection until commit/abort.
-        unsafe { std::slice::from_raw_parts_mut(self.base.add(e.offset as usize), e.len as usize) }
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.map.as_mut_ptr().add(e.offset as usize),
+                e.len as usize,
+            )
+        }
     }
 }
 
@@ -90,7 +96,7 @@ impl ArenaMap {
         // SAFETY: the range is this mapping; the caller drops the registration before it.
         unsafe {
             kvnode_gpu::register::HostRegistration::register(
-                self.base,
+                self.map.as_mut_ptr(),
                 self.len,
                 piece,
                 &stop,
@@ -98,12 +104,5 @@ impl ArenaMap {
             )
         }
         .map_err(|(_, e)| e)
-    }
-}
-
-impl Drop for ArenaMap {
-    fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping.
-        unsafe { libc::munmap(self.base.cast(), self.len as usize) };
     }
 }

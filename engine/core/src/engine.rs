@@ -200,8 +200,10 @@ impl Engine {
         }
     }
 
-    /// Every metric in Prometheus' text exposition format.
-    pub fn prometheus(&self) -> String {
-        crate::obs::prom::render(&self.stats(), &self.metrics)
+    /// The Prometheus exporter (`--metrics`): reads [`Engine::stats`] and the metrics on each
+    /// render. It holds the engine: drop it before the engine's last handle.
+    pub fn exporter(self: &Arc<Self>) -> crate::obs::prom::Exporter {
+        let engine = Arc::clone(self);
+        crate::obs::prom::Exporter::new(move || engine.stats(), Arc::clone(&self.metrics))
     }
 }

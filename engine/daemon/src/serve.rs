@@ -160,9 +160,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        if let Some(addr) = &engine.config.metrics {
-            crate::metrics_http::spawn(std::sync::Arc::clone(&engine), addr, stop_rx.clone()).await?;
-        }
+        let metrics = match &engine.config.metrics {
+            Some(addr) => Some(crate::metrics_http::spawn(&engine, addr, stop_rx.clone()).await?),
+            None => None,
+        };
         tokio::spawn(std::sync::Arc::clone(&engine).watchdog(stop_rx.clone()));
         if let Some(after) = crate::crash::test_panic_delay() {
             tracing::warn!(?after, "{} is set: this daemon will panic on purpose", crate::crash::TEST_PANIC_ENV);
@@ -186,6 +187,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         }
         if let Some(p) = peer_server {
             let _ = p.await;
+        }
+        // The exporter holds the engine: its task ends (bounded) before the engine is dropped.
+        if let Some(m) = metrics {
+            let _ = m.await;
         }
         // Dropping the engine's last handle closes the spill files (sealed, synced); the
         // publisher then sends what is queued and lingers.

@@ -25,12 +25,22 @@
 //!   Rust binary std's stack-overflow handler, which makes it fatal as before), and ours stays
 //!   uninstalled from then on; [`installed`] reports it and accesses return
 //!   [`AccessError::Unguarded`] instead of copying unprotected.
+//!
+//! The mapping itself is a `memmap2::MmapRaw` (`MAP_SHARED`, read-write, of the client's
+//! memfd: every flag it needs; unmapped on drop). The guard is not: no crate catches SIGBUS on
+//! a shared mapping and swaps zero pages in under the faulting copy (memmap2 documents the
+//! SIGBUS on truncation and leaves it to the caller), so the handler, its per-thread chain and
+//! its `mmap(MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS)` stay raw libc in [`handler`]. That
+//! `MAP_FIXED` replaces pages inside the range memmap2 owns; the range stays the same, so
+//! memmap2's `munmap` on drop still unmaps exactly it.
 
 mod handler;
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering, compiler_fence};
+
+use memmap2::{MmapOptions, MmapRaw};
 
 pub use handler::{install, installed};
 
@@ -68,14 +78,18 @@ pub struct OutOfRange {
 /// `len` bytes of a file mapped `MAP_SHARED` read-write; unmapped on drop.
 #[derive(Debug)]
 pub struct SharedMapping {
+    /// Start and length of `map`, copied out so the signal handler reads plain fields only.
     base: NonNull<u8>,
     len: usize,
     /// Set by the handler (before it swaps the pages) when any thread faults on the mapping.
     poisoned: AtomicBool,
+    /// Owns the range: unmapped on drop (the zero-page replacement too, same range).
+    _map: MmapRaw,
 }
 
 // SAFETY: the mapping is process memory with no thread affinity; its bytes are only touched
-// through `Guarded` copies of raw pointers, and `poisoned` is atomic.
+// through `Guarded` copies of raw pointers, and `poisoned` is atomic. (`base` is what keeps
+// the auto traits off; `MmapRaw` is Send + Sync.)
 unsafe impl Send for SharedMapping {}
 // SAFETY: as above; concurrent accesses from several threads are guarded per thread.
 unsafe impl Sync for SharedMapping {}
@@ -89,24 +103,12 @@ impl SharedMapping {
         if len == 0 {
             return Err(std::io::ErrorKind::InvalidInput.into());
         }
-        // SAFETY: a fresh mapping chosen by the kernel; nothing aliases it yet.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        let map = MmapOptions::new().len(len).map_raw(fd.as_raw_fd())?;
         Ok(Self {
-            base: NonNull::new(base.cast()).ok_or(std::io::ErrorKind::AddrNotAvailable)?,
+            base: NonNull::new(map.as_mut_ptr()).ok_or(std::io::ErrorKind::AddrNotAvailable)?,
             len,
             poisoned: AtomicBool::new(false),
+            _map: map,
         })
     }
 
@@ -164,14 +166,6 @@ impl SharedMapping {
             map: self,
             _not_sync: std::marker::PhantomData,
         })
-    }
-}
-
-impl Drop for SharedMapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping (or its zero-page replacement, same range); no access
-        // borrows it any more.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 

@@ -2,12 +2,26 @@
 //!
 //! Creation is instant whatever the size (memfd + ftruncate + mmap); faulting pages in and
 //! locking them happens on a background thread ([`pin`]) so start-up never waits for it.
+//!
+//! The mapping is a `memmap2::MmapRaw`: `MAP_SHARED`, read-write, over the memfd (a `File`),
+//! which is every flag the arena uses. What memmap2 does not do stays raw libc, on purpose:
+//! - `memfd_create` (with `MFD_HUGETLB | MFD_HUGE_2MB` for hugetlb), `ftruncate` and the
+//!   seals (`F_SEAL_SHRINK | F_SEAL_GROW`: clients hold the descriptor read-write and must
+//!   not resize the arena under the daemon's mapping): memmap2 maps files, it does not create
+//!   or seal them. A hugetlb memfd makes the shared mapping hugetlb by
+//!   itself; memmap2's `huge()` (`MAP_HUGETLB`) only applies to anonymous maps and is not used.
+//! - `MAP_POPULATE` (memmap2's `populate()`) is not used: it would fault the whole arena in
+//!   inside `mmap`, and start-up must not wait for that; [`pin`] does it chunk by chunk.
+//! - `MADV_HUGEPAGE` goes through memmap2's `advise(Advice::HugePage)`.
 
 mod pin;
 
+use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use memmap2::{Advice, MmapOptions, MmapRaw};
 
 pub use pin::PinOptions;
 
@@ -23,6 +37,9 @@ pub enum ArenaError {
     /// ftruncate failed.
     #[error("cannot size the arena to {1} bytes: {0}")]
     Truncate(std::io::Error, u64),
+    /// Sealing the memfd against resizing failed.
+    #[error("cannot seal the arena memfd against resizing: {0}")]
+    Seal(std::io::Error),
     /// mmap failed.
     #[error("cannot map the arena ({1} bytes): {0}")]
     Map(std::io::Error, u64),
@@ -46,17 +63,16 @@ pub struct PinProgress {
 /// [`crate::dram`]) and only for the lease's extent.
 #[derive(Debug)]
 pub struct Arena {
-    fd: OwnedFd,
-    base: *mut u8,
+    /// The memfd, kept open for passing to clients. Declared before `map`, but the order does
+    /// not matter: a mapping outlives the descriptor it was made from.
+    fd: File,
+    /// Send + Sync (memmap2's promise for a raw map): the bytes are plain shared memory and
+    /// concurrent access is coordinated by the tier's leases (a slot is written only while
+    /// reserved by one writer and read only once committed).
+    map: MmapRaw,
     len: u64,
     progress: Arc<PinProgress>,
 }
-
-// SAFETY: the mapping is plain shared memory; concurrent access is coordinated by the tier's
-// leases (a slot is written only while reserved by one writer and read only once committed).
-unsafe impl Send for Arena {}
-// SAFETY: as above.
-unsafe impl Sync for Arena {}
 
 impl Arena {
     /// Creates and maps an arena of `len` bytes (rounded up to 2 MiB with hugetlb).
@@ -66,7 +82,7 @@ impl Arena {
         } else {
             len
         };
-        let mut flags = libc::MFD_CLOEXEC;
+        let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
         if hugetlb {
             flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB;
         }
@@ -76,39 +92,29 @@ impl Arena {
             return Err(ArenaError::Memfd(std::io::Error::last_os_error(), hugetlb));
         }
         // SAFETY: raw is a fresh, owned descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: fd is valid.
-        if unsafe {
-            libc::ftruncate(
-                fd.as_raw_fd(),
-                libc::off_t::try_from(len).unwrap_or(libc::off_t::MAX),
-            )
-        } != 0
-        {
-            return Err(ArenaError::Truncate(std::io::Error::last_os_error(), len));
+        let fd = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        fd.set_len(len).map_err(|e| ArenaError::Truncate(e, len))?;
+        // Clients get this descriptor read-write: the seals stop one from shrinking the arena
+        // under the daemon's mapping (a SIGBUS in the daemon) or growing it.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a valid descriptor.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(ArenaError::Seal(std::io::Error::last_os_error()));
         }
-        // SAFETY: mapping a valid fd of at least `len` bytes.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(ArenaError::Map(std::io::Error::last_os_error(), len));
-        }
+        let bytes = usize::try_from(len)
+            .map_err(|_| ArenaError::Map(std::io::ErrorKind::InvalidInput.into(), len))?;
+        let map = MmapOptions::new()
+            .len(bytes)
+            .map_raw(&fd)
+            .map_err(|e| ArenaError::Map(e, len))?;
         if !hugetlb {
-            // Advice only: shmem THP depends on /sys/kernel/mm/transparent_hugepage/shmem_enabled.
-            // SAFETY: advising our own mapping.
-            unsafe { libc::madvise(base, len as usize, libc::MADV_HUGEPAGE) };
+            // Advice only (errors ignored): shmem THP depends on
+            // /sys/kernel/mm/transparent_hugepage/shmem_enabled.
+            let _ = map.advise(Advice::HugePage);
         }
         Ok(Self {
             fd,
-            base: base.cast(),
+            map,
             len,
             progress: Arc::new(PinProgress::default()),
         })
@@ -131,7 +137,7 @@ impl Arena {
 
     /// Base address of the mapping.
     pub fn base(&self) -> *mut u8 {
-        self.base
+        self.map.as_mut_ptr()
     }
 
     /// Background pinning progress.
@@ -150,7 +156,9 @@ impl Arena {
             "extent outside arena"
         );
         // SAFETY: in bounds (checked); exclusivity is the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.base.add(offset as usize), len as usize) }
+        unsafe {
+            std::slice::from_raw_parts(self.map.as_mut_ptr().add(offset as usize), len as usize)
+        }
     }
 
     /// Bytes `[offset, offset + len)` for writing.
@@ -167,7 +175,9 @@ impl Arena {
             "extent outside arena"
         );
         // SAFETY: in bounds (checked); exclusivity is the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.base.add(offset as usize), len as usize) }
+        unsafe {
+            std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset as usize), len as usize)
+        }
     }
 
     /// Starts populating and pinning on a background thread; it stops early when `stop` is set.
@@ -187,13 +197,6 @@ impl Arena {
                 .spawn(move || pin::run(&arena, opts, &stop))
                 .expect("spawn pinning thread"),
         )
-    }
-}
-
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping; no slices outlive the arena (they borrow it).
-        unsafe { libc::munmap(self.base.cast(), self.len as usize) };
     }
 }
 
@@ -227,6 +230,49 @@ mod tests {
         assert_eq!(p.populated.load(Ordering::Relaxed), 8 << 20);
         assert!(p.refused.load(Ordering::Relaxed) || p.pinned.load(Ordering::Relaxed) == 8 << 20);
         drop(a);
+    }
+
+    #[test]
+    fn hugetlb_arena_is_rounded_to_2mib_and_shared_or_refused_with_a_typed_error() {
+        // With pages reserved (vm.nr_hugepages) the mapping works; without, mapping a hugetlb
+        // memfd fails at mmap (ENOMEM) and must come back as ArenaError::Map, not a panic.
+        match Arena::create(3 << 20, true) {
+            Ok(a) => {
+                assert_eq!(a.len(), 4 << 20);
+                // SAFETY: test owns the whole arena.
+                unsafe { a.slice_mut((4 << 20) - 4, 4) }.copy_from_slice(b"huge");
+                let mut buf = [0u8; 4];
+                // SAFETY: pread into a local buffer from a valid fd.
+                let n = unsafe {
+                    libc::pread(
+                        a.fd().as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        4,
+                        (4 << 20) - 4,
+                    )
+                };
+                assert_eq!((n, &buf), (4, b"huge"));
+            }
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    ArenaError::Map(_, 4_194_304) | ArenaError::Memfd(_, true)
+                ),
+                "{e}"
+            ),
+        }
+    }
+
+    #[test]
+    fn a_client_holding_the_fd_cannot_resize_the_arena() {
+        let a = Arena::create(8 << 20, false).unwrap();
+        // What a client receives over SCM_RIGHTS: the same open file, read-write.
+        let client = File::from(a.fd().try_clone_to_owned().unwrap());
+        for size in [0, 4 << 20, 16 << 20] {
+            let e = client.set_len(size).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "set_len({size}): {e}");
+        }
+        assert_eq!(client.metadata().unwrap().len(), 8 << 20);
     }
 
     #[test]

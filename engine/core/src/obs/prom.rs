@@ -1,311 +1,528 @@
-//! Prometheus text exposition (format 0.0.4) of every `kvnode_` metric; the table is in docs/observability.md.
+//! Prometheus text exposition (format 0.0.4) of every `kvnode_` metric, encoded by
+//! `prometheus-client`; the table is in docs/observability.md.
+//!
+//! Why a [`Collector`] and not instruments: the daemon already counts everything it exports
+//! (atomics in [`Metrics`], HDR histograms in [`Hist`], the stats report), and those feed the
+//! `histograms`/`stats` ops and kvtrace's cross-checks too. A collector reads them when
+//! Prometheus scrapes, so each event is recorded once, where it happens; the crate
+//! owns the exposition format (names, label escaping, `_total`, `le` and `+Inf`, HELP/TYPE).
+//! The `metrics` facade with `metrics-exporter-prometheus` would record every event a second
+//! time into its own registry (and bucket latencies again), and brings its own HTTP listener.
+//!
+//! Counters are declared without `_total`: the encoder appends it, so the exported names are
+//! those of the table.
 
-use std::fmt::Write;
+use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kvnode_proto::obs::{OpKind, OpStatus, StallKind};
-use kvnode_proto::stats::StatsReport;
+use kvnode_proto::stats::{RegionStats, StatsReport, TierStats};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 
 use super::{Hist, Metrics, REJECTIONS};
 
-/// Latency buckets: `le` = 2^i ns for i in this range (1.02 us .. 68.7 s).
+/// `Content-Type` of [`Exporter::render`]'s output (Prometheus text 0.0.4).
+pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Latency buckets: `le` = 2^i ns for i in this range (1.02 us .. 68.7 s), then `+Inf`.
 const LE_POW: std::ops::RangeInclusive<usize> = 10..=36;
 
-struct Out(String);
+/// Where the collector reads the stats report at scrape time (the engine's `stats()`).
+type StatsFn = Box<dyn Fn() -> StatsReport + Send + Sync>;
 
-impl Out {
-    fn head(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(
-            self.0,
-            "# HELP kvnode_{name} {help}\n# TYPE kvnode_{name} {kind}"
-        );
+/// The registry served at `/metrics`: one collector over the daemon's own counters.
+#[derive(Debug)]
+pub struct Exporter {
+    registry: Registry,
+}
+
+impl Exporter {
+    /// An exporter reading `stats()` and `metrics` on every render.
+    pub fn new(
+        stats: impl Fn() -> StatsReport + Send + Sync + 'static,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let mut registry = Registry::with_prefix("kvnode");
+        registry.register_collector(Box::new(Kvnode {
+            stats: Box::new(stats),
+            metrics,
+        }));
+        Self { registry }
     }
 
-    fn val(&mut self, name: &str, labels: &str, v: impl std::fmt::Display) {
-        if labels.is_empty() {
-            let _ = writeln!(self.0, "kvnode_{name} {v}");
-        } else {
-            let _ = writeln!(self.0, "kvnode_{name}{{{labels}}} {v}");
-        }
-    }
-
-    fn one(&mut self, name: &str, kind: &str, help: &str, v: impl std::fmt::Display) {
-        self.head(name, kind, help);
-        self.val(name, "", v);
-    }
-
-    fn hist(&mut self, name: &str, labels: &str, h: &Hist) {
-        let slots = h.log2_slots();
-        let mut cum = 0u64;
-        let mut next = 0usize;
-        for p in LE_POW {
-            while next < p {
-                cum += slots[next];
-                next += 1;
-            }
-            let le = (1u64 << p) as f64 / 1e9;
-            self.val(
-                &format!("{name}_bucket"),
-                &format!("{labels},le=\"{le}\""),
-                cum,
-            );
-        }
-        let count: u64 = slots.iter().sum();
-        self.val(
-            &format!("{name}_bucket"),
-            &format!("{labels},le=\"+Inf\""),
-            count,
-        );
-        self.val(&format!("{name}_sum"), labels, h.sum_ns() as f64 / 1e9);
-        self.val(&format!("{name}_count"), labels, count);
+    /// Every metric, in the Prometheus text format ([`CONTENT_TYPE`]). Errors only if a value
+    /// cannot be encoded (writing into a `String` itself cannot fail).
+    pub fn render(&self) -> Result<String, fmt::Error> {
+        let mut out = String::with_capacity(16 << 10);
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
+        Ok(out)
     }
 }
 
-fn ops(o: &mut Out, m: &Metrics) {
-    o.head(
-        "ops_total",
-        "counter",
-        "Client ops completed, by op and status.",
-    );
-    for (op, st) in OpKind::ALL.iter().zip(&m.op_status) {
-        for s in OpStatus::ALL {
-            let n = st[s.code() as usize].load(Ordering::Relaxed);
-            if n > 0 {
-                o.val(
-                    "ops_total",
-                    &format!("op=\"{}\",status=\"{}\"", op.name(), s.name()),
-                    n,
-                );
-            }
-        }
-    }
-    o.head(
-        "op_latency_seconds",
-        "histogram",
-        "Client op latency, request decoded to reply written.",
-    );
-    for (op, h) in OpKind::ALL.iter().zip(&m.ops) {
-        if h.count() > 0 {
-            o.hist("op_latency_seconds", &format!("op=\"{}\"", op.name()), h);
-        }
-    }
-    let tiers: Vec<_> = m
-        .tiers
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .map(|(k, v)| (k.clone(), std::sync::Arc::clone(v)))
-        .collect();
-    o.head(
-        "tier_latency_seconds",
-        "histogram",
-        "Latency of each tier path (tier, direction).",
-    );
-    for (name, h) in tiers {
-        let (tier, dir) = name.split_once(' ').unwrap_or((name.as_str(), ""));
-        o.hist(
-            "tier_latency_seconds",
-            &format!("tier=\"{tier}\",dir=\"{dir}\""),
-            &h,
-        );
-    }
-    let peers: Vec<_> = m
-        .peers
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .map(|(k, v)| (k.clone(), std::sync::Arc::clone(v)))
-        .collect();
-    o.head(
-        "peer_latency_seconds",
-        "histogram",
-        "Pull latency per peer.",
-    );
-    for (name, h) in peers {
-        o.hist("peer_latency_seconds", &format!("peer=\"{name}\""), &h);
+/// The collector: reads the stats report and the metrics registry when scraped.
+struct Kvnode {
+    stats: StatsFn,
+    metrics: Arc<Metrics>,
+}
+
+impl fmt::Debug for Kvnode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kvnode").finish_non_exhaustive()
     }
 }
 
-fn counters(o: &mut Out, m: &Metrics) {
-    o.head(
-        "rejections_total",
-        "counter",
-        "Requests or keys refused, by reason.",
-    );
-    for (r, c) in REJECTIONS.iter().zip(&m.rejections) {
-        o.val(
-            "rejections_total",
-            &format!("reason=\"{r}\""),
-            c.load(Ordering::Relaxed),
-        );
+impl Collector for Kvnode {
+    fn encode(&self, d: DescriptorEncoder) -> fmt::Result {
+        let s = (self.stats)();
+        let mut o = Out(d);
+        daemon(&mut o, &s)?;
+        regions(&mut o, &s.regions)?;
+        ops(&mut o, &self.metrics)?;
+        counters(&mut o, &self.metrics)
     }
-    o.head(
-        "stalls_total",
-        "counter",
-        "Stalls detected (each logged once), by kind.",
-    );
-    for (k, c) in StallKind::ALL.iter().zip(&m.stalls) {
-        o.val(
-            "stalls_total",
-            &format!("kind=\"{}\"", k.name()),
-            c.load(Ordering::Relaxed),
-        );
+}
+
+/// A descriptor encoder with one method per metric shape.
+struct Out<'a>(DescriptorEncoder<'a>);
+
+impl Out<'_> {
+    /// HELP and TYPE of a family whose samples follow (one per label set).
+    fn family(
+        &mut self,
+        name: &'static str,
+        kind: MetricType,
+        help: &str,
+    ) -> Result<MetricEncoder<'_>, fmt::Error> {
+        self.0.encode_descriptor(name, help, None, kind)
     }
-    o.one(
-        "leases_overdue_total",
-        "counter",
-        "Leases that were held past lease_age_limit_s.",
-        m.leases_overdue_total.load(Ordering::Relaxed),
-    );
-    o.one(
-        "leases_overdue",
-        "gauge",
-        "Leases held past lease_age_limit_s right now.",
-        m.leases_overdue_now.load(Ordering::Relaxed),
-    );
-    o.one(
-        "ops_overdue",
-        "gauge",
-        "Client ops in flight past op_deadline_s right now.",
-        m.ops_overdue_now.load(Ordering::Relaxed),
-    );
-    o.head("queue_depth", "gauge", "Items waiting in each queue.");
-    o.val(
-        "queue_depth",
-        "queue=\"client_requests\"",
-        m.in_flight.load(Ordering::Relaxed),
-    );
-    for (q, d) in m
-        .queues
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-    {
-        o.val("queue_depth", &format!("queue=\"{q}\""), d);
+
+    fn counter(&mut self, name: &'static str, help: &str, v: u64) -> fmt::Result {
+        ConstCounter::new(v).encode(self.family(name, MetricType::Counter, help)?)
     }
+
+    fn gauge(&mut self, name: &'static str, help: &str, v: impl EncodeGaugeValue) -> fmt::Result {
+        ConstGauge::new(v).encode(self.family(name, MetricType::Gauge, help)?)
+    }
+}
+
+fn counter_at(f: &mut MetricEncoder<'_>, labels: &impl EncodeLabelSet, v: u64) -> fmt::Result {
+    ConstCounter::new(v).encode(f.encode_family(labels)?)
+}
+
+fn gauge_at(
+    f: &mut MetricEncoder<'_>,
+    labels: &impl EncodeLabelSet,
+    v: impl EncodeGaugeValue,
+) -> fmt::Result {
+    ConstGauge::new(v).encode(f.encode_family(labels)?)
+}
+
+/// One histogram sample set from an HDR histogram's power-of-two slots: bucket `le = 2^p ns`
+/// holds the samples below 2^p ns (the encoder accumulates; `+Inf` is the count).
+fn hist_at(f: &mut MetricEncoder<'_>, labels: &impl EncodeLabelSet, h: &Hist) -> fmt::Result {
+    let slots = h.log2_slots();
+    let mut next = 0usize;
+    let buckets: Vec<(f64, u64)> = LE_POW
+        .map(|p| {
+            let n = slots[next..p].iter().sum();
+            next = p;
+            ((1u64 << p) as f64 / 1e9, n)
+        })
+        .collect();
+    let count = slots.iter().sum();
+    f.encode_family(labels)?.encode_histogram::<NoLabelSet>(
+        h.sum_ns() as f64 / 1e9,
+        count,
+        &buckets,
+        None,
+    )
 }
 
 /// name, type, help, value of one per-tier metric.
 type TierMetric = (
     &'static str,
+    MetricType,
     &'static str,
-    &'static str,
-    fn(&kvnode_proto::stats::TierStats) -> f64,
+    fn(&TierStats) -> u64,
 );
 
+const PER_TIER: [TierMetric; 9] = [
+    (
+        "tier_hits",
+        MetricType::Counter,
+        "Keys found by get.",
+        |t| t.hits,
+    ),
+    (
+        "tier_misses",
+        MetricType::Counter,
+        "Keys not found by get.",
+        |t| t.misses,
+    ),
+    (
+        "tier_bytes",
+        MetricType::Gauge,
+        "Bytes of resident blocks.",
+        |t| t.bytes,
+    ),
+    ("tier_blocks", MetricType::Gauge, "Resident blocks.", |t| {
+        t.blocks
+    }),
+    (
+        "tier_capacity_bytes",
+        MetricType::Gauge,
+        "Bytes the tier can hold.",
+        |t| t.capacity_bytes,
+    ),
+    ("tier_inserts", MetricType::Counter, "Blocks stored.", |t| {
+        t.inserts
+    }),
+    (
+        "tier_evictions",
+        MetricType::Counter,
+        "Blocks evicted to make room.",
+        |t| t.evictions,
+    ),
+    (
+        "leases",
+        MetricType::Gauge,
+        "Block leases held by clients.",
+        |t| t.leases,
+    ),
+    (
+        "reservations",
+        MetricType::Gauge,
+        "Slots reserved by alloc, not yet committed.",
+        |t| t.reserved,
+    ),
+];
+
+/// Daemon-wide gauges and the per-tier table of the stats report.
+fn daemon(o: &mut Out<'_>, s: &StatsReport) -> fmt::Result {
+    o.gauge(
+        "uptime_seconds",
+        "Seconds since the daemon started.",
+        s.uptime_s,
+    )?;
+    o.gauge("clients", "Connected clients.", s.clients)?;
+    for (name, kind, help, value) in PER_TIER {
+        let mut f = o.family(name, kind, help)?;
+        for t in &s.tiers {
+            let labels = [("tier", t.tier.as_str())];
+            match kind {
+                MetricType::Counter => counter_at(&mut f, &labels, value(t))?,
+                _ => gauge_at(&mut f, &labels, value(t))?,
+            }
+        }
+    }
+    let mut f = o.family(
+        "tier_hit_ratio",
+        MetricType::Gauge,
+        "hits / (hits + misses) since start.",
+    )?;
+    for t in &s.tiers {
+        let n = t.hits + t.misses;
+        let ratio = if n == 0 {
+            0.0
+        } else {
+            t.hits as f64 / n as f64
+        };
+        gauge_at(&mut f, &[("tier", t.tier.as_str())], ratio)?;
+    }
+    let dram = s.tiers.first().cloned().unwrap_or_default();
+    o.gauge(
+        "pinned_bytes",
+        "Arena bytes locked in memory.",
+        dram.pinned_bytes,
+    )?;
+    o.gauge(
+        "populated_bytes",
+        "Arena bytes faulted in.",
+        dram.populated_bytes,
+    )?;
+    o.gauge(
+        "pin_refused",
+        "1 if mlock was refused and the arena runs unpinned.",
+        u32::from(dram.pin_refused),
+    )
+}
+
 /// Client regions by copy mode, and absorbed faults.
-fn regions(o: &mut Out, r: &kvnode_proto::stats::RegionStats) {
-    o.head(
-        "regions_attached_total",
-        "counter",
+fn regions(o: &mut Out<'_>, r: &RegionStats) -> fmt::Result {
+    let mut f = o.family(
+        "regions_attached",
+        MetricType::Counter,
         "Client regions attached, by copy mode (sealed, guarded, pread).",
-    );
+    )?;
     for (mode, n) in [
         ("sealed", r.attached_sealed),
         ("guarded", r.attached_guarded),
         ("pread", r.attached_pread),
     ] {
-        o.val("regions_attached_total", &format!("mode=\"{mode}\""), n);
+        counter_at(&mut f, &[("mode", mode)], n)?;
     }
-    o.one(
-        "region_faults_total",
-        "counter",
+    o.counter(
+        "region_faults",
         "Region copies that faulted because a client shrank its memfd (op failed, region detached).",
         r.faults,
-    );
+    )
 }
 
-/// Renders a stats report and the metrics registry.
-pub fn render(s: &StatsReport, metrics: &Metrics) -> String {
-    let mut o = Out(String::with_capacity(16 << 10));
-    o.one(
-        "uptime_seconds",
-        "gauge",
-        "Seconds since the daemon started.",
-        s.uptime_s,
-    );
-    o.one("clients", "gauge", "Connected clients.", s.clients);
-    let per_tier: [TierMetric; 10] = [
-        ("tier_hits_total", "counter", "Keys found by get.", |t| {
-            t.hits as f64
-        }),
-        (
-            "tier_misses_total",
-            "counter",
-            "Keys not found by get.",
-            |t| t.misses as f64,
-        ),
-        (
-            "tier_hit_ratio",
-            "gauge",
-            "hits / (hits + misses) since start.",
-            |t| {
-                let n = t.hits + t.misses;
-                if n == 0 {
-                    0.0
-                } else {
-                    t.hits as f64 / n as f64
-                }
-            },
-        ),
-        ("tier_bytes", "gauge", "Bytes of resident blocks.", |t| {
-            t.bytes as f64
-        }),
-        ("tier_blocks", "gauge", "Resident blocks.", |t| {
-            t.blocks as f64
-        }),
-        (
-            "tier_capacity_bytes",
-            "gauge",
-            "Bytes the tier can hold.",
-            |t| t.capacity_bytes as f64,
-        ),
-        ("tier_inserts_total", "counter", "Blocks stored.", |t| {
-            t.inserts as f64
-        }),
-        (
-            "tier_evictions_total",
-            "counter",
-            "Blocks evicted to make room.",
-            |t| t.evictions as f64,
-        ),
-        ("leases", "gauge", "Block leases held by clients.", |t| {
-            t.leases as f64
-        }),
-        (
-            "reservations",
-            "gauge",
-            "Slots reserved by alloc, not yet committed.",
-            |t| t.reserved as f64,
-        ),
-    ];
-    for (name, kind, help, f) in per_tier {
-        o.head(name, kind, help);
-        for t in &s.tiers {
-            o.val(name, &format!("tier=\"{}\"", t.tier), f(t));
+/// A snapshot of a name → histogram map (the lock is not held while encoding).
+fn named(
+    m: &std::sync::Mutex<std::collections::BTreeMap<String, Arc<Hist>>>,
+) -> Vec<(String, Arc<Hist>)> {
+    m.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .map(|(k, v)| (k.clone(), Arc::clone(v)))
+        .collect()
+}
+
+/// Op counts and latencies, tier and peer latencies.
+fn ops(o: &mut Out<'_>, m: &Metrics) -> fmt::Result {
+    let mut f = o.family(
+        "ops",
+        MetricType::Counter,
+        "Client ops completed, by op and status.",
+    )?;
+    for (op, st) in OpKind::ALL.iter().zip(&m.op_status) {
+        for s in OpStatus::ALL {
+            let n = st[s.code() as usize].load(Ordering::Relaxed);
+            if n > 0 {
+                counter_at(&mut f, &[("op", op.name()), ("status", s.name())], n)?;
+            }
         }
     }
-    let dram = s.tiers.first().cloned().unwrap_or_default();
-    o.one(
-        "pinned_bytes",
-        "gauge",
-        "Arena bytes locked in memory.",
-        dram.pinned_bytes,
-    );
-    o.one(
-        "populated_bytes",
-        "gauge",
-        "Arena bytes faulted in.",
-        dram.populated_bytes,
-    );
-    o.one(
-        "pin_refused",
-        "gauge",
-        "1 if mlock was refused and the arena runs unpinned.",
-        u8::from(dram.pin_refused),
-    );
-    regions(&mut o, &s.regions);
-    ops(&mut o, metrics);
-    counters(&mut o, metrics);
-    o.0
+    let mut f = o.family(
+        "op_latency_seconds",
+        MetricType::Histogram,
+        "Client op latency, request decoded to reply written.",
+    )?;
+    for (op, h) in OpKind::ALL.iter().zip(&m.ops) {
+        if h.count() > 0 {
+            hist_at(&mut f, &[("op", op.name())], h)?;
+        }
+    }
+    let mut f = o.family(
+        "tier_latency_seconds",
+        MetricType::Histogram,
+        "Latency of each tier path (tier, direction).",
+    )?;
+    for (name, h) in named(&m.tiers) {
+        let (tier, dir) = name.split_once(' ').unwrap_or((name.as_str(), ""));
+        hist_at(&mut f, &[("tier", tier), ("dir", dir)], &h)?;
+    }
+    let mut f = o.family(
+        "peer_latency_seconds",
+        MetricType::Histogram,
+        "Pull latency per peer.",
+    )?;
+    for (name, h) in named(&m.peers) {
+        hist_at(&mut f, &[("peer", name.as_str())], &h)?;
+    }
+    Ok(())
+}
+
+/// Refusals, stalls, overdue leases and ops, queue depths.
+fn counters(o: &mut Out<'_>, m: &Metrics) -> fmt::Result {
+    let mut f = o.family(
+        "rejections",
+        MetricType::Counter,
+        "Requests or keys refused, by reason.",
+    )?;
+    for (r, c) in REJECTIONS.iter().zip(&m.rejections) {
+        counter_at(&mut f, &[("reason", *r)], c.load(Ordering::Relaxed))?;
+    }
+    let mut f = o.family(
+        "stalls",
+        MetricType::Counter,
+        "Stalls detected (each logged once), by kind.",
+    )?;
+    for (k, c) in StallKind::ALL.iter().zip(&m.stalls) {
+        counter_at(&mut f, &[("kind", k.name())], c.load(Ordering::Relaxed))?;
+    }
+    o.counter(
+        "leases_overdue",
+        "Leases that were held past lease_age_limit_s.",
+        m.leases_overdue_total.load(Ordering::Relaxed),
+    )?;
+    o.gauge(
+        "leases_overdue",
+        "Leases held past lease_age_limit_s right now.",
+        m.leases_overdue_now.load(Ordering::Relaxed),
+    )?;
+    o.gauge(
+        "ops_overdue",
+        "Client ops in flight past op_deadline_s right now.",
+        m.ops_overdue_now.load(Ordering::Relaxed),
+    )?;
+    let mut f = o.family(
+        "queue_depth",
+        MetricType::Gauge,
+        "Items waiting in each queue.",
+    )?;
+    gauge_at(
+        &mut f,
+        &[("queue", "client_requests")],
+        m.in_flight.load(Ordering::Relaxed),
+    )?;
+    let queues: Vec<(&'static str, u64)> = m
+        .queues
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .map(|(q, d)| (*q, *d))
+        .collect();
+    for (q, d) in queues {
+        gauge_at(&mut f, &[("queue", q)], d)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn tier(name: &str, hits: u64, misses: u64, leases: u64) -> TierStats {
+        TierStats {
+            tier: name.into(),
+            hits,
+            misses,
+            leases,
+            ..TierStats::default()
+        }
+    }
+
+    /// A daemon's worth of numbers: two tiers, ops, tier and peer latencies, refusals, stalls.
+    fn render() -> String {
+        let m = Arc::new(Metrics::default());
+        let get = super::super::idx(OpKind::Get);
+        m.ops[get].record(1500, 4096);
+        m.ops[get].record(3_000_000, 4096);
+        m.op_status[get][OpStatus::Ok.code() as usize].fetch_add(2, Ordering::Relaxed);
+        m.record_tier("nvme read", 70_000, 4096);
+        m.record_peer("10.0.0.2:7100", 2_000_000, 1 << 20);
+        m.record_peer("odd\"peer", 1000, 1);
+        m.rejections[0].fetch_add(5, Ordering::Relaxed);
+        m.leases_overdue_total.fetch_add(3, Ordering::Relaxed);
+        m.leases_overdue_now.fetch_add(1, Ordering::Relaxed);
+        m.set_queue_depth("spill", 7);
+        let stats = StatsReport {
+            uptime_s: 12.5,
+            clients: 2,
+            tiers: vec![tier("dram", 3, 1, 4), tier("nvme", 0, 0, 0)],
+            regions: RegionStats {
+                attached_guarded: 1,
+                faults: 1,
+                ..RegionStats::default()
+            },
+            ..StatsReport::default()
+        };
+        Exporter::new(move || stats.clone(), m).render().unwrap()
+    }
+
+    #[test]
+    fn samples_keep_their_names_labels_and_values() {
+        let text = render();
+        let lines: BTreeSet<&str> = text.lines().collect();
+        for want in [
+            "# TYPE kvnode_ops_total counter",
+            "kvnode_ops_total{op=\"get\",status=\"ok\"} 2",
+            "kvnode_uptime_seconds 12.5",
+            "kvnode_clients 2",
+            "kvnode_tier_hits_total{tier=\"dram\"} 3",
+            "kvnode_tier_hits_total{tier=\"nvme\"} 0",
+            "kvnode_tier_hit_ratio{tier=\"dram\"} 0.75",
+            "kvnode_tier_hit_ratio{tier=\"nvme\"} 0.0",
+            "kvnode_leases{tier=\"dram\"} 4",
+            "kvnode_pin_refused 0",
+            "kvnode_regions_attached_total{mode=\"guarded\"} 1",
+            "kvnode_region_faults_total 1",
+            "kvnode_rejections_total{reason=\"no_space\"} 5",
+            "kvnode_rejections_total{reason=\"internal\"} 0",
+            "kvnode_stalls_total{kind=\"op_deadline\"} 0",
+            "# TYPE kvnode_leases_overdue_total counter",
+            "kvnode_leases_overdue_total 3",
+            "# TYPE kvnode_leases_overdue gauge",
+            "kvnode_leases_overdue 1",
+            "kvnode_ops_overdue 0",
+            "kvnode_queue_depth{queue=\"client_requests\"} 0",
+            "kvnode_queue_depth{queue=\"spill\"} 7",
+            "# TYPE kvnode_op_latency_seconds histogram",
+            // 1500 ns is below 2^11 ns, 3 ms below 2^22 ns; buckets are cumulative.
+            "kvnode_op_latency_seconds_bucket{op=\"get\",le=\"1.024e-06\"} 0",
+            "kvnode_op_latency_seconds_bucket{op=\"get\",le=\"2.048e-06\"} 1",
+            "kvnode_op_latency_seconds_bucket{op=\"get\",le=\"0.002097152\"} 1",
+            "kvnode_op_latency_seconds_bucket{op=\"get\",le=\"0.004194304\"} 2",
+            "kvnode_op_latency_seconds_bucket{op=\"get\",le=\"68.719476736\"} 2",
+            "kvnode_op_latency_seconds_bucket{op=\"get\",le=\"+Inf\"} 2",
+            "kvnode_op_latency_seconds_sum{op=\"get\"} 0.0030015",
+            "kvnode_op_latency_seconds_count{op=\"get\"} 2",
+            "kvnode_tier_latency_seconds_count{tier=\"nvme\",dir=\"read\"} 1",
+            "kvnode_peer_latency_seconds_count{peer=\"10.0.0.2:7100\"} 1",
+            "kvnode_peer_latency_seconds_count{peer=\"odd\\\"peer\"} 1",
+        ] {
+            assert!(lines.contains(want), "missing {want}:\n{text}");
+        }
+        // 27 finite buckets (2^10 .. 2^36 ns) and +Inf per histogram; ops never seen are absent.
+        let get_buckets = text
+            .lines()
+            .filter(|l| l.starts_with("kvnode_op_latency_seconds_bucket{op=\"get\""))
+            .count();
+        assert_eq!(get_buckets, 28);
+        assert!(!text.contains("op=\"put\""), "{text}");
+    }
+
+    /// `(name, type)` of every family in docs/observability.md's metrics table.
+    fn documented() -> BTreeSet<(String, String)> {
+        let doc = include_str!("../../../../docs/observability.md");
+        let table = doc
+            .split("\n## Metrics")
+            .nth(1)
+            .expect("docs/observability.md has a Metrics section");
+        let section = table.split("\n## ").next().unwrap_or(table);
+        let mut out = BTreeSet::new();
+        for row in section.lines().filter(|l| l.starts_with("| `kvnode_")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let names: Vec<&str> = cells[1].split('`').skip(1).step_by(2).collect();
+            let kinds: Vec<&str> = cells[2]
+                .split(" / ")
+                .map(|k| k.split_whitespace().next().unwrap())
+                .collect();
+            for (i, n) in names.iter().enumerate() {
+                let kind = if kinds.len() == names.len() {
+                    kinds[i]
+                } else {
+                    kinds[0]
+                };
+                out.insert(((*n).to_owned(), kind.to_owned()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn exported_families_are_exactly_the_documented_ones() {
+        let text = render();
+        let exported: BTreeSet<(String, String)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| {
+                let (n, k) = l.split_once(' ').unwrap();
+                (n.to_owned(), k.to_owned())
+            })
+            .collect();
+        assert_eq!(exported, documented());
+    }
 }
