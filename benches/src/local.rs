@@ -11,8 +11,6 @@ use kvnode_proto::{Digest, Key, NamespaceSpec};
 
 use crate::args::{BenchArgs, BenchMode, BenchOp};
 
-
-
 /// Source and destination sizes of the memcpy baseline that match what `op` copies: a get
 /// reads the working set out of the arena into one reused batch buffer; a put copies one
 /// reused page into fresh slots that walk the DRAM tier (`pool`, default 1 GiB).

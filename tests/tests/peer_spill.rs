@@ -111,7 +111,10 @@ fn hinted_get_serves_the_destinations_own_nvme_blocks_without_waiting_for_a_froz
     }
     let t0 = Instant::now();
     while tier(&mut c, "dram").in_flight > 0 {
-        assert!(t0.elapsed() < Duration::from_secs(20), "demotions never finished");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "demotions never finished"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let promoted_before = tier(&mut c, "nvme").promotions;
@@ -120,11 +123,16 @@ fn hinted_get_serves_the_destinations_own_nvme_blocks_without_waiting_for_a_froz
     let declared_s = declared.base_s + declared.per_page_s * PULLED as f64;
 
     let t = Instant::now();
-    let (n, op) = c.exists_hinted(ns, &keys, Some(&hint(port, &keys))).unwrap();
+    let (n, op) = c
+        .exists_hinted(ns, &keys, Some(&hint(port, &keys)))
+        .unwrap();
     let exists_took = t.elapsed();
     assert_eq!(n, PULLED as u32);
     let op = op.unwrap();
-    assert!(op.results.iter().all(|r| *r == KeyOutcome::HitLocal), "{op:?}");
+    assert!(
+        op.results.iter().all(|r| *r == KeyOutcome::HitLocal),
+        "{op:?}"
+    );
 
     let t = Instant::now();
     let (pages, op) = c
@@ -133,9 +141,16 @@ fn hinted_get_serves_the_destinations_own_nvme_blocks_without_waiting_for_a_froz
     let get_took = t.elapsed();
     let op = op.unwrap();
     assert_eq!(op.state, OpState::Done, "{op:?}");
-    assert!(op.results.iter().all(|r| *r == KeyOutcome::HitLocal), "{op:?}");
+    assert!(
+        op.results.iter().all(|r| *r == KeyOutcome::HitLocal),
+        "{op:?}"
+    );
     for (i, p) in pages.iter().enumerate() {
-        assert_eq!(p.as_deref(), Some(block(i as u64, BLOCK).as_slice()), "page {i}");
+        assert_eq!(
+            p.as_deref(),
+            Some(block(i as u64, BLOCK).as_slice()),
+            "page {i}"
+        );
     }
     assert!(
         tier(&mut c, "nvme").promotions >= promoted_before + PULLED,
@@ -144,8 +159,14 @@ fn hinted_get_serves_the_destinations_own_nvme_blocks_without_waiting_for_a_froz
     // Well under the declared prefetch timeout (the old lookup waited for the frozen peer
     // until its connect timeout, then promoted).
     let bound = Duration::from_secs_f64(declared_s / 4.0);
-    assert!(exists_took < bound, "hinted exists took {exists_took:?} (declared {declared_s} s)");
-    assert!(get_took < bound, "hinted get took {get_took:?} (declared {declared_s} s)");
+    assert!(
+        exists_took < bound,
+        "hinted exists took {exists_took:?} (declared {declared_s} s)"
+    );
+    assert!(
+        get_took < bound,
+        "hinted get took {get_took:?} (declared {declared_s} s)"
+    );
     assert_eq!(
         dst.client().stats().unwrap().tiers[0].reserved,
         0,

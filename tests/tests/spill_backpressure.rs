@@ -33,18 +33,28 @@ fn one_put_four_times_larger_than_dram_stores_every_block_via_nvme() {
     let stored = r.iter().filter(|s| **s == PutStatus::Stored).count();
     assert_eq!(stored, BLOCKS as usize, "statuses: {:?}", tally(&r));
     let dram = tier(&mut c, "dram");
-    assert_eq!(dram.dropped, 0, "no block was evicted without a copy: {dram:?}");
+    assert_eq!(
+        dram.dropped, 0,
+        "no block was evicted without a copy: {dram:?}"
+    );
     // Every block reads back byte-identical (most from NVMe, promoted on get).
     for (i, ks) in keys.chunks(64).enumerate() {
         let pages = c.get(ns, ks).unwrap();
         for (j, p) in pages.iter().enumerate() {
             let n = (i * 64 + j) as u64;
             let same = p.as_deref() == Some(block(n, BLOCK).as_slice());
-            assert!(same, "block {n}: {}", p.as_ref().map_or("missing", |_| "wrong bytes"));
+            assert!(
+                same,
+                "block {n}: {}",
+                p.as_ref().map_or("missing", |_| "wrong bytes")
+            );
         }
     }
     let dram = tier(&mut c, "dram");
-    assert_eq!(dram.dropped, 0, "reading back dropped nothing either: {dram:?}");
+    assert_eq!(
+        dram.dropped, 0,
+        "reading back dropped nothing either: {dram:?}"
+    );
     let nvme = tier(&mut c, "nvme");
     assert!(nvme.promotions > 0, "reads came back from NVMe: {nvme:?}");
 }

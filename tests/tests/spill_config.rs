@@ -66,7 +66,10 @@ fn a_second_daemon_on_a_spill_dir_in_use_is_refused_and_the_first_keeps_its_bloc
     // cannot still be in DRAM) read back from the first daemon's file.
     // (The demoter may still be moving a few more blocks down: never fewer.)
     let now = tier(&mut c, "nvme").blocks;
-    assert!(now >= spilled, "{now} blocks on NVMe after the refused start, {spilled} before");
+    assert!(
+        now >= spilled,
+        "{now} blocks on NVMe after the refused start, {spilled} before"
+    );
     for i in 0..BLOCKS - 64 {
         let got = c.get(ns, &[key(i)]).unwrap();
         assert_eq!(

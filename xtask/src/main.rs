@@ -163,7 +163,8 @@ fn release_has_no_seams() -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("kvnode-seams-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let cfg = dir.join("seams.toml");
-    std::fs::write(&cfg, "[peer]\ndebug_fault = { corrupt_block = 1 }\n").map_err(|e| e.to_string())?;
+    std::fs::write(&cfg, "[peer]\ndebug_fault = { corrupt_block = 1 }\n")
+        .map_err(|e| e.to_string())?;
     let out = Command::new("target/release/kvnode")
         .args(["serve", "--print-config", "--config"])
         .arg(&cfg)

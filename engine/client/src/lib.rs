@@ -7,11 +7,11 @@
 //!
 //! One `Client` per thread: it is `Send`, not `Sync`. See docs/client-protocol.md.
 
-pub mod report;
-pub mod seeded;
 mod arena;
 mod conn;
 mod gpu;
+pub mod report;
+pub mod seeded;
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;

@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::size_serde::{de_opt_size, de_size, ser_opt_size, ser_size};
 
+use crate::nvme::config::{EventsSettings, SpillSettings};
 use crate::peer::PeerConfig;
 use crate::policy::PolicyKind;
-use crate::nvme::config::{EventsSettings, SpillSettings};
 
 /// Smallest DRAM tier accepted.
 pub const MIN_DRAM: u64 = 8 << 20;
@@ -159,4 +159,3 @@ pub fn default_dram() -> u64 {
     let two = 2u64 << 20;
     ((avail / 4).min(DEFAULT_DRAM_CAP) / two * two).max(MIN_DRAM)
 }
-

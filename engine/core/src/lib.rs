@@ -25,9 +25,11 @@
 //! No module imports one that imports it back (`scripts/check-import-cycles.py`).
 
 pub mod api;
-pub mod engine;
 pub mod arena;
 pub mod config;
+pub mod dram;
+pub mod engine;
+pub mod nvme;
 pub mod obs;
 pub mod peer;
 pub mod policy;
@@ -35,8 +37,6 @@ pub mod probes;
 pub mod residency;
 mod size_serde;
 pub mod store;
-pub mod dram;
-pub mod nvme;
 
 pub use config::EngineConfig;
 

@@ -253,5 +253,3 @@ pub struct ClearArgs {
     #[arg(long, conflicts_with = "model")]
     pub all: bool,
 }
-
-

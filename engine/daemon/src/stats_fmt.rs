@@ -153,4 +153,3 @@ fn render_movement(o: &mut String, s: &StatsReport) {
 }
 
 pub use kvnode_client::report::render_timeouts;
-

@@ -37,6 +37,6 @@ pub use sink::EventSink;
 pub use stats::Stats;
 pub use validate::{RejectReason, Rejection, ValidEvent, validate};
 pub use wire::{
-    AllBlocksCleared, BlockRemoved, BlockStored, CACHE_SALT_PREFIX, EventKind, KvEvent,
-    Medium, router_hash,
+    AllBlocksCleared, BlockRemoved, BlockStored, CACHE_SALT_PREFIX, EventKind, KvEvent, Medium,
+    router_hash,
 };

@@ -8,13 +8,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketSend, ZmqMessage};
 
+use crate::batch::EventBatch;
 use crate::config::PublisherConfig;
 use crate::error::PublisherError;
 use crate::replay::{self, Ring, SharedRing};
 use crate::sink::EventSink;
 use crate::stats::{Counters, Stats, bump, kind_index};
 use crate::validate::ValidEvent;
-use crate::batch::EventBatch;
 use crate::wire::now_ts;
 
 /// Publishes KV event batches on a bound ZMQ PUB socket, with an optional replay socket.

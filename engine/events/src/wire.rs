@@ -3,7 +3,6 @@
 use serde::Serialize;
 use serde::ser::{SerializeTuple, Serializer};
 
-
 /// Prefix Dynamo expects before a cache salt in `extra_keys[0]`
 /// (`DYNAMO_CACHE_SALT_PREFIX` in `dynamo_kv_router::zmq_wire`).
 pub const CACHE_SALT_PREFIX: &str = "dynamo-cache-salt:";

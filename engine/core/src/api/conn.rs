@@ -148,7 +148,10 @@ impl Connection {
                 // Framing is intact: skip the payload, report, and carry on.
                 self.s.io.skip(payload).await.map_err(End::Io)?;
                 let msg = e.to_string();
-                return self.error(0, ErrorCode::Malformed, msg).await.map_err(End::Io);
+                return self
+                    .error(0, ErrorCode::Malformed, msg)
+                    .await
+                    .map_err(End::Io);
             }
         };
         if *self.stop.borrow() {

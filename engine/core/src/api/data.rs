@@ -167,13 +167,18 @@ impl Session {
                     Err(_) => self.io.skip(len).await?,
                 }
             }
-            results.extend(reserved.into_iter().zip(metas.by_ref()).map(|(r, m)| match r {
-                Err(status) => status,
-                Ok(mut res) => {
-                    res.set_meta(m);
-                    put_status(res.commit())
-                }
-            }));
+            results.extend(
+                reserved
+                    .into_iter()
+                    .zip(metas.by_ref())
+                    .map(|(r, m)| match r {
+                        Err(status) => status,
+                        Ok(mut res) => {
+                            res.set_meta(m);
+                            put_status(res.commit())
+                        }
+                    }),
+            );
         }
         self.send(id, Reply::Put { results }, &[]).await
     }
@@ -233,7 +238,10 @@ impl Session {
         };
         match mode {
             GetMode::Lease => {
-                let extents = leased.iter().map(|l| l.as_ref().map(Lease::extent)).collect();
+                let extents = leased
+                    .iter()
+                    .map(|l| l.as_ref().map(Lease::extent))
+                    .collect();
                 let held: Vec<Lease> = leased.into_iter().flatten().collect();
                 let lease = if held.is_empty() {
                     0
@@ -262,7 +270,8 @@ impl Session {
                 // Every block stays leased (immutable) until `leased` drops after the send.
                 let payload: Vec<&[u8]> = leased.iter().flatten().map(Lease::bytes).collect();
                 let lens = leased.iter().map(|l| l.as_ref().map(Lease::len)).collect();
-                self.send(id, Reply::GetInline { lens, pull }, &payload).await
+                self.send(id, Reply::GetInline { lens, pull }, &payload)
+                    .await
             }
         }
     }

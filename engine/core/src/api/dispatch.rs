@@ -21,7 +21,9 @@ impl Session {
         let reply = match req.op {
             Op::Hello { .. } => invalid("Hello is only valid as the first frame"),
             // Ops that write their own reply (payload bytes follow the header).
-            op @ (Op::Put { .. } | Op::Get { .. }) => return self.data_io(id, op, payload_len).await,
+            op @ (Op::Put { .. } | Op::Get { .. }) => {
+                return self.data_io(id, op, payload_len).await;
+            }
             op @ (Op::Register { .. }
             | Op::Alloc { .. }
             | Op::Commit { .. }

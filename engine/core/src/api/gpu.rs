@@ -170,13 +170,15 @@ impl Session {
         let mut copied = 0u64;
         let results: Vec<PutStatus> = reserved
             .into_iter()
-            .map(|r| r.map(|res: Reservation| {
-                copied += 1;
-                match res.commit() {
-                    CommitStatus::Committed => PutStatus::Stored,
-                    _ => PutStatus::Exists,
-                }
-            }))
+            .map(|r| {
+                r.map(|res: Reservation| {
+                    copied += 1;
+                    match res.commit() {
+                        CommitStatus::Committed => PutStatus::Stored,
+                        _ => PutStatus::Exists,
+                    }
+                })
+            })
             .map(|r| r.unwrap_or_else(|status| status))
             .collect();
         let stored = results.iter().filter(|r| **r == PutStatus::Stored).count();
@@ -217,7 +219,9 @@ impl Session {
         // SAFETY: every host range is a block leased by `leases`, which the pending onload
         // keeps until its ticket's wait returned (or, dropped unwaited, forever).
         match unsafe { a.worker.submit(Dir::HostToDevice, a.dev, ops) } {
-            Ok(ticket) => Ok(PendingOnload::new(ticket, leases, results, ends, page_bytes)),
+            Ok(ticket) => Ok(PendingOnload::new(
+                ticket, leases, results, ends, page_bytes,
+            )),
             Err(e) => Err(gpu_error(&e)),
         }
     }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use kvnode_proto::Key;
 use kvnode_proto::client::BlockMeta;
 
-use crate::store::Store;
 use crate::residency::RouterMeta;
+use crate::store::Store;
 
 /// Per-key router metadata, or an error text when the list does not match the keys.
 /// Without events (or without metadata) every entry is `None`.

@@ -257,7 +257,11 @@ impl Session {
         let mut results = Vec::with_capacity(keys.len());
         // Run by run, each waiting for DRAM room (see `Store::put_runs`).
         for run in store.put_runs(lens) {
-            let (ks, ls, os) = (&keys[run.clone()], &lens[run.clone()], &offsets[run.clone()]);
+            let (ks, ls, os) = (
+                &keys[run.clone()],
+                &lens[run.clone()],
+                &offsets[run.clone()],
+            );
             store.make_room(ls.iter().sum()).await;
             let mut reserved = match store.reserve(self.id, ns, ks, ls) {
                 Ok(v) => v,

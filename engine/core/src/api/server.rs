@@ -9,8 +9,8 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::engine::Engine;
 use super::conn::Connection;
+use crate::engine::Engine;
 
 /// Failure to bind or serve.
 #[derive(Debug, thiserror::Error)]

@@ -237,12 +237,12 @@ impl DramTier {
         &self,
         owner: u64,
         r: &Reserved,
-        meta: Option<Arc<RouterMeta>>,
+        meta: Option<&Arc<RouterMeta>>,
         on_lower: bool,
         xxh3: Option<u64>,
     ) -> CommitStatus {
         self.with(|s| {
-            let st = s.commit(owner, r, meta.as_ref(), on_lower);
+            let st = s.commit(owner, r, meta, on_lower);
             if let (CommitStatus::Committed, Some(x)) = (st, xxh3) {
                 s.set_checksum(r.slot, x);
             }

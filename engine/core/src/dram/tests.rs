@@ -30,10 +30,9 @@ fn key(i: u32) -> Key {
 
 fn put(t: &DramTier, ns: u32, i: u32, len: u64) -> Result<Reserved, PutStatus> {
     let r = t.reserve(1, ns, &[key(i)], &[len]).unwrap().remove(0)?;
-    assert_eq!(commit(&t, 1, &[r]), vec![CommitStatus::Committed]);
+    assert_eq!(commit(t, 1, &[r]), vec![CommitStatus::Committed]);
     Ok(r)
 }
-
 
 fn commit(t: &DramTier, owner: u64, rs: &[Reserved]) -> Vec<CommitStatus> {
     rs.iter()

@@ -24,13 +24,13 @@ use kvnode_events::Medium;
 use kvnode_proto::stats::TierStats;
 use kvnode_proto::{BlockKey, Key, NamespaceId};
 use kvnode_spill::{
-    ArenaSlice, IoBuf, IoEngineKind, MissReason, ReadOutcome, SpillConfig, SpillError,
-    SpillKey, SpillTier,
+    ArenaSlice, IoBuf, IoEngineKind, MissReason, ReadOutcome, SpillConfig, SpillError, SpillKey,
+    SpillTier,
 };
 
+use crate::dram::DramTier;
 use crate::obs::Metrics;
 use crate::residency::{Announcer, Residency, RouterMeta};
-use crate::dram::DramTier;
 use config::{SpillEngine, SpillSettings};
 
 pub use demoter::spawn_demoter;
@@ -74,7 +74,9 @@ pub struct PendingRead {
 
 /// The 64-bit id probes name a block by (its router hash).
 fn probe_id(sk: &SpillKey) -> u64 {
-    sk.digest[0..8].iter().fold(0, |a, b| a << 8 | u64::from(*b))
+    sk.digest[0..8]
+        .iter()
+        .fold(0, |a, b| a << 8 | u64::from(*b))
 }
 
 /// The spill key of a block: namespace id, digest, segment.
@@ -107,14 +109,15 @@ impl NvmeTier {
         let smallest = settings.dirs.iter().map(|d| d.size).min().unwrap_or(0);
         let max_block = slab_bytes.min(1 << 30);
         let min_region = (max_block + 3 * 4096).div_ceil(4096) * 4096;
-        let region = settings
-            .region_size
-            .unwrap_or_else(|| {
-                // A quarter of the smallest file, at least one whole block and its headers,
-                // at most 64 MiB unless one block needs more.
-                ((smallest / 4) / 4096 * 4096).clamp(min_region, min_region.max(64 << 20))
-            });
-        #[cfg_attr(not(feature = "test-seams"), expect(unused_mut, reason = "faults wrap it in test builds"))]
+        let region = settings.region_size.unwrap_or_else(|| {
+            // A quarter of the smallest file, at least one whole block and its headers,
+            // at most 64 MiB unless one block needs more.
+            ((smallest / 4) / 4096 * 4096).clamp(min_region, min_region.max(64 << 20))
+        });
+        #[cfg_attr(
+            not(feature = "test-seams"),
+            expect(unused_mut, reason = "faults wrap it in test builds")
+        )]
         let mut engine = match settings.engine {
             SpillEngine::Uring => IoEngineKind::Uring,
             SpillEngine::Psync => IoEngineKind::Psync,

@@ -50,4 +50,3 @@ impl RegionCounters {
         self.faults.fetch_add(1, Ordering::Relaxed);
     }
 }
-

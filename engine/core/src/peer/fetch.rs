@@ -20,10 +20,10 @@ use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 use tokio::sync::Semaphore;
 use twox_hash::XxHash3_64;
 
-use super::{PeerError, Peers};
 use super::auth::dial_handshake;
 use super::op::PullOp;
 use super::transport::PullWire;
+use super::{PeerError, Peers};
 
 /// Everything this daemon keeps about one peer it pulls from.
 #[derive(Debug)]
@@ -109,12 +109,7 @@ struct Chunk {
 }
 
 /// Pulls op keys `idxs` from `link`, bounded by its connection permits and timeouts.
-pub async fn run_chunk(
-    peers: Arc<Peers>,
-    link: Arc<PeerLink>,
-    op: Arc<PullOp>,
-    idxs: Vec<usize>,
-) {
+pub async fn run_chunk(peers: Arc<Peers>, link: Arc<PeerLink>, op: Arc<PullOp>, idxs: Vec<usize>) {
     let n = idxs.len() as u64;
     let peer_idx = (crate::probes::hash_name(&link.name) & 0xffff_ffff) as u32;
     crate::probes::peer_pull_start(peer_idx, op.id, n as u32);
@@ -307,9 +302,9 @@ impl Chunk {
         let p = &self.peers;
         let io = p.io_timeout();
         let key = self.op.keys[i];
-        let reserved = p
-            .store()
-            .reserve(p.reservation_owner(), self.op.ns, &[key], &[u64::from(len)]);
+        let reserved =
+            p.store()
+                .reserve(p.reservation_owner(), self.op.ns, &[key], &[u64::from(len)]);
         let (mut slot, refused) = match reserved {
             Ok(mut v) => match v.pop() {
                 Some(Ok(r)) => (Some(r), None),
@@ -326,12 +321,11 @@ impl Chunk {
             }
         };
         let mut scratch = Vec::new();
-        let dst: &mut [u8] = match slot.as_mut() {
-            Some(r) => r.bytes_mut(),
-            None => {
-                scratch.resize(len as usize, 0);
-                &mut scratch
-            }
+        let dst: &mut [u8] = if let Some(r) = slot.as_mut() {
+            r.bytes_mut()
+        } else {
+            scratch.resize(len as usize, 0);
+            &mut scratch
         };
         // On error `slot` drops here: the reservation is freed unpublished.
         let sum = read_hashed(w, dst, io)?;

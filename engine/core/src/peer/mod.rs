@@ -91,9 +91,7 @@ impl PeerError {
                 FailCode::PeerUnreachable
             }
             PeerError::Busy(_) => FailCode::PeerBusy,
-            PeerError::Refused(_) | PeerError::Auth(_) | PeerError::Key(_) => {
-                FailCode::PeerRefused
-            }
+            PeerError::Refused(_) | PeerError::Auth(_) | PeerError::Key(_) => FailCode::PeerRefused,
             PeerError::Frame(_) | PeerError::Protocol(_) | PeerError::Config(_) => {
                 FailCode::PeerFailed
             }
@@ -142,7 +140,11 @@ pub struct Peers {
 
 impl Peers {
     /// Builds the service from configuration (reads the cluster key file).
-    pub fn new(cfg: &PeerConfig, store: Arc<Store>, metrics: Arc<Metrics>) -> Result<Self, PeerError> {
+    pub fn new(
+        cfg: &PeerConfig,
+        store: Arc<Store>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, PeerError> {
         cfg.validate().map_err(PeerError::Config)?;
         let allow = cfg.allowlist().map_err(PeerError::Config)?;
         let key = cfg

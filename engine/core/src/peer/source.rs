@@ -12,9 +12,9 @@ use kvnode_proto::peer::{PeerMsg, PullKey};
 use tokio::sync::watch;
 use twox_hash::XxHash3_64;
 
-use super::{PeerError, Peers};
 use super::auth::accept_handshake;
 use super::transport::{PeerListener, TcpConn};
+use super::{PeerError, Peers};
 use crate::store::{Lease, Store};
 
 /// Idle pooled connections are closed after this long without a request.

@@ -44,7 +44,10 @@ impl Peers {
     /// this node's NVMe) are reported either way and never pulled.
     pub async fn start(self: &Arc<Self>, mut req: PullRequest<'_>) -> Arc<PullOp> {
         let local = self.lookup_local(req.ns, req.keys, &mut req.into).await;
-        let plan = local.as_ref().map_err(Clone::clone).and_then(|_| self.plan(&req));
+        let plan = local
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|_| self.plan(&req));
         let mut results = local.unwrap_or_else(|_| vec![KeyOutcome::Pending; req.keys.len()]);
         let covered = plan.as_ref().map_or(0, |p| p.covered);
         for r in results.iter_mut().skip(covered) {
@@ -172,7 +175,13 @@ impl Peers {
 
     /// Spawns one pull per chunk of `pending` (each releases its keys from `outstanding`
     /// when it ends) and the op's deadline.
-    fn spawn(self: &Arc<Self>, link: &Arc<PeerLink>, op: &Arc<PullOp>, pending: &[usize], deadline: Duration) {
+    fn spawn(
+        self: &Arc<Self>,
+        link: &Arc<PeerLink>,
+        op: &Arc<PullOp>,
+        pending: &[usize],
+        deadline: Duration,
+    ) {
         let per = pending
             .len()
             .div_ceil(self.cfg.connections as usize)

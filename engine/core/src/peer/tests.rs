@@ -161,7 +161,10 @@ impl Pair {
     async fn checksums(node: &Node, ns: u32, n: u8) -> Vec<Option<u64>> {
         let keys: Vec<Key> = (0..n).map(key).collect();
         let leased = node.store.lease(ns, &keys).await.unwrap();
-        leased.iter().map(|l| l.as_ref().and_then(|b| b.xxh3())).collect()
+        leased
+            .iter()
+            .map(|l| l.as_ref().and_then(crate::store::Lease::xxh3))
+            .collect()
     }
 
     fn reserved(&self) -> u64 {

@@ -130,6 +130,13 @@ pub fn fence(conn: u64, req: u64, latency_ns: u64) {
     site::usdt!(kvnode, fence, conn, req, latency_ns);
 }
 
+/// A stable 64-bit name hash (FNV-1a), used to number peers in probes.
+pub fn hash_name(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,11 +149,4 @@ mod tests {
         let note = format!("kvnode\0op_done\0{}\0", kvnode_proto::obs::OP_DONE_X86_ARGS);
         assert!(exe.windows(note.len()).any(|w| w == note.as_bytes()));
     }
-}
-
-/// A stable 64-bit name hash (FNV-1a), used to number peers in probes.
-pub fn hash_name(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }

@@ -48,7 +48,11 @@ impl Lease {
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: a leased block is committed and immutable, and its slot is not reused
         // until this lease drops; the arena outlives the store this lease holds.
-        unsafe { self.store.arena.slice(self.raw.extent.offset, self.raw.extent.len) }
+        unsafe {
+            self.store
+                .arena
+                .slice(self.raw.extent.offset, self.raw.extent.len)
+        }
     }
 
     /// Keeps a checksum computed over [`Lease::bytes`] with the block.
@@ -84,7 +88,9 @@ impl Reservation {
     }
 
     fn raw(&self) -> &Reserved {
-        self.raw.as_ref().expect("a live reservation holds its slot")
+        self.raw
+            .as_ref()
+            .expect("a live reservation holds its slot")
     }
 
     /// Arena byte offset of the slot.
@@ -141,7 +147,7 @@ impl Reservation {
         let raw = self.raw.take().expect("a live reservation holds its slot");
         self.store
             .dram
-            .commit_one(self.owner, &raw, self.meta.take(), on_lower, xxh3)
+            .commit_one(self.owner, &raw, self.meta.as_ref(), on_lower, xxh3)
     }
 }
 

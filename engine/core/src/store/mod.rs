@@ -248,7 +248,7 @@ impl Store {
     /// Without an NVMe tier the whole put is one run.
     pub fn put_runs(&self, lens: &[u64]) -> Vec<std::ops::Range<usize>> {
         if self.nvme.is_none() || lens.is_empty() {
-            return vec![0..lens.len()];
+            return std::iter::once(0..lens.len()).collect();
         }
         let max = (self.dram.free_and_capacity().1 / 8).max(1);
         let mut runs = Vec::new();

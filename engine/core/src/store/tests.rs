@@ -65,7 +65,12 @@ fn an_early_returning_error_path_releases_its_reservation() {
     assert!(reserve_then_fail(&s, ns).is_err());
     assert_eq!(counts(&s), (0, 0), "the dropped guard aborted the slot");
     // The same key can be stored afterwards: nothing is pinned.
-    let mut r = s.reserve(8, ns, &[key(1)], &[PAGE]).unwrap().pop().unwrap().unwrap();
+    let mut r = s
+        .reserve(8, ns, &[key(1)], &[PAGE])
+        .unwrap()
+        .pop()
+        .unwrap()
+        .unwrap();
     r.bytes_mut().fill(3);
     assert_eq!(r.commit(), CommitStatus::Committed);
     assert_eq!(s.exists(ns, &[key(1)]).unwrap(), 1);
@@ -74,7 +79,12 @@ fn an_early_returning_error_path_releases_its_reservation() {
 #[tokio::test]
 async fn a_lease_is_released_when_it_drops_and_pins_its_block_until_then() {
     let (s, ns) = store();
-    let mut r = s.reserve(1, ns, &[key(2)], &[PAGE]).unwrap().pop().unwrap().unwrap();
+    let mut r = s
+        .reserve(1, ns, &[key(2)], &[PAGE])
+        .unwrap()
+        .pop()
+        .unwrap()
+        .unwrap();
     r.bytes_mut().fill(9);
     r.commit();
     let leased = s.lease(ns, &[key(2), key(3)]).await.unwrap();
@@ -93,7 +103,12 @@ async fn a_lease_is_released_when_it_drops_and_pins_its_block_until_then() {
 #[test]
 fn a_second_reservation_of_a_committed_key_is_refused_as_exists() {
     let (s, ns) = store();
-    let r = s.reserve(1, ns, &[key(4)], &[PAGE]).unwrap().pop().unwrap().unwrap();
+    let r = s
+        .reserve(1, ns, &[key(4)], &[PAGE])
+        .unwrap()
+        .pop()
+        .unwrap()
+        .unwrap();
     r.commit();
     let again = s.reserve(1, ns, &[key(4)], &[PAGE]).unwrap().pop().unwrap();
     assert_eq!(again.err(), Some(PutStatus::Exists));

@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-
 macro_rules! codes {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $c:literal => $s:literal),+ $(,)? }) => {
         $(#[$m])*
