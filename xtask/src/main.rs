@@ -84,12 +84,16 @@ fn python_tests() -> Result<(), String> {
         ));
     }
     let path = format!("{venv}/bin:{}", std::env::var("PATH").unwrap_or_default());
+    // Absolute: the TTFT harness runs its daemons from another directory.
+    let bin = std::env::current_dir()
+        .map_err(|e| e.to_string())?
+        .join("target/release/kvnode");
     run(
         "python-tests",
         Command::new(&py)
             .args(["-m", "pytest", "-q", "clients/python/tests"])
             .env("PATH", &path)
-            .env("KVNODE_BIN", "target/release/kvnode"),
+            .env("KVNODE_BIN", &bin),
     )?;
     // The vLLM connector against the real vllm wheel (its own venv: vllm pins another torch).
     let vllm_venv = std::env::var("KVNODE_VLLM_VENV").unwrap_or_else(|_| {
@@ -102,7 +106,7 @@ fn python_tests() -> Result<(), String> {
         "vllm-tests",
         Command::new(format!("{vllm_venv}/bin/python"))
             .args(["-m", "pytest", "-q", "clients/python/tests_vllm"])
-            .env("KVNODE_BIN", "target/release/kvnode"),
+            .env("KVNODE_BIN", &bin),
     )?;
     // The TTFT harness's CPU parts (workload, decoder, report, a tiny end-to-end run with
     // real daemons), so the GPU benchmark does not rot (bench/ttft/README.md).
@@ -111,7 +115,7 @@ fn python_tests() -> Result<(), String> {
         Command::new(&py)
             .args(["-m", "pytest", "-q", "bench/ttft/tests"])
             .env("PATH", &path)
-            .env("KVNODE_BIN", "target/release/kvnode"),
+            .env("KVNODE_BIN", &bin),
     )
 }
 
