@@ -43,6 +43,9 @@ pub struct EngineConfig {
     pub drain_timeout_s: f64,
     /// Socket file permissions. Default: 0o660 (owner and group may connect).
     pub socket_mode: u32,
+    /// A connection that has not completed its `Hello` within this many seconds is closed.
+    /// Default: 10.
+    pub hello_timeout_s: f64,
     /// NVMe spill tier (`[spill]`); off by default.
     pub spill: SpillSettings,
     /// KV events (`[events]`); off by default.
@@ -86,6 +89,7 @@ impl Default for EngineConfig {
             hugetlb: false,
             drain_timeout_s: 5.0,
             socket_mode: 0o660,
+            hello_timeout_s: 10.0,
             spill: SpillSettings::default(),
             events: EventsSettings::default(),
             lease_age_limit_s: 60.0,
@@ -122,6 +126,9 @@ impl EngineConfig {
                 "slab_size = {slab} is larger than dram = {}",
                 self.dram
             ));
+        }
+        if !(0.01..=3600.0).contains(&self.hello_timeout_s) {
+            return Err("hello_timeout_s must be between 0.01 and 3600".into());
         }
         if !(0.0..=3600.0).contains(&self.drain_timeout_s) {
             return Err("drain_timeout_s must be between 0 and 3600".into());

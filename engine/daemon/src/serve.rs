@@ -150,6 +150,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         .thread_name("kvnode-rt")
         .build()?;
     rt.block_on(async move {
+        match kvnode_engine::api::raise_fd_limit() {
+            Ok((soft, hard)) => tracing::debug!(soft, hard, "descriptor limit"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
+        }
         let listener = kvnode_engine::api::bind(&cfg.socket, cfg.socket_mode)?;
         let socket = cfg.socket.clone();
         let publisher = start_events(&cfg)?;

@@ -69,10 +69,16 @@ impl Connection {
     }
 
     async fn handshake(&mut self) -> Result<(), End> {
-        let (prefix, header) = match self.s.io.read_frame().await {
-            Ok(Incoming::Frame(p, h)) => (p, h),
-            Ok(Incoming::Closed) => return Err(End::Closed),
-            Err(e) => return Err(self.fail(0, ErrorCode::Handshake, &e.to_string()).await),
+        let limit = std::time::Duration::from_secs_f64(self.s.engine.config.hello_timeout_s);
+        let first = tokio::time::timeout(limit, self.s.io.read_frame()).await;
+        let (prefix, header) = match first {
+            Ok(Ok(Incoming::Frame(p, h))) => (p, h),
+            Ok(Ok(Incoming::Closed)) => return Err(End::Closed),
+            Ok(Err(e)) => return Err(self.fail(0, ErrorCode::Handshake, &e.to_string()).await),
+            Err(_) => {
+                let msg = format!("no Hello within hello_timeout_s = {}", limit.as_secs_f64());
+                return Err(self.fail(0, ErrorCode::Handshake, &msg).await);
+            }
         };
         let req: Request = match decode_header(&header) {
             Ok(r) => r,

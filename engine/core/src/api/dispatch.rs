@@ -12,6 +12,11 @@ impl Session {
     /// answers exactly one reply frame.
     pub async fn handle(&mut self, req: Request, payload_len: u64) -> io::Result<()> {
         let id = req.id;
+        // Descriptors are only for `AttachRegion`; any that came with another frame are
+        // closed now, so a client cannot make the daemon hold descriptors for it.
+        if !matches!(req.op, Op::AttachRegion { .. }) {
+            self.io.discard_fds();
+        }
         if payload_len > 0 && !matches!(req.op, Op::Put { .. }) {
             self.io.skip(payload_len).await?;
             return self

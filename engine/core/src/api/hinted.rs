@@ -120,11 +120,13 @@ impl Session {
     }
 
     fn lookup(&self, id: u64) -> Result<Arc<PullOp>, Reply> {
+        // Ops belong to the connection that started them: another connection can neither
+        // wait for nor cancel them (ids are sequential, so they are guessable).
         match self.engine.peers.ops.get(id) {
-            Some(op) if op.conn == self.id || !op.has_into() => Ok(op),
+            Some(op) if op.conn == self.id => Ok(op),
             Some(_) => Err(error(
                 ErrorCode::NotOwned,
-                format!("op {id} fills another connection's buffers"),
+                format!("op {id} belongs to another connection"),
             )),
             None => Err(error(
                 ErrorCode::Invalid,

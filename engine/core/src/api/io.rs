@@ -9,7 +9,9 @@ use tokio::io::Interest;
 use tokio::net::UnixStream;
 
 const READ_BUF: usize = 64 << 10;
-const MAX_QUEUED_FDS: usize = 16;
+/// Descriptors a connection may have queued at once (an `AttachRegion` needs one); more
+/// arriving with the same bytes are closed on receipt.
+const MAX_QUEUED_FDS: usize = 2;
 /// Socket buffer size asked for (inline payloads of MiB-sized pages).
 const SOCKET_BUF: usize = 4 << 20;
 
@@ -51,6 +53,11 @@ impl SockIo {
     }
 
     /// Takes the oldest descriptor received.
+    /// Closes every queued descriptor.
+    pub fn discard_fds(&mut self) {
+        self.fds.clear();
+    }
+
     pub fn take_fd(&mut self) -> Option<OwnedFd> {
         self.fds.pop_front()
     }

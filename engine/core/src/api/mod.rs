@@ -25,4 +25,4 @@ mod region_copy;
 mod server;
 mod session;
 
-pub use server::{ServeError, bind, serve};
+pub use server::{ServeError, bind, raise_fd_limit, serve};

@@ -19,6 +19,11 @@ pub enum ServeError {
     /// Another daemon answers on the socket.
     #[error("another kvnode daemon is already listening on {0}; stop it or pass --socket")]
     InUse(PathBuf),
+    /// Something that is not a socket sits at the socket path.
+    #[error(
+        "{0} exists and is not a socket: refusing to replace it; remove it or pass another --socket"
+    )]
+    NotASocket(PathBuf),
     /// I/O on the socket path.
     #[error("cannot bind {path}: {err}")]
     Bind {
@@ -29,7 +34,8 @@ pub enum ServeError {
     },
 }
 
-/// Binds the Unix socket, creating its directory and removing a stale socket file.
+/// Binds the Unix socket, creating its directory and replacing only a stale socket (never a
+/// regular file or anything else that happens to sit at the path).
 pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     let err = |err| ServeError::Bind {
         path: path.to_owned(),
@@ -38,7 +44,10 @@ pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(err)?;
     }
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
+            return Err(ServeError::NotASocket(path.to_owned()));
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(ServeError::InUse(path.to_owned()));
         }
@@ -49,20 +58,50 @@ pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     Ok(l)
 }
 
+/// Raises the soft descriptor limit to the hard one (every client connection, region and
+/// spill file costs descriptors); returns the (soft, hard) limits now in force.
+pub fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut r) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if r.rlim_cur < r.rlim_max {
+        r.rlim_cur = r.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const r) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok((r.rlim_cur, r.rlim_max))
+}
+
 /// Serves until `stop` turns true, then stops accepting and gives connections up to the
 /// drain timeout to finish their current request.
 pub async fn serve(engine: Arc<Engine>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
     let mut conns = JoinSet::new();
+    let mut failures = 0u32;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    failures = 0u32;
                     let c = Connection::new(Arc::clone(&engine), stream, stop.clone());
                     conns.spawn(c.run());
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of descriptors (EMFILE/ENFILE) or memory: back off, exponentially
+                    // up to a second, and say so once per episode.
+                    failures += 1;
+                    engine.metrics.accept_failed();
+                    if failures == 1 {
+                        tracing::warn!(error = %e, "accept failed; backing off (see kvnode_accept_failures_total)");
+                    }
+                    let pause = Duration::from_millis(10 << failures.min(7)).min(Duration::from_secs(1));
+                    tokio::time::sleep(pause).await;
                 }
             },
             _ = stop.changed() => break,

@@ -81,6 +81,8 @@ pub struct Metrics {
     stalls: Vec<AtomicU64>,
     /// Leases that went past the age limit (total).
     pub leases_overdue_total: AtomicU64,
+    /// Client connections the listener failed to accept (out of descriptors or memory).
+    pub accept_failures_total: AtomicU64,
     /// Leases past the age limit still held (set by the watchdog).
     pub leases_overdue_now: AtomicU64,
     /// Ops past their deadline still in flight (set by the watchdog).
@@ -102,6 +104,7 @@ impl Default for Metrics {
             rejections: Default::default(),
             stalls: StallKind::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
             leases_overdue_total: AtomicU64::new(0),
+            accept_failures_total: AtomicU64::new(0),
             leases_overdue_now: AtomicU64::new(0),
             ops_overdue_now: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
@@ -266,6 +269,11 @@ impl Metrics {
     /// Ops of `op` completed so far (all statuses).
     pub fn op_count(&self, op: OpKind) -> u64 {
         self.ops[idx(op)].count()
+    }
+
+    /// Counts a failed accept of a client connection.
+    pub fn accept_failed(&self) {
+        self.accept_failures_total.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Stalls of `kind` so far.

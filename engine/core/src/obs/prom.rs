@@ -360,6 +360,11 @@ fn counters(o: &mut Out<'_>, m: &Metrics) -> fmt::Result {
         "Leases held past lease_age_limit_s right now.",
         m.leases_overdue_now.load(Ordering::Relaxed),
     )?;
+    o.counter(
+        "accept_failures",
+        "Client connections the listener failed to accept (out of descriptors or memory).",
+        m.accept_failures_total.load(Ordering::Relaxed),
+    )?;
     o.gauge(
         "ops_overdue",
         "Client ops in flight past op_deadline_s right now.",

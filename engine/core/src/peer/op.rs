@@ -246,12 +246,24 @@ impl PullOp {
 /// Live and recently ended operations.
 #[derive(Debug, Default)]
 pub struct OpTable {
-    ops: Mutex<HashMap<u64, Arc<PullOp>>>,
+    ops: Mutex<Ops>,
     next: std::sync::atomic::AtomicU64,
+}
+
+/// The table and when it was last swept for long-ended ops.
+#[derive(Debug, Default)]
+struct Ops {
+    map: HashMap<u64, Arc<PullOp>>,
+    swept: Option<Instant>,
+    /// Size after the last sweep: the next sweep waits for the table to double (or a sweep
+    /// interval to pass), so inserts cost O(1) amortized.
+    kept: usize,
 }
 
 /// Ended ops nobody asked about are dropped after this long.
 const KEEP_ENDED: Duration = Duration::from_mins(1);
+/// The op table is swept for long-ended ops at least this often.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl OpTable {
     /// A fresh op id.
@@ -259,28 +271,51 @@ impl OpTable {
         self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
     }
 
-    /// Registers an op, dropping long-ended ones.
+    /// Registers an op. Long-ended ops are dropped by a sweep that runs when the table has
+    /// doubled since the last one or `SWEEP_EVERY` has passed: O(1) amortized per insert.
     pub fn insert(&self, op: Arc<PullOp>) {
         let mut m = self.ops.lock().expect("op table lock");
-        if let Some(cutoff) = Instant::now().checked_sub(KEEP_ENDED) {
-            m.retain(|_, o| !o.ended_before(cutoff) || o.has_into());
+        let now = Instant::now();
+        let due = m.swept.is_none_or(|t| now.duration_since(t) >= SWEEP_EVERY)
+            || m.map.len() >= 2 * m.kept.max(64);
+        if due {
+            if let Some(cutoff) = now.checked_sub(KEEP_ENDED) {
+                m.map.retain(|_, o| !o.ended_before(cutoff) || o.has_into());
+            }
+            m.swept = Some(now);
+            m.kept = m.map.len();
         }
-        m.insert(op.id, op);
+        m.map.insert(op.id, op);
+    }
+
+    /// Ops in the table (live and recently ended).
+    pub fn len(&self) -> usize {
+        self.ops.lock().expect("op table lock").map.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Looks an op up.
     pub fn get(&self, id: u64) -> Option<Arc<PullOp>> {
-        self.ops.lock().expect("op table lock").get(&id).cloned()
+        self.ops
+            .lock()
+            .expect("op table lock")
+            .map
+            .get(&id)
+            .cloned()
     }
 
     /// Forgets an op.
     pub fn remove(&self, id: u64) {
-        self.ops.lock().expect("op table lock").remove(&id);
+        self.ops.lock().expect("op table lock").map.remove(&id);
     }
 
     /// Ops owned by a connection.
     pub fn of_conn(&self, conn: u64) -> Vec<Arc<PullOp>> {
         let m = self.ops.lock().expect("op table lock");
-        m.values().filter(|o| o.conn == conn).cloned().collect()
+        m.map.values().filter(|o| o.conn == conn).cloned().collect()
     }
 }
