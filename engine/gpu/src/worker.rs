@@ -205,7 +205,7 @@ fn issue<B: Backend>(b: &mut B, a: &mut Active<B::Fence>, cfg: WorkerConfig) {
                 a.err = Some(e);
                 break;
             }
-            bytes += op.len;
+            bytes += op.bytes();
             a.next += 1;
         }
         match b.fence(a.job.dir) {
