@@ -25,6 +25,9 @@ pub struct CopyOp {
     pub rows: u64,
     /// Device bytes from one row's start to the next, at least `len`; unused for one row.
     pub dev_pitch: u64,
+    /// A fence may follow this copy: it ends a unit (a page) that a cancel must not split.
+    /// The copy thread closes batches only after such copies.
+    pub unit_end: bool,
 }
 
 impl CopyOp {
@@ -36,6 +39,7 @@ impl CopyOp {
             len,
             rows: 1,
             dev_pitch: len,
+            unit_end: true,
         }
     }
 
@@ -51,6 +55,7 @@ impl CopyOp {
                 len: width,
                 rows,
                 dev_pitch: pitch,
+                unit_end: true,
             }
         }
     }
@@ -81,6 +86,7 @@ impl CopyOp {
         if fits {
             self.len += next.len;
             self.dev_pitch = self.len;
+            self.unit_end = next.unit_end;
         }
         fits
     }

@@ -4,6 +4,8 @@
 //!
 //! A page's copies are appended after the previous page's, so "the first n copies completed"
 //! still tells which pages are whole: page k is whole once the copy holding its last byte is.
+//! Only a page's last copy is marked [`CopyOp::unit_end`], so the copy thread never puts a
+//! fence (a cancel point) inside a page.
 //! A page is merged into the previous copy only when it is one copy itself, so a page that
 //! shares a copy with its predecessor is written all at once, never in part.
 
@@ -25,7 +27,10 @@ pub fn page_ops(layout: &GpuLayout, mapping: u64, host: usize, p: u64, ops: &mut
         ops.push(CopyOp::strided(dev, host, s.width, s.rows, s.pitch));
     } else {
         for (dev, in_block, len) in layout.extents(p) {
-            let op = CopyOp::linear(mapping + dev, host + in_block as usize, len);
+            let op = CopyOp {
+                unit_end: false,
+                ..CopyOp::linear(mapping + dev, host + in_block as usize, len)
+            };
             let merged = ops.len() > start
                 && ops
                     .last_mut()
@@ -33,6 +38,9 @@ pub fn page_ops(layout: &GpuLayout, mapping: u64, host: usize, p: u64, ops: &mut
             if !merged {
                 ops.push(op);
             }
+        }
+        if let Some(last) = ops.last_mut() {
+            last.unit_end = true;
         }
     }
     if ops.len() == start + 1 && start > 0 {
@@ -76,7 +84,8 @@ mod tests {
                 host: 1000,
                 len: 256,
                 rows: 3,
-                dev_pitch: 2048
+                dev_pitch: 2048,
+                unit_end: true,
             }]
         );
         // Consecutive pages in consecutive slots stay one copy each (a 2D copy never merges).
@@ -94,7 +103,10 @@ mod tests {
         assert_eq!(
             ops,
             vec![
-                CopyOp::linear(M + 64 + 8192, 0, 384),
+                CopyOp {
+                    unit_end: false,
+                    ..CopyOp::linear(M + 64 + 8192, 0, 384)
+                },
                 CopyOp::linear(M + 64 + 8192 + 4096, 384, 64),
             ]
         );
@@ -140,6 +152,16 @@ mod tests {
         page_ops(&l, M, 0, 0, &mut ops);
         page_ops(&l, M, 96, 1, &mut ops);
         assert_eq!(ops.len(), 4);
-        assert_eq!(ops[2], CopyOp::linear(M + 64 + 256, 96, 32));
+        assert_eq!(
+            ops[2],
+            CopyOp {
+                unit_end: false,
+                ..CopyOp::linear(M + 64 + 256, 96, 32)
+            }
+        );
+        assert_eq!(
+            ops.iter().map(|o| o.unit_end).collect::<Vec<_>>(),
+            [false, true, false, true]
+        );
     }
 }

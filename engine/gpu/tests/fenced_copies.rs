@@ -311,3 +311,61 @@ async fn a_cancelled_strided_onload_counts_whole_pages_and_writes_no_other() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_cancel_never_splits_a_page_of_several_copies() {
+    // Irregular objects (64 B then 32 B, apart): two copies per page. Batches of 1 byte would
+    // fence after every copy; fences go only after a page's last copy.
+    let l = GpuLayout {
+        base: 0,
+        page_stride: 128,
+        pages: 8,
+        objects: vec![
+            GpuObject {
+                offset: 0,
+                size: 64,
+            },
+            GpuObject {
+                offset: 1024,
+                size: 32,
+            },
+        ],
+    };
+    assert_eq!(l.strided(), None);
+    let len = 1024 + 8 * 128;
+    let dev = FakeDevice::default();
+    let h = dev.alloc(len, 0);
+    let pb = l.page_bytes() as usize;
+    let mut host = vec![0xEEu8; 8 * pb];
+    let wk = worker(&dev, 1, 1);
+    let m = wk.open(h, len as u64).await.unwrap();
+    let mut ops = Vec::new();
+    for p in 0..8 {
+        page_ops(
+            &l,
+            m,
+            host.as_mut_ptr() as usize + p as usize * pb,
+            p,
+            &mut ops,
+        );
+    }
+    assert_eq!(ops.len(), 16);
+    dev.gate();
+    // SAFETY: `host` outlives the wait.
+    let t = unsafe { wk.submit(Dir::HostToDevice, m, ops) }.unwrap();
+    wait_blocked(&dev).await;
+    t.cancel();
+    dev.ungate();
+    let done = t.wait().await.unwrap();
+    assert_eq!(done, 2, "one page (two copies) was in flight");
+    let b = dev.bytes(&h);
+    for p in 0..8u64 {
+        let want = if p == 0 { 0xEE } else { 0 };
+        for (d, _, s) in l.extents(p) {
+            assert!(
+                b[d as usize..(d + s) as usize].iter().all(|&x| x == want),
+                "page {p}"
+            );
+        }
+    }
+}
