@@ -200,7 +200,9 @@ async fn a_strided_copy_moves_exactly_the_strided_bytes() {
     assert_eq!(host, gathered, "offload gathers the rows back to back");
     assert_eq!(dev.device_to_host_copies(), 1, "one copy, not one per row");
     // Scatter a different pattern back: only the rows change, the gaps keep their bytes.
-    host.iter_mut().for_each(|x| *x = !*x);
+    for x in &mut host {
+        *x = !*x;
+    }
     // SAFETY: as above.
     let t = unsafe { w.submit(Dir::HostToDevice, m, vec![op]) }.unwrap();
     assert_eq!(t.wait().await.unwrap(), 1);
