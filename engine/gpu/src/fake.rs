@@ -15,6 +15,7 @@ struct State {
     /// `Some(n)`: n more fences may complete; `None`: no gate.
     permits: Option<u32>,
     host_to_device_copies: u64,
+    device_to_host_copies: u64,
     /// A wait is held at the gate now.
     blocked: bool,
 }
@@ -68,9 +69,14 @@ impl FakeDevice {
         self.inner.1.notify_all();
     }
 
-    /// Host-to-device copies executed so far.
+    /// Host-to-device copies (ops, each of any number of rows) executed so far.
     pub fn host_to_device_copies(&self) -> u64 {
         self.lock().host_to_device_copies
+    }
+
+    /// Device-to-host copies (ops) executed so far.
+    pub fn device_to_host_copies(&self) -> u64 {
+        self.lock().device_to_host_copies
     }
 
     /// Whether a fence wait is being held at the gate right now.
@@ -110,21 +116,29 @@ fn run(s: &mut State, dir: Dir, op: CopyOp) -> Result<(), GpuError> {
         code: 1,
         name: "CUDA_ERROR_INVALID_VALUE".into(),
     };
-    let (_, bytes) = s
+    if op.rows == 0 || (op.rows > 1 && op.dev_pitch < op.len) {
+        return Err(fail());
+    }
+    let last = op.dev + (op.rows - 1) * op.dev_pitch + op.len;
+    let (base, bytes) = s
         .allocs
         .values_mut()
-        .find(|(base, b)| op.dev >= *base && op.dev + op.len <= *base + b.len() as u64)
+        .find(|(base, b)| op.dev >= *base && last <= *base + b.len() as u64)
         .ok_or_else(fail)?;
-    let base = (op.dev >> 40) << 40;
-    let d = &mut bytes[(op.dev - base) as usize..(op.dev - base + op.len) as usize];
-    // SAFETY: the worker guarantees the host range is valid until this fence is waited on.
-    let h = unsafe { std::slice::from_raw_parts_mut(op.host as *mut u8, op.len as usize) };
-    match dir {
-        Dir::DeviceToHost => h.copy_from_slice(d),
-        Dir::HostToDevice => {
-            d.copy_from_slice(h);
-            s.host_to_device_copies += 1;
+    let base = *base;
+    for (dev, host) in op.row_addrs() {
+        let at = (dev - base) as usize;
+        let d = &mut bytes[at..at + op.len as usize];
+        // SAFETY: the worker guarantees the host range is valid until this fence is waited on.
+        let h = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, op.len as usize) };
+        match dir {
+            Dir::DeviceToHost => h.copy_from_slice(d),
+            Dir::HostToDevice => d.copy_from_slice(h),
         }
+    }
+    match dir {
+        Dir::DeviceToHost => s.device_to_host_copies += 1,
+        Dir::HostToDevice => s.host_to_device_copies += 1,
     }
     Ok(())
 }

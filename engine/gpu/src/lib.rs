@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  connection task ──Cmd──> device thread (kvnode-gpuN): IPC open/close, fenced copy batches
-//!        ^                         │ cuMemcpy{DtoH,HtoD}Async on its own streams, events
+//!        ^                         │ cuMemcpy{DtoH,HtoD,2D}Async on its own streams, events
 //!        └──── oneshot reply <─────┘ (sent only after every issued copy completed)
 //!  registration thread (kvnode-cureg): cuMemHostRegister(arena, portable, ≤ 1 GiB pieces)
 //! ```
@@ -15,6 +15,7 @@
 //! - [`worker`]: the per-device copy thread and its cancellable tickets.
 //! - [`hub`]: the daemon's GPU state (workers, registration, counters).
 //! - [`register`]: host-memory registration in pieces.
+//! - [`plan`]: a page of a layout as copies (one strided copy per regular page, merging).
 //! - [`mem`]: device and pinned buffers, IPC export, plain-copy bandwidth (bench baseline).
 
 pub mod backend;
@@ -25,10 +26,12 @@ mod error;
 pub mod fake;
 pub mod hub;
 pub mod mem;
+pub mod plan;
 pub mod register;
 pub mod worker;
 
 pub use backend::{CopyOp, Dir};
 pub use error::GpuError;
 pub use hub::GpuHub;
+pub use plan::page_ops;
 pub use worker::{CopyTicket, DeviceWorker, WorkerConfig};

@@ -1,7 +1,8 @@
 //! One thread per device: opens and closes IPC mappings and runs copy jobs in fenced batches.
 //!
 //! A job's copies are issued in batches of about `batch_bytes`, at most `max_inflight`
-//! batches ahead of the last completed fence. Cancelling stops issuing; the job's reply
+//! batches ahead of the last completed fence; a batch closes only after a copy that ends a
+//! unit ([`CopyOp::unit_end`]: the last copy of a page), so a cancel never splits a page. Cancelling stops issuing; the job's reply
 //! comes only after every issued batch's fence has completed, so once a cancel's reply is
 //! seen nothing of that job is still writing. A mapping is closed only when no job on it is
 //! active. Tokio tasks talk to the thread over a channel and await oneshot replies.
@@ -197,7 +198,7 @@ fn issue<B: Backend>(b: &mut B, a: &mut Active<B::Fence>, cfg: WorkerConfig) {
         && !a.job.cancel.load(Ordering::Acquire)
     {
         let mut bytes = 0;
-        while a.next < a.job.ops.len() && bytes < cfg.batch_bytes {
+        while a.next < a.job.ops.len() {
             let op = a.job.ops[a.next];
             // SAFETY: the submitter keeps the host range valid and exclusive until the
             // job's reply, which is sent only after this batch's fence completes.
@@ -205,8 +206,11 @@ fn issue<B: Backend>(b: &mut B, a: &mut Active<B::Fence>, cfg: WorkerConfig) {
                 a.err = Some(e);
                 break;
             }
-            bytes += op.len;
+            bytes += op.bytes();
             a.next += 1;
+            if op.unit_end && bytes >= cfg.batch_bytes {
+                break;
+            }
         }
         match b.fence(a.job.dir) {
             Ok(f) => a.inflight.push_back((f, a.next)),

@@ -44,6 +44,20 @@ pub struct GpuLayout {
     pub objects: Vec<GpuObject>,
 }
 
+/// A page's objects as one strided run (see [`GpuLayout::strided`]): row `r` is the device bytes
+/// `[page_start + offset + r * pitch, + width)` and block bytes `[r * width, + width)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strided {
+    /// Offset of the first object from the page's start.
+    pub offset: u64,
+    /// Bytes of each object.
+    pub width: u64,
+    /// Objects.
+    pub rows: u64,
+    /// Device bytes from one object's start to the next (≥ `width`; equal: contiguous).
+    pub pitch: u64,
+}
+
 /// `AttachGpu`: map an exported GPU buffer into the daemon.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachGpu {
@@ -251,10 +265,39 @@ impl GpuLayout {
         }
     }
 
+    /// Offset of page `p`'s start from the allocation's start. Call only on a validated layout.
+    pub fn page_start(&self, p: u64) -> u64 {
+        self.base + p * self.page_stride
+    }
+
+    /// The page's objects as one strided run, when there are at least two, all of one size, and
+    /// each starts a constant step after the previous one with no overlap (every layer-outermost
+    /// layout: the step is the layer stride). `None` for one object or any other shape.
+    pub fn strided(&self) -> Option<Strided> {
+        let [first, second, ..] = self.objects.as_slice() else {
+            return None;
+        };
+        let width = first.size;
+        let pitch = second.offset.checked_sub(first.offset)?;
+        if pitch < width {
+            return None;
+        }
+        let regular = self
+            .objects
+            .windows(2)
+            .all(|w| w[1].size == width && w[1].offset.checked_sub(w[0].offset) == Some(pitch));
+        regular.then_some(Strided {
+            offset: first.offset,
+            width,
+            rows: self.objects.len() as u64,
+            pitch,
+        })
+    }
+
     /// The device extents `(offset from allocation start, size)` of page `p`, paired with
     /// their offsets inside the page's block. Call only on a validated layout with `p < pages`.
     pub fn extents(&self, p: u64) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
-        let start = self.base + p * self.page_stride;
+        let start = self.page_start(p);
         let mut in_block = 0;
         self.objects.iter().map(move |o| {
             let e = (start + o.offset, in_block, o.size);
@@ -315,6 +358,62 @@ mod tests {
         let e: Vec<_> = l.extents(5).collect();
         assert_eq!(e[0], (5 * 256, 0, 256));
         assert_eq!(e[4], (4 * layer + 5 * 256, 4 * 256, 256));
+    }
+
+    fn objects(v: &[(u64, u64)]) -> GpuLayout {
+        GpuLayout {
+            base: 0,
+            page_stride: 256,
+            pages: 8,
+            objects: v
+                .iter()
+                .map(|&(offset, size)| GpuObject { offset, size })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn strided_only_for_equal_sizes_at_a_constant_non_overlapping_step() {
+        // Layer-first: 4 objects of 256 B, one layer (2048 B) apart, starting at 32.
+        let l = objects(&[(32, 256), (2080, 256), (4128, 256), (6176, 256)]);
+        assert_eq!(
+            l.strided(),
+            Some(Strided {
+                offset: 32,
+                width: 256,
+                rows: 4,
+                pitch: 2048
+            })
+        );
+        // Back to back is strided too (pitch = width: the copy collapses to one run).
+        assert_eq!(
+            objects(&[(0, 64), (64, 64), (128, 64)])
+                .strided()
+                .map(|s| s.pitch),
+            Some(64)
+        );
+        // One object: nothing to stride.
+        assert_eq!(page_first(4, 4096).strided(), None);
+        // Unequal sizes.
+        assert_eq!(
+            objects(&[(0, 256), (2048, 128), (4096, 256)]).strided(),
+            None
+        );
+        assert_eq!(
+            objects(&[(0, 256), (2048, 256), (4096, 128)]).strided(),
+            None
+        );
+        // Step not constant.
+        assert_eq!(
+            objects(&[(0, 256), (2048, 256), (4112, 256)]).strided(),
+            None
+        );
+        // Decreasing offsets, and overlapping objects.
+        assert_eq!(
+            objects(&[(4096, 256), (2048, 256), (0, 256)]).strided(),
+            None
+        );
+        assert_eq!(objects(&[(0, 256), (128, 256)]).strided(), None);
     }
 
     #[test]

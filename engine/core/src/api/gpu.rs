@@ -124,13 +124,9 @@ impl Session {
         Ok(a)
     }
 
-    /// Copies `(dev, host)` extents of page `p` into `ops`.
+    /// Appends the copies of page `p` (one strided copy for a regular layout) to `ops`.
     fn page_ops(a: &Attached, base: usize, p: u64, ops: &mut Vec<CopyOp>) {
-        ops.extend(a.layout.extents(p).map(|(dev, in_block, len)| CopyOp {
-            dev: a.dev + dev,
-            host: base + in_block as usize,
-            len,
-        }));
+        kvnode_gpu::page_ops(&a.layout, a.dev, base, p, ops);
     }
 
     async fn offload(&mut self, m: &PageMove) -> Result<Reply, Reply> {
