@@ -388,3 +388,28 @@ pub fn peer_dest(peers: &str, extra: &[&str]) -> Daemon {
     args.extend_from_slice(extra);
     Daemon::start(&args)
 }
+
+/// Puts blocks `0..n` (of `len` bytes, [`block`] contents) four per request, every one
+/// stored, then waits (up to 20 s) until no demotion is in flight: with a small DRAM tier
+/// most of them then live on NVMe only.
+pub fn fill_and_settle(c: &mut Client, ns: u32, n: u64, len: usize) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(4) {
+        let keys: Vec<Key> = chunk.iter().map(|&i| key(i)).collect();
+        let data: Vec<Vec<u8>> = chunk.iter().map(|&i| block(i, len)).collect();
+        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        let r = c.put(ns, &keys, &refs).expect("put");
+        assert!(
+            r.iter()
+                .all(|s| *s == kvnode_proto::client::PutStatus::Stored),
+            "{r:?}"
+        );
+    }
+    let t0 = Instant::now();
+    while tier(c, "dram").in_flight > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "demotions never finished"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use kvnode_client::kvnode_proto::client::PutStatus;
 use kvnode_e2e::{Daemon, block, free_port, hint, key, peer_dest, spec, spill_dir, tier};
 use kvnode_proto::Key;
 use kvnode_proto::pull::{KeyOutcome, OpState};
@@ -28,21 +27,7 @@ fn source_promotes_nvme_only_blocks_and_sends_them_byte_identical() {
     );
     let mut sc = src.client();
     let sns = sc.register(&spec("m", BLOCK as u64)).unwrap().ns;
-    for chunk in (0..BLOCKS).collect::<Vec<_>>().chunks(4) {
-        let keys: Vec<Key> = chunk.iter().map(|&i| key(i)).collect();
-        let data: Vec<Vec<u8>> = chunk.iter().map(|&i| block(i, BLOCK)).collect();
-        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-        let r = sc.put(sns, &keys, &refs).unwrap();
-        assert!(r.iter().all(|s| *s == PutStatus::Stored), "{r:?}");
-    }
-    let t0 = Instant::now();
-    while tier(&mut sc, "dram").in_flight > 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "demotions never finished"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    kvnode_e2e::fill_and_settle(&mut sc, sns, BLOCKS, BLOCK);
     let dram = tier(&mut sc, "dram");
     assert_eq!(dram.dropped, 0, "every evicted block was demoted: {dram:?}");
     assert!(dram.demotions >= BLOCKS - 64, "{dram:?}");
@@ -102,21 +87,7 @@ fn hinted_get_serves_the_destinations_own_nvme_blocks_without_waiting_for_a_froz
     let dst = Daemon::start_spilling(&dir, "96MiB", &["--peers", &peers]);
     let mut c = dst.client();
     let ns = c.register(&spec("m", BLOCK as u64)).unwrap().ns;
-    for chunk in (0..BLOCKS).collect::<Vec<_>>().chunks(4) {
-        let keys: Vec<Key> = chunk.iter().map(|&i| key(i)).collect();
-        let data: Vec<Vec<u8>> = chunk.iter().map(|&i| block(i, BLOCK)).collect();
-        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-        let r = c.put(ns, &keys, &refs).unwrap();
-        assert!(r.iter().all(|s| *s == PutStatus::Stored), "{r:?}");
-    }
-    let t0 = Instant::now();
-    while tier(&mut c, "dram").in_flight > 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "demotions never finished"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    kvnode_e2e::fill_and_settle(&mut c, ns, BLOCKS, BLOCK);
     let promoted_before = tier(&mut c, "nvme").promotions;
     let keys: Vec<Key> = (0..PULLED).map(key).collect();
     let declared = c.timeouts().unwrap();

@@ -4,11 +4,9 @@
 //! foreign-file and resized-file cases are in `spill/tests/exclusive.rs`.
 //! Run: `cargo test --release -p kvnode-e2e --test spill_config`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kvnode_client::kvnode_proto::client::PutStatus;
 use kvnode_e2e::{Daemon, block, key, spec, spill_dir, tier};
-use kvnode_proto::Key;
 
 const BLOCK: usize = 256 << 10;
 /// Three times what the 16 MiB DRAM tier of `start_spilling` holds.
@@ -34,21 +32,7 @@ fn a_second_daemon_on_a_spill_dir_in_use_is_refused_and_the_first_keeps_its_bloc
     let first = Daemon::start_spilling(&dir, "96MiB", &[]);
     let mut c = first.client();
     let ns = c.register(&spec("m", BLOCK as u64)).unwrap().ns;
-    for chunk in (0..BLOCKS).collect::<Vec<_>>().chunks(4) {
-        let keys: Vec<Key> = chunk.iter().map(|&i| key(i)).collect();
-        let data: Vec<Vec<u8>> = chunk.iter().map(|&i| block(i, BLOCK)).collect();
-        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-        let r = c.put(ns, &keys, &refs).unwrap();
-        assert!(r.iter().all(|s| *s == PutStatus::Stored), "{r:?}");
-    }
-    let t0 = Instant::now();
-    while tier(&mut c, "dram").in_flight > 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "demotions never finished"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    kvnode_e2e::fill_and_settle(&mut c, ns, BLOCKS, BLOCK);
     let spilled = tier(&mut c, "nvme").blocks;
     assert!(spilled >= BLOCKS - 64, "only {spilled} blocks on NVMe");
 

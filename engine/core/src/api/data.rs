@@ -41,10 +41,9 @@ impl Session {
                 hint,
                 deadline_ms,
             } => {
-                let pull = match hint {
-                    Some(h) => Some(Box::new(self.get_pull(ns, &keys, &h, deadline_ms).await)),
-                    None => None,
-                };
+                let pull = self
+                    .hinted_pull(ns, &keys, hint.as_deref(), deadline_ms)
+                    .await;
                 self.get(id, ns, &keys, mode, pull).await
             }
             other => unreachable!("data_io got {other:?}"),

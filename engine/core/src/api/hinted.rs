@@ -66,6 +66,20 @@ impl Session {
         op.report()
     }
 
+    /// For a `Get`/`GetToRegion` with a hint: its pull report (none without a hint).
+    pub(super) async fn hinted_pull(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        hint: Option<&str>,
+        deadline_ms: Option<u64>,
+    ) -> Option<Box<OpReport>> {
+        match hint {
+            Some(h) => Some(Box::new(self.get_pull(ns, keys, h, deadline_ms).await)),
+            None => None,
+        }
+    }
+
     /// Starts a background pull for `Exists` with a hint.
     pub(super) async fn exists_pull(&mut self, ns: u32, keys: &[Key], hint: &str) -> OpReport {
         let peers = Arc::clone(&self.engine.peers);

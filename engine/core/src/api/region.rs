@@ -86,10 +86,9 @@ impl Session {
                 hint,
                 deadline_ms,
             } => {
-                let pull = match hint {
-                    Some(h) => Some(Box::new(self.get_pull(ns, &keys, &h, deadline_ms).await)),
-                    None => None,
-                };
+                let pull = self
+                    .hinted_pull(ns, &keys, hint.as_deref(), deadline_ms)
+                    .await;
                 let mut reply = self.get_to_region(ns, &keys, region, &offsets, &lens).await;
                 if let Reply::GotToRegion { pull: p, .. } = &mut reply {
                     *p = pull;
