@@ -28,6 +28,13 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
+    if !matches!(cli.command, cli::Command::Serve(_)) {
+        // Operator commands behave like other Unix tools when their output is cut short
+        // (`kvnode stats | head`): end quietly on SIGPIPE instead of panicking on the write.
+        // The daemon keeps SIGPIPE ignored (a client closing its socket is an I/O error).
+        // SAFETY: restoring the default disposition of one signal, before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         cli::Command::Serve(a) => serve::run(&a),
         cli::Command::Put(a) => ops::put(&a),
