@@ -193,3 +193,20 @@ class Connection:
                         lens: List[int]) -> List[str]:
         body = {"ns": ns, "keys": keys, "region": region.id, "offsets": offsets, "lens": lens}
         return self.call({"PutFromRegion": body})[1]["results"]
+
+
+def wait_for_daemon(path: str, proc: Any = None, timeout: float = 10.0,
+                    log_path: Optional[Any] = None) -> None:
+    """Waits until a daemon answers on `path`; raises RuntimeError (with its log) if it exits
+    first (`proc`, a Popen) or does not answer within `timeout` seconds."""
+    import time
+    deadline = time.time() + timeout
+    while True:
+        try:
+            Connection(path).close()
+            return
+        except OSError:
+            if time.time() > deadline or (proc is not None and proc.poll() is not None):
+                log = open(log_path).read() if log_path else ""
+                raise RuntimeError(f"daemon did not start: {log}")
+            time.sleep(0.02)

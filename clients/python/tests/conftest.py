@@ -4,7 +4,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # SGLang JIT-builds its page-hash extension with the venv's `ninja`, found through PATH.
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-from kvnode.wire import Connection  # noqa: E402
+from kvnode.wire import wait_for_daemon  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,15 +30,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [kvnode_bin(), "serve", "--socket", self.socket, "--dram", dram, "--slab-size", "4MiB",
              "--no-pin", *extra], stdout=subprocess.DEVNULL, stderr=self.log)
-        deadline = time.time() + 10
-        while True:
-            try:
-                Connection(self.socket).close()
-                return
-            except OSError:
-                if time.time() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"daemon did not start: {(tmp / 'daemon.log').read_text()}")
-                time.sleep(0.02)
+        wait_for_daemon(self.socket, self.proc, 10.0, tmp / "daemon.log")
 
     def cli(self, *args: str) -> str:
         return subprocess.run([kvnode_bin(), *args, "--socket", self.socket], check=True,

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,7 +33,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from kvnode.wire import Connection  # noqa: E402
+from kvnode.wire import wait_for_daemon  # noqa: E402
 
 ROOT = HERE.parents[2]
 EOS = 2
@@ -63,15 +62,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [kvnode_bin(), "serve", "--socket", self.socket, "--dram", "256MiB", "--slab-size",
              "4MiB", "--no-pin", *extra], stdout=subprocess.DEVNULL, stderr=self.log)
-        deadline = time.time() + 10
-        while True:
-            try:
-                Connection(self.socket).close()
-                return
-            except OSError:
-                if time.time() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"daemon did not start: {self.log_path.read_text()}")
-                time.sleep(0.02)
+        wait_for_daemon(self.socket, self.proc, 10.0, self.log_path)
 
     def stop(self):
         if self.proc.poll() is None:
