@@ -37,6 +37,22 @@ pub fn render(s: &StatsReport) -> String {
         "client regions attached: sealed {}  guarded {}  pread {}  faults {}",
         r.attached_sealed, r.attached_guarded, r.attached_pread, r.faults
     );
+    if let Some(c) = &s.cluster {
+        let _ = writeln!(
+            o,
+            "cluster {} as {}: {}  members {}  membership age {:.1}s  in force {}  refused hints {}{}",
+            c.name,
+            c.node_id,
+            c.state.as_str(),
+            c.members,
+            c.membership_age_s,
+            c.in_force,
+            c.refused_hints,
+            c.last_error
+                .as_deref()
+                .map_or_else(String::new, |e| format!("  last error: {e}"))
+        );
+    }
     let _ = writeln!(
         o,
         "\n{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>10}",
