@@ -285,7 +285,7 @@ impl Ctx {
             .with_prefix()
             .with_start_revision(revision + 1)
             .with_progress_notify();
-        let (_watcher, mut events) = bounded(
+        let mut events = bounded(
             "watch",
             limit,
             client.watch(self.prefix.clone(), Some(opts)),

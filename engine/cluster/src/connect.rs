@@ -23,7 +23,8 @@ pub fn options(cfg: &ClusterConfig, url: &EtcdUrl) -> Result<ConnectOptions, Clu
     let ping = (cfg.ttl() / 3).max(Duration::from_millis(500));
     let mut o = ConnectOptions::new()
         .with_connect_timeout(limit)
-        .with_keep_alive(ping, limit);
+        .with_keep_alive(ping, limit)
+        .with_keep_alive_while_idle(true);
     if let (Some(user), Some(pw)) = (&cfg.user, &cfg.password_file) {
         let pw = String::from_utf8(read(pw)?).map_err(|_| {
             ClusterError::Config(format!("{} is not UTF-8 text", pw.display()))

@@ -282,7 +282,7 @@ fn regions(o: &mut Out<'_>, r: &RegionStats) -> fmt::Result {
 
 /// Cluster membership (only when the daemon runs with `--cluster`; docs/cluster.md).
 fn cluster(o: &mut Out<'_>, c: &ClusterSummary) -> fmt::Result {
-    let flag = |b: bool| u8::from(b);
+    let flag = |b: bool| i64::from(b);
     o.gauge(
         "cluster_members",
         "Live cluster members known (this daemon included).",
