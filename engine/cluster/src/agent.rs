@@ -186,18 +186,30 @@ impl Ctx {
             } else {
                 tracing::debug!(error = %error, "cluster: etcd still unreachable");
             }
-            if !expired_said && self.view.state() == kvnode_proto::cluster::ClusterState::Expired {
-                expired_said = true;
-                tracing::warn!(
-                    grace_s = self.cfg.grace_s,
-                    "cluster: etcd unreachable past the grace: hints to cluster members are refused until etcd answers"
-                );
-            }
+            self.say_expired(&mut expired_said);
+            // Wake at the end of the grace too, so the log says when hints start being refused.
+            let nap = self
+                .view
+                .grace_left()
+                .filter(|g| !g.is_zero())
+                .map_or(wait, |g| wait.min(g + Duration::from_millis(10)));
             tokio::select! {
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep(nap) => {}
                 _ = stop.changed() => return,
             }
+            self.say_expired(&mut expired_said);
             wait = (wait * 2).min(retry_max);
+        }
+    }
+
+    /// Logs, once per outage, that the grace is over.
+    fn say_expired(&self, said: &mut bool) {
+        if !*said && self.view.state() == kvnode_proto::cluster::ClusterState::Expired {
+            *said = true;
+            tracing::warn!(
+                grace_s = self.cfg.grace_s,
+                "cluster: etcd unreachable past the grace: hints to cluster members are refused until etcd answers"
+            );
         }
     }
 

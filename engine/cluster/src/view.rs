@@ -219,6 +219,14 @@ impl View {
         Verdict::Member(id.clone())
     }
 
+    /// While degraded: how long until the grace ends.
+    pub fn grace_left(&self) -> Option<Duration> {
+        match self.read().health {
+            Health::Lost(since) => Some(self.local.grace.saturating_sub(since.elapsed())),
+            _ => None,
+        }
+    }
+
     /// The state now.
     pub fn state(&self) -> ClusterState {
         state_of(self.read().health, self.local.grace, Instant::now())
