@@ -47,7 +47,15 @@ impl Fabric {
         };
         ip(&["netns", "add", &f.hub])?;
         ip(&["-n", &f.hub, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &f.hub, "addr", "add", &format!("{}/24", f.etcd_ip()), "dev", "br0"])?;
+        ip(&[
+            "-n",
+            &f.hub,
+            "addr",
+            "add",
+            &format!("{}/24", f.etcd_ip()),
+            "dev",
+            "br0",
+        ])?;
         ip(&["-n", &f.hub, "link", "set", "br0", "up"])?;
         ip(&["-n", &f.hub, "link", "set", "lo", "up"])?;
         for (i, ns) in f.nodes.iter().enumerate() {
@@ -58,7 +66,15 @@ impl Fabric {
                 "netns", ns,
             ])?;
             ip(&["-n", &f.hub, "link", "set", &port, "master", "br0", "up"])?;
-            ip(&["-n", ns, "addr", "add", &format!("{}/24", f.node_ip(i + 1)), "dev", "eth0"])?;
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{}/24", f.node_ip(i + 1)),
+                "dev",
+                "eth0",
+            ])?;
             ip(&["-n", ns, "link", "set", "eth0", "up"])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
@@ -83,8 +99,15 @@ impl Fabric {
     /// Cuts node `i` off (its switch port goes down) or reconnects it.
     pub fn set_connected(&self, i: usize, up: bool) {
         let port = format!("p{i}");
-        ip(&["-n", &self.hub, "link", "set", &port, if up { "up" } else { "down" }])
-            .expect("switching a node's port");
+        ip(&[
+            "-n",
+            &self.hub,
+            "link",
+            "set",
+            &port,
+            if up { "up" } else { "down" },
+        ])
+        .expect("switching a node's port");
     }
 
     /// Runs `f` on a thread that joined namespace `ns`'s network (sockets it opens live there).
@@ -94,7 +117,12 @@ impl Fabric {
                 let file = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("netns file");
                 // SAFETY: setns on this thread only, with a namespace file descriptor we hold.
                 let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns into {ns}: {}", std::io::Error::last_os_error());
+                assert_eq!(
+                    rc,
+                    0,
+                    "setns into {ns}: {}",
+                    std::io::Error::last_os_error()
+                );
                 f()
             })
             .join()
@@ -162,7 +190,15 @@ impl Etcd {
             .expect("etcd log");
         let url = self.client_url();
         let child = Command::new("ip")
-            .args(["netns", "exec", &self.hub, "etcd", "--name", "e2e", "--data-dir"])
+            .args([
+                "netns",
+                "exec",
+                &self.hub,
+                "etcd",
+                "--name",
+                "e2e",
+                "--data-dir",
+            ])
             .arg(&self.data)
             .args([
                 "--listen-client-urls",
@@ -183,7 +219,10 @@ impl Etcd {
         self.child = Some(child);
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(20) {
-            if self.http("GET", "/health", "").is_ok_and(|b| b.contains("true")) {
+            if self
+                .http("GET", "/health", "")
+                .is_ok_and(|b| b.contains("true"))
+            {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -212,7 +251,9 @@ impl Etcd {
             s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
             let mut out = String::new();
             s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-            Ok(out.split_once("\r\n\r\n").map_or(out.clone(), |(_, b)| b.to_owned()))
+            Ok(out
+                .split_once("\r\n\r\n")
+                .map_or(out.clone(), |(_, b)| b.to_owned()))
         })
     }
 
@@ -255,7 +296,13 @@ fn base64(b: &[u8]) -> String {
 mod tests {
     #[test]
     fn base64_matches_rfc4648_vectors() {
-        for (i, o) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg==")] {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+        ] {
             assert_eq!(super::base64(i.as_bytes()), o);
         }
     }

@@ -40,7 +40,9 @@ fn runnable() -> bool {
             .arg("--version")
             .output()
             .is_err()
-            .then(|| "`etcd` is not installed (Debian: etcd-server; scripts/install-deps.sh)".to_owned()),
+            .then(|| {
+                "`etcd` is not installed (Debian: etcd-server; scripts/install-deps.sh)".to_owned()
+            }),
     )
 }
 
@@ -58,7 +60,11 @@ impl Cluster {
     fn new(tag: &str, subnet: u8, grace_s: u64) -> Self {
         let fabric = Fabric::create(tag, subnet, 3).expect("building the test network");
         let dir = temp_dir(&format!("cluster-{tag}"));
-        std::fs::write(dir.join("cluster.key"), "cluster-test-key-0123456789abcdef\n").unwrap();
+        std::fs::write(
+            dir.join("cluster.key"),
+            "cluster-test-key-0123456789abcdef\n",
+        )
+        .unwrap();
         let url = format!("etcd://{}:2379/e2e-{tag}", fabric.etcd_ip());
         Self {
             fabric,
@@ -115,7 +121,10 @@ fn seed(d: &Daemon, i: usize) {
     let mut c = d.client();
     let ns = c.register(&spec("cluster", BLOCK as u64)).unwrap().ns;
     let keys: Vec<Key> = (0..HELD).map(|j| key(i as u64 * 10_000 + j)).collect();
-    let data: Vec<Vec<u8>> = keys.iter().map(|k| block(k.0.router_hash(), BLOCK)).collect();
+    let data: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|k| block(k.0.router_hash(), BLOCK))
+        .collect();
     let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     c.put(ns, &keys, &refs).unwrap();
 }
@@ -125,7 +134,12 @@ fn report(d: &Daemon) -> ClusterReport {
 }
 
 /// Polls `d`'s cluster report until `ok` holds; returns how long that took.
-fn wait_for(d: &Daemon, what: &str, limit: Duration, ok: impl Fn(&ClusterReport) -> bool) -> Duration {
+fn wait_for(
+    d: &Daemon,
+    what: &str,
+    limit: Duration,
+    ok: impl Fn(&ClusterReport) -> bool,
+) -> Duration {
     let t = Instant::now();
     loop {
         let r = report(d);
@@ -145,7 +159,11 @@ fn wait_for(d: &Daemon, what: &str, limit: Duration, ok: impl Fn(&ClusterReport)
 fn wait_log(d: &Daemon, what: &str) {
     let t = Instant::now();
     while !d.log().contains(what) {
-        assert!(t.elapsed() < Duration::from_secs(5), "{what:?} not logged:\n{}", d.log());
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{what:?} not logged:\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -182,7 +200,10 @@ fn pull(dst: &Daemon, src: &str, keys: &[Key]) -> OpReport {
 
 fn assert_pulled(op: &OpReport, log: &str) {
     assert_eq!(op.state, OpState::Done, "{op:?}\nlog:\n{log}");
-    assert!(op.results.iter().all(|r| *r == KeyOutcome::Pulled), "{op:?}");
+    assert!(
+        op.results.iter().all(|r| *r == KeyOutcome::Pulled),
+        "{op:?}"
+    );
 }
 
 /// Refused before any dial: `NotAuthorized`, with `why` in the reason, and fast.
@@ -190,7 +211,11 @@ fn assert_refused(op: &OpReport, why: &str) {
     assert_eq!(op.state, OpState::Failed, "{op:?}");
     let r = op.reason.as_ref().expect("a refused hint says why");
     assert_eq!(r.code, FailCode::NotAuthorized, "{op:?}");
-    assert!(r.message.contains(why), "expected {why:?} in {:?}", r.message);
+    assert!(
+        r.message.contains(why),
+        "expected {why:?} in {:?}",
+        r.message
+    );
     assert!(op.peer.is_none(), "nothing may be dialled: {op:?}");
 }
 
@@ -203,7 +228,9 @@ fn members_pull_without_peers_and_crashes_restarts_and_partitions_show_in_the_me
     cl.etcd = Some(Etcd::start(&cl.fabric, &cl.dir));
     let mut n: Vec<Daemon> = (1..=3).map(|i| cl.start(i, 7700)).collect();
     for d in &n {
-        wait_for(d, "three members", Duration::from_secs(15), |r| r.members.len() == 3);
+        wait_for(d, "three members", Duration::from_secs(15), |r| {
+            r.members.len() == 3
+        });
     }
     for (i, d) in n.iter().enumerate() {
         seed(d, i + 1);
@@ -215,9 +242,17 @@ fn members_pull_without_peers_and_crashes_restarts_and_partitions_show_in_the_me
             .map(|i| (format!("n{i}"), vec![cl.endpoint(i, 7700)]))
             .collect::<Vec<_>>()
     );
-    assert!(r.members.iter().all(|m| m.compatible && m.peer_protocol >= 1));
+    assert!(
+        r.members
+            .iter()
+            .all(|m| m.compatible && m.peer_protocol >= 1)
+    );
     assert!(r.members[0].this_node && r.summary.registered && r.summary.in_force);
-    assert!(r.members.iter().all(|m| m.tiers.iter().any(|t| t.tier == "dram" && t.capacity_bytes > 0)));
+    assert!(r.members.iter().all(|m| {
+        m.tiers
+            .iter()
+            .any(|t| t.tier == "dram" && t.capacity_bytes > 0)
+    }));
 
     // Hinted pulls between members, no --peers anywhere.
     for (dst, src) in [(2, 1), (3, 2), (1, 3)] {
@@ -227,22 +262,39 @@ fn members_pull_without_peers_and_crashes_restarts_and_partitions_show_in_the_me
     }
     // An endpoint no member advertises (a member's address, another port).
     let keys = cl.fresh(1);
-    assert_refused(&pull(&n[1], &cl.endpoint(1, 7799), &keys), "not a live cluster member");
+    assert_refused(
+        &pull(&n[1], &cl.endpoint(1, 7799), &keys),
+        "not a live cluster member",
+    );
 
+    crash_and_restart_at_a_new_port(&mut cl, &mut n);
+    partition_and_heal(&mut cl, &n);
+    drop(n);
+    let _ = std::fs::remove_dir_all(&cl.dir);
+}
+
+/// SIGKILL node 3, then bring it back at port 7701.
+fn crash_and_restart_at_a_new_port(cl: &mut Cluster, n: &mut [Daemon]) {
     // SIGKILL node 3: it leaves the others' membership within its TTL (plus etcd's lease
     // check period), and hints naming it are refused before any dial.
     n[2].child.kill().unwrap();
     let t = Instant::now();
     for d in &n[..2] {
-        wait_for(d, "n3 gone after SIGKILL", Duration::from_secs(TTL_S + 4), |r| {
-            r.members.len() == 2
-        });
+        wait_for(
+            d,
+            "n3 gone after SIGKILL",
+            Duration::from_secs(TTL_S + 4),
+            |r| r.members.len() == 2,
+        );
     }
     let gone = t.elapsed();
     eprintln!("SIGKILLed member left the membership after {gone:?} (ttl {TTL_S} s)");
     assert!(gone <= Duration::from_secs(TTL_S + 2), "{gone:?}");
     let keys = cl.fresh(3);
-    assert_refused(&pull(&n[0], &cl.endpoint(3, 7700), &keys), "not a live cluster member");
+    assert_refused(
+        &pull(&n[0], &cl.endpoint(3, 7700), &keys),
+        "not a live cluster member",
+    );
 
     // Node 3 back at a new port: accepted there, refused at the old one.
     n[2] = cl.start(3, 7701);
@@ -250,50 +302,81 @@ fn members_pull_without_peers_and_crashes_restarts_and_partitions_show_in_the_me
     let new_ep = cl.endpoint(3, 7701);
     for d in &n[..2] {
         wait_for(d, "n3 back at 7701", Duration::from_secs(10), |r| {
-            r.members.iter().any(|m| m.node_id == "n3" && m.endpoints == [new_ep.clone()])
+            r.members
+                .iter()
+                .any(|m| m.node_id == "n3" && m.endpoints == [new_ep.clone()])
         });
     }
     let keys = cl.fresh(3);
-    assert_refused(&pull(&n[0], &cl.endpoint(3, 7700), &keys), "not a live cluster member");
+    assert_refused(
+        &pull(&n[0], &cl.endpoint(3, 7700), &keys),
+        "not a live cluster member",
+    );
     let keys = cl.fresh(3);
     assert_pulled(&pull(&n[0], &new_ep, &keys), &n[2].log());
+}
 
+/// Cut node 2 off and reconnect it.
+fn partition_and_heal(cl: &mut Cluster, n: &[Daemon]) {
     // Partition node 2 (its switch port down: no answers, no resets).
     cl.fabric.set_connected(2, false);
     let t = Instant::now();
     for i in [0, 2] {
-        wait_for(&n[i], "partitioned n2 dropped", Duration::from_secs(TTL_S + 6), |r| {
-            members(r).iter().all(|(id, _)| id != "n2") && r.summary.state == ClusterState::Healthy
-        });
+        wait_for(
+            &n[i],
+            "partitioned n2 dropped",
+            Duration::from_secs(TTL_S + 6),
+            |r| {
+                members(r).iter().all(|(id, _)| id != "n2")
+                    && r.summary.state == ClusterState::Healthy
+            },
+        );
     }
-    eprintln!("partitioned member dropped by the others after {:?}", t.elapsed());
+    eprintln!(
+        "partitioned member dropped by the others after {:?}",
+        t.elapsed()
+    );
     let keys = cl.fresh(2);
-    assert_refused(&pull(&n[0], &cl.endpoint(2, 7700), &keys), "not a live cluster member");
+    assert_refused(
+        &pull(&n[0], &cl.endpoint(2, 7700), &keys),
+        "not a live cluster member",
+    );
     // Node 2 itself: etcd unreachable -> degraded (last view in force) -> expired.
     wait_for(&n[1], "n2 degraded", Duration::from_secs(5), |r| {
         r.summary.state == ClusterState::Degraded && !r.summary.etcd_healthy
     });
-    let expired = wait_for(&n[1], "n2 expired", Duration::from_secs(cl.grace_s + 4), |r| {
-        r.summary.state == ClusterState::Expired && !r.summary.in_force
-    });
+    let expired = wait_for(
+        &n[1],
+        "n2 expired",
+        Duration::from_secs(cl.grace_s + 4),
+        |r| r.summary.state == ClusterState::Expired && !r.summary.in_force,
+    );
     eprintln!("partitioned node's own membership expired {expired:?} after it was seen degraded");
     let keys = cl.fresh(1);
-    assert_refused(&pull(&n[1], &cl.endpoint(1, 7700), &keys), "past the membership grace");
+    assert_refused(
+        &pull(&n[1], &cl.endpoint(1, 7700), &keys),
+        "past the membership grace",
+    );
 
     // Heal: node 2 registers again and everyone sees three members.
     cl.fabric.set_connected(2, true);
-    for d in &n {
-        wait_for(d, "three members after the partition", Duration::from_secs(15), |r| {
-            r.members.len() == 3 && r.summary.state == ClusterState::Healthy && r.summary.registered
-        });
+    for d in n {
+        wait_for(
+            d,
+            "three members after the partition",
+            Duration::from_secs(15),
+            |r| {
+                r.members.len() == 3
+                    && r.summary.state == ClusterState::Healthy
+                    && r.summary.registered
+            },
+        );
     }
     assert!(report(&n[1]).summary.reconnects >= 1);
     let keys = cl.fresh(2);
     assert_pulled(&pull(&n[0], &cl.endpoint(2, 7700), &keys), &n[1].log());
     let keys = cl.fresh(1);
     assert_pulled(&pull(&n[1], &cl.endpoint(1, 7700), &keys), &n[0].log());
-    drop(n);
-    let _ = std::fs::remove_dir_all(&cl.dir);
 }
 
 #[test]
@@ -310,14 +393,20 @@ fn etcd_outage_keeps_known_members_for_the_grace_then_refuses_and_all_reregister
         assert!(!r.summary.in_force);
     }
     let keys = cl.fresh(2);
-    assert_refused(&pull(&n[0], &cl.endpoint(2, 7700), &keys), "etcd has not answered");
+    assert_refused(
+        &pull(&n[0], &cl.endpoint(2, 7700), &keys),
+        "etcd has not answered",
+    );
     wait_log(&n[0], "cannot reach etcd");
 
     let mut etcd = Etcd::start(&cl.fabric, &cl.dir);
     for d in &n {
-        wait_for(d, "registered once etcd is up", Duration::from_secs(15), |r| {
-            r.members.len() == 3 && r.summary.registered
-        });
+        wait_for(
+            d,
+            "registered once etcd is up",
+            Duration::from_secs(15),
+            |r| r.members.len() == 3 && r.summary.registered,
+        );
     }
     for (i, d) in n.iter().enumerate() {
         seed(d, i + 1);
@@ -325,52 +414,21 @@ fn etcd_outage_keeps_known_members_for_the_grace_then_refuses_and_all_reregister
     let keys = cl.fresh(2);
     assert_pulled(&pull(&n[0], &cl.endpoint(2, 7700), &keys), &n[1].log());
 
-    // A member from a newer release (peer protocol 2): listed, refused with the reason.
-    let future = format!("tcp://{}:7702", cl.fabric.node_ip(3));
-    let rec = format!(
-        r#"{{"record":1,"node_id":"future","instance":"x","endpoints":["{future}"],"transports":["tcp"],"version":"9.0.0","peer_protocol":2}}"#
-    );
-    etcd.put("/kvnode/clusters/e2e-o/members/future", &rec).unwrap();
-    wait_for(&n[0], "the future member listed", Duration::from_secs(5), |r| {
-        r.summary.incompatible_members == 1
-            && r.members.iter().any(|m| m.node_id == "future" && !m.compatible)
-    });
-    let keys = cl.fresh(3);
-    assert_refused(&pull(&n[0], &future, &keys), "peer protocol v2");
-
-    // etcd dies: members stay usable for the grace...
-    etcd.kill();
-    let down = Instant::now();
-    wait_for(&n[0], "degraded after etcd died", Duration::from_secs(4), |r| {
-        r.summary.state == ClusterState::Degraded && r.summary.in_force
-    });
-    let keys = cl.fresh(2);
-    let op = pull(&n[0], &cl.endpoint(2, 7700), &keys);
-    assert!(down.elapsed() < Duration::from_secs(cl.grace_s), "too slow to test the grace");
-    assert_pulled(&op, &n[1].log());
-    // ... then hints to members are refused, and stats and the CLI say why.
-    wait_for(&n[0], "expired after the grace", Duration::from_secs(cl.grace_s + 3), |r| {
-        r.summary.state == ClusterState::Expired
-    });
-    let keys = cl.fresh(2);
-    assert_refused(&pull(&n[0], &cl.endpoint(2, 7700), &keys), "past the membership grace");
-    let s = n[0].client().stats().unwrap().cluster.expect("stats carry the cluster");
-    assert!(!s.in_force && !s.etcd_healthy && s.refused_hints >= 1, "{s:?}");
-    let out = Command::new(kvnode_bin())
-        .args(["cluster", "status", "--socket"])
-        .arg(n[0].socket())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("expired"), "{text}");
-    wait_log(&n[0], "past the grace");
-
+    incompatible_member_is_listed_and_refused(&mut cl, &etcd, &n);
+    outage_grace_expiry(&mut cl, &mut etcd, &n);
     // etcd back with its data wiped: every daemon registers again.
     etcd.restart(true);
     for d in &n {
-        wait_for(d, "re-registered after etcd came back", Duration::from_secs(15), |r| {
-            r.members.len() == 3 && r.summary.registered && r.summary.state == ClusterState::Healthy
-        });
+        wait_for(
+            d,
+            "re-registered after etcd came back",
+            Duration::from_secs(15),
+            |r| {
+                r.members.len() == 3
+                    && r.summary.registered
+                    && r.summary.state == ClusterState::Healthy
+            },
+        );
         assert!(report(d).summary.reconnects >= 1);
     }
     let keys = cl.fresh(2);
@@ -383,8 +441,85 @@ fn etcd_outage_keeps_known_members_for_the_grace_then_refuses_and_all_reregister
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("3 live members") && text.contains("this node"), "{text}");
+    assert!(
+        text.contains("3 live members") && text.contains("this node"),
+        "{text}"
+    );
     drop(n);
     drop(etcd);
     let _ = std::fs::remove_dir_all(&cl.dir);
+}
+
+/// A record from a newer release, written straight into etcd.
+fn incompatible_member_is_listed_and_refused(cl: &mut Cluster, etcd: &Etcd, n: &[Daemon]) {
+    // A member from a newer release (peer protocol 2): listed, refused with the reason.
+    let future = format!("tcp://{}:7702", cl.fabric.node_ip(3));
+    let rec = format!(
+        r#"{{"record":1,"node_id":"future","instance":"x","endpoints":["{future}"],"transports":["tcp"],"version":"9.0.0","peer_protocol":2}}"#
+    );
+    etcd.put("/kvnode/clusters/e2e-o/members/future", &rec)
+        .unwrap();
+    wait_for(
+        &n[0],
+        "the future member listed",
+        Duration::from_secs(5),
+        |r| {
+            r.summary.incompatible_members == 1
+                && r.members
+                    .iter()
+                    .any(|m| m.node_id == "future" && !m.compatible)
+        },
+    );
+    let keys = cl.fresh(3);
+    assert_refused(&pull(&n[0], &future, &keys), "peer protocol v2");
+}
+
+/// etcd killed: degraded within the grace, expired after it.
+fn outage_grace_expiry(cl: &mut Cluster, etcd: &mut Etcd, n: &[Daemon]) {
+    // etcd dies: members stay usable for the grace...
+    etcd.kill();
+    let down = Instant::now();
+    wait_for(
+        &n[0],
+        "degraded after etcd died",
+        Duration::from_secs(4),
+        |r| r.summary.state == ClusterState::Degraded && r.summary.in_force,
+    );
+    let keys = cl.fresh(2);
+    let op = pull(&n[0], &cl.endpoint(2, 7700), &keys);
+    assert!(
+        down.elapsed() < Duration::from_secs(cl.grace_s),
+        "too slow to test the grace"
+    );
+    assert_pulled(&op, &n[1].log());
+    // ... then hints to members are refused, and stats and the CLI say why.
+    wait_for(
+        &n[0],
+        "expired after the grace",
+        Duration::from_secs(cl.grace_s + 3),
+        |r| r.summary.state == ClusterState::Expired,
+    );
+    let keys = cl.fresh(2);
+    assert_refused(
+        &pull(&n[0], &cl.endpoint(2, 7700), &keys),
+        "past the membership grace",
+    );
+    let s = n[0]
+        .client()
+        .stats()
+        .unwrap()
+        .cluster
+        .expect("stats carry the cluster");
+    assert!(
+        !s.in_force && !s.etcd_healthy && s.refused_hints >= 1,
+        "{s:?}"
+    );
+    let out = Command::new(kvnode_bin())
+        .args(["cluster", "status", "--socket"])
+        .arg(n[0].socket())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("expired"), "{text}");
+    wait_log(&n[0], "past the grace");
 }

@@ -115,6 +115,13 @@ fn instance_id() -> String {
     format!("{h:016x}")
 }
 
+/// A uniform draw from [0, 1) (std's per-hasher random keys; no RNG crate needed).
+fn jitter() -> f64 {
+    use std::hash::BuildHasher;
+    let h = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -188,11 +195,13 @@ impl Ctx {
             }
             self.say_expired(&mut expired_said);
             // Wake at the end of the grace too, so the log says when hints start being refused.
+            // Jittered (0.5x..1.5x) so that a fleet does not come back to etcd in one burst.
+            let jittered = wait.mul_f64(0.5 + jitter());
             let nap = self
                 .view
                 .grace_left()
                 .filter(|g| !g.is_zero())
-                .map_or(wait, |g| wait.min(g + Duration::from_millis(10)));
+                .map_or(jittered, |g| jittered.min(g + Duration::from_millis(10)));
             tokio::select! {
                 () = tokio::time::sleep(nap) => {}
                 _ = stop.changed() => return,
@@ -240,9 +249,13 @@ impl Ctx {
                 .ok()?;
             c.lease_revoke(id).await.ok()
         };
-        match tokio::time::timeout(limit, done).await {
-            Ok(Some(_)) => tracing::info!(lease = format!("{id:x}"), "cluster: lease revoked, left the membership"),
-            _ => tracing::info!("cluster: could not revoke the lease; the record expires with its ttl"),
+        if let Ok(Some(_)) = tokio::time::timeout(limit, done).await {
+            tracing::info!(
+                lease = format!("{id:x}"),
+                "cluster: lease revoked, left the membership"
+            );
+        } else {
+            tracing::info!("cluster: could not revoke the lease; the record expires with its ttl");
         }
     }
 
@@ -254,7 +267,8 @@ impl Ctx {
             Client::connect(self.url.client_endpoints(), Some(self.options.clone())),
         )
         .await?;
-        let ttl = self.cfg.ttl_s as i64;
+        // validate() bounds ttl_s to 2..=3600.
+        let ttl = i64::try_from(self.cfg.ttl_s).unwrap_or(i64::MAX);
         let id = bounded("lease grant", limit, client.lease_grant(ttl, None))
             .await?
             .id();
@@ -273,10 +287,17 @@ impl Ctx {
         let list = bounded(
             "list members",
             limit,
-            client.get(self.prefix.clone(), Some(GetOptions::new().with_prefix())),
+            // Serializable: any etcd member answers from its own copy (spreads a fleet's
+            // re-listing after an outage); the watch then resumes from this revision.
+            client.get(
+                self.prefix.clone(),
+                Some(GetOptions::new().with_prefix().with_serializable()),
+            ),
         )
         .await?;
-        let revision = list.header().map_or(0, etcd_client::ResponseHeader::revision);
+        let revision = list
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
         let records = list
             .kvs()
             .iter()
@@ -355,12 +376,22 @@ impl Ctx {
                         "cluster: another daemon registered this daemon's node id; give each daemon its own node_id"
                     );
                 }
-                let (id, eps, v, p) =
-                    (r.node_id.clone(), r.endpoints.clone(), r.version.clone(), r.peer_protocol);
+                let (id, eps, v, p) = (
+                    r.node_id.clone(),
+                    r.endpoints.clone(),
+                    r.version.clone(),
+                    r.peer_protocol,
+                );
                 match self.view.upsert(r) {
-                    Change::Joined => tracing::info!(node = %id, endpoints = ?eps, version = %v, peer_protocol = p, "cluster: member joined"),
-                    Change::Moved { from } => tracing::info!(node = %id, endpoints = ?eps, was = ?from, "cluster: member moved; its old endpoints are no longer authorized"),
-                    Change::Restarted => tracing::info!(node = %id, endpoints = ?eps, "cluster: member restarted"),
+                    Change::Joined => {
+                        tracing::info!(node = %id, endpoints = ?eps, version = %v, peer_protocol = p, "cluster: member joined");
+                    }
+                    Change::Moved { from } => {
+                        tracing::info!(node = %id, endpoints = ?eps, was = ?from, "cluster: member moved; its old endpoints are no longer authorized");
+                    }
+                    Change::Restarted => {
+                        tracing::info!(node = %id, endpoints = ?eps, "cluster: member restarted");
+                    }
                     Change::Updated => tracing::debug!(node = %id, "cluster: member updated"),
                 }
             }

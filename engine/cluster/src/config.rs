@@ -192,8 +192,7 @@ impl ClusterConfig {
 pub fn valid_node_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
 }
 

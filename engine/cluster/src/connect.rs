@@ -26,9 +26,8 @@ pub fn options(cfg: &ClusterConfig, url: &EtcdUrl) -> Result<ConnectOptions, Clu
         .with_keep_alive(ping, limit)
         .with_keep_alive_while_idle(true);
     if let (Some(user), Some(pw)) = (&cfg.user, &cfg.password_file) {
-        let pw = String::from_utf8(read(pw)?).map_err(|_| {
-            ClusterError::Config(format!("{} is not UTF-8 text", pw.display()))
-        })?;
+        let pw = String::from_utf8(read(pw)?)
+            .map_err(|_| ClusterError::Config(format!("{} is not UTF-8 text", pw.display())))?;
         o = o.with_user(user.clone(), pw.trim_end_matches(['\r', '\n']).to_owned());
     }
     if url.tls {
@@ -38,7 +37,11 @@ pub fn options(cfg: &ClusterConfig, url: &EtcdUrl) -> Result<ConnectOptions, Clu
 }
 
 #[cfg(feature = "tls")]
-fn tls(o: ConnectOptions, cfg: &ClusterConfig, url: &EtcdUrl) -> Result<ConnectOptions, ClusterError> {
+fn tls(
+    o: ConnectOptions,
+    cfg: &ClusterConfig,
+    url: &EtcdUrl,
+) -> Result<ConnectOptions, ClusterError> {
     use etcd_client::{Certificate, Identity, TlsOptions};
     let mut t = TlsOptions::new();
     if let Some(ca) = &cfg.ca_file {
@@ -49,7 +52,10 @@ fn tls(o: ConnectOptions, cfg: &ClusterConfig, url: &EtcdUrl) -> Result<ConnectO
     }
     let domain = cfg.tls_domain.clone().unwrap_or_else(|| {
         let first = &url.endpoints[0];
-        first.rsplit_once(':').map_or(first.as_str(), |(h, _)| h).to_owned()
+        first
+            .rsplit_once(':')
+            .map_or(first.as_str(), |(h, _)| h)
+            .to_owned()
     });
     Ok(o.with_tls(t.domain_name(domain)))
 }

@@ -19,7 +19,7 @@ pub enum ClusterError {
     },
     /// TLS to etcd was asked for but this build has no TLS.
     #[error(
-        "etcds:// needs TLS, and this kvnode was built without it (build with `--features cluster-tls`)"
+        "etcds:// needs TLS, and this kvnode was built without it (the `kvnode` crate's default feature `cluster-tls`)"
     )]
     NoTls,
     /// An etcd request failed (unreachable, refused, authentication).

@@ -16,7 +16,7 @@
 //! - [`view`]: the live membership, its states and verdicts.
 //! - [`agent`]: registration, keep-alive, watch, reconnects.
 //! - [`connect`]: etcd connection options (timeouts, user/password, TLS).
-//! - [`error`]: [`ClusterError`].
+//! - [`error`]: the crate's error type, [`ClusterError`].
 
 pub mod agent;
 pub mod config;

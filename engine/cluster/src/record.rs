@@ -100,10 +100,7 @@ mod tests {
             endpoint_host_port("tcp://Node-A:7700"),
             Some(("node-a".into(), 7700))
         );
-        assert_eq!(
-            endpoint_host_port("tcp://[::1]:9"),
-            Some(("::1".into(), 9))
-        );
+        assert_eq!(endpoint_host_port("tcp://[::1]:9"), Some(("::1".into(), 9)));
         assert_eq!(endpoint_host_port("tcp://x"), None);
         assert_eq!(endpoint_host_port("tcp://:7"), None);
     }

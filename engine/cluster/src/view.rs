@@ -175,7 +175,9 @@ impl View {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
-        self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
@@ -244,7 +246,8 @@ impl View {
                 _ => now,
             };
             index(&mut g.endpoints, &r);
-            g.members.insert(r.node_id.clone(), Member { record: r, seen });
+            g.members
+                .insert(r.node_id.clone(), Member { record: r, seen });
         }
         g.health = Health::Healthy;
         g.confirmed_at = Some(now);
@@ -266,8 +269,13 @@ impl View {
             unindex(&mut g.endpoints, &old.record);
         }
         index(&mut g.endpoints, &r);
-        g.members
-            .insert(r.node_id.clone(), Member { record: r, seen: now });
+        g.members.insert(
+            r.node_id.clone(),
+            Member {
+                record: r,
+                seen: now,
+            },
+        );
         g.health = Health::Healthy;
         g.confirmed_at = Some(now);
         change

@@ -1,6 +1,7 @@
 //! `kvnode serve --cluster etcd://...`: the `[cluster]` table, the etcd agent
 //! (kvnode-cluster) and the adapter through which its view authorizes hinted endpoints.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -129,7 +130,10 @@ impl kvnode_engine::peer::Membership for EtcdMembership {
 fn key_id(engine: &Engine) -> Option<String> {
     let k = engine.peers.key()?;
     let mac = k.proof(b"kvnode cluster key id v1", b"", b"");
-    Some(mac[..8].iter().map(|b| format!("{b:02x}")).collect())
+    Some(mac[..8].iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    }))
 }
 
 /// Starts the agent and installs its view. Never waits on etcd: when etcd is down the

@@ -487,7 +487,7 @@ impl Op {
             Op::Clear { .. } => OpKind::Clear,
             Op::Stats => OpKind::Stats,
             Op::Histograms => OpKind::Histograms,
-            Op::Hello { .. } => OpKind::Other,
+            Op::Hello { .. } | Op::Cluster => OpKind::Other,
             Op::AttachRegion { .. } | Op::DetachRegion { .. } => OpKind::Region,
             Op::GetToRegion { .. } => OpKind::GetToRegion,
             Op::PutFromRegion { .. } => OpKind::PutFromRegion,
@@ -495,7 +495,6 @@ impl Op {
             Op::Wait { .. } => OpKind::Wait,
             Op::Cancel { .. } => OpKind::Cancel,
             Op::Timeouts => OpKind::Timeouts,
-            Op::Cluster => OpKind::Other,
             Op::AttachGpu(_) => OpKind::AttachGpu,
             Op::Offload(_) => OpKind::Offload,
             Op::Onload(_)

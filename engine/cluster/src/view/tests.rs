@@ -81,7 +81,10 @@ fn membership_stays_in_force_for_the_grace_then_expires() {
     let v = View::new(local(5));
     v.reload(vec![rec("a", "tcp://10.0.0.1:7700", "i")]);
     assert!(v.lost("etcd down".into()));
-    assert!(!v.lost("still down".into()), "only the first loss is a transition");
+    assert!(
+        !v.lost("still down".into()),
+        "only the first loss is a transition"
+    );
     assert_eq!(v.state(), ClusterState::Degraded);
     assert_eq!(v.check("10.0.0.1", 7700), Verdict::Member("a".into()));
     let later = Instant::now() + Duration::from_secs(6);
