@@ -523,3 +523,74 @@ fn outage_grace_expiry(cl: &mut Cluster, etcd: &mut Etcd, n: &[Daemon]) {
     assert!(out.status.success() && text.contains("expired"), "{text}");
     wait_log(&n[0], "past the grace");
 }
+
+/// Settings that cannot work stop `serve` at once with the reason; `[cluster]` in the config
+/// file is read (and shown by `--print-config`). Needs neither root nor etcd.
+#[test]
+fn cluster_settings_that_cannot_work_are_refused_at_start() {
+    let dir = temp_dir("cluster-cfg");
+    let key = dir.join("k");
+    std::fs::write(&key, "cluster-test-key-0123456789abcdef").unwrap();
+    let key = key.to_str().unwrap();
+    let url = "etcd://127.0.0.1:2379/cfg";
+    for (args, why) in [
+        (vec!["--cluster", url], "needs --cluster-key"),
+        (
+            vec!["--cluster", url, "--cluster-key", key],
+            "needs a peer endpoint",
+        ),
+        (
+            vec![
+                "--cluster",
+                "http://127.0.0.1:2379/cfg",
+                "--cluster-key",
+                key,
+            ],
+            "must start with etcd://",
+        ),
+        (
+            vec![
+                "--cluster",
+                url,
+                "--cluster-key",
+                key,
+                "--peer-listen",
+                "127.0.0.1:7790",
+                "--cluster-ttl",
+                "1",
+            ],
+            "ttl_s must be 2..=3600",
+        ),
+    ] {
+        let (status, log) = Daemon::start_failing(&args, Duration::from_secs(10));
+        assert!(
+            !status.success() && log.contains(why),
+            "{args:?}: expected {why:?} in:\n{log}"
+        );
+    }
+    let cfg = dir.join("kvnode.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[peer]\nlisten = \"127.0.0.1:7791\"\ncluster_key = \"{key}\"\n\n[cluster]\netcd = \"etcds://127.0.0.1:2379/cfg\"\nca_file = \"{}/missing-ca.pem\"\nttl_s = 5\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(kvnode_bin())
+        .args(["serve", "--print-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("[cluster]") && text.contains("ttl_s = 5"),
+        "{text}"
+    );
+    let (status, log) = Daemon::start_failing(
+        &["--config", cfg.to_str().unwrap()],
+        Duration::from_secs(10),
+    );
+    assert!(!status.success() && log.contains("missing-ca.pem"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -86,14 +86,14 @@ fn advertised(cfg: &EngineConfig) -> anyhow::Result<Endpoint> {
 
 /// Checks what `--cluster` needs of the rest of the configuration.
 pub fn check(engine: &EngineConfig, c: &ClusterConfig) -> anyhow::Result<()> {
-    advertised(engine)?;
-    if engine.peer.listen.is_none() {
-        bail!("a cluster member serves pulls: give --peer-listen HOST:PORT");
-    }
     if engine.peer.cluster_key.is_none() {
         bail!(
             "--cluster needs --cluster-key: membership in etcd names endpoints, the key authenticates them (docs/cluster.md)"
         );
+    }
+    advertised(engine)?;
+    if engine.peer.listen.is_none() {
+        bail!("a cluster member serves pulls: give --peer-listen HOST:PORT");
     }
     c.validate()?;
     Ok(())
