@@ -20,8 +20,9 @@ if [ "$MODE" = serve ]; then
   exit 0
 fi
 command -v fio >/dev/null || need+=(fio)
-# tests/tests/cluster.rs starts a real etcd (docs/cluster.md).
+# tests/tests/cluster*.rs start a real etcd (docs/cluster.md) and make TLS certificates.
 command -v etcd >/dev/null || need+=(etcd-server)
+command -v openssl >/dev/null || need+=(openssl)
 command -v iperf3 >/dev/null || need+=(iperf3)
 # kvtrace: clang compiles the BPF programs, bpftool generates vmlinux.h, libbpf (vendored by
 # libbpf-sys) links against the system libelf and zlib found through pkg-config; asm/ headers

@@ -179,6 +179,14 @@ impl Etcd {
 
     /// Starts it again, with its old data or (`wipe`) an empty data directory.
     pub fn restart(&mut self, wipe: bool) {
+        self.restart_with(wipe, &[]);
+    }
+
+    /// Starts it again with extra flags. With `--cert-file` among them it serves
+    /// `https://`; readiness is then read from its log (the gateway check speaks plain HTTP).
+    pub fn restart_with(&mut self, wipe: bool, extra: &[String]) {
+        let tls = extra.iter().any(|a| a == "--cert-file");
+        let ready_before = self.log().matches("ready to serve client requests").count();
         self.kill();
         if wipe {
             let _ = std::fs::remove_dir_all(&self.data);
@@ -188,7 +196,11 @@ impl Etcd {
             .append(true)
             .open(&self.log)
             .expect("etcd log");
-        let url = self.client_url();
+        let url = if tls {
+            self.client_url().replace("http://", "https://")
+        } else {
+            self.client_url()
+        };
         let child = Command::new("ip")
             .args([
                 "netns",
@@ -212,6 +224,7 @@ impl Etcd {
                 "--initial-cluster",
                 "e2e=http://127.0.0.1:2380",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -219,10 +232,13 @@ impl Etcd {
         self.child = Some(child);
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(20) {
-            if self
-                .http("GET", "/health", "")
-                .is_ok_and(|b| b.contains("true"))
-            {
+            let ready = if tls {
+                self.log().matches("ready to serve client requests").count() > ready_before
+            } else {
+                self.http("GET", "/health", "")
+                    .is_ok_and(|b| b.contains("true"))
+            };
+            if ready {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -257,6 +273,14 @@ impl Etcd {
         })
     }
 
+    /// A JSON request to the gateway that must succeed (auth set-up).
+    pub fn call(&self, path: &str, body: &str) {
+        let r = self
+            .http("POST", path, body)
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(!r.contains("\"error\""), "{path} {body}: {r}");
+    }
+
     /// Writes `key = value` (no lease) through the gateway.
     pub fn put(&self, key: &str, value: &str) -> Result<String, String> {
         let body = format!(
@@ -274,7 +298,8 @@ impl Drop for Etcd {
     }
 }
 
-fn base64(b: &[u8]) -> String {
+/// Standard base64 (the gateway's encoding of keys and values).
+pub fn base64(b: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut s = String::new();
     for c in b.chunks(3) {
