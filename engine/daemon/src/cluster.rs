@@ -186,3 +186,50 @@ pub fn render(c: &ClusterConfig) -> anyhow::Result<String> {
     t.insert("cluster".into(), toml::Value::try_from(c)?);
     Ok(toml::to_string(&t)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(url: Option<&str>) -> ClusterArgs {
+        ClusterArgs {
+            cluster: url.map(str::to_owned),
+            node_id: Some("n7".into()),
+            cluster_ttl: Some(4),
+            cluster_grace: None,
+        }
+    }
+
+    #[test]
+    fn cluster_table_is_taken_out_before_the_engine_reads_the_file() {
+        let (engine, cluster) = split_config(
+            "dram = \"64MiB\"\n[peer]\nlisten = \"10.0.0.1:7700\"\n[cluster]\netcd = \"etcd://e:2379/a\"\ngrace_s = 9.0\n",
+        )
+        .unwrap();
+        assert_eq!(engine.dram, 64 << 20);
+        let c = cluster.unwrap();
+        assert_eq!((c.etcd.as_str(), c.grace_s), ("etcd://e:2379/a", 9.0));
+        // The engine still refuses tables it does not know, and [cluster] its unknown keys.
+        assert!(split_config("[clusters]\netcd = \"x\"\n").is_err());
+        assert!(split_config("[cluster]\netcd = \"etcd://e:2379/a\"\nttl = 3\n").is_err());
+    }
+
+    #[test]
+    fn flags_override_the_file_and_no_url_means_no_cluster() {
+        assert!(effective(None, &args(None)).unwrap().is_none());
+        let file = ClusterConfig {
+            etcd: "etcd://file:2379/a".into(),
+            ..ClusterConfig::default()
+        };
+        let c = effective(Some(file.clone()), &args(None)).unwrap().unwrap();
+        assert_eq!((c.etcd.as_str(), c.ttl_s), ("etcd://file:2379/a", 4));
+        let c = effective(Some(file), &args(Some("etcd://flag:2379/b")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.etcd.as_str(), c.node_id.as_deref()),
+            ("etcd://flag:2379/b", Some("n7"))
+        );
+        assert!(effective(None, &args(Some("etcd://x/b"))).is_err());
+    }
+}

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use anyhow::Context;
 use kvnode_client::Client;
 use kvnode_proto::cluster::{ClusterReport, ClusterSummary};
+use kvnode_proto::size::ByteSize;
 
 use crate::cli::{ClusterCmdArgs, ClusterWhat};
 
@@ -23,22 +24,18 @@ pub fn run(a: &ClusterCmdArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn gib(b: u64) -> String {
-    format!("{:.1}", b as f64 / f64::from(1u32 << 30))
-}
-
 /// One row per live member.
 pub fn members(r: &ClusterReport) -> String {
     let mut s = format!(
         "{:<24} {:<28} {:<9} {:>5} {:>10} {:>10} {:>9} {:>8}  {}\n",
-        "node", "endpoint", "version", "proto", "dram_gib", "nvme_gib", "lease_s", "seen_s", "note"
+        "node", "endpoint", "version", "proto", "dram", "nvme", "lease_s", "seen_s", "note"
     );
     for m in &r.members {
         let cap = |t: &str| {
-            m.tiers
-                .iter()
-                .find(|x| x.tier == t)
-                .map_or_else(|| "-".to_owned(), |x| gib(x.capacity_bytes))
+            m.tiers.iter().find(|x| x.tier == t).map_or_else(
+                || "-".to_owned(),
+                |x| ByteSize(x.capacity_bytes).to_string(),
+            )
         };
         let note = match (m.this_node, m.compatible) {
             (true, _) => "this node",
