@@ -186,6 +186,21 @@ async fn main() {
     );
 
     let mut c = client.clone();
+    let t = Instant::now();
+    let listed = c
+        .get(
+            prefix.clone(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("list")
+        .kvs()
+        .len();
+    println!(
+        "  floor: one prefix listing of {listed} records alone, same run: {:.1} ms ({:.2}x)",
+        t.elapsed().as_secs_f64() * 1e3,
+        startup.as_secs_f64() / t.elapsed().as_secs_f64()
+    );
     let (mut join, mut leave) = (Vec::new(), Vec::new());
     for k in 0..50 {
         let i = n + 1 + k;
@@ -206,13 +221,37 @@ async fn main() {
                 .unwrap();
         leave.push(t.elapsed());
     }
+    // The floor, same run: the etcd writes alone (durable, fsynced), with no watch in between.
+    let (mut put_floor, mut revoke_floor) = (Vec::new(), Vec::new());
+    for k in 0..50 {
+        let t = Instant::now();
+        let lease = register(&mut c, &prefix, n + 100 + k).await;
+        put_floor.push(t.elapsed());
+        let t = Instant::now();
+        c.lease_revoke(lease).await.expect("revoke");
+        revoke_floor.push(t.elapsed());
+    }
     println!(
         "member join seen (lease grant + put -> view authorizes): {}",
         pct(&mut join)
     );
     println!(
+        "  floor: lease grant + put alone, same run:              {}",
+        pct(&mut put_floor)
+    );
+    println!(
         "member leave seen (lease revoke -> view refuses):         {}",
         pct(&mut leave)
+    );
+    println!(
+        "  floor: lease revoke alone, same run:                   {}",
+        pct(&mut revoke_floor)
+    );
+    let p50 = |v: &[Duration]| v[v.len() / 2].as_secs_f64();
+    println!(
+        "p50 / floor p50: join {:.2}x, leave {:.2}x (the excess over 1 is the watch's delivery)",
+        p50(&join) / p50(&put_floor),
+        p50(&leave) / p50(&revoke_floor)
     );
     println!(
         "RSS: {rss0} KiB before any agent, {rss1} KiB with an agent on an empty cluster, {rss2} KiB with an agent holding {} members: {:.2} KiB per member",
