@@ -121,6 +121,62 @@ fn registration() -> Registration {
     }
 }
 
+/// Joins and leaves seen by the agent, next to the same etcd writes alone (the floor).
+async fn updates(c: &mut Client, prefix: &str, view: &Arc<View>, n: usize) {
+    let (mut join, mut leave) = (Vec::new(), Vec::new());
+    for k in 0..50 {
+        let i = n + 1 + k;
+        let (host, port) = kvnode_cluster::record::endpoint_host_port(&endpoint(i)).unwrap();
+        let t = Instant::now();
+        let lease = register(c, prefix, i).await;
+        let (v, h) = (Arc::clone(view), host.clone());
+        let _ = tokio::task::spawn_blocking(move || until(&v, |v| v.check(&h, port).authorizes()))
+            .await
+            .unwrap();
+        join.push(t.elapsed());
+        let t = Instant::now();
+        c.lease_revoke(lease).await.expect("revoke");
+        let v = Arc::clone(view);
+        let _ =
+            tokio::task::spawn_blocking(move || until(&v, |v| !v.check(&host, port).authorizes()))
+                .await
+                .unwrap();
+        leave.push(t.elapsed());
+    }
+    // The floor, same run: the etcd writes alone (durable, fsynced), with no watch in between.
+    let (mut put_floor, mut revoke_floor) = (Vec::new(), Vec::new());
+    for k in 0..50 {
+        let t = Instant::now();
+        let lease = register(c, prefix, n + 100 + k).await;
+        put_floor.push(t.elapsed());
+        let t = Instant::now();
+        c.lease_revoke(lease).await.expect("revoke");
+        revoke_floor.push(t.elapsed());
+    }
+    println!(
+        "member join seen (lease grant + put -> view authorizes): {}",
+        pct(&mut join)
+    );
+    println!(
+        "  floor: lease grant + put alone, same run:              {}",
+        pct(&mut put_floor)
+    );
+    println!(
+        "member leave seen (lease revoke -> view refuses):         {}",
+        pct(&mut leave)
+    );
+    println!(
+        "  floor: lease revoke alone, same run:                   {}",
+        pct(&mut revoke_floor)
+    );
+    let p50 = |v: &[Duration]| v[v.len() / 2].as_secs_f64();
+    println!(
+        "p50 / floor p50: join {:.2}x, leave {:.2}x (the excess over 1 is the watch's delivery)",
+        p50(&join) / p50(&put_floor),
+        p50(&leave) / p50(&revoke_floor)
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -201,58 +257,7 @@ async fn main() {
         t.elapsed().as_secs_f64() * 1e3,
         startup.as_secs_f64() / t.elapsed().as_secs_f64()
     );
-    let (mut join, mut leave) = (Vec::new(), Vec::new());
-    for k in 0..50 {
-        let i = n + 1 + k;
-        let (host, port) = kvnode_cluster::record::endpoint_host_port(&endpoint(i)).unwrap();
-        let t = Instant::now();
-        let lease = register(&mut c, &prefix, i).await;
-        let (v, h) = (Arc::clone(&view), host.clone());
-        let _ = tokio::task::spawn_blocking(move || until(&v, |v| v.check(&h, port).authorizes()))
-            .await
-            .unwrap();
-        join.push(t.elapsed());
-        let t = Instant::now();
-        c.lease_revoke(lease).await.expect("revoke");
-        let v = Arc::clone(&view);
-        let _ =
-            tokio::task::spawn_blocking(move || until(&v, |v| !v.check(&host, port).authorizes()))
-                .await
-                .unwrap();
-        leave.push(t.elapsed());
-    }
-    // The floor, same run: the etcd writes alone (durable, fsynced), with no watch in between.
-    let (mut put_floor, mut revoke_floor) = (Vec::new(), Vec::new());
-    for k in 0..50 {
-        let t = Instant::now();
-        let lease = register(&mut c, &prefix, n + 100 + k).await;
-        put_floor.push(t.elapsed());
-        let t = Instant::now();
-        c.lease_revoke(lease).await.expect("revoke");
-        revoke_floor.push(t.elapsed());
-    }
-    println!(
-        "member join seen (lease grant + put -> view authorizes): {}",
-        pct(&mut join)
-    );
-    println!(
-        "  floor: lease grant + put alone, same run:              {}",
-        pct(&mut put_floor)
-    );
-    println!(
-        "member leave seen (lease revoke -> view refuses):         {}",
-        pct(&mut leave)
-    );
-    println!(
-        "  floor: lease revoke alone, same run:                   {}",
-        pct(&mut revoke_floor)
-    );
-    let p50 = |v: &[Duration]| v[v.len() / 2].as_secs_f64();
-    println!(
-        "p50 / floor p50: join {:.2}x, leave {:.2}x (the excess over 1 is the watch's delivery)",
-        p50(&join) / p50(&put_floor),
-        p50(&leave) / p50(&revoke_floor)
-    );
+    updates(&mut c, &prefix, &view, n).await;
     println!(
         "RSS: {rss0} KiB before any agent, {rss1} KiB with an agent on an empty cluster, {rss2} KiB with an agent holding {} members: {:.2} KiB per member",
         n + 1,
