@@ -253,24 +253,7 @@ impl Etcd {
 
     /// One HTTP/1.1 request to etcd's JSON gateway (from inside the hub); the body.
     pub fn http(&self, method: &str, path: &str, body: &str) -> Result<String, String> {
-        let addr = format!("{}:2379", self.ip);
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        Fabric::in_netns(&self.hub, || {
-            let sa = addr.parse().map_err(|e| format!("{e}"))?;
-            let mut s = std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(500))
-                .map_err(|e| e.to_string())?;
-            s.set_read_timeout(Some(Duration::from_secs(2)))
-                .map_err(|e| e.to_string())?;
-            s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-            let mut out = String::new();
-            s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-            Ok(out
-                .split_once("\r\n\r\n")
-                .map_or(out.clone(), |(_, b)| b.to_owned()))
-        })
+        http(&self.hub, &format!("{}:2379", self.ip), method, path, body)
     }
 
     /// A JSON request to the gateway that must succeed (auth set-up).
@@ -296,6 +279,27 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// One HTTP/1.1 request to `addr` from inside namespace `ns`; the response body.
+pub fn http(ns: &str, addr: &str, method: &str, path: &str, body: &str) -> Result<String, String> {
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    Fabric::in_netns(ns, || {
+        let sa = addr.parse().map_err(|e| format!("{e}"))?;
+        let mut s = std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(500))
+            .map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.to_string())?;
+        s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+        Ok(out
+            .split_once("\r\n\r\n")
+            .map_or(out.clone(), |(_, b)| b.to_owned()))
+    })
 }
 
 /// Standard base64 (the gateway's encoding of keys and values).

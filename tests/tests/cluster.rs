@@ -85,6 +85,7 @@ impl Cluster {
         let listen = format!("{}:{port}", self.fabric.node_ip(i));
         let key = self.dir.join("cluster.key");
         let (ttl, grace, id) = (TTL_S.to_string(), self.grace_s.to_string(), format!("n{i}"));
+        let metrics = format!("{}:9100", self.fabric.node_ip(i));
         Daemon::start_in_netns(
             self.fabric.ns(i),
             &[
@@ -103,6 +104,8 @@ impl Cluster {
                 &ttl,
                 "--cluster-grace",
                 &grace,
+                "--metrics",
+                &metrics,
             ],
         )
     }
@@ -166,6 +169,12 @@ fn wait_log(d: &Daemon, what: &str) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// `/metrics` of node `i`, scraped from inside its namespace.
+fn scrape(cl: &Cluster, i: usize) -> String {
+    let addr = format!("{}:9100", cl.fabric.node_ip(i));
+    kvnode_e2e::fabric::http(cl.fabric.ns(i), &addr, "GET", "/metrics", "").expect("scrape")
 }
 
 fn members(r: &ClusterReport) -> Vec<(String, Vec<String>)> {
@@ -413,6 +422,19 @@ fn etcd_outage_keeps_known_members_for_the_grace_then_refuses_and_all_reregister
     }
     let keys = cl.fresh(2);
     assert_pulled(&pull(&n[0], &cl.endpoint(2, 7700), &keys), &n[1].log());
+    let m = scrape(&cl, 1);
+    for want in [
+        "kvnode_cluster_members 3",
+        "kvnode_cluster_etcd_healthy 1",
+        "kvnode_cluster_registered 1",
+        "kvnode_cluster_membership_in_force 1",
+        "kvnode_cluster_membership_age_seconds ",
+    ] {
+        assert!(
+            m.lines().any(|l| l.starts_with(want)),
+            "no {want:?} in:\n{m}"
+        );
+    }
 
     incompatible_member_is_listed_and_refused(&mut cl, &etcd, &n);
     outage_grace_expiry(&mut cl, &mut etcd, &n);
@@ -514,6 +536,14 @@ fn outage_grace_expiry(cl: &mut Cluster, etcd: &mut Etcd, n: &[Daemon]) {
         !s.in_force && !s.etcd_healthy && s.refused_hints >= 1,
         "{s:?}"
     );
+    let m = scrape(cl, 1);
+    for want in [
+        "kvnode_cluster_etcd_healthy 0",
+        "kvnode_cluster_membership_in_force 0",
+        "kvnode_cluster_registered 0",
+    ] {
+        assert!(m.lines().any(|l| l == want), "no {want:?} in:\n{m}");
+    }
     let out = Command::new(kvnode_bin())
         .args(["cluster", "status", "--socket"])
         .arg(n[0].socket())
