@@ -35,6 +35,10 @@ pub struct ClusterArgs {
 /// refuses unknown tables, so `[cluster]` is taken out before it sees the rest).
 pub fn split_config(text: &str) -> anyhow::Result<(EngineConfig, Option<ClusterConfig>)> {
     let mut table: toml::Table = toml::from_str(text)?;
+    if !table.contains_key("cluster") {
+        // Straight from the text: errors keep their line and column.
+        return Ok((toml::from_str(text)?, None));
+    }
     let cluster = table
         .remove("cluster")
         .map(|v| v.try_into::<ClusterConfig>().context("[cluster]"))
