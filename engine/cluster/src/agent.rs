@@ -25,6 +25,21 @@ use crate::error::ClusterError;
 use crate::record::{MemberRecord, RECORD_VERSION};
 use crate::view::{Change, Local, View};
 
+/// Records per listing request (about 320 KB at ~320 bytes a record).
+const LIST_PAGE: i64 = 1000;
+
+/// The first key after every key that starts with `prefix` (its last byte + 1).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 /// What this daemon registers (the agent adds the instance id and the registration time).
 #[derive(Clone, Debug, Default)]
 pub struct Registration {
@@ -284,25 +299,7 @@ impl Ctx {
         .await?;
         let (mut keeper, mut alive) =
             bounded("keep-alive", limit, client.lease_keep_alive(id)).await?;
-        let list = bounded(
-            "list members",
-            limit,
-            // Serializable: any etcd member answers from its own copy (spreads a fleet's
-            // re-listing after an outage); the watch then resumes from this revision.
-            client.get(
-                self.prefix.clone(),
-                Some(GetOptions::new().with_prefix().with_serializable()),
-            ),
-        )
-        .await?;
-        let revision = list
-            .header()
-            .map_or(0, etcd_client::ResponseHeader::revision);
-        let records = list
-            .kvs()
-            .iter()
-            .filter_map(|kv| self.parse(kv.key(), kv.value()))
-            .collect::<Vec<_>>();
+        let (revision, records) = self.list(&mut client).await?;
         let n = records.len();
         self.view.reload(records);
         self.view.set_registered(true);
@@ -357,6 +354,44 @@ impl Ctx {
                     }
                     self.view.confirm();
                 }
+            }
+        }
+    }
+
+    /// The whole membership at one revision, in pages of [`LIST_PAGE`] records: one response
+    /// would pass gRPC's 4 MiB message limit beyond about 12 000 members.
+    async fn list(&self, client: &mut Client) -> Result<(i64, Vec<MemberRecord>), ClusterError> {
+        let end = prefix_end(&self.prefix);
+        let mut from = self.prefix.clone().into_bytes();
+        let mut revision = 0;
+        let mut out = Vec::new();
+        loop {
+            let mut o = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LIST_PAGE);
+            if revision > 0 {
+                o = o.with_revision(revision);
+            }
+            let r = bounded(
+                "list members",
+                self.limit(),
+                client.get(from.clone(), Some(o)),
+            )
+            .await?;
+            if revision == 0 {
+                revision = r.header().map_or(0, etcd_client::ResponseHeader::revision);
+            }
+            out.extend(
+                r.kvs()
+                    .iter()
+                    .filter_map(|kv| self.parse(kv.key(), kv.value())),
+            );
+            match (r.more(), r.kvs().last()) {
+                (true, Some(last)) => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok((revision, out)),
             }
         }
     }
@@ -431,5 +466,17 @@ impl Ctx {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn prefix_end_is_the_first_key_past_the_prefix() {
+        assert_eq!(
+            super::prefix_end("/kvnode/clusters/a/members/"),
+            b"/kvnode/clusters/a/members0"
+        );
+        assert_eq!(super::prefix_end("a\u{7f}"), b"a\x80");
     }
 }
