@@ -9,6 +9,8 @@ if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
 need=()
 command -v cargo >/dev/null || { echo "install-deps: cargo (Rust >= 1.95) is required and missing" >&2; exit 1; }
 command -v cc >/dev/null || need+=(gcc)
+# The etcd client (kvnode-cluster) compiles etcd's .proto files at build time.
+command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [ "$MODE" = serve ]; then
   if ((${#need[@]})); then
     echo "install-deps: installing ${need[*]}" >&2
@@ -18,6 +20,9 @@ if [ "$MODE" = serve ]; then
   exit 0
 fi
 command -v fio >/dev/null || need+=(fio)
+# tests/tests/cluster*.rs start a real etcd (docs/cluster.md) and make TLS certificates.
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v openssl >/dev/null || need+=(openssl)
 command -v iperf3 >/dev/null || need+=(iperf3)
 # kvtrace: clang compiles the BPF programs, bpftool generates vmlinux.h, libbpf (vendored by
 # libbpf-sys) links against the system libelf and zlib found through pkg-config; asm/ headers

@@ -3,6 +3,7 @@
 //! The `kvnode` binary is found next to the test executable (`target/<profile>/kvnode`);
 //! `cargo test --workspace` builds it before running these tests.
 
+pub mod fabric;
 pub mod raw;
 pub mod shm;
 
@@ -40,7 +41,7 @@ pub fn kvtrace_bin() -> PathBuf {
 }
 
 /// Environment variable that lets a test skip when a prerequisite is missing: a comma list
-/// of the prerequisites that may be missing (`root`, `ip`, `gpu-driver`) or `all`. Unset,
+/// of the prerequisites that may be missing (`root`, `ip`, `gpu-driver`, `etcd`) or `all`. Unset,
 /// as in CI, a missing prerequisite fails the test: nothing passes by skipping.
 pub const ALLOW_SKIP_ENV: &str = "KVNODE_TEST_ALLOW_SKIP";
 
