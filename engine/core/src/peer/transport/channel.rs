@@ -122,8 +122,13 @@ impl Half {
     /// Encodes and seals `msg` (announcing `payload_len` body bytes) as the next frame:
     /// prefix, header, tag. The body follows unchanged (or as sealed by [`Half::seal_body`]).
     pub fn seal(&mut self, msg: &PeerMsg, payload_len: u64) -> Result<Vec<u8>, PeerError> {
-        let mut f =
-            encode_frame(msg, payload_len).map_err(|e| PeerError::Protocol(e.to_string()))?;
+        let f = encode_frame(msg, payload_len).map_err(|e| PeerError::Protocol(e.to_string()))?;
+        Ok(self.seal_encoded(f))
+    }
+
+    /// Seals an encoded frame head (prefix + header bytes, whatever they hold) as the next
+    /// frame. Only [`Half::seal`] and tests of a key holder sending garbage use it.
+    pub fn seal_encoded(&mut self, mut f: Vec<u8>) -> Vec<u8> {
         let (prefix, header) = f.split_at_mut(PREFIX_LEN);
         match &self.protect {
             Protect::Mac(k) => {
@@ -138,7 +143,7 @@ impl Half {
             }
         }
         self.seq += 1;
-        Ok(f)
+        f
     }
 
     /// Checks and opens the next frame: `prefix` as received, `header` (decrypted in place)
