@@ -68,7 +68,8 @@ impl Wire {
                 .send
                 .seal(m, payload.len() as u64)
                 .map_err(|e| io::Error::other(e.to_string()))?,
-            None => encode_frame(m, payload.len() as u64).map_err(|e| io::Error::other(e.to_string()))?,
+            None => encode_frame(m, payload.len() as u64)
+                .map_err(|e| io::Error::other(e.to_string()))?,
         };
         f.extend_from_slice(payload);
         self.s.write_all(&f)
@@ -100,7 +101,10 @@ impl Wire {
 pub fn keyless_source_handshake(s: TcpStream) -> Wire {
     let mut w = Wire::new(s);
     let hello = w.recv().expect("Hello");
-    assert!(matches!(&hello, PeerMsg::Hello { key_ids, .. } if key_ids.is_empty()), "{hello:?}");
+    assert!(
+        matches!(&hello, PeerMsg::Hello { key_ids, .. } if key_ids.is_empty()),
+        "{hello:?}"
+    );
     let mut challenge = PeerMsg::Challenge {
         version: PEER_PROTOCOL_VERSION,
         node: "fake".into(),
@@ -143,7 +147,11 @@ fn kind(f: &io::Result<Vec<u8>>) -> String {
         Err(e) => format!("closed({})", e.kind()),
         Ok(f) => match decode_plain(f) {
             Some(PeerMsg::Refused { reason }) => format!("Refused({reason})"),
-            Some(m) => format!("{m:?}").split([' ', '{']).next().unwrap_or("?").to_owned(),
+            Some(m) => format!("{m:?}")
+                .split([' ', '{'])
+                .next()
+                .unwrap_or("?")
+                .to_owned(),
             None => "sealed".into(),
         },
     }
@@ -159,7 +167,10 @@ fn try_to_read(a: &mut TcpStream, proof: Vec<u8>, r: &mut Report) {
     let pull = PeerMsg::Pull {
         req: 1,
         ns: kvnode_proto::NamespaceId(1),
-        keys: vec![kvnode_proto::peer::PullKey(kvnode_proto::Digest([0; 32]), 0)],
+        keys: vec![kvnode_proto::peer::PullKey(
+            kvnode_proto::Digest([0; 32]),
+            0,
+        )],
     };
     let mut sealed_looking = plain(&pull, &[]);
     sealed_looking.extend_from_slice(&[0u8; MAC_TAG_LEN]);
@@ -167,7 +178,8 @@ fn try_to_read(a: &mut TcpStream, proof: Vec<u8>, r: &mut Report) {
     let _ = a.write_all(&sealed_looking);
     let mut blocks = 0;
     while let Ok(f) = read_frame(a, 0) {
-        if FramePrefix::decode(f[..PREFIX_LEN].try_into().unwrap()).is_ok_and(|p| p.payload_len > 0) {
+        if FramePrefix::decode(f[..PREFIX_LEN].try_into().unwrap()).is_ok_and(|p| p.payload_len > 0)
+        {
             blocks += 1;
         }
     }
@@ -188,7 +200,7 @@ pub fn relay(l: &TcpListener, to: &str, rewrite: Option<&str>) -> Report {
     let hello = read_frame(&mut b, 0).expect("Hello");
     let mut msg = decode_plain(&hello).expect("a plain Hello");
     if let (PeerMsg::Hello { dialled, .. }, Some(w)) = (&mut msg, rewrite) {
-        *dialled = w.to_owned();
+        w.clone_into(dialled);
     }
     a.write_all(&plain(&msg, &[])).unwrap();
     let challenge = read_frame(&mut a, 0);
@@ -280,7 +292,11 @@ fn pump(
     let mut ready: Option<Vec<u8>> = None;
     let mut done = tamper == Tamper::Pass;
     loop {
-        let t = if n < plain_frames { 0 } else { tag.load(Ordering::SeqCst) };
+        let t = if n < plain_frames {
+            0
+        } else {
+            tag.load(Ordering::SeqCst)
+        };
         let Ok(mut f) = read_frame(&mut from, t) else {
             let _ = to.shutdown(std::net::Shutdown::Both);
             return;
@@ -289,7 +305,10 @@ fn pump(
             && plain_frames == 1
             && let Some(PeerMsg::Challenge { encrypt, .. }) = decode_plain(&f)
         {
-            tag.store(if encrypt { AEAD_TAG_LEN } else { MAC_TAG_LEN }, Ordering::SeqCst);
+            tag.store(
+                if encrypt { AEAD_TAG_LEN } else { MAC_TAG_LEN },
+                Ordering::SeqCst,
+            );
         }
         n += 1;
         if let Some(r) = record {
@@ -345,16 +364,23 @@ fn pump(
 /// An on-path proxy: carries connections from `l` to `to` frame by frame, applying `tamper`
 /// to the first connection (source to destination), recording every byte the source sent
 /// into `record` when given. Runs until the process ends.
-pub fn proxy(l: &TcpListener, to: &str, tamper: Tamper, record: Option<Arc<std::sync::Mutex<Vec<u8>>>>) -> ! {
+pub fn proxy(
+    l: &TcpListener,
+    to: &str,
+    tamper: Tamper,
+    record: Option<&Arc<std::sync::Mutex<Vec<u8>>>>,
+) -> ! {
     for (i, c) in l.incoming().enumerate() {
         let Ok(b) = c else { continue };
-        let Ok(a) = TcpStream::connect(to) else { continue };
+        let Ok(a) = TcpStream::connect(to) else {
+            continue;
+        };
         let tag = Arc::new(AtomicUsize::new(MAC_TAG_LEN));
         let t = if i == 0 { tamper } else { Tamper::Pass };
         let (b2, a2) = (b.try_clone().unwrap(), a.try_clone().unwrap());
         let tag2 = Arc::clone(&tag);
         std::thread::spawn(move || pump(b, a, 2, &tag2, Tamper::Pass, None));
-        let rec = record.clone();
+        let rec = record.cloned();
         std::thread::spawn(move || pump(a2, b2, 1, &tag, t, rec.as_deref()));
     }
     unreachable!("incoming() never ends")

@@ -91,7 +91,9 @@ fn failed_with(r: &KeyOutcome, want: &str) -> bool {
 
 fn nothing_committed(op: &OpReport) {
     assert!(
-        op.results.iter().all(|r| matches!(r, KeyOutcome::Failed(_))),
+        op.results
+            .iter()
+            .all(|r| matches!(r, KeyOutcome::Failed(_))),
         "{op:?}"
     );
 }
@@ -126,7 +128,10 @@ fn a_keyless_relay_between_keyed_daemons_is_refused_both_ways_and_reads_nothing(
         assert_eq!(why.code, FailCode::PeerRefused, "{why:?}");
         if rewrite.is_none() {
             // A refuses a Hello that dialled someone else, before any proof.
-            assert!(seen.contains("source_answer=Refused(peer authentication failed: the peer dialled"), "{seen}");
+            assert!(
+                seen.contains("source_answer=Refused(peer authentication failed: the peer dialled"),
+                "{seen}"
+            );
             assert!(why.message.contains("not this daemon"), "{why:?}");
         } else {
             // A's proof names A; B dialled the relay, so the proof fails at B.
@@ -290,7 +295,11 @@ fn an_on_path_proxy_that_alters_drops_reorders_or_replays_a_frame_is_detected() 
         assert!(failed_with(&op.results[0], want), "{mode}: {op:?}");
         if mode == "flip-payload" {
             // Only the altered block fails; the connection stays in step.
-            assert_eq!(op.results[1..], vec![KeyOutcome::Pulled; 3], "{mode}: {op:?}");
+            assert_eq!(
+                op.results[1..],
+                vec![KeyOutcome::Pulled; 3],
+                "{mode}: {op:?}"
+            );
         } else {
             nothing_committed(&op);
         }
@@ -327,7 +336,10 @@ fn encryption_hides_the_blocks_on_the_wire_and_pulls_stay_byte_identical() {
             .data
             .iter()
             .any(|b| wire.windows(64).any(|w| w == &b[1000..1064]));
-        assert_eq!(seen, !encrypt, "plaintext on the wire with encrypt={encrypt}");
+        assert_eq!(
+            seen, !encrypt,
+            "plaintext on the wire with encrypt={encrypt}"
+        );
         let log = x.dst.log();
         assert_eq!(log.contains("every frame encrypted"), encrypt, "{log}");
     }
@@ -363,8 +375,14 @@ fn key_rotation_daemons_with_old_both_and_new_keys_interoperate_and_a_removed_ke
     assert_eq!(pull(&dst, port, &keys, "m", &data).state, OpState::Done);
     // The source moves to the new key alone (SIGHUP re-reads its file): the destination's
     // pooled session under the old key is closed, and it redials under the new one.
-    std::fs::write(&skey, format!("{NEW}
-")).unwrap();
+    std::fs::write(
+        &skey,
+        format!(
+            "{NEW}
+"
+        ),
+    )
+    .unwrap();
     src.signal(libc::SIGHUP);
     wait_log(&src, "cluster keys reloaded");
     let mut c = dst.client();
@@ -377,10 +395,16 @@ fn key_rotation_daemons_with_old_both_and_new_keys_interoperate_and_a_removed_ke
     let stale = peer_dest("127.0.0.0/8", &["--cluster-key", old.to_str().unwrap()]);
     let op = pull(&stale, port, &keys, "m", &data);
     nothing_committed(&op);
-    assert!(failed_with(&op.results[0], "no cluster key in common"), "{op:?}");
+    assert!(
+        failed_with(&op.results[0], "no cluster key in common"),
+        "{op:?}"
+    );
     // A bad key file on SIGHUP keeps the keys in force.
-    std::fs::write(&skey, "short
-").unwrap();
+    std::fs::write(
+        &skey, "short
+",
+    )
+    .unwrap();
     src.signal(libc::SIGHUP);
     wait_log(&src, "cluster keys not reloaded");
     c.delete(ns, &keys).unwrap();
@@ -390,7 +414,11 @@ fn key_rotation_daemons_with_old_both_and_new_keys_interoperate_and_a_removed_ke
 fn wait_log(d: &Daemon, want: &str) {
     let t = Instant::now();
     while !d.log().contains(want) {
-        assert!(t.elapsed() < Duration::from_secs(5), "no {want:?} in {}", d.log());
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "no {want:?} in {}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -414,16 +442,25 @@ fn a_pull_in_a_namespace_the_source_does_not_hold_gets_misses() {
 fn the_per_peer_cap_on_keys_in_flight_is_enforced() {
     let dir = temp_dir("cap");
     let cfg = dir.join("kvnode.toml");
-    std::fs::write(&cfg, "[peer]
+    std::fs::write(
+        &cfg,
+        "[peer]
 max_outstanding_keys = 8
-").unwrap();
+",
+    )
+    .unwrap();
     let port = free_port();
     let src = peer_source(port, &[]);
     let keys: Vec<Key> = (0..12).map(key).collect();
     fill(&src, &keys);
     let dst = peer_dest(
         &format!("tcp://127.0.0.1:{port}"),
-        &["--config", cfg.to_str().unwrap(), "--peer-connect-timeout-ms", "5000"],
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--peer-connect-timeout-ms",
+            "5000",
+        ],
     );
     let mut c = dst.client();
     let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
@@ -462,10 +499,16 @@ max_outstanding_keys = 8
             .exists_hinted(ns, &keys[8..], Some(&hint(port, &keys[8..])))
             .unwrap();
         let r = r.unwrap();
-        if r.reason.as_ref().is_none_or(|f| f.code != FailCode::PeerBusy) {
+        if r.reason
+            .as_ref()
+            .is_none_or(|f| f.code != FailCode::PeerBusy)
+        {
             break r;
         }
-        assert!(t.elapsed() < Duration::from_secs(2), "never admitted again: {r:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "never admitted again: {r:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     let later = c.wait(later.op, 5000).unwrap();
@@ -496,7 +539,8 @@ fn a_hint_naming_this_daemon_by_another_local_address_is_refused_before_dialling
         let h = hint(port, &keys).replace("127.0.0.1", host);
         let (_, op) = c.get_hinted(ns, &keys, Some(&h), Some(2000)).unwrap();
         let op = op.unwrap();
-        let names_me = |m: &str| m.contains("names this daemon") || m.contains("not dialling itself");
+        let names_me =
+            |m: &str| m.contains("names this daemon") || m.contains("not dialling itself");
         let why = op
             .reason
             .clone()
@@ -508,5 +552,9 @@ fn a_hint_naming_this_daemon_by_another_local_address_is_refused_before_dialling
         assert!(names_me(&why.message), "{host}: {op:?}");
     }
     assert!(!d.log().contains("peer authenticated"), "{}", d.log());
-    assert!(!d.log().contains("peer refused"), "it dialled itself: {}", d.log());
+    assert!(
+        !d.log().contains("peer refused"),
+        "it dialled itself: {}",
+        d.log()
+    );
 }

@@ -124,7 +124,13 @@ fn truncated_block_fails_its_keys_and_commits_nothing() {
     let (port, t) = fake_source(|s, req, _| {
         let b = block(0, PAGE);
         // The sealed header and 100 bytes of the body, then the source closes.
-        let f = s.chan.as_mut().unwrap().send.seal(&block_msg(req, 0, &b), PAGE as u64).unwrap();
+        let f = s
+            .chan
+            .as_mut()
+            .unwrap()
+            .send
+            .seal(&block_msg(req, 0, &b), PAGE as u64)
+            .unwrap();
         s.s.write_all(&f).unwrap();
         s.s.write_all(&b[..100]).unwrap();
         s.s.shutdown(std::net::Shutdown::Both).unwrap();
@@ -217,11 +223,7 @@ fn garbage_sent_to_a_real_source_is_refused_and_it_keeps_serving() {
     let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
     c.put(ns, &keys, &[&block(0, PAGE), &block(1, PAGE)])
         .unwrap();
-    for junk in [
-        vec![0u8; 8],
-        vec![0xff; 100],
-        plain(&PeerMsg::Ready, &[]),
-    ] {
+    for junk in [vec![0u8; 8], vec![0xff; 100], plain(&PeerMsg::Ready, &[])] {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         s.write_all(&junk).unwrap();

@@ -19,38 +19,48 @@ fn main() {
     let a: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| a.get(i).map(String::as_str);
     let usage = || -> ! {
-        eprintln!("usage: peer-attacker relay LISTEN TO [DIALLED] | forge TO DIALLED KEY_ID | proxy LISTEN TO MODE [FILE]");
+        eprintln!(
+            "usage: peer-attacker relay LISTEN TO [DIALLED] | forge TO DIALLED KEY_ID | proxy LISTEN TO MODE [FILE]"
+        );
         std::process::exit(2)
     };
     let report = match arg(0) {
         Some("relay") => {
-            let (Some(listen), Some(to)) = (arg(1), arg(2)) else { usage() };
+            let (Some(listen), Some(to)) = (arg(1), arg(2)) else {
+                usage()
+            };
             let l = TcpListener::bind(listen).expect("bind");
             println!("listening");
             std::io::stdout().flush().unwrap();
             relay(&l, to, arg(3))
         }
         Some("forge") => {
-            let (Some(to), Some(dialled), Some(id)) = (arg(1), arg(2), arg(3)) else { usage() };
+            let (Some(to), Some(dialled), Some(id)) = (arg(1), arg(2), arg(3)) else {
+                usage()
+            };
             let id = u64::from_str_radix(id, 16).unwrap_or_else(|_| usage());
             forge(to, dialled, id)
         }
         Some("proxy") => {
-            let (Some(listen), Some(to), Some(mode)) = (arg(1), arg(2), arg(3)) else { usage() };
+            let (Some(listen), Some(to), Some(mode)) = (arg(1), arg(2), arg(3)) else {
+                usage()
+            };
             let mode = Tamper::parse(mode).unwrap_or_else(|| usage());
             let l = TcpListener::bind(listen).expect("bind");
             let rec = arg(4).map(|f| (f.to_owned(), Arc::new(Mutex::new(Vec::new()))));
             if let Some((file, buf)) = rec.clone() {
                 // Flush what was recorded every 100 ms (the test reads the file).
-                std::thread::spawn(move || loop {
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                    let b = buf.lock().unwrap().clone();
-                    let _ = std::fs::write(&file, b);
+                std::thread::spawn(move || {
+                    loop {
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        let b = buf.lock().unwrap().clone();
+                        let _ = std::fs::write(&file, b);
+                    }
                 });
             }
             println!("listening");
             std::io::stdout().flush().unwrap();
-            proxy(&l, to, mode, rec.map(|r| r.1))
+            proxy(&l, to, mode, rec.as_ref().map(|r| &r.1))
         }
         _ => usage(),
     };

@@ -17,8 +17,9 @@ use std::sync::Mutex;
 use kvnode_proto::peer::HASH_LEN;
 use kvnode_proto::{Digest, NamespaceId};
 
-/// Entries kept before the table starts over (each about 100 bytes).
-const CAP: usize = 1 << 20;
+/// Entries kept before the table starts over (each about 130 bytes with the map's own: at
+/// most ~17 MiB). Entries of evicted blocks linger until then; a lost entry costs one hash.
+const CAP: usize = 1 << 17;
 
 /// Where a block lives and what it was when first hashed.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -61,6 +62,11 @@ impl HashCache {
             m.clear();
         }
         m.insert(s, h);
+    }
+
+    /// Forgets every hash (the next send of each block hashes it again).
+    pub fn clear(&self) {
+        self.map.lock().expect("hash cache lock").clear();
     }
 
     /// Entries held.

@@ -344,3 +344,43 @@ async fn sent_and_pulled_blocks_keep_their_verified_checksum() {
         "the destination remembers what it verified"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_changed_on_the_source_after_they_were_hashed_are_never_committed() {
+    let p = pair(2, FaultPlan::default()).await;
+    assert_eq!(
+        p.pull(2).await.state,
+        OpState::Done,
+        "the source hashed both"
+    );
+    // Scribble on the source's copy of key 0, as a client holding the arena mapping could.
+    let keys: Vec<Key> = (0..2).map(key).collect();
+    let at = p.src.store.lease(p.sns, &keys[..1]).await.unwrap()[0]
+        .as_ref()
+        .unwrap()
+        .extent();
+    // SAFETY: a test writing one byte of a block it owns; no one else touches it now.
+    unsafe { p.src.store.arena().slice_mut(at.offset, at.len)[10] ^= 0xff };
+    // With the hash remembered, the source sends the changed bytes under the old hash and
+    // the destination refuses them.
+    p.dst.store.delete(p.ns, &keys).unwrap();
+    let r = p.pull(2).await;
+    assert!(failed_with(&r.results[0], "checksum mismatch"), "{r:?}");
+    assert_eq!(r.results[1], KeyOutcome::Pulled, "{r:?}");
+    assert_eq!(p.held(2).await, vec![false, true]);
+    // With the hash forgotten, the source hashes again, sees that the bytes no longer match
+    // the fingerprint its slot kept, and answers Miss.
+    p.src.peers.hashes.clear();
+    let r = p.pull(2).await;
+    assert_eq!(r.results[0], KeyOutcome::Missed, "{r:?}");
+    assert_eq!(
+        p.src
+            .peers
+            .counters
+            .changed_blocks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(p.held(2).await, vec![false, true]);
+    assert_eq!(p.reserved(), 0);
+}

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
-use kvnode_proto::peer::{PeerMsg, check_prefix, decode_peer};
+use kvnode_proto::peer::{MAC_TAG_LEN, PeerMsg, check_prefix, decode_peer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -159,15 +159,15 @@ impl TcpConn {
     }
 
     async fn open(&mut self, p: [u8; PREFIX_LEN], limit: Duration) -> Result<PeerMsg, PeerError> {
-        let Some(c) = &mut self.chan else {
-            unreachable!("open is called on sealed connections only")
-        };
-        let mut tag = vec![0u8; c.recv.tag_len()];
-        bounded(limit, "peer frame tag", self.io.read_exact(&mut tag)).await?;
-        let Some(c) = &mut self.chan else {
-            unreachable!()
-        };
-        Ok(c.recv.open(&p, &mut self.header, &tag)?.0)
+        let n = self.chan.as_ref().map_or(0, |c| c.recv.tag_len());
+        let mut tag = [0u8; MAC_TAG_LEN];
+        let tag = &mut tag[..n];
+        bounded(limit, "peer frame tag", self.io.read_exact(tag)).await?;
+        let c = self
+            .chan
+            .as_mut()
+            .ok_or_else(|| PeerError::Protocol("a sealed frame before the handshake".into()))?;
+        Ok(c.recv.open(&p, &mut self.header, tag)?.0)
     }
 
     /// Receives the next frame header within `limit` (checked and opened when sealed).

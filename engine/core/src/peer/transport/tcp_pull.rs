@@ -29,7 +29,7 @@ pub struct TcpPull {
     tag: Vec<u8>,
     /// The `SO_RCVTIMEO`/`SO_SNDTIMEO` in force (set only when it changes).
     limit: Option<Duration>,
-    chan: Channel,
+    chan: Box<Channel>,
     /// Sequence number of the last frame received (its body is opened under it).
     last: u64,
 }
@@ -51,7 +51,7 @@ impl TcpPull {
             header: Vec::new(),
             tag: Vec::new(),
             limit: None,
-            chan,
+            chan: Box::new(chan),
             last: 0,
         })
     }
@@ -260,7 +260,7 @@ mod tests {
         let took = t.elapsed();
         assert!(took >= limit && took < limit * 2, "stall cost {took:?}");
         // 1000 more bytes, then the peer closes inside the next read.
-        let mut p = TcpPull::new(p.s, &[], p.chan).unwrap();
+        let mut p = TcpPull::new(p.s, &[], *p.chan).unwrap();
         w.write_all(&wire[head..head + 1000]).unwrap();
         drop(w);
         let e = p.read_payload(&mut body[..4096], limit).unwrap_err();
