@@ -4,6 +4,7 @@
 //! `cargo test --workspace` builds it before running these tests.
 
 pub mod fabric;
+pub mod peerwire;
 pub mod raw;
 pub mod shm;
 

@@ -30,7 +30,8 @@ pub struct MemberRecord {
     pub peer_protocol: u32,
     /// Tier capacities.
     pub tiers: Vec<MemberTier>,
-    /// Identifier of the cluster key (a keyed digest of it, never the key), if any.
+    /// Identifiers of the cluster keys held at registration (64-bit fingerprints in hex,
+    /// comma-separated, two during a key roll; never a key), if any.
     pub key_id: Option<String>,
     /// Wall-clock time of this registration, ms since the Unix epoch.
     pub registered_unix_ms: u64,

@@ -213,7 +213,7 @@ impl View {
                 ours: self.local.peer_protocol,
             };
         }
-        if r.key_id.is_some() && self.local.key_id.is_some() && r.key_id != self.local.key_id {
+        if !keys_compatible(r.key_id.as_deref(), self.local.key_id.as_deref()) {
             return Verdict::KeyMismatch {
                 node_id: id.clone(),
             };
@@ -389,9 +389,7 @@ impl View {
                     version: r.version.clone(),
                     peer_protocol: r.peer_protocol,
                     compatible: r.peer_protocol == self.local.peer_protocol
-                        && (r.key_id.is_none()
-                            || self.local.key_id.is_none()
-                            || r.key_id == self.local.key_id),
+                        && keys_compatible(r.key_id.as_deref(), self.local.key_id.as_deref()),
                     key_id: r.key_id.clone(),
                     tiers: r.tiers.clone(),
                     lease_age_s: wall_ms.saturating_sub(r.registered_unix_ms) as f64 / 1e3,
@@ -436,3 +434,14 @@ fn unindex(ix: &mut HashMap<(String, u16), String>, r: &MemberRecord) {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether two members' key ids admit a handshake. A key id lists the ids of the keys a
+/// member held when it registered, comma-separated (two during a key roll); they must share
+/// one. A member without an id (keyless, or an older record) is not judged here: the
+/// handshake decides.
+pub fn keys_compatible(theirs: Option<&str>, ours: Option<&str>) -> bool {
+    match (theirs, ours) {
+        (Some(a), Some(b)) => a.split(',').any(|x| b.split(',').any(|y| x == y)),
+        _ => true,
+    }
+}

@@ -1,7 +1,6 @@
 //! `kvnode serve --cluster etcd://...`: the `[cluster]` table, the etcd agent
 //! (kvnode-cluster) and the adapter through which its view authorizes hinted endpoints.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -129,15 +128,13 @@ impl kvnode_engine::peer::Membership for EtcdMembership {
     }
 }
 
-/// A keyed digest naming the cluster key in member records (never the key itself): members
-/// with another id would fail the handshake, so hints to them are refused up front.
+/// The ids of the cluster keys held now (the fingerprints the peer handshake names them by,
+/// never the keys): members sharing none would fail the handshake, so hints to them are
+/// refused up front. Recorded at registration; a SIGHUP key reload is not re-published.
 fn key_id(engine: &Engine) -> Option<String> {
-    let k = engine.peers.key()?;
-    let mac = k.proof(b"kvnode cluster key id v1", b"", b"");
-    Some(mac[..8].iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    }))
+    let ring = engine.peers.keys()?;
+    let ids: Vec<String> = ring.ids().iter().map(|i| format!("{i:016x}")).collect();
+    Some(ids.join(","))
 }
 
 /// Starts the agent and installs its view. Never waits on etcd: when etcd is down the

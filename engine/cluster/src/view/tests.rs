@@ -126,3 +126,12 @@ fn every_refusal_names_the_endpoint_and_the_reason() {
         assert!(!v.authorizes());
     }
 }
+
+#[test]
+fn members_rolling_keys_are_compatible_while_they_share_one() {
+    use super::keys_compatible;
+    assert!(keys_compatible(Some("aa,bb"), Some("bb")));
+    assert!(keys_compatible(Some("aa"), Some("cc,aa")));
+    assert!(!keys_compatible(Some("aa,bb"), Some("cc")));
+    assert!(keys_compatible(None, Some("cc")));
+}

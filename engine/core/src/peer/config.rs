@@ -19,9 +19,13 @@ pub struct PeerConfig {
     /// `tcp://HOST:PORT` other daemons and the router use to reach this one. Default: the
     /// listen address when it is not a wildcard.
     pub advertise: Option<String>,
-    /// File holding the shared cluster key (at least 16 bytes). Default: none, and then the
-    /// daemon only talks to loopback peers.
+    /// File holding the shared cluster key (at least 16 bytes), or two keys on two lines
+    /// during a key roll; re-read on SIGHUP. Default: none, and then the daemon only talks
+    /// to loopback peers.
     pub cluster_key: Option<PathBuf>,
+    /// Encrypt every peer session (AES-256-GCM), for untrusted networks; a session is
+    /// encrypted when either daemon asks. Default: false (every frame is still authenticated).
+    pub encrypt: bool,
     /// Authorized peers: `tcp://host:port` entries or CIDRs (`10.0.0.0/8`). Default: none.
     pub peers: Vec<String>,
     /// Connect plus authentication limit, milliseconds. Default: 500.
@@ -47,6 +51,7 @@ impl Default for PeerConfig {
             listen: None,
             advertise: None,
             cluster_key: None,
+            encrypt: false,
             peers: Vec::new(),
             connect_timeout_ms: 500,
             io_timeout_ms: 1000,
@@ -163,6 +168,12 @@ impl PeerConfig {
         if self.batch_keys == 0 || self.batch_keys as usize > kvnode_proto::peer::MAX_PULL_KEYS {
             return Err("peer batch_keys must be 1..=4096".into());
         }
+        if self.encrypt && self.cluster_key.is_none() {
+            return Err(
+                "peer encryption needs a cluster key (without one the session keys are public)"
+                    .into(),
+            );
+        }
         if self.connect_timeout_ms == 0 || self.io_timeout_ms == 0 {
             return Err("peer timeouts must be positive".into());
         }
@@ -202,5 +213,10 @@ mod tests {
         assert!(c.validate().unwrap_err().contains("only loopback"));
         c.cluster_key = Some("/k".into());
         assert!(c.validate().is_ok());
+        c.encrypt = true;
+        assert!(c.validate().is_ok());
+        c.cluster_key = None;
+        c.peers.pop();
+        assert!(c.validate().unwrap_err().contains("needs a cluster key"));
     }
 }

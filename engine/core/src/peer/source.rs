@@ -3,16 +3,18 @@
 //! Each answered block is leased from the moment the pull is read until its last byte is
 //! handed to the transport, so it cannot be evicted or reused while it is being sent. A key
 //! that lives only on NVMe is promoted into DRAM first (the same path as a client `get`).
+//! Each block goes out with its BLAKE3 hash in the sealed header, hashed once per block and
+//! remembered ([`super::hashes`]); a block whose bytes changed since is answered `Miss`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvnode_proto::NamespaceId;
-use kvnode_proto::peer::{PeerMsg, PullKey};
+use kvnode_proto::peer::{HASH_LEN, PeerMsg, PullKey};
 use tokio::sync::watch;
-use twox_hash::XxHash3_64;
 
 use super::auth::accept_handshake;
+use super::hashes::{HashCache, SlotId, fingerprint};
 use super::transport::{PeerListener, TcpConn};
 use super::{PeerError, Peers};
 use crate::store::{Lease, Store};
@@ -43,7 +45,39 @@ impl BlockSource for Arc<Store> {
     }
 }
 
+/// The block's hash: remembered, or computed now and remembered. `None` when its bytes no
+/// longer match the fingerprint its slot kept from the first time (changed under a lease).
+pub fn block_hash(
+    cache: &HashCache,
+    ns: NamespaceId,
+    k: PullKey,
+    b: &Lease,
+) -> Option<[u8; HASH_LEN]> {
+    let at = |fingerprint| SlotId {
+        ns,
+        digest: k.0,
+        segment: k.1,
+        offset: b.extent().offset,
+        len: b.len(),
+        fingerprint,
+    };
+    let kept = b.xxh3();
+    if let Some(h) = kept.and_then(|f| cache.get(&at(f))) {
+        return Some(h);
+    }
+    let h = *blake3::hash(b.bytes()).as_bytes();
+    let f = fingerprint(&h);
+    match kept {
+        Some(k) if k != f => return None,
+        Some(_) => {}
+        None => b.remember_checksum(f),
+    }
+    cache.put(at(f), h);
+    Some(h)
+}
+
 async fn serve_pull<S: BlockSource>(
+    p: &Peers,
     src: &S,
     w: &mut TcpConn,
     req: u64,
@@ -54,21 +88,30 @@ async fn serve_pull<S: BlockSource>(
     // Each block stays leased until its last byte is handed to the transport; an early
     // return drops the rest.
     let mut leased = src.lease(ns, keys).await;
-    for (idx, l) in leased.iter_mut().enumerate() {
-        let idx = idx as u32;
-        match l.take() {
-            Some(b) => {
+    for (i, l) in leased.iter_mut().enumerate() {
+        let idx = i as u32;
+        let hashed = l.take().and_then(|b| {
+            let h = block_hash(&p.hashes, ns, keys[i], &b);
+            if h.is_none() {
+                p.counters
+                    .changed_blocks
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(
+                    len = b.len(),
+                    "a block's bytes changed after it was hashed (written through a client mapping?): answered Miss"
+                );
+            }
+            h.map(|h| (b, h))
+        });
+        match hashed {
+            Some((b, hash)) => {
                 let bytes = b.bytes();
-                let xxh3 = b.xxh3().unwrap_or_else(|| {
-                    let sum = XxHash3_64::oneshot(bytes);
-                    b.remember_checksum(sum);
-                    sum
-                });
                 let msg = PeerMsg::Block {
                     req,
                     idx,
                     len: bytes.len() as u32,
-                    xxh3,
+                    hash: hash.to_vec(),
+                    seal: Vec::new(),
                 };
                 w.send(&msg, bytes, limit).await?;
             }
@@ -79,14 +122,23 @@ async fn serve_pull<S: BlockSource>(
 }
 
 async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<bool>) {
-    let dst = match accept_handshake(&mut w, p.key(), p.node(), p.connect_timeout()).await {
+    let ring = p.keys();
+    let shake = accept_handshake(
+        &mut w,
+        ring.as_deref(),
+        p.identity(),
+        p.encrypt(),
+        p.connect_timeout(),
+    )
+    .await;
+    let dst = match shake {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(peer = %w.remote(), error = %e, "peer refused");
             return;
         }
     };
-    tracing::debug!(peer = %w.remote(), node = %dst, "peer authenticated");
+    tracing::debug!(peer = %w.remote(), node = %dst, encrypted = w.encrypted(), "peer authenticated");
     let src = Arc::clone(p.store());
     let limit = p.io_timeout();
     loop {
@@ -94,9 +146,13 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
             r = w.recv(IDLE_LIMIT) => r,
             _ = stop.changed() => return,
         };
+        if next.is_ok() && !p.key_held(w.key_id()) {
+            tracing::info!(peer = %w.remote(), "closing a session whose cluster key was removed");
+            return;
+        }
         let r = match next {
             Ok((PeerMsg::Pull { req, ns, keys }, _)) => {
-                serve_pull(&src, &mut w, req, ns, &keys, limit).await
+                serve_pull(&p, &src, &mut w, req, ns, &keys, limit).await
             }
             Ok((PeerMsg::Ping { t }, _)) => w.send(&PeerMsg::Pong { t }, &[], limit).await,
             Ok((PeerMsg::Pong { .. }, _)) => Ok(()),
@@ -123,7 +179,7 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
                 PeerError::Io(_) | PeerError::Timeout(..) => {
                     tracing::debug!(peer = %w.remote(), error = %e, "peer connection closed");
                 }
-                PeerError::Frame(_) => {
+                PeerError::Frame(_) | PeerError::Integrity(_) => {
                     let _ = w
                         .send(
                             &PeerMsg::Refused {
@@ -144,6 +200,9 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
 
 /// Accepts peer connections until `stop` turns true.
 pub async fn serve(peers: Arc<Peers>, listener: PeerListener, mut stop: watch::Receiver<bool>) {
+    if let Ok(a) = listener.local_addr() {
+        peers.set_listening(a);
+    }
     let mut conns = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
