@@ -70,6 +70,9 @@ impl NvmeTier {
             DemoteEnd::Moved
         } else if self.settings.admission == Admission::SecondRead && d.reads < 2 {
             DemoteEnd::Dropped
+        } else if !self.quota_room(d.key.ns, d.len) {
+            // Larger than its tenant's whole NVMe quota (nvme/quota.rs).
+            DemoteEnd::Dropped
         } else {
             let buf = IoBuf::Arena(ArenaSlice {
                 offset: d.offset as usize,
@@ -98,6 +101,7 @@ impl NvmeTier {
                             .fetch_add(out.evicted.len() as u64, Relaxed);
                         self.forget(&out.evicted);
                     }
+                    self.quota_charge(sk, d.key.ns, d.len);
                     DemoteEnd::Moved
                 }
                 Err(SpillError::QueueFull { depth }) => {

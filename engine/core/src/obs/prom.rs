@@ -85,10 +85,13 @@ impl Collector for Kvnode {
         let mut o = Out(d);
         daemon(&mut o, &s)?;
         regions(&mut o, &s.regions)?;
+        tenants::tenants(&mut o, &s)?;
         ops(&mut o, &self.metrics)?;
         counters(&mut o, &self.metrics)
     }
 }
+
+mod tenants;
 
 /// A descriptor encoder with one method per metric shape.
 struct Out<'a>(DescriptorEncoder<'a>);
