@@ -14,7 +14,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kvnode_e2e::{Daemon, free_port, hint, key, not_root, prerequisite, stats_text, temp_dir};
+use kvnode_e2e::{
+    Daemon, free_port, hint, key, not_root, prerequisite, spill_dir, stats_text, temp_dir,
+};
 use kvnode_proto::Key;
 
 const UID_A: u32 = 64001;
@@ -60,7 +62,10 @@ fn daemon(extra_top: &str, tenant_a: &str, extra_args: &[&str]) -> Daemon {
         ),
     )
     .unwrap();
-    let mut args = vec!["--dram", "64MiB", "--no-pin", "--config", cfg.to_str().unwrap()];
+    let mut args = vec!["--no-pin", "--config", cfg.to_str().unwrap()];
+    if !extra_args.contains(&"--dram") {
+        args.extend(["--dram", "64MiB"]);
+    }
     args.extend_from_slice(extra_args);
     Daemon::start(&args)
 }
@@ -160,6 +165,40 @@ fn quotas_hold_per_tenant_with_usage_in_stats_and_metrics() {
     ] {
         assert!(m.contains(want), "missing {want}:\n{m}");
     }
+}
+
+#[test]
+fn the_nvme_quota_drops_the_tenants_oldest_nvme_blocks_first() {
+    if !can_switch_uids() {
+        return;
+    }
+    let spill = spill_dir("tenant-nvme");
+    let d = daemon(
+        "",
+        "nvme_quota = \"4MiB\"",
+        &["--dram", "16MiB", "--spill-dir", spill.to_str().unwrap(), "--spill-size", "128MiB"],
+    );
+    let len = (512u64 << 10).to_string();
+    // 48 blocks of 512 KiB each (24 MiB) through a 16 MiB DRAM tier: most are demoted.
+    for who in [UID_A, UID_B] {
+        let put = probe(who, &d.socket, &["put", "-", "48", &len]);
+        assert_eq!(get(&put, "stored"), "48", "{put:?}");
+    }
+    let t = Instant::now();
+    loop {
+        let st = d.client().stats().unwrap();
+        let row = |n: &str| st.tenants.iter().find(|t| t.name == n).unwrap().clone();
+        let (a, b) = (row("a"), row("b"));
+        assert!(a.nvme_bytes <= 4 << 20, "A over its NVMe quota: {a:?}");
+        if a.nvme_quota_evictions > 0 && b.nvme_bytes > 4 << 20 {
+            assert_eq!(a.nvme_quota, 4 << 20);
+            assert_eq!(b.nvme_quota_evictions, 0, "{b:?}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no NVMe quota action: {a:?} {b:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_dir_all(&spill);
 }
 
 #[test]

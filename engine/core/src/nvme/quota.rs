@@ -17,6 +17,17 @@ use kvnode_spill::SpillKey;
 use super::NvmeTier;
 use crate::tenant::{TenantId, Tenants};
 
+/// What [`NvmeTier::quota_room`] decided for one block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum QuotaRoom {
+    /// No quota applies.
+    Free,
+    /// The block's bytes are held in its tenant's quota until the write settles.
+    Held(TenantId),
+    /// The block does not fit its tenant's quota: do not write it.
+    NoRoom,
+}
+
 #[derive(Debug, Default)]
 struct Ledger {
     blocks: HashMap<SpillKey, (TenantId, u64)>,
@@ -55,25 +66,29 @@ impl NvmeTier {
         }
     }
 
-    /// Before writing a block of namespace `ns` of `len` bytes: deletes the tenant's oldest
-    /// NVMe blocks until the block fits its quota. False: the block cannot fit at all.
-    pub(super) fn quota_room(&self, ns: NamespaceId, len: u64) -> bool {
+    /// Before writing a block of namespace `ns` of `len` bytes: when its tenant has an NVMe
+    /// quota, holds `len` bytes of it (deleting the tenant's oldest NVMe blocks until they
+    /// fit), so concurrent demotions cannot pass the quota together.
+    pub(super) fn quota_room(&self, ns: NamespaceId, len: u64) -> QuotaRoom {
         let Some(tenants) = self.quota.tenants.get() else {
-            return true;
+            return QuotaRoom::Free;
         };
         let Some(t) = tenants.of_id(ns) else {
-            return true;
+            return QuotaRoom::Free;
         };
         let tenant = tenants.get(t);
         let Some(limit) = tenant.nvme_quota else {
-            return true;
+            return QuotaRoom::Free;
         };
         if len > limit {
-            return false;
+            return QuotaRoom::NoRoom;
         }
         loop {
-            if tenant.nvme_bytes.load(Relaxed).saturating_add(len) <= limit {
-                return true;
+            let held = tenant.nvme_bytes.fetch_update(Relaxed, Relaxed, |b| {
+                (b.saturating_add(len) <= limit).then_some(b + len)
+            });
+            if held.is_ok() {
+                return QuotaRoom::Held(t);
             }
             let victim = {
                 let mut l = self.quota.ledger();
@@ -88,8 +103,10 @@ impl NvmeTier {
                 }
                 found
             };
-            // Nothing of the tenant's left to drop (its bytes are in flight elsewhere).
-            let Some(k) = victim else { return false };
+            // Nothing of the tenant's left to drop (its bytes are writes in flight).
+            let Some(k) = victim else {
+                return QuotaRoom::NoRoom;
+            };
             if self.spill.delete(&k) {
                 tenant.nvme_quota_evictions.fetch_add(1, Relaxed);
             }
@@ -97,18 +114,45 @@ impl NvmeTier {
         }
     }
 
-    /// Charges a block just written to NVMe to its namespace's tenant.
-    pub(super) fn quota_charge(&self, k: SpillKey, ns: NamespaceId, len: u64) {
+    /// [`NvmeTier::quota_room`] into `room`; true when the block must not be written.
+    pub(super) fn no_quota_room(&self, room: &mut QuotaRoom, ns: NamespaceId, len: u64) -> bool {
+        *room = self.quota_room(ns, len);
+        *room == QuotaRoom::NoRoom
+    }
+
+    /// After a demotion: charges a block that is now on NVMe to its tenant (bytes held by
+    /// [`NvmeTier::quota_room`] become the block's), or gives held bytes back.
+    pub(super) fn quota_settle(
+        &self,
+        room: QuotaRoom,
+        k: SpillKey,
+        ns: NamespaceId,
+        len: u64,
+        on_nvme: bool,
+    ) {
         let Some(tenants) = self.quota.tenants.get() else {
             return;
         };
-        let Some(t) = tenants.of_id(ns) else {
-            return;
+        let t = match room {
+            QuotaRoom::Held(t) => Some(t),
+            QuotaRoom::Free => tenants.of_id(ns),
+            QuotaRoom::NoRoom => None,
         };
-        let mut l = self.quota.ledger();
-        if l.blocks.insert(k, (t, len)).is_none() {
-            tenants.get(t).nvme_bytes.fetch_add(len, Relaxed);
-            l.order.entry(t).or_default().push_back(k);
+        let Some(t) = t else { return };
+        let bytes = &tenants.get(t).nvme_bytes;
+        let held = matches!(room, QuotaRoom::Held(_));
+        let charged_now = on_nvme && {
+            let mut l = self.quota.ledger();
+            let new = l.blocks.insert(k, (t, len)).is_none();
+            if new {
+                l.order.entry(t).or_default().push_back(k);
+            }
+            new
+        };
+        match (held, charged_now) {
+            (true, false) => drop(bytes.fetch_sub(len, Relaxed)),
+            (false, true) => drop(bytes.fetch_add(len, Relaxed)),
+            _ => {}
         }
     }
 }
