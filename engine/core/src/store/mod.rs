@@ -325,4 +325,6 @@ impl Store {
 }
 
 #[cfg(test)]
+mod quota_tests;
+#[cfg(test)]
 mod tests;
