@@ -45,7 +45,10 @@ fn probe(uid: u32, socket: &Path, args: &[&str]) -> HashMap<String, String> {
 }
 
 fn can_switch_uids() -> bool {
-    prerequisite("root", not_root("the tests run clients as uids 64001 and 64002"))
+    prerequisite(
+        "root",
+        not_root("the tests run clients as uids 64001 and 64002"),
+    )
 }
 
 /// A daemon with the map `a` = uid 64001, `b` = uid 64002 (root: the default tenant), a
@@ -71,7 +74,8 @@ fn daemon(extra_top: &str, tenant_a: &str, extra_args: &[&str]) -> Daemon {
 }
 
 fn get<'a>(m: &'a HashMap<String, String>, k: &str) -> &'a str {
-    m.get(k).map_or_else(|| panic!("no {k} in {m:?}"), String::as_str)
+    m.get(k)
+        .map_or_else(|| panic!("no {k} in {m:?}"), String::as_str)
 }
 
 #[test]
@@ -91,11 +95,19 @@ fn another_tenant_cannot_read_a_prefix_even_naming_its_salt_or_handle() {
     assert_eq!(get(&a, "inline_same"), "4", "{a:?}");
     // Tenants get no arena mapping by default: lease gets are refused with the reason.
     assert_eq!(get(&a, "arena_bytes"), "0");
-    assert!(get(&a, "lease_error").contains("share_arena = false"), "{a:?}");
+    assert!(
+        get(&a, "lease_error").contains("share_arena = false"),
+        "{a:?}"
+    );
     let a_ns = get(&a, "ns").to_owned();
 
     // The attack: B names A's salt (and A's derived salt, and nothing): every read misses.
-    for salt in ["shared-prompt", "-", "kvnode-tenant:a", "kvnode-tenant:a/shared-prompt"] {
+    for salt in [
+        "shared-prompt",
+        "-",
+        "kvnode-tenant:a",
+        "kvnode-tenant:a/shared-prompt",
+    ] {
         let b = probe(UID_B, &s, &["read", salt, "4", &LEN.to_string()]);
         assert_eq!(get(&b, "exists"), "0", "salt {salt}: {b:?}");
         assert_eq!(get(&b, "inline_hits"), "0", "salt {salt}: {b:?}");
@@ -105,13 +117,23 @@ fn another_tenant_cannot_read_a_prefix_even_naming_its_salt_or_handle() {
     // B uses A's handle directly: it answers exactly like a handle that does not exist, and
     // B can neither delete, overwrite nor clear A's blocks.
     let b = probe(UID_B, &s, &["handle", &a_ns, "4"]);
-    for op in ["exists_error", "inline_error", "lease_error", "delete_error", "put_error"] {
+    for op in [
+        "exists_error",
+        "inline_error",
+        "lease_error",
+        "delete_error",
+        "put_error",
+    ] {
         assert!(
             get(&b, op).contains(&format!("unknown namespace handle {a_ns}")),
             "{op}: {b:?}"
         );
     }
-    assert_eq!(get(&b, "cleared"), "0", "B's clear --all clears only B's: {b:?}");
+    assert_eq!(
+        get(&b, "cleared"),
+        "0",
+        "B's clear --all clears only B's: {b:?}"
+    );
     let a = probe(UID_A, &s, &["read", "shared-prompt", "4", &LEN.to_string()]);
     assert_eq!(get(&a, "inline_same"), "4", "A's blocks survive B: {a:?}");
 
@@ -130,11 +152,7 @@ fn quotas_hold_per_tenant_with_usage_in_stats_and_metrics() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     // A may hold 1 MiB of DRAM (16 blocks of 64 KiB); B has no quota.
-    let d = daemon(
-        "",
-        "dram_quota = \"1MiB\"",
-        &["--metrics", &listen],
-    );
+    let d = daemon("", "dram_quota = \"1MiB\"", &["--metrics", &listen]);
     let s = d.socket.clone();
     let put = probe(UID_A, &s, &["put", "-", "40", &LEN.to_string()]);
     // Every put is stored: A's oldest blocks make way for its newest.
@@ -148,11 +166,19 @@ fn quotas_hold_per_tenant_with_usage_in_stats_and_metrics() {
     assert_eq!(ra.dram_bytes, 16 * LEN, "{ra:?}");
     assert_eq!(ra.dram_quota, 1 << 20);
     assert_eq!(ra.dram_quota_evictions, 24, "{ra:?}");
-    assert_eq!(rb.dram_bytes, 40 * LEN, "B is not bound by A's quota: {rb:?}");
+    assert_eq!(
+        rb.dram_bytes,
+        40 * LEN,
+        "B is not bound by A's quota: {rb:?}"
+    );
     // A's newest 16 blocks are the ones kept.
     let a = probe(UID_A, &s, &["read", "-", "40", &LEN.to_string()]);
     assert_eq!(get(&a, "inline_hits"), "16", "{a:?}");
-    assert_eq!(get(&a, "exists"), "0", "the oldest blocks went first: {a:?}");
+    assert_eq!(
+        get(&a, "exists"),
+        "0",
+        "the oldest blocks went first: {a:?}"
+    );
     // Usage in `kvnode stats` and /metrics, labelled per tenant.
     let text = stats_text(&s);
     assert!(text.contains("1MiB"), "{text}");
@@ -176,7 +202,14 @@ fn the_nvme_quota_drops_the_tenants_oldest_nvme_blocks_first() {
     let d = daemon(
         "",
         "nvme_quota = \"4MiB\"",
-        &["--dram", "16MiB", "--spill-dir", spill.to_str().unwrap(), "--spill-size", "128MiB"],
+        &[
+            "--dram",
+            "16MiB",
+            "--spill-dir",
+            spill.to_str().unwrap(),
+            "--spill-size",
+            "128MiB",
+        ],
     );
     let len = (512u64 << 10).to_string();
     // 48 blocks of 512 KiB each (24 MiB) through a 16 MiB DRAM tier: most are demoted.
@@ -195,7 +228,10 @@ fn the_nvme_quota_drops_the_tenants_oldest_nvme_blocks_first() {
             assert_eq!(b.nvme_quota_evictions, 0, "{b:?}");
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(20), "no NVMe quota action: {a:?} {b:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no NVMe quota action: {a:?} {b:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = std::fs::remove_dir_all(&spill);
@@ -231,7 +267,9 @@ fn a_uid_outside_the_allowlist_is_refused_at_accept_logged_and_counted() {
     let no = probe(UID_B, &d.socket, &["connect"]);
     let err = get(&no, "connect_error");
     assert!(
-        err.contains(&format!("uid {UID_B} gid {UID_B} is not allowed to connect")),
+        err.contains(&format!(
+            "uid {UID_B} gid {UID_B} is not allowed to connect"
+        )),
         "{err}"
     );
     assert!(d.log().contains("client refused at accept"), "{}", d.log());
@@ -271,39 +309,55 @@ fn a_peer_pull_hits_within_a_tenant_and_misses_across_tenants() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let adv = format!("tcp://{listen}");
-    let src = daemon(
-        "",
-        "",
-        &["--peer-listen", &listen, "--advertise", &adv],
-    );
+    let src = daemon("", "", &["--peer-listen", &listen, "--advertise", &adv]);
     let dst = daemon("", "", &["--peers", "127.0.0.0/8"]);
     let put = probe(UID_A, &src.socket, &["put", "p", "4", &LEN.to_string()]);
     assert_eq!(get(&put, "stored"), "4", "{put:?}");
     let keys: Vec<Key> = (0..4).map(key).collect();
     let h = hint(port, &keys);
     for salt in ["p", "-", "kvnode-tenant:a/p"] {
-        let b = probe(UID_B, &dst.socket, &["read", salt, "4", &LEN.to_string(), &h]);
-        assert_eq!(get(&b, "inline_hits"), "0", "B pulled A's blocks with salt {salt}: {b:?}");
+        let b = probe(
+            UID_B,
+            &dst.socket,
+            &["read", salt, "4", &LEN.to_string(), &h],
+        );
+        assert_eq!(
+            get(&b, "inline_hits"),
+            "0",
+            "B pulled A's blocks with salt {salt}: {b:?}"
+        );
         let pull = get(&b, "pull");
         assert!(pull.contains("Missed") && !pull.contains("Pulled"), "{b:?}");
     }
-    let a = probe(UID_A, &dst.socket, &["read", "p", "4", &LEN.to_string(), &h]);
+    let a = probe(
+        UID_A,
+        &dst.socket,
+        &["read", "p", "4", &LEN.to_string(), &h],
+    );
     assert!(get(&a, "pull").contains("Pulled"), "{a:?}");
     assert_eq!(get(&a, "inline_same"), "4", "A's pull: {a:?}");
-    assert_eq!(get(&a, "id"), get(&put, "id"), "one tenant, one namespace id on both daemons");
+    assert_eq!(
+        get(&a, "id"),
+        get(&put, "id"),
+        "one tenant, one namespace id on both daemons"
+    );
 }
 
 fn scrape(port: u16) -> String {
     let t = Instant::now();
     loop {
         if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
             let mut r = String::new();
             s.read_to_string(&mut r).unwrap();
             assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
             return r;
         }
-        assert!(t.elapsed() < Duration::from_secs(10), "no /metrics on {port}");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no /metrics on {port}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -136,7 +136,16 @@ fn render_tenants(o: &mut String, s: &StatsReport) {
     let _ = writeln!(
         o,
         "\n{:<16} {:>4} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>5}",
-        "tenant", "ns", "dram", "dram quota", "nvme", "nvme quota", "evict dr", "evict nv", "refused", "arena"
+        "tenant",
+        "ns",
+        "dram",
+        "dram quota",
+        "nvme",
+        "nvme quota",
+        "evict dr",
+        "evict nv",
+        "refused",
+        "arena"
     );
     for t in &s.tenants {
         let _ = writeln!(

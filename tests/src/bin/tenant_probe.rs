@@ -105,7 +105,13 @@ fn main() {
             let (n, len) = (num(4), num(5));
             let ns = register(&mut c, &args[3], len);
             let keys: Vec<Key> = (0..n).map(key).collect();
-            reads(&mut c, ns, &keys, len as usize, args.get(6).map(String::as_str));
+            reads(
+                &mut c,
+                ns,
+                &keys,
+                len as usize,
+                args.get(6).map(String::as_str),
+            );
         }
         "handle" => {
             let ns = u32::try_from(num(3)).expect("a handle");

@@ -36,7 +36,8 @@ pub(super) fn admit(
     let cred = match cred {
         Ok(c) => *c,
         Err(e) if lists || tenants.enabled() => {
-            let why = format!("cannot read the client's SO_PEERCRED ({e}); access control needs it");
+            let why =
+                format!("cannot read the client's SO_PEERCRED ({e}); access control needs it");
             return Err((Refusal::NoCredentials, why));
         }
         Err(_) => return Ok(0),
@@ -48,13 +49,15 @@ pub(super) fn admit(
         );
         return Err((Refusal::Allowlist, why));
     }
-    tenants.resolve(cred.uid, cred.gid).map_err(|NoTenant::Unmapped| {
-        let why = format!(
-            "uid {} gid {} belongs to no tenant and [tenants] unmapped = \"refuse\"",
-            cred.uid, cred.gid
-        );
-        (Refusal::Unmapped, why)
-    })
+    tenants
+        .resolve(cred.uid, cred.gid)
+        .map_err(|NoTenant::Unmapped| {
+            let why = format!(
+                "uid {} gid {} belongs to no tenant and [tenants] unmapped = \"refuse\"",
+                cred.uid, cred.gid
+            );
+            (Refusal::Unmapped, why)
+        })
 }
 
 /// The namespace handle an op names, if any.
@@ -118,7 +121,12 @@ impl Session {
                 Err(e) => return super::errors::tier_error(&e),
             }
         }
-        tracing::info!(conn = self.id, tenant = self.tenant, count, "cleared the tenant's namespaces");
+        tracing::info!(
+            conn = self.id,
+            tenant = self.tenant,
+            count,
+            "cleared the tenant's namespaces"
+        );
         Reply::Cleared { count }
     }
 

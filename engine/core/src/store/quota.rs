@@ -21,7 +21,9 @@ impl Store {
         let Some((t, set, limit)) = self.tenants.dram_scope(ns) else {
             return self.dram.reserve(owner, ns, keys, lens);
         };
-        let (out, q) = self.dram.reserve_within(owner, ns, keys, lens, &set, limit)?;
+        let (out, q) = self
+            .dram
+            .reserve_within(owner, ns, keys, lens, &set, limit)?;
         let tenant = self.tenants.get(t);
         if q.evicted > 0 {
             tenant.dram_quota_evictions.fetch_add(q.evicted, Relaxed);

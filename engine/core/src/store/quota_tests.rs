@@ -90,10 +90,17 @@ async fn a_tenant_at_its_quota_evicts_its_own_oldest_blocks() {
     // Touch A's block 0 so block 1 is A's least recently used.
     drop(s.lease(a, &[key(0)]).await.unwrap());
     assert_eq!(put(&s, a, 3), PutStatus::Stored);
-    let held: Vec<bool> = s.dram.contains(a, &[key(0), key(1), key(2), key(3)]).unwrap();
+    let held: Vec<bool> = s
+        .dram
+        .contains(a, &[key(0), key(1), key(2), key(3)])
+        .unwrap();
     assert_eq!(held, vec![true, false, true, true]);
     assert_eq!(s.namespace_bytes(&[a]), 3 * PAGE);
-    assert_eq!(s.exists(b, &[key(0), key(1), key(2)]).unwrap(), 3, "B untouched");
+    assert_eq!(
+        s.exists(b, &[key(0), key(1), key(2)]).unwrap(),
+        3,
+        "B untouched"
+    );
     assert_eq!(s.tenants().get(0).dram_quota_evictions.load(Relaxed), 1);
 }
 

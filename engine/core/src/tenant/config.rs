@@ -65,9 +65,7 @@ pub struct TenantSettings {
 #[non_exhaustive]
 pub enum TenantConfigError {
     /// A name that is empty, too long or has other characters.
-    #[error(
-        "tenant name {0:?} is not 1-{MAX_NAME} characters of A-Z a-z 0-9 _ . - : rename it"
-    )]
+    #[error("tenant name {0:?} is not 1-{MAX_NAME} characters of A-Z a-z 0-9 _ . - : rename it")]
     BadName(String),
     /// Two tenants with one name.
     #[error("tenant {0:?} is listed twice: merge the two [[tenants.tenant]] entries")]
@@ -96,8 +94,7 @@ pub enum TenantConfigError {
 pub fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= MAX_NAME
-        && n
-            .bytes()
+        && n.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
@@ -241,16 +238,16 @@ mod tests {
             proptest::option::of(1u64..1 << 50),
             any::<bool>(),
         )
-            .prop_map(
-                |(name, uids, gids, dram_quota, nvme_quota, share_arena)| TenantSettings {
+            .prop_map(|(name, uids, gids, dram_quota, nvme_quota, share_arena)| {
+                TenantSettings {
                     name,
                     uids,
                     gids,
                     dram_quota,
                     nvme_quota,
                     share_arena,
-                },
-            )
+                }
+            })
     }
 
     proptest! {

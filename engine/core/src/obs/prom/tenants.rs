@@ -16,8 +16,16 @@ pub(super) fn tenants(o: &mut Out<'_>, s: &StatsReport) -> fmt::Result {
         "Bytes of a tenant's blocks, by tier.",
     )?;
     for t in &s.tenants {
-        gauge_at(&mut f, &[("tenant", t.name.as_str()), ("tier", "dram")], t.dram_bytes)?;
-        gauge_at(&mut f, &[("tenant", t.name.as_str()), ("tier", "nvme")], t.nvme_bytes)?;
+        gauge_at(
+            &mut f,
+            &[("tenant", t.name.as_str()), ("tier", "dram")],
+            t.dram_bytes,
+        )?;
+        gauge_at(
+            &mut f,
+            &[("tenant", t.name.as_str()), ("tier", "nvme")],
+            t.nvme_bytes,
+        )?;
     }
     let mut f = o.family(
         "tenant_quota_bytes",
@@ -38,8 +46,16 @@ pub(super) fn tenants(o: &mut Out<'_>, s: &StatsReport) -> fmt::Result {
     )?;
     for t in &s.tenants {
         let name = t.name.as_str();
-        counter_at(&mut f, &[("tenant", name), ("tier", "dram")], t.dram_quota_evictions)?;
-        counter_at(&mut f, &[("tenant", name), ("tier", "nvme")], t.nvme_quota_evictions)?;
+        counter_at(
+            &mut f,
+            &[("tenant", name), ("tier", "dram")],
+            t.dram_quota_evictions,
+        )?;
+        counter_at(
+            &mut f,
+            &[("tenant", name), ("tier", "nvme")],
+            t.nvme_quota_evictions,
+        )?;
     }
     let mut f = o.family(
         "tenant_quota_refusals",
