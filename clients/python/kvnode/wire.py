@@ -72,7 +72,8 @@ class Connection:
         self.hello = body
         if not fds and body["arena_bytes"] == 0:
             # The daemon withholds the arena from this client's tenant (share_arena = false):
-            # inline get/put, regions and GPU ops work; lease gets and alloc are refused.
+            # inline get/put, regions and GPU ops work; alloc is refused, and a lease get's
+            # extents cannot be read.
             self.arena = None
             self._arena_anchor = None
             self.arena_base = 0

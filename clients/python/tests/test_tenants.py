@@ -1,6 +1,6 @@
 """The Python client against a daemon with a tenant map: a tenant without `share_arena` gets no
-arena descriptor (`arena_bytes` 0), inline put/get and regions work, lease gets and alloc are
-refused with the reason, and the namespace id carries the daemon-derived tenant salt.
+arena descriptor (`arena_bytes` 0), inline put/get and regions work, alloc is refused with the
+reason and the copy path through the arena says why it cannot run, and the namespace id carries the daemon-derived tenant salt.
 Run: `pytest clients/python/tests/test_tenants.py` (needs `cargo build --release -p kvnode`)."""
 
 import mmap
@@ -9,6 +9,7 @@ import os
 import pytest
 
 from conftest import Daemon
+from kvnode.transfer import copy_in
 from kvnode.wire import Connection, KvnodeError
 
 SLOT = 64 << 10
@@ -39,10 +40,14 @@ def test_a_tenant_without_the_arena_works_inline_and_through_regions(tenant_daem
         assert c.put(ns, keys, blocks) == ["Stored"] * 3
         assert c.get(ns, keys) == blocks
         with pytest.raises(KvnodeError) as e:
-            c.get_lease(ns, keys)
-        assert e.value.code == "Unsupported" and "share_arena = false" in str(e.value)
-        with pytest.raises(KvnodeError) as e:
             c.alloc(ns, keys, [SLOT] * 3)
+        assert e.value.code == "Unsupported" and "share_arena = false" in str(e.value)
+        # A lease get answers presence (SGLang's per-page check) but there is nothing to read.
+        lease, extents = c.get_lease(ns, keys)
+        assert all(x is not None for x in extents)
+        c.release(lease)
+        with pytest.raises(KvnodeError) as e:
+            copy_in(c, ns, keys, [0, 0, 0], [SLOT] * 3)
         assert e.value.code == "Unsupported"
         # Regions need no arena mapping: the daemon copies into the client's memfd.
         fd = os.memfd_create("kvnode-test")

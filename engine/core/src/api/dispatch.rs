@@ -33,7 +33,9 @@ impl Session {
             op @ (Op::Put { .. } | Op::Get { .. }) => {
                 return self.data_io(id, op, payload_len).await;
             }
-            Op::Clear { ns: None } if self.engine.tenants().enabled() => self.clear_own(),
+            Op::Clear { ns: None } if self.engine.tenants().enabled() && !self.is_operator() => {
+                self.clear_own()
+            }
             op @ (Op::Register { .. }
             | Op::Alloc { .. }
             | Op::Commit { .. }

@@ -8,12 +8,16 @@
 //! Per request: a namespace handle is usable only by the tenant that registered it (any other
 //! handle answers exactly like one that does not exist, so handles cannot be probed),
 //! `Register` mixes the client's `tenant_salt` under the tenant's, `Clear` of everything clears
-//! the caller's tenant, `Stats` shows other tenants' rows only to root and the daemon's uid,
-//! and without the arena mapping (`share_arena = false`) lease-mode gets and `Alloc` are
-//! refused (inline gets, puts, regions and GPU ops need no mapping).
+//! the caller's tenant (everything for the operator: root or the daemon's uid), `Stats` shows
+//! other tenants' rows only to the operator,
+//! and without the arena mapping (`share_arena = false`) `Alloc` is refused: its slots are
+//! filled through the mapping, and committing one unwritten would publish whatever bytes the
+//! slot last held. Inline gets, puts, regions and GPU ops need no mapping; a lease-mode get
+//! still answers extents and pins the blocks (SGLang checks presence that way), which shows
+//! nothing without the mapping.
 
 use kvnode_fdpass::PeerCred;
-use kvnode_proto::client::{ErrorCode, GetMode, Op, Reply};
+use kvnode_proto::client::{ErrorCode, Op, Reply};
 use kvnode_proto::stats::StatsReport;
 
 use super::errors::error;
@@ -91,19 +95,11 @@ impl Session {
             let e = TierError::UnknownNamespace(ns);
             return Some(error(ErrorCode::UnknownNamespace, e.to_string()));
         }
-        let needs_mapping = matches!(
-            op,
-            Op::Alloc { .. }
-                | Op::Get {
-                    mode: GetMode::Lease,
-                    ..
-                }
-        );
         let t = tenants.get(self.tenant);
-        if needs_mapping && !t.share_arena {
+        if matches!(op, Op::Alloc { .. }) && !t.share_arena {
             let msg = format!(
-                "tenant {:?} is not given the arena mapping (share_arena = false): use inline gets \
-                 and puts, regions or GPU ops",
+                "tenant {:?} is not given the arena mapping (share_arena = false), so it cannot \
+                 fill allocated slots: use Put, regions or GPU ops",
                 t.name
             );
             return Some(error(ErrorCode::Unsupported, msg));
@@ -130,14 +126,21 @@ impl Session {
         Reply::Cleared { count }
     }
 
+    /// Whether this client is the node's operator: root or the daemon's own uid. Under a
+    /// tenant map it alone sees every tenant in `stats` and clears every tenant with `Clear`
+    /// of everything.
+    pub(super) fn is_operator(&self) -> bool {
+        // SAFETY: geteuid has no preconditions.
+        let own_uid = unsafe { libc::geteuid() };
+        self.cred.uid == 0 || self.cred.uid == own_uid
+    }
+
     /// The stats report as this client may see it: under a tenant map, other tenants'
-    /// namespaces and rows only for root and the daemon's own uid.
+    /// namespaces and rows only for the operator.
     pub(super) fn stats_for_caller(&self) -> StatsReport {
         let mut s = self.engine.stats();
         let tenants = self.engine.tenants();
-        // SAFETY: geteuid has no preconditions.
-        let own_uid = unsafe { libc::geteuid() };
-        if !tenants.enabled() || self.cred.uid == 0 || self.cred.uid == own_uid {
+        if !tenants.enabled() || self.is_operator() {
             return s;
         }
         let mine = tenants.handles(self.tenant);

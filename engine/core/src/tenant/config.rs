@@ -54,7 +54,7 @@ pub struct TenantSettings {
     /// Bytes of NVMe blocks the tenant may hold. Default: no limit but the tier.
     #[serde(serialize_with = "ser_opt_size", deserialize_with = "de_opt_size")]
     pub nvme_quota: Option<u64>,
-    /// Hand this tenant's clients the arena memfd (zero-copy lease gets and alloc). The
+    /// Hand this tenant's clients the arena memfd (zero-copy lease reads and `Alloc`). The
     /// mapping shows every tenant's blocks, so only a tenant trusted with all of them may
     /// have it. Default: false (inline gets/puts, regions and GPU ops still work).
     pub share_arena: bool,
