@@ -4,7 +4,8 @@
 //! (the cache_salt prompt-stealing attack, CVE-2025-46570), A can; quotas hold per tenant with
 //! usage in `kvnode stats` and `/metrics`; a uid outside `allow_uids` is refused at accept with
 //! a logged reason and a counted metric; a peer pull of A's blocks hits for A's client on
-//! another daemon and misses for B's.
+//! another daemon and misses for B's; KV events carry the daemon-derived salt, which Dynamo's
+//! router hashes to the published block hashes.
 //! Run (as root): `cargo test --release -p kvnode-e2e --test tenants`.
 
 use std::collections::HashMap;
@@ -339,6 +340,108 @@ fn a_peer_pull_hits_within_a_tenant_and_misses_across_tenants() {
         get(&put, "id"),
         "one tenant, one namespace id on both daemons"
     );
+}
+
+/// KV events of a tenant's blocks carry the salt the daemon derived, and Dynamo's router,
+/// hashing the tokens with that salt, computes the published hashes.
+#[test]
+fn published_events_carry_the_daemon_derived_salt() {
+    use dynamo_kv_router::protocols::{BlockHashOptions, KvCacheEventData, WorkerWithDpRank};
+    use dynamo_kv_router::zmq_wire::{ZmqEventNormalizer, decode_event_batch};
+    use dynamo_kv_router::{LocalBlockHash, compute_block_hash_for_seq};
+
+    if !can_switch_uids() {
+        return;
+    }
+    let events = format!("tcp://127.0.0.1:{}", free_port());
+    let replay = format!("tcp://127.0.0.1:{}", free_port());
+    let d = daemon(
+        "",
+        "",
+        &[
+            "--events",
+            &events,
+            "--events-replay",
+            &replay,
+            "--dp-rank",
+            "0",
+        ],
+    );
+    let put = probe(UID_A, &d.socket, &["put_meta", "s", "3"]);
+    assert_eq!(get(&put, "stored"), "3", "{put:?}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let hash = |tokens: &[u32], salt: &str| -> Vec<LocalBlockHash> {
+        let opts = BlockHashOptions {
+            block_mm_infos: None,
+            lora_name: None,
+            cache_namespace: Some(salt),
+            is_eagle: None,
+        };
+        compute_block_hash_for_seq(tokens, 4, opts)
+    };
+    let t = Instant::now();
+    let mut stored = Vec::new();
+    while stored.len() < 3 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "stores not published: {stored:?}"
+        );
+        stored.clear();
+        let mut norm = ZmqEventNormalizer::new(4);
+        for (i, (_, payload)) in rt.block_on(replay_all(&replay)).into_iter().enumerate() {
+            for raw in decode_event_batch(&payload)
+                .expect("dynamo decodes it")
+                .events
+            {
+                let placed = norm
+                    .normalize(raw, i as u64, WorkerWithDpRank::new(1, 0))
+                    .expect("normalized");
+                if let KvCacheEventData::Stored(s) = placed.event.data {
+                    stored.extend(s.blocks.iter().map(|b| (b.block_hash.0, b.tokens_hash)));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (h, tokens_hash) in stored {
+        let tokens: Vec<u32> = (0..4).map(|j| (h * 4 + j) as u32).collect();
+        assert_eq!(
+            vec![tokens_hash],
+            hash(&tokens, "kvnode-tenant:a/s"),
+            "block {h}"
+        );
+        assert_ne!(
+            vec![tokens_hash],
+            hash(&tokens, "s"),
+            "block {h}: the client's salt alone"
+        );
+    }
+}
+
+async fn replay_all(endpoint: &str) -> Vec<(u64, bytes::Bytes)> {
+    use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+    let mut d = DealerSocket::new();
+    d.connect(endpoint).await.unwrap();
+    let req = vec![
+        bytes::Bytes::new(),
+        bytes::Bytes::copy_from_slice(&0u64.to_be_bytes()),
+    ];
+    d.send(ZmqMessage::try_from(req).unwrap()).await.unwrap();
+    let mut out = Vec::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), d.recv())
+            .await
+            .expect("replay answers")
+            .unwrap();
+        let seq: [u8; 8] = m.get(1).unwrap()[..].try_into().unwrap();
+        if i64::from_be_bytes(seq) == -1 {
+            return out;
+        }
+        out.push((u64::from_be_bytes(seq), m.get(2).unwrap().clone()));
+    }
 }
 
 fn scrape(port: u16) -> String {

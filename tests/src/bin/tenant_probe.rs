@@ -4,6 +4,7 @@
 //! `tenant_probe SOCKET connect`
 //! `tenant_probe SOCKET put SALT N LEN`          register (model `tenant-model`), put blocks 0..N
 //! `tenant_probe SOCKET read SALT N LEN [HINT]`  register, then exists / inline get / lease get
+//! `tenant_probe SOCKET put_meta SALT N`        put a chain of N 4-token pages with router metadata
 //! `tenant_probe SOCKET handle H N`              use handle H without registering it
 //! `tenant_probe SOCKET stats`                   the stats as this client sees them
 //! A SALT of `-` means none.
@@ -11,7 +12,7 @@
 use kvnode_client::Client;
 use kvnode_e2e::{block, key, spec};
 use kvnode_proto::Key;
-use kvnode_proto::client::PutStatus;
+use kvnode_proto::client::{BlockMeta, PutStatus};
 
 fn out(k: &str, v: impl std::fmt::Display) {
     println!("{k} {v}");
@@ -100,6 +101,31 @@ fn main() {
             }
             out("stored", stored);
             out("no_space", no_space);
+        }
+        "put_meta" => {
+            let mut s = spec("tenant-events", 4096);
+            s.page_size = 4;
+            if args[3] != "-" {
+                args[3].clone_into(&mut s.tenant_salt);
+            }
+            let ns = c.register(&s).expect("register").ns;
+            let n = num(4);
+            let keys: Vec<Key> = (0..n).map(key).collect();
+            let data: Vec<Vec<u8>> = (0..n).map(|i| block(i, 4096)).collect();
+            let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+            let meta = (0..n)
+                .map(|i| {
+                    Some(BlockMeta {
+                        tokens: (0..4).map(|j| (i * 4 + j) as u32).collect(),
+                        parent: i.checked_sub(1).map(|p| key(p).0),
+                    })
+                })
+                .collect();
+            let r = c.put_with_meta(ns, &keys, &refs, meta).expect("put");
+            out(
+                "stored",
+                r.iter().filter(|s| **s == PutStatus::Stored).count(),
+            );
         }
         "read" => {
             let (n, len) = (num(4), num(5));
