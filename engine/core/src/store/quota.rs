@@ -21,10 +21,11 @@ impl Store {
         let Some((t, set, limit)) = self.tenants.dram_scope(ns) else {
             return self.dram.reserve(owner, ns, keys, lens);
         };
+        let tenant = self.tenants.get(t);
+        let held = &tenant.dram_reserved;
         let (out, q) = self
             .dram
-            .reserve_within(owner, ns, keys, lens, &set, limit)?;
-        let tenant = self.tenants.get(t);
+            .reserve_within(owner, ns, keys, lens, &set, limit, held)?;
         if q.evicted > 0 {
             tenant.dram_quota_evictions.fetch_add(q.evicted, Relaxed);
         }
@@ -33,6 +34,14 @@ impl Store {
             tracing::debug!(tenant = %tenant.name, keys = q.refused, "DRAM quota reached; keys refused NoSpace");
         }
         Ok(out)
+    }
+
+    /// A reservation of `len` bytes in handle `ns` ended (committed or aborted): its bytes no
+    /// longer count as reserved against the tenant's quota.
+    pub(super) fn quota_release(&self, ns: u32, len: u64) {
+        if let Some(t) = self.tenants.dram_quota_tenant(ns) {
+            t.dram_reserved.fetch_sub(len, Relaxed);
+        }
     }
 
     /// Bytes of resident DRAM blocks of each handle.

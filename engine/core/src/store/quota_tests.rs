@@ -1,6 +1,6 @@
 //! DRAM quotas at the store: a tenant at its quota evicts its own least-recently-used
-//! blocks (never another tenant's), and a key is refused `NoSpace` only when nothing of the
-//! tenant's can go. Run: `cargo test --release -p kvnode-engine store::quota_tests`.
+//! blocks (never another tenant's), a key is refused `NoSpace` only when nothing of the
+//! tenant's can go, and slots held reserved count against the quota. Run: `cargo test --release -p kvnode-engine store::quota_tests`.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -117,4 +117,30 @@ async fn nothing_evictable_means_no_space_and_a_counted_refusal() {
     drop(leases);
     assert_eq!(put(&s, a, 3), PutStatus::Stored);
     assert_eq!(s.namespace_bytes(&[a]), 3 * PAGE);
+}
+
+#[test]
+fn reservations_in_flight_count_against_the_quota() {
+    let (s, a, _) = store();
+    // Three slots held reserved (a slow writer): the quota is full though nothing is committed.
+    let held: Vec<_> = (0..3)
+        .map(|i| {
+            s.reserve(9, a, &[key(i)], &[PAGE])
+                .unwrap()
+                .pop()
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(put(&s, a, 3), PutStatus::NoSpace);
+    // Aborting one gives its bytes back; committing the rest keeps them counted once.
+    let mut held = held.into_iter();
+    drop(held.next());
+    assert_eq!(put(&s, a, 3), PutStatus::Stored);
+    for r in held {
+        r.commit();
+    }
+    assert_eq!(s.tenants().get(0).dram_reserved.load(Relaxed), 0);
+    assert_eq!(s.namespace_bytes(&[a]), 3 * PAGE);
+    assert_eq!(put(&s, a, 4), PutStatus::Stored, "own oldest block evicted");
 }

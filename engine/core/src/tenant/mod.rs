@@ -61,6 +61,9 @@ pub struct Tenant {
     pub dram_quota_evictions: AtomicU64,
     /// Own NVMe blocks dropped to stay within the NVMe quota.
     pub nvme_quota_evictions: AtomicU64,
+    /// Bytes of DRAM slots reserved for this tenant and not yet committed or aborted (kept
+    /// only when it has a DRAM quota; counted against it).
+    pub dram_reserved: AtomicU64,
     /// Keys refused `NoSpace` by the DRAM quota (nothing of the tenant's could be evicted).
     pub quota_refusals: AtomicU64,
     /// Bytes of this tenant's blocks on NVMe (kept by the NVMe tier's ledger).
@@ -96,6 +99,7 @@ fn tenant(s: &TenantSettings) -> Tenant {
         share_arena: s.share_arena,
         dram_quota_evictions: AtomicU64::new(0),
         nvme_quota_evictions: AtomicU64::new(0),
+        dram_reserved: AtomicU64::new(0),
         quota_refusals: AtomicU64::new(0),
         nvme_bytes: AtomicU64::new(0),
     }
@@ -236,6 +240,12 @@ impl Tenants {
         let t = *b.by_ns.get(&ns)?;
         let quota = self.get(t).dram_quota?;
         Some((t, b.handles[usize::from(t)].clone(), quota))
+    }
+
+    /// The tenant of handle `ns` when it has a DRAM quota.
+    pub fn dram_quota_tenant(&self, ns: u32) -> Option<&Tenant> {
+        let t = self.get(self.of_handle(ns)?);
+        t.dram_quota.is_some().then_some(t)
     }
 
     /// Number of tenants.

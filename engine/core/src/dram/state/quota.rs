@@ -5,9 +5,11 @@
 //! least-recently-used unleased blocks (class by class, the key's own class first); only if
 //! nothing of the tenant's can go is the key refused `NoSpace`. So a tenant at its quota
 //! keeps caching (its oldest blocks make way) and never evicts another tenant's blocks to
-//! grow past it. Counted: bytes of committed blocks; a tenant's reservations still in flight
-//! on other connections are not, so concurrent puts can pass the quota by at most what they
-//! have reserved until they commit.
+//! grow past it. Counted: bytes of committed blocks plus the bytes the tenant holds reserved
+//! (`reserved`, raised here under the tier lock, lowered by the store's guard when the
+//! reservation commits or aborts), so slow writers on many connections cannot pass it.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use kvnode_proto::Key;
 use kvnode_proto::client::PutStatus;
@@ -65,7 +67,8 @@ impl State {
         None
     }
 
-    /// Like `reserve`, keeping the blocks of namespaces `set` within `limit` bytes.
+    /// Like `reserve`, keeping the blocks of namespaces `set` plus `reserved` within `limit`
+    /// bytes; adds what it reserves to `reserved`.
     pub fn reserve_within(
         &mut self,
         conn: u64,
@@ -74,12 +77,13 @@ impl State {
         lens: &[u64],
         set: &[u32],
         limit: u64,
+        reserved: &AtomicU64,
     ) -> Result<(Vec<Result<Reserved, PutStatus>>, QuotaOutcome), TierError> {
         let e = self.ns(ns)?;
         let id = e.id;
         let classes = e.classes.clone();
         let segments = e.spec.segments.clone();
-        let mut used = self.set_bytes(set);
+        let mut used = self.set_bytes(set).saturating_add(reserved.load(Relaxed));
         let mut q = QuotaOutcome::default();
         let mut out = Vec::with_capacity(keys.len());
         for (k, &len) in keys.iter().zip(lens) {
@@ -118,6 +122,7 @@ impl State {
             let r = self.reserve_one(conn, ns, k, len)?;
             if r.is_ok() {
                 used += len;
+                reserved.fetch_add(len, Relaxed);
             }
             out.push(r);
         }
@@ -128,7 +133,12 @@ impl State {
 impl DramTier {
     /// Reserves like [`DramTier::reserve`], keeping the resident blocks of the namespaces
     /// in `set` (one tenant's) within `limit` bytes: own blocks are evicted first, and a key
-    /// that still does not fit is refused `NoSpace`.
+    /// that still does not fit is refused `NoSpace`. `reserved` counts the set's slots held
+    /// reserved: raised here, lowered by whoever ends a reservation.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a reserve plus the quota's three parts"
+    )]
     pub(crate) fn reserve_within(
         &self,
         conn: u64,
@@ -137,6 +147,7 @@ impl DramTier {
         lens: &[u64],
         set: &[u32],
         limit: u64,
+        reserved: &AtomicU64,
     ) -> Result<(Vec<Result<Reserved, PutStatus>>, QuotaOutcome), TierError> {
         if keys.len() != lens.len() {
             return Err(TierError::LengthMismatch {
@@ -144,7 +155,7 @@ impl DramTier {
                 lens: lens.len(),
             });
         }
-        self.with(|s| s.reserve_within(conn, ns, keys, lens, set, limit))
+        self.with(|s| s.reserve_within(conn, ns, keys, lens, set, limit, reserved))
     }
 
     /// Bytes of resident blocks of each handle in `handles` (0 for an unknown one).
