@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 const MAX_CLASSES: usize = 4096;
 
-mod quota;
+pub(super) mod quota;
 
 #[derive(Debug)]
 pub(super) struct NsEntry {

@@ -7,7 +7,7 @@ use kvnode_proto::Key;
 use kvnode_proto::client::PutStatus;
 
 use super::Store;
-use crate::dram::{Reserved, TierError};
+use crate::dram::{QuotaScope, Reserved, TierError};
 
 impl Store {
     /// Raw reservations: within the quota of the namespace's tenant when it has one.
@@ -22,10 +22,12 @@ impl Store {
             return self.dram.reserve(owner, ns, keys, lens);
         };
         let tenant = self.tenants.get(t);
-        let held = &tenant.dram_reserved;
-        let (out, q) = self
-            .dram
-            .reserve_within(owner, ns, keys, lens, &set, limit, held)?;
+        let scope = QuotaScope {
+            set: &set,
+            limit,
+            reserved: &tenant.dram_reserved,
+        };
+        let (out, q) = self.dram.reserve_within(owner, ns, keys, lens, &scope)?;
         if q.evicted > 0 {
             tenant.dram_quota_evictions.fetch_add(q.evicted, Relaxed);
         }

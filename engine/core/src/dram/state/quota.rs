@@ -19,6 +19,18 @@ use super::super::{DramTier, Reserved, TierError};
 use super::State;
 use crate::policy::EvictionPolicy as _;
 
+/// One tenant's DRAM quota as a reservation sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct QuotaScope<'a> {
+    /// The tenant's namespace handles.
+    pub set: &'a [u32],
+    /// Bytes its blocks and reservations may take.
+    pub limit: u64,
+    /// Bytes it holds reserved: raised under the tier lock as slots are reserved, lowered
+    /// by whoever ends a reservation (the store's guard).
+    pub reserved: &'a AtomicU64,
+}
+
 /// What a quota-bounded reservation did besides reserving.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaOutcome {
@@ -67,24 +79,27 @@ impl State {
         None
     }
 
-    /// Like `reserve`, keeping the blocks of namespaces `set` plus `reserved` within `limit`
-    /// bytes; adds what it reserves to `reserved`.
+    /// Like `reserve`, keeping the blocks of the scope's namespaces plus its reserved bytes
+    /// within its limit; adds what it reserves to the scope's reserved bytes.
     pub fn reserve_within(
         &mut self,
         conn: u64,
         ns: u32,
         keys: &[Key],
         lens: &[u64],
-        set: &[u32],
-        limit: u64,
-        reserved: &AtomicU64,
+        q: &QuotaScope<'_>,
     ) -> Result<(Vec<Result<Reserved, PutStatus>>, QuotaOutcome), TierError> {
+        let QuotaScope {
+            set,
+            limit,
+            reserved,
+        } = *q;
         let e = self.ns(ns)?;
         let id = e.id;
         let classes = e.classes.clone();
         let segments = e.spec.segments.clone();
         let mut used = self.set_bytes(set).saturating_add(reserved.load(Relaxed));
-        let mut q = QuotaOutcome::default();
+        let mut done = QuotaOutcome::default();
         let mut out = Vec::with_capacity(keys.len());
         for (k, &len) in keys.iter().zip(lens) {
             let key = kvnode_proto::BlockKey {
@@ -103,7 +118,7 @@ impl State {
                 continue;
             }
             if len > limit {
-                q.refused += 1;
+                done.refused += 1;
                 out.push(Err(PutStatus::NoSpace));
                 continue;
             }
@@ -112,10 +127,10 @@ impl State {
                     break;
                 };
                 used = used.saturating_sub(freed);
-                q.evicted += 1;
+                done.evicted += 1;
             }
             if used.saturating_add(len) > limit {
-                q.refused += 1;
+                done.refused += 1;
                 out.push(Err(PutStatus::NoSpace));
                 continue;
             }
@@ -126,28 +141,21 @@ impl State {
             }
             out.push(r);
         }
-        Ok((out, q))
+        Ok((out, done))
     }
 }
 
 impl DramTier {
-    /// Reserves like [`DramTier::reserve`], keeping the resident blocks of the namespaces
-    /// in `set` (one tenant's) within `limit` bytes: own blocks are evicted first, and a key
-    /// that still does not fit is refused `NoSpace`. `reserved` counts the set's slots held
-    /// reserved: raised here, lowered by whoever ends a reservation.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "a reserve plus the quota's three parts"
-    )]
+    /// Reserves like [`DramTier::reserve`], keeping one tenant's resident blocks and held
+    /// reservations within its quota (`q`): own blocks are evicted first, and a key that
+    /// still does not fit is refused `NoSpace`.
     pub(crate) fn reserve_within(
         &self,
         conn: u64,
         ns: u32,
         keys: &[Key],
         lens: &[u64],
-        set: &[u32],
-        limit: u64,
-        reserved: &AtomicU64,
+        q: &QuotaScope<'_>,
     ) -> Result<(Vec<Result<Reserved, PutStatus>>, QuotaOutcome), TierError> {
         if keys.len() != lens.len() {
             return Err(TierError::LengthMismatch {
@@ -155,7 +163,7 @@ impl DramTier {
                 lens: lens.len(),
             });
         }
-        self.with(|s| s.reserve_within(conn, ns, keys, lens, set, limit, reserved))
+        self.with(|s| s.reserve_within(conn, ns, keys, lens, q))
     }
 
     /// Bytes of resident blocks of each handle in `handles` (0 for an unknown one).
