@@ -444,6 +444,26 @@ async fn replay_all(endpoint: &str) -> Vec<(u64, bytes::Bytes)> {
     }
 }
 
+#[test]
+fn a_map_giving_one_uid_to_two_tenants_is_refused_at_start() {
+    let dir = temp_dir("tenants-bad");
+    let cfg = dir.join("kvnode.toml");
+    std::fs::write(
+        &cfg,
+        "[[tenants.tenant]]\nname = \"a\"\nuids = [5]\n[[tenants.tenant]]\nname = \"b\"\nuids = [5]\n",
+    )
+    .unwrap();
+    let (status, log) = Daemon::start_failing(
+        &["--dram", "64MiB", "--config", cfg.to_str().unwrap()],
+        Duration::from_secs(10),
+    );
+    assert!(!status.success());
+    assert!(
+        log.contains("uid 5 is listed in tenants \"a\" and \"b\": give it to one"),
+        "{log}"
+    );
+}
+
 fn scrape(port: u16) -> String {
     let t = Instant::now();
     loop {
