@@ -31,7 +31,8 @@ pub(super) enum QuotaRoom {
 #[derive(Debug, Default)]
 struct Ledger {
     blocks: HashMap<SpillKey, (TenantId, u64)>,
-    /// Keys per tenant in write order (may hold keys no longer charged: skipped).
+    /// Keys per tenant with an NVMe quota, in write order (may hold keys no longer charged:
+    /// skipped when popped).
     order: HashMap<TenantId, VecDeque<SpillKey>>,
 }
 
@@ -139,16 +140,18 @@ impl NvmeTier {
             QuotaRoom::NoRoom => None,
         };
         let Some(t) = t else { return };
-        let bytes = &tenants.get(t).nvme_bytes;
+        let tenant = tenants.get(t);
         let held = matches!(room, QuotaRoom::Held(_));
         let charged_now = on_nvme && {
             let mut l = self.quota.ledger();
             let new = l.blocks.insert(k, (t, len)).is_none();
-            if new {
+            // The write order is kept only where a quota needs an oldest block to drop.
+            if new && tenant.nvme_quota.is_some() {
                 l.order.entry(t).or_default().push_back(k);
             }
             new
         };
+        let bytes = &tenant.nvme_bytes;
         match (held, charged_now) {
             (true, false) => drop(bytes.fetch_sub(len, Relaxed)),
             (false, true) => drop(bytes.fetch_add(len, Relaxed)),

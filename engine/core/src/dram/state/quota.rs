@@ -49,7 +49,10 @@ impl State {
     }
 
     /// Evicts one unleased block of a namespace in `set` (class `first` tried first) and
-    /// puts its slot on its class's free list; returns its length.
+    /// puts its slot on its class's free list; returns its length. Cost: the policy walks
+    /// its order from the cold end skipping other tenants' blocks, so it grows with the
+    /// number of other tenants' blocks colder than this tenant's coldest (one pass per
+    /// eviction, under the tier lock); a per-tenant eviction order would make it O(1).
     fn evict_own(&mut self, set: &[u32], first: u32) -> Option<u64> {
         let mut classes: Vec<u32> = vec![first];
         for &h in set {
