@@ -64,7 +64,8 @@ pub(super) fn admit(
         })
 }
 
-/// The namespace handle an op names, if any.
+/// The namespace handle an op names, if any. Every variant is listed: a new op must say
+/// whether it names a namespace before it compiles.
 fn op_ns(op: &Op) -> Option<u32> {
     match op {
         Op::Put { ns, .. }
@@ -77,7 +78,21 @@ fn op_ns(op: &Op) -> Option<u32> {
         | Op::PutFromRegion { ns, .. } => Some(*ns),
         Op::Clear { ns } => *ns,
         Op::Offload(m) | Op::Onload(m) | Op::OnloadAsync(m) => Some(m.ns),
-        _ => None,
+        Op::Hello { .. }
+        | Op::Register { .. }
+        | Op::Commit { .. }
+        | Op::Abort { .. }
+        | Op::Release { .. }
+        | Op::Stats
+        | Op::Wait { .. }
+        | Op::Cancel { .. }
+        | Op::Timeouts
+        | Op::Histograms
+        | Op::AttachRegion { .. }
+        | Op::DetachRegion { .. }
+        | Op::AttachGpu(_)
+        | Op::OnloadWait { .. }
+        | Op::OnloadCancel { .. } => None,
     }
 }
 
