@@ -7,7 +7,7 @@ import ctypes
 from typing import Any, Callable, List, Optional, Sequence
 
 from kvnode.pool import Extent, PoolBinding
-from kvnode.wire import Connection, Region
+from kvnode.wire import Connection, KvnodeError, Region
 
 _OK_PUT = ("Stored", "Exists")
 
@@ -67,6 +67,10 @@ def put_pages(c: Connection, region: Callable[[Extent], Region], b: PoolBinding,
 def copy_in(c: Connection, ns: int, pk: list, ptrs: List[int], sizes: List[int],
             hint: Optional[dict] = None) -> List[bool]:
     """Copy path of a get: lease the hits in the daemon's arena, memmove, release."""
+    if c.arena is None:
+        raise KvnodeError("Unsupported", "this client's tenant has no arena mapping (share_arena = "
+                          "false): use shared-memory pools (\"allocator\": \"shm\") or ask for "
+                          "share_arena")
     lease, extents = c.get_lease(ns, pk, extra=hint)
     try:
         flags = []

@@ -69,11 +69,19 @@ class Connection:
             for fd in fds:
                 os.close(fd)
             raise KvnodeError(body.get("code", "Handshake"), body.get("message", str(body)))
+        self.hello = body
+        if not fds and body["arena_bytes"] == 0:
+            # The daemon withholds the arena from this client's tenant (share_arena = false):
+            # inline get/put, regions and GPU ops work; alloc is refused, and a lease get's
+            # extents cannot be read.
+            self.arena = None
+            self._arena_anchor = None
+            self.arena_base = 0
+            return
         if not fds:
             raise KvnodeError("Handshake", "daemon sent no arena descriptor")
         for extra in fds[1:]:
             os.close(extra)
-        self.hello = body
         self.arena = mmap.mmap(fds[0], body["arena_bytes"], mmap.MAP_SHARED,
                                mmap.PROT_READ | mmap.PROT_WRITE)
         os.close(fds[0])
@@ -125,8 +133,9 @@ class Connection:
         try:
             self.sock.close()
         finally:
-            del self._arena_anchor
-            self.arena.close()
+            self._arena_anchor = None
+            if self.arena is not None:
+                self.arena.close()
 
     # -- ops -------------------------------------------------------------------------------
     def register(self, spec: Dict[str, Any]) -> Dict[str, Any]:

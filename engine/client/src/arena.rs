@@ -14,12 +14,13 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use kvnode_proto::client::Extent;
 use memmap2::{MmapOptions, MmapRaw};
 
-/// A shared, read-write mapping of the daemon's arena memfd.
+/// A shared, read-write mapping of the daemon's arena memfd, or none (a tenant without the
+/// arena mapping: `arena_bytes` 0 and no descriptor; every extent is outside it).
 #[derive(Debug)]
 pub struct ArenaMap {
-    map: MmapRaw,
+    map: Option<MmapRaw>,
     len: u64,
-    _fd: OwnedFd,
+    _fd: Option<OwnedFd>,
     /// Send but not Sync (as before memmap2): `write` hands out `&mut` slices from `&self`, so
     /// one thread at a time drives a mapping.
     _not_sync: PhantomData<Cell<()>>,
@@ -30,11 +31,27 @@ impl ArenaMap {
         let bytes = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
         let map = MmapOptions::new().len(bytes).map_raw(fd.as_raw_fd())?;
         Ok(Self {
-            map,
+            map: Some(map),
             len,
-            _fd: fd.try_clone()?,
+            _fd: Some(fd.try_clone()?),
             _not_sync: PhantomData,
         })
+    }
+
+    /// No mapping: the daemon withholds the arena from this client's tenant.
+    pub(crate) fn none() -> Self {
+        Self {
+            map: None,
+            len: 0,
+            _fd: None,
+            _not_sync: PhantomData,
+        }
+    }
+
+    fn raw(&self) -> &MmapRaw {
+        self.map
+            .as_ref()
+            .expect("an extent inside the arena implies a mapping")
     }
 
     /// Arena size.
@@ -61,7 +78,7 @@ impl ArenaMap {
         self.check(e);
         // SAFETY: in bounds; a leased block is immutable until released.
         unsafe {
-            std::slice::from_raw_parts(self.map.as_ptr().add(e.offset as usize), e.len as usize)
+            std::slice::from_raw_parts(self.raw().as_ptr().add(e.offset as usize), e.len as usize)
         }
     }
 
@@ -75,7 +92,7 @@ impl ArenaMap {
         // SAFETY: in bounds; a reserved slot belongs to this connection until commit/abort.
         unsafe {
             std::slice::from_raw_parts_mut(
-                self.map.as_mut_ptr().add(e.offset as usize),
+                self.raw().as_mut_ptr().add(e.offset as usize),
                 e.len as usize,
             )
         }
@@ -93,10 +110,13 @@ impl ArenaMap {
         piece: u64,
     ) -> Result<kvnode_gpu::register::HostRegistration, kvnode_gpu::GpuError> {
         let stop = std::sync::atomic::AtomicBool::new(false);
+        let Some(map) = &self.map else {
+            return Err(kvnode_gpu::GpuError::NoArenaMapping);
+        };
         // SAFETY: the range is this mapping; the caller drops the registration before it.
         unsafe {
             kvnode_gpu::register::HostRegistration::register(
-                self.map.as_mut_ptr(),
+                map.as_mut_ptr(),
                 self.len,
                 piece,
                 &stop,

@@ -113,9 +113,16 @@ impl Client {
         else {
             return Err(unexpected(&hello));
         };
-        let fd =
-            fd.ok_or_else(|| ClientError::Protocol("daemon sent no arena descriptor".into()))?;
-        let arena = ArenaMap::map(&fd, arena_bytes)?;
+        let arena = match fd {
+            Some(fd) => ArenaMap::map(&fd, arena_bytes)?,
+            // The daemon withholds the arena from this client's tenant (share_arena = false).
+            None if arena_bytes == 0 => ArenaMap::none(),
+            None => {
+                return Err(ClientError::Protocol(
+                    "daemon sent no arena descriptor".into(),
+                ));
+            }
+        };
         Ok(Self { conn, arena, pid })
     }
 

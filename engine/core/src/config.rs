@@ -9,6 +9,7 @@ use crate::size_serde::{de_opt_size, de_size, ser_opt_size, ser_size};
 use crate::nvme::config::{EventsSettings, SpillSettings};
 use crate::peer::PeerConfig;
 use crate::policy::PolicyKind;
+use crate::tenant::TenantsConfig;
 
 /// Smallest DRAM tier accepted.
 pub const MIN_DRAM: u64 = 8 << 20;
@@ -43,6 +44,14 @@ pub struct EngineConfig {
     pub drain_timeout_s: f64,
     /// Socket file permissions. Default: 0o660 (owner and group may connect).
     pub socket_mode: u32,
+    /// Client uids allowed to connect, checked with `SO_PEERCRED` at accept (with
+    /// `allow_gids`: a client matching either list is allowed). Default: empty, and with both
+    /// lists empty the socket's file mode alone decides who may connect.
+    pub allow_uids: Vec<u32>,
+    /// Client gids (the peer's effective gid) allowed to connect; see `allow_uids`.
+    pub allow_gids: Vec<u32>,
+    /// Tenant map, quotas (`[tenants]`, docs/operations.md). Default: one tenant.
+    pub tenants: TenantsConfig,
     /// A connection that has not completed its `Hello` within this many seconds is closed.
     /// Default: 10.
     pub hello_timeout_s: f64,
@@ -89,6 +98,9 @@ impl Default for EngineConfig {
             hugetlb: false,
             drain_timeout_s: 5.0,
             socket_mode: 0o660,
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
+            tenants: TenantsConfig::default(),
             hello_timeout_s: 10.0,
             spill: SpillSettings::default(),
             events: EventsSettings::default(),
@@ -140,6 +152,7 @@ impl EngineConfig {
                 "lease_age_limit_s and op_deadline_s must be between 0.001 and 86400".into(),
             );
         }
+        self.tenants.validate().map_err(|e| e.to_string())?;
         self.spill.validate()?;
         self.peer.validate()
     }

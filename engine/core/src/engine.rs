@@ -18,6 +18,7 @@ use crate::obs::{Metrics, RegionCounters};
 use crate::peer::{PeerError, Peers};
 use crate::residency::Announcer;
 use crate::store::Store;
+use crate::tenant::Tenants;
 
 /// Arena bytes populated and pinned per call. `mlock` and `MADV_POPULATE_WRITE` hold the
 /// process's mmap lock while they fault pages in, and every thread that maps memory (a new
@@ -97,7 +98,11 @@ impl Engine {
                 Arc::clone(&metrics),
             )?))
         };
-        let store = Store::new(Arc::clone(&arena), dram, nvme, announcer);
+        let tenants = Arc::new(Tenants::new(&config.tenants));
+        if let Some(n) = &nvme {
+            n.set_tenants(Arc::clone(&tenants));
+        }
+        let store = Store::with_tenants(Arc::clone(&arena), dram, nvme, announcer, tenants);
         let peers = Arc::new(Peers::new(
             &config.peer,
             Arc::clone(&store),
@@ -163,6 +168,11 @@ impl Engine {
         self.stop_pinning.store(true, Ordering::Relaxed);
     }
 
+    /// The tenant map and which namespace is whose.
+    pub fn tenants(&self) -> &Arc<Tenants> {
+        self.store.tenants()
+    }
+
     /// Connected clients.
     pub fn clients(&self) -> u32 {
         self.clients.load(Ordering::Relaxed)
@@ -187,6 +197,12 @@ impl Engine {
         dram.pinned_bytes = p.pinned.load(Ordering::Relaxed);
         dram.populated_bytes = p.populated.load(Ordering::Relaxed);
         dram.pin_refused = p.refused.load(Ordering::Relaxed);
+        let bytes: std::collections::HashMap<u32, u64> =
+            snap.namespaces.iter().map(|n| (n.ns, n.bytes)).collect();
+        let tenants = self
+            .store
+            .tenants()
+            .report(|h| bytes.get(&h).copied().unwrap_or(0));
         StatsReport {
             version: env!("CARGO_PKG_VERSION").into(),
             pid: std::process::id(),
@@ -198,6 +214,8 @@ impl Engine {
             gpu: self.gpu.stats(),
             regions: self.regions.report(),
             cluster: self.cluster_summary(),
+            tenants,
+            refused: self.metrics.refused(),
         }
     }
 

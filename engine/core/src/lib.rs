@@ -18,6 +18,7 @@
 //! - [`peer`]: router-hinted pulls between daemons (source and destination sides).
 //! - [`policy`]: eviction policies (LRU, S3-FIFO).
 //! - [`residency`]: per-(tier, block) residencies whose lifecycle publishes KV events.
+//! - [`tenant`]: tenant map (uid/gid → tenant), daemon-derived namespace salts, quotas' scope.
 //! - [`config`]: engine configuration with documented defaults.
 //! - [`obs`]: histograms, counters, stall watchdog and Prometheus text.
 //! - [`probes`]: the USDT probes (provider `kvnode`) every component fires.
@@ -37,6 +38,7 @@ pub mod probes;
 pub mod residency;
 mod size_serde;
 pub mod store;
+pub mod tenant;
 
 pub use config::EngineConfig;
 

@@ -25,7 +25,14 @@ pub(crate) fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>
     reason = "serde serialize_with passes references"
 )]
 pub(crate) fn ser_size<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&kvnode_proto::size::ByteSize(*v).to_string())
+    // `ByteSize` rounds sizes that are no whole unit ("1.5MiB"); print those exactly, so
+    // that a printed config (`--print-config`) parses back to the same bytes.
+    let text = kvnode_proto::size::ByteSize(*v).to_string();
+    if kvnode_proto::size::parse_size(&text) == Ok(*v) {
+        s.serialize_str(&text)
+    } else {
+        s.serialize_str(&format!("{v}B"))
+    }
 }
 
 #[expect(clippy::ref_option, reason = "serde serialize_with passes references")]

@@ -120,6 +120,12 @@ pub fn render(s: &StatsReport) -> String {
             p.evictions
         );
     }
+    render_namespaces(&mut o, s);
+    o
+}
+
+/// Per namespace, then per tenant.
+fn render_namespaces(o: &mut String, s: &StatsReport) {
     let _ = writeln!(
         o,
         "\n{:<4} {:<16} {:<20} {:>8} {:>10} {:>10} {:>10} {:>8} {:>10}",
@@ -140,7 +146,55 @@ pub fn render(s: &StatsReport) -> String {
             n.evictions
         );
     }
-    o
+    render_tenants(o, s);
+}
+
+/// Per tenant: usage against quota in each tier, quota evictions and refusals, and the
+/// connections refused at accept.
+fn render_tenants(o: &mut String, s: &StatsReport) {
+    let quota = |q: u64| {
+        if q == 0 {
+            "-".to_owned()
+        } else {
+            ByteSize(q).to_string()
+        }
+    };
+    let _ = writeln!(
+        o,
+        "\n{:<16} {:>4} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>5}",
+        "tenant",
+        "ns",
+        "dram",
+        "dram quota",
+        "nvme",
+        "nvme quota",
+        "evict dr",
+        "evict nv",
+        "refused",
+        "arena"
+    );
+    for t in &s.tenants {
+        let _ = writeln!(
+            o,
+            "{:<16} {:>4} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>5}",
+            t.name,
+            t.namespaces,
+            ByteSize(t.dram_bytes).to_string(),
+            quota(t.dram_quota),
+            ByteSize(t.nvme_bytes).to_string(),
+            quota(t.nvme_quota),
+            t.dram_quota_evictions,
+            t.nvme_quota_evictions,
+            t.quota_refusals,
+            if t.share_arena { "yes" } else { "no" }
+        );
+    }
+    let r = &s.refused;
+    let _ = writeln!(
+        o,
+        "clients refused at accept: allowlist {}, unmapped {}, no credentials {}",
+        r.allowlist, r.unmapped, r.no_credentials
+    );
 }
 
 /// Per-tier movement and health: demotions, promotions, drops, errors, IO queue, poisoning.

@@ -37,4 +37,9 @@ pub enum GpuError {
     /// The device thread is gone (it failed to start or panicked).
     #[error("the GPU copy thread for device {0} has stopped; see the daemon log")]
     WorkerGone(u32),
+    /// A client without the daemon's arena mapping asked to register it.
+    #[error(
+        "this client has no arena mapping (its tenant has share_arena = false): nothing to register"
+    )]
+    NoArenaMapping,
 }

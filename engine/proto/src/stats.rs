@@ -26,6 +26,50 @@ pub struct StatsReport {
     pub regions: RegionStats,
     /// Cluster membership health, when the daemon runs with `--cluster`.
     pub cluster: Option<crate::cluster::ClusterSummary>,
+    /// One entry per tenant (one, `default`, without a tenant map). A client of a tenant
+    /// sees its own row only; root and the daemon's own uid see every row.
+    pub tenants: Vec<TenantStats>,
+    /// Client connections refused at accept.
+    pub refused: RefusedStats,
+}
+
+/// Usage and quota of one tenant (`[[tenants.tenant]]`, docs/operations.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TenantStats {
+    /// Tenant name.
+    pub name: String,
+    /// Namespaces registered by the tenant's clients.
+    pub namespaces: u32,
+    /// Bytes of the tenant's blocks in DRAM.
+    pub dram_bytes: u64,
+    /// DRAM quota in bytes (0: none).
+    pub dram_quota: u64,
+    /// Bytes of the tenant's blocks on NVMe (written since start).
+    pub nvme_bytes: u64,
+    /// NVMe quota in bytes (0: none).
+    pub nvme_quota: u64,
+    /// Own DRAM blocks evicted to stay within the DRAM quota.
+    pub dram_quota_evictions: u64,
+    /// Own NVMe blocks dropped to stay within the NVMe quota.
+    pub nvme_quota_evictions: u64,
+    /// Keys refused `NoSpace` because the quota was reached and nothing of the tenant's
+    /// could be evicted (all leased or reserved).
+    pub quota_refusals: u64,
+    /// Whether the tenant's clients get the arena mapping.
+    pub share_arena: bool,
+}
+
+/// Connections refused at accept, by reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RefusedStats {
+    /// uid and gid outside `allow_uids` / `allow_gids`.
+    pub allowlist: u64,
+    /// No tenant maps the identity and `[tenants] unmapped = "refuse"`.
+    pub unmapped: u64,
+    /// `SO_PEERCRED` could not be read while an allowlist or tenant map is in force.
+    pub no_credentials: u64,
 }
 
 /// Counters of one tier.

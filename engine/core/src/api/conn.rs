@@ -13,18 +13,17 @@ use tokio::sync::watch;
 
 use super::io::{Incoming, SockIo};
 use super::session::Session;
+use super::tenancy::admit;
 use crate::engine::Engine;
 use crate::obs;
 use crate::obs::ReplyInfo;
 
-fn peer_cred(s: &UnixStream) -> PeerCred {
-    kvnode_fdpass::peer_cred(s.as_raw_fd()).unwrap_or_default()
-}
-
-/// A connection: its session and the daemon's stop signal.
+/// A connection: its session, whether it was admitted, and the daemon's stop signal.
 #[derive(Debug)]
 pub(super) struct Connection {
     s: Session,
+    /// Why the client is refused (decided at accept, answered to its `Hello`).
+    refused: Option<String>,
     stop: watch::Receiver<bool>,
 }
 
@@ -37,9 +36,26 @@ enum End {
 
 impl Connection {
     pub fn new(engine: Arc<Engine>, stream: UnixStream, stop: watch::Receiver<bool>) -> Self {
-        let cred = peer_cred(&stream);
+        let got = kvnode_fdpass::peer_cred(stream.as_raw_fd());
+        let admission = admit(&engine.config, engine.tenants(), &got);
+        let cred: PeerCred = got.unwrap_or_default();
+        let (tenant, refused) = match admission {
+            Ok(t) => (t, None),
+            Err((why, msg)) => {
+                engine.metrics.client_refused(why);
+                tracing::warn!(
+                    pid = cred.pid,
+                    uid = cred.uid,
+                    gid = cred.gid,
+                    reason = %msg,
+                    "client refused at accept (see kvnode_clients_refused_total)"
+                );
+                (0, Some(msg))
+            }
+        };
         Self {
-            s: Session::new(engine, SockIo::new(stream), cred),
+            s: Session::new(engine, SockIo::new(stream), cred, tenant),
+            refused,
             stop,
         }
     }
@@ -95,23 +111,33 @@ impl Connection {
             );
             return Err(self.fail(req.id, ErrorCode::Handshake, &msg).await);
         }
+        if let Some(why) = self.refused.take() {
+            return Err(self.fail(req.id, ErrorCode::Handshake, &why).await);
+        }
         tracing::debug!(conn = self.s.id, client = %client, "handshake");
         let arena = Arc::clone(self.s.engine.store.arena());
+        // Without the mapping (a tenant with share_arena = false) no descriptor goes out
+        // and `arena_bytes` is 0.
+        let share = self.s.engine.tenants().get(self.s.tenant).share_arena;
         let reply = Response {
             id: req.id,
             reply: Reply::HelloOk {
                 version: PROTOCOL_VERSION,
                 server: format!("kvnode {}", env!("CARGO_PKG_VERSION")),
                 pid: std::process::id(),
-                arena_bytes: arena.len(),
+                arena_bytes: if share { arena.len() } else { 0 },
             },
         };
         let frame = encode_frame(&reply, 0).map_err(|e| End::Protocol(e.to_string()))?;
-        self.s
-            .io
-            .write_with_fd(&frame, arena.fd())
-            .await
-            .map_err(End::Io)
+        let sent = if share {
+            self.s.io.write_with_fd(&frame, arena.fd()).await
+        } else {
+            self.s
+                .io
+                .write_all(&mut [std::io::IoSlice::new(&frame)])
+                .await
+        };
+        sent.map_err(End::Io)
     }
 
     /// Sends an error frame and returns the protocol end reason.

@@ -54,9 +54,10 @@ impl Session {
     pub(super) async fn data_op(&mut self, op: Op) -> Reply {
         let store = Arc::clone(&self.engine.store);
         match op {
-            Op::Register { spec } => match store.register(&spec) {
+            Op::Register { spec } => match store.register(&self.scoped(&spec)) {
                 Ok(r) => {
-                    tracing::info!(conn = self.id, ns = r.ns, id = %r.id, model = %spec.model, "namespace registered");
+                    store.tenants().bind(r.ns, r.id, self.tenant);
+                    tracing::info!(conn = self.id, ns = r.ns, id = %r.id, model = %spec.model, tenant = self.tenant, "namespace registered");
                     Reply::Registered {
                         ns: r.ns,
                         id: r.id.to_string(),

@@ -17,6 +17,10 @@ impl Session {
         if !matches!(req.op, Op::AttachRegion { .. }) {
             self.io.discard_fds();
         }
+        if let Some(refused) = self.tenancy_refusal(&req.op) {
+            self.io.skip(payload_len).await?;
+            return self.send(id, refused, &[]).await;
+        }
         if payload_len > 0 && !matches!(req.op, Op::Put { .. }) {
             self.io.skip(payload_len).await?;
             return self
@@ -29,6 +33,9 @@ impl Session {
             op @ (Op::Put { .. } | Op::Get { .. }) => {
                 return self.data_io(id, op, payload_len).await;
             }
+            Op::Clear { ns: None } if self.engine.tenants().enabled() && !self.is_operator() => {
+                self.clear_own()
+            }
             op @ (Op::Register { .. }
             | Op::Alloc { .. }
             | Op::Commit { .. }
@@ -37,7 +44,7 @@ impl Session {
             | Op::Exists { .. }
             | Op::Delete { .. }
             | Op::Clear { .. }) => self.data_op(op).await,
-            Op::Stats => Reply::Stats(Box::new(self.engine.stats())),
+            Op::Stats => Reply::Stats(Box::new(self.stats_for_caller())),
             Op::Timeouts => Reply::Timeouts(Box::new(self.engine.peers.stats.report())),
             Op::Histograms => Reply::Histograms(Box::new(self.engine.metrics.report())),
             Op::Cluster => self.engine.cluster_report().map_or_else(

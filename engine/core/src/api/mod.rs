@@ -8,6 +8,8 @@
 //!                                               └─ gpu.rs      GPU attach / offload / onload (gpu_conn.rs)
 //! ```
 //!
+//! Who may connect and which namespaces a connection's tenant may name: `tenancy.rs`.
+//!
 //! A [`session::Session`] owns everything a connection holds (leases, reservations,
 //! regions, GPU mappings) as guards, so whatever ends the connection releases them.
 
@@ -24,5 +26,6 @@ mod region;
 mod region_copy;
 mod server;
 mod session;
+mod tenancy;
 
 pub use server::{ServeError, bind, raise_fd_limit, serve};

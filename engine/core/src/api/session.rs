@@ -17,6 +17,7 @@ use crate::engine::Engine;
 use crate::obs::{ConnWatch, ReplyInfo};
 use crate::residency::RouterMeta;
 use crate::store::{Lease, Reservation};
+use crate::tenant::TenantId;
 
 /// State owned by one connection. Everything it holds is released when it drops.
 #[derive(Debug)]
@@ -25,6 +26,8 @@ pub(super) struct Session {
     pub io: SockIo,
     pub id: u64,
     pub cred: PeerCred,
+    /// The client's tenant (0 without a tenant map).
+    pub tenant: TenantId,
     /// Lease id -> leased blocks (released when removed).
     pub leases: HashMap<u64, Vec<Lease>>,
     /// Alloc handle -> reservation (aborted when removed uncommitted).
@@ -42,7 +45,7 @@ pub(super) struct Session {
 }
 
 impl Session {
-    pub fn new(engine: Arc<Engine>, io: SockIo, cred: PeerCred) -> Self {
+    pub fn new(engine: Arc<Engine>, io: SockIo, cred: PeerCred, tenant: TenantId) -> Self {
         let id = engine.client_connected();
         let watch = engine.metrics.watch.add(id);
         Self {
@@ -50,6 +53,7 @@ impl Session {
             io,
             id,
             cred,
+            tenant,
             leases: HashMap::new(),
             reservations: HashMap::new(),
             next_handle: 1,

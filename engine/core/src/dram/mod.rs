@@ -20,6 +20,7 @@ use crate::policy::{PolicyKind, SlotId};
 use crate::residency::{Announcer, RouterMeta};
 pub use demote::{DemoteEnd, Demotion, Finished};
 use state::State;
+pub use state::quota::QuotaScope;
 
 /// A request the tier refuses as a whole.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

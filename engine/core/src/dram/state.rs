@@ -15,6 +15,8 @@ use std::sync::Arc;
 
 const MAX_CLASSES: usize = 4096;
 
+pub(super) mod quota;
+
 #[derive(Debug)]
 pub(super) struct NsEntry {
     pub id: NamespaceId,

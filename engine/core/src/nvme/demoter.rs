@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use kvnode_spill::{ArenaSlice, IoBuf, SpillError};
 use tokio::sync::watch;
 
+use super::quota::QuotaRoom;
 use super::{NvmeTier, config::Admission, spill_key};
 use crate::dram::{DemoteEnd, Demotion, Finished};
 
@@ -66,9 +67,13 @@ impl NvmeTier {
 
     async fn demote(&self, d: Demotion) {
         let sk = spill_key(&d.key);
+        let mut room = QuotaRoom::Free;
         let end = if d.on_lower && self.spill.contains(&sk) {
             DemoteEnd::Moved
         } else if self.settings.admission == Admission::SecondRead && d.reads < 2 {
+            DemoteEnd::Dropped
+        } else if self.no_quota_room(&mut room, d.key.ns, d.len) {
+            // No room within its tenant's NVMe quota (nvme/quota.rs).
             DemoteEnd::Dropped
         } else {
             let buf = IoBuf::Arena(ArenaSlice {
@@ -117,6 +122,7 @@ impl NvmeTier {
                 }
             }
         };
+        self.quota_settle(room, sk, d.key.ns, d.len, end == DemoteEnd::Moved);
         let fin = self.dram.finish_demotion(&d, end, |meta| {
             if end == DemoteEnd::Moved {
                 // Checked under the map lock, as `forget` does (see there).

@@ -15,6 +15,7 @@
 
 pub mod config;
 mod demoter;
+mod quota;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -61,6 +62,8 @@ pub struct NvmeTier {
     /// The DRAM tier above: promotions land in it, demotions leave it.
     dram: Arc<DramTier>,
     metrics: Arc<Metrics>,
+    /// Per-tenant NVMe bytes and quotas (set once by the engine when a tenant map is on).
+    quota: quota::NvmeQuota,
 }
 
 /// A spill read in flight into a reserved DRAM slot.
@@ -171,6 +174,7 @@ impl NvmeTier {
             progress: tokio::sync::Notify::new(),
             dram,
             metrics,
+            quota: quota::NvmeQuota::default(),
         })
     }
 
@@ -190,6 +194,7 @@ impl NvmeTier {
         for k in keys {
             if !self.spill.contains(k) {
                 drop(m.remove(k));
+                self.quota.uncharge(k);
             }
         }
     }

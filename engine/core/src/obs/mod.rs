@@ -69,6 +69,17 @@ pub struct ReplyInfo {
     pub bytes: u64,
 }
 
+/// Why a client connection was refused at accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its uid and gid are outside `allow_uids` / `allow_gids`.
+    Allowlist = 0,
+    /// No tenant maps it and `[tenants] unmapped = "refuse"`.
+    Unmapped = 1,
+    /// `SO_PEERCRED` failed while access control is configured.
+    NoCredentials = 2,
+}
+
 /// Every counter and histogram of one daemon.
 #[derive(Debug)]
 pub struct Metrics {
@@ -83,6 +94,8 @@ pub struct Metrics {
     pub leases_overdue_total: AtomicU64,
     /// Client connections the listener failed to accept (out of descriptors or memory).
     pub accept_failures_total: AtomicU64,
+    /// Client connections refused at accept, by [`Refusal`].
+    clients_refused: [AtomicU64; 3],
     /// Leases past the age limit still held (set by the watchdog).
     pub leases_overdue_now: AtomicU64,
     /// Ops past their deadline still in flight (set by the watchdog).
@@ -105,6 +118,7 @@ impl Default for Metrics {
             stalls: StallKind::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
             leases_overdue_total: AtomicU64::new(0),
             accept_failures_total: AtomicU64::new(0),
+            clients_refused: Default::default(),
             leases_overdue_now: AtomicU64::new(0),
             ops_overdue_now: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
@@ -274,6 +288,21 @@ impl Metrics {
     /// Counts a failed accept of a client connection.
     pub fn accept_failed(&self) {
         self.accept_failures_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a client connection refused at accept.
+    pub fn client_refused(&self, why: Refusal) {
+        self.clients_refused[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Client connections refused at accept so far.
+    pub fn refused(&self) -> kvnode_proto::stats::RefusedStats {
+        let n = |w: Refusal| self.clients_refused[w as usize].load(Ordering::Relaxed);
+        kvnode_proto::stats::RefusedStats {
+            allowlist: n(Refusal::Allowlist),
+            unmapped: n(Refusal::Unmapped),
+            no_credentials: n(Refusal::NoCredentials),
+        }
     }
 
     /// Stalls of `kind` so far.

@@ -89,10 +89,13 @@ impl Collector for Kvnode {
         if let Some(c) = &s.cluster {
             cluster(&mut o, c)?;
         }
+        tenants::tenants(&mut o, &s)?;
         ops(&mut o, &self.metrics)?;
         counters(&mut o, &self.metrics)
     }
 }
+
+mod tenants;
 
 /// A descriptor encoder with one method per metric shape.
 struct Out<'a>(DescriptorEncoder<'a>);

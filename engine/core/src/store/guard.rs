@@ -145,9 +145,12 @@ impl Reservation {
     /// Publishes the slot; `on_lower` marks a block promoted from the tier below.
     pub(super) fn commit_as(mut self, on_lower: bool, xxh3: Option<u64>) -> CommitStatus {
         let raw = self.raw.take().expect("a live reservation holds its slot");
-        self.store
+        let st = self
+            .store
             .dram
-            .commit_one(self.owner, &raw, self.meta.as_ref(), on_lower, xxh3)
+            .commit_one(self.owner, &raw, self.meta.as_ref(), on_lower, xxh3);
+        self.store.quota_release(raw.ns, raw.len);
+        st
     }
 }
 
@@ -155,6 +158,7 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some(raw) = self.raw.take() {
             self.store.dram.abort(self.owner, &[raw]);
+            self.store.quota_release(raw.ns, raw.len);
         }
     }
 }

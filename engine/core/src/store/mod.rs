@@ -13,6 +13,7 @@
 //! [`Reservation`]) that release themselves when dropped.
 
 mod guard;
+mod quota;
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ use crate::arena::Arena;
 use crate::dram::{DramTier, Registered, TierError, TierSnapshot};
 use crate::nvme::NvmeTier;
 use crate::residency::Announcer;
+use crate::tenant::Tenants;
 
 pub use guard::{Lease, Reservation};
 
@@ -55,6 +57,8 @@ pub struct Store {
     dram: Arc<DramTier>,
     nvme: Option<Arc<NvmeTier>>,
     announcer: Arc<Announcer>,
+    /// Which namespace is whose, and the quotas reservations are held to.
+    tenants: Arc<Tenants>,
 }
 
 impl Store {
@@ -65,13 +69,30 @@ impl Store {
         nvme: Option<Arc<NvmeTier>>,
         announcer: Arc<Announcer>,
     ) -> Arc<Self> {
+        Self::with_tenants(arena, dram, nvme, announcer, Arc::new(Tenants::single()))
+    }
+
+    /// Like [`Store::new`], with a tenant map whose quotas reservations are held to.
+    pub fn with_tenants(
+        arena: Arc<Arena>,
+        dram: Arc<DramTier>,
+        nvme: Option<Arc<NvmeTier>>,
+        announcer: Arc<Announcer>,
+        tenants: Arc<Tenants>,
+    ) -> Arc<Self> {
         dram.set_has_lower(nvme.is_some());
         Arc::new(Self {
             arena,
             dram,
             nvme,
             announcer,
+            tenants,
         })
+    }
+
+    /// The tenant map.
+    pub fn tenants(&self) -> &Arc<Tenants> {
+        &self.tenants
     }
 
     /// The arena every slot lives in.
@@ -230,8 +251,7 @@ impl Store {
         lens: &[u64],
     ) -> Result<Vec<Result<Reservation, PutStatus>>, TierError> {
         Ok(self
-            .dram
-            .reserve(owner, ns, keys, lens)?
+            .reserve_raw(owner, ns, keys, lens)?
             .into_iter()
             .map(|r| r.map(|r| Reservation::new(Arc::clone(self), owner, r)))
             .collect())
@@ -304,5 +324,7 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+mod quota_tests;
 #[cfg(test)]
 mod tests;
