@@ -474,10 +474,11 @@ fn etcd_outage_keeps_known_members_for_the_grace_then_refuses_and_all_reregister
 
 /// A record from a newer release, written straight into etcd.
 fn incompatible_member_is_listed_and_refused(cl: &mut Cluster, etcd: &Etcd, n: &[Daemon]) {
-    // A member from a newer release (peer protocol 2): listed, refused with the reason.
+    // A member from a newer release (the next peer protocol): listed, refused with the reason.
+    let next = kvnode_proto::peer::PEER_PROTOCOL_VERSION + 1;
     let future = format!("tcp://{}:7702", cl.fabric.node_ip(3));
     let rec = format!(
-        r#"{{"record":1,"node_id":"future","instance":"x","endpoints":["{future}"],"transports":["tcp"],"version":"9.0.0","peer_protocol":2}}"#
+        r#"{{"record":1,"node_id":"future","instance":"x","endpoints":["{future}"],"transports":["tcp"],"version":"9.0.0","peer_protocol":{next}}}"#
     );
     etcd.put("/kvnode/clusters/e2e-o/members/future", &rec)
         .unwrap();
@@ -493,7 +494,7 @@ fn incompatible_member_is_listed_and_refused(cl: &mut Cluster, etcd: &Etcd, n: &
         },
     );
     let keys = cl.fresh(3);
-    assert_refused(&pull(&n[0], &future, &keys), "peer protocol v2");
+    assert_refused(&pull(&n[0], &future, &keys), &format!("peer protocol v{next}"));
 }
 
 /// etcd killed: degraded within the grace, expired after it.
