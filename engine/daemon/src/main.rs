@@ -21,8 +21,10 @@ mod ops;
 mod report;
 mod serve;
 mod serve_peer;
+mod serve_stop;
 mod stats_fmt;
 mod svg;
+mod takeover;
 
 use clap::Parser;
 
