@@ -370,3 +370,5 @@ impl DramTier {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod image_tests;
