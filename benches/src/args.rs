@@ -33,6 +33,8 @@ pub enum BenchCmd {
     Events(crate::events::EventsArgs),
     /// Two daemons on loopback: peer pull throughput and latency next to iperf3 in the same run.
     Pull(crate::pull::PullArgs),
+    /// First hit after a restart (takeover, SIGKILL, SIGTERM) of a daemon it starts.
+    Restart(crate::restart::RestartArgs),
 }
 
 #[derive(Debug, Args)]

@@ -8,6 +8,8 @@
 //! - [`events`]: KV events reaching a live ZMQ subscriber while the daemon serves puts.
 //! - [`gpu`]: GPU offload/onload through the daemon vs plain pinned `cuMemcpy`.
 //! - [`pull`]: two daemons on loopback: peer pulls vs iperf3 and memcpy.
+//! - [`restart`]: first hit after a takeover, a SIGKILL or a SIGTERM restart, vs the time to
+//!   spawn the binary.
 
 pub mod args;
 pub mod events;
@@ -15,6 +17,7 @@ pub mod gpu;
 pub mod local;
 pub mod memcpy;
 pub mod pull;
+pub mod restart;
 pub mod spill;
 
 pub use args::BenchCmd;
@@ -27,5 +30,6 @@ pub fn run(cmd: &BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Gpu(a) => gpu::run(a),
         BenchCmd::Events(a) => events::run(a),
         BenchCmd::Pull(a) => pull::run(a),
+        BenchCmd::Restart(a) => restart::run(a),
     }
 }
