@@ -56,6 +56,10 @@ pub struct RestartArgs {
     /// Give the daemon a spill directory (always on for sigkill and sigterm).
     #[arg(long)]
     pub spill: bool,
+    /// Daemon binary to restart (default: this one), e.g. an older build for a before/after
+    /// comparison (`takeover` needs a build that has it).
+    #[arg(long)]
+    pub daemon: Option<PathBuf>,
     /// mlock the arena (the daemon's default; off here unless asked, to leave the machine's
     /// memory to others).
     #[arg(long)]
@@ -144,7 +148,10 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let dram = parse_size(&a.dram).context("--dram")?;
     let _ = std::fs::remove_dir_all(&a.dir);
     std::fs::create_dir_all(&a.dir)?;
-    let bin = std::env::current_exe()?;
+    let bin = match &a.daemon {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?,
+    };
     let sock = a.dir.join("kvnode.sock");
     let cfg = a.dir.join("restart.toml");
     let spill = a.spill || a.mode != Mode::Takeover;
@@ -244,11 +251,24 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let s = c.stats()?;
     let kept = s.tiers.iter().map(|t| t.blocks).sum::<u64>();
     drop(c);
+    if spill {
+        // The fixed-buffer registration runs in the background once the arena is populated:
+        // wait (bounded) for its log line, to report what it costs off the critical path.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_mins(1)
+            && !std::fs::read_to_string(&new_log)
+                .unwrap_or_default()
+                .contains("arena registered with the spill rings")
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     let _ = new.kill();
     let _ = new.wait();
     let log = std::fs::read_to_string(&new_log).unwrap_or_default();
     println!(
-        "bench restart: mode {:?} blocks {} x {} dram {} pin {} dir {}",
+        "bench restart: daemon {} mode {:?} blocks {} x {} dram {} pin {} dir {}",
+        bin.display(),
         a.mode,
         a.blocks,
         ByteSize(bs),

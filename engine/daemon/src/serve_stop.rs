@@ -37,8 +37,8 @@ pub fn take_over(cfg: &EngineConfig) -> anyhow::Result<Option<(Handover, UnixLis
         return Ok(None);
     }
     let blocks = got.blocks;
+    // The donor closes its spill files (unlocking them) before it lets go of the socket.
     let (h, l) = got.release(limit)?;
-    wait_gone(donor, limit);
     tracing::info!(
         donor,
         blocks,
