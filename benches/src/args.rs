@@ -35,6 +35,9 @@ pub enum BenchCmd {
     Pull(crate::pull::PullArgs),
     /// First hit after a restart (takeover, SIGKILL, SIGTERM) of a daemon it starts.
     Restart(crate::restart::RestartArgs),
+    /// Puts offered faster than the disk (2 × fio write) through a daemon it starts: no
+    /// refusal, put throughput vs the same-run fio write.
+    Backpressure(crate::backpressure::BackpressureArgs),
 }
 
 #[derive(Debug, Args)]

@@ -8,10 +8,12 @@
 //! - [`events`]: KV events reaching a live ZMQ subscriber while the daemon serves puts.
 //! - [`gpu`]: GPU offload/onload through the daemon vs plain pinned `cuMemcpy`.
 //! - [`pull`]: two daemons on loopback: peer pulls vs iperf3 and memcpy.
+//! - [`backpressure`]: puts offered at twice the disk's rate through a small DRAM tier, vs fio.
 //! - [`restart`]: first hit after a takeover, a SIGKILL or a SIGTERM restart, vs the time to
 //!   spawn the binary.
 
 pub mod args;
+pub mod backpressure;
 pub mod events;
 pub mod gpu;
 pub mod local;
@@ -31,5 +33,6 @@ pub fn run(cmd: &BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Events(a) => events::run(a),
         BenchCmd::Pull(a) => pull::run(a),
         BenchCmd::Restart(a) => restart::run(a),
+        BenchCmd::Backpressure(a) => backpressure::run(a),
     }
 }
