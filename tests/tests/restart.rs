@@ -315,3 +315,49 @@ fn a_client_reading_through_a_takeover_gets_right_bytes_or_an_error() {
     drop(a);
     let _ = std::fs::remove_dir_all(&sock_dir);
 }
+
+/// Reads one datagram from the emulated systemd notification socket.
+fn notified(s: &std::os::unix::net::UnixDatagram) -> String {
+    let mut b = [0u8; 512];
+    let n = s.recv(&mut b).expect("a notification within the timeout");
+    String::from_utf8_lossy(&b[..n]).into_owned()
+}
+
+#[test]
+fn under_systemd_notify_a_takeover_reports_the_new_main_pid() {
+    // systemd's side of `Type=notify` + `NotifyAccess=all`, emulated: a datagram socket in
+    // NOTIFY_SOCKET. The unit's `systemctl reload` relies on MAINPID= (packaging/kvnode.service).
+    let sock_dir = temp_dir("notify");
+    let notify_path = sock_dir.join("notify");
+    let n = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    n.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let env = [("NOTIFY_SOCKET", notify_path.to_str().unwrap())];
+    let mut a = Daemon::start_env(&env, &["--dram", "32MiB", "--no-pin"]);
+    assert_eq!(notified(&n), "READY=1");
+    let mut c = a.client();
+    let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
+    put_all(&mut c, ns, 0..8);
+    drop(c);
+    // The successor must run on the same socket as `a`.
+    let a_sock = a.socket.clone();
+    let mut cmd = std::process::Command::new(kvnode_e2e::kvnode_bin());
+    let log = std::fs::File::create(sock_dir.join("b.log")).unwrap();
+    let mut b = cmd
+        .args(["serve", "--dram", "32MiB", "--no-pin", "--takeover", "--socket"])
+        .arg(&a_sock)
+        .envs(env)
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    assert_eq!(notified(&n), format!("MAINPID={}\nREADY=1", b.id()));
+    assert!(a.wait_exit(Duration::from_secs(30)).is_some_and(|s| s.success()));
+    let mut c = Client::connect(&a_sock).unwrap();
+    let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
+    assert_eq!(count_intact(&mut c, ns, 0..8), 8);
+    drop(c);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(b.id() as i32, libc::SIGTERM) };
+    assert_eq!(notified(&n), "STOPPING=1");
+    assert!(b.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&sock_dir);
+}

@@ -19,6 +19,7 @@ mod keys;
 mod metrics_http;
 mod ops;
 mod report;
+mod sd_notify;
 mod serve;
 mod serve_peer;
 mod serve_stop;

@@ -186,6 +186,13 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let (takeover_tx, mut takeover_rx) = tokio::sync::mpsc::channel(1);
         let takeover_path = crate::takeover::listen(&engine.config, takeover_tx)?;
         tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks = engine.store.dram().snapshot().tier.blocks, took_over, spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
+        // Under systemd (`Type=notify`): ready; after a takeover this process is the
+        // service's main process from now on (the old one exits 0).
+        crate::sd_notify::notify(&if took_over {
+            format!("MAINPID={}\nREADY=1", std::process::id())
+        } else {
+            "READY=1".to_owned()
+        });
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let metrics = match &engine.config.metrics {
@@ -207,6 +214,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             _ = int.recv() => { tracing::info!(signal = "SIGINT", "shutting down: draining in-flight requests"); None }
             Some(p) = takeover_rx.recv() => { tracing::info!(successor = p.pid(), "takeover: draining in-flight requests"); Some(p) }
         };
+        if successor.is_none() {
+            crate::sd_notify::notify("STOPPING=1");
+        }
         let _ = stop_tx.send(true);
         engine.stop_background();
         server.await.context("server task")?;
