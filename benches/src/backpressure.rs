@@ -170,10 +170,13 @@ fn put_ceiling(
     let slab = bs.next_power_of_two().max(2 << 20);
     std::fs::write(
         &cfg,
-        format!("dram = {}
+        format!(
+            "dram = {}
 slab_size = {slab}
 pin = false
-", bytes + (64 << 20)),
+",
+            bytes + (64 << 20)
+        ),
     )?;
     let (d, mut c, _) = crate::spill::serve(&a.dir, &cfg)?;
     let ns = c.register(spec)?.ns;

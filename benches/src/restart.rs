@@ -86,7 +86,13 @@ fn spec(bs: u64) -> NamespaceSpec {
     }
 }
 
-fn spawn(bin: &Path, cfg: &Path, sock: &Path, log: &Path, extra: &[&str]) -> anyhow::Result<std::process::Child> {
+fn spawn(
+    bin: &Path,
+    cfg: &Path,
+    sock: &Path,
+    log: &Path,
+    extra: &[&str],
+) -> anyhow::Result<std::process::Child> {
     let log = std::fs::File::create(log)?;
     Ok(Command::new(bin)
         .arg("serve")
@@ -123,7 +129,10 @@ fn first_hit(sock: &Path, pid: u32, bs: u64, i: u64, t0: Instant) -> anyhow::Res
     bail!("the new daemon never answered")
 }
 
-fn wait_exit(c: &mut std::process::Child, limit: Duration) -> anyhow::Result<std::process::ExitStatus> {
+fn wait_exit(
+    c: &mut std::process::Child,
+    limit: Duration,
+) -> anyhow::Result<std::process::ExitStatus> {
     let t = Instant::now();
     while t.elapsed() < limit {
         if let Some(s) = c.try_wait()? {
@@ -189,7 +198,10 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
             break c;
         }
         if t.elapsed() > Duration::from_mins(1) {
-            bail!("daemon did not start; see {}", a.dir.join("old.log").display());
+            bail!(
+                "daemon did not start; see {}",
+                a.dir.join("old.log").display()
+            );
         }
         std::thread::sleep(Duration::from_millis(2));
     };
@@ -217,7 +229,11 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let (in_dram, on_nvme) = (s.tiers[0].blocks, s.tiers.get(1).map_or(0, |t| t.blocks));
     // The block to hit: the newest one for a takeover (in DRAM), the oldest otherwise
     // (moved to NVMe first).
-    let probe = if a.mode == Mode::Takeover { a.blocks - 1 } else { 0 };
+    let probe = if a.mode == Mode::Takeover {
+        a.blocks - 1
+    } else {
+        0
+    };
     drop(c);
     let new_log = a.dir.join("new.log");
     let (first, stop_ms, mut new) = match a.mode {
@@ -276,9 +292,7 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
         a.pin,
         a.dir.display()
     );
-    println!(
-        "before: {in_dram} blocks in DRAM, {on_nvme} on NVMe (filled in {fill_s:.1} s)"
-    );
+    println!("before: {in_dram} blocks in DRAM, {on_nvme} on NVMe (filled in {fill_s:.1} s)");
     if let Some(s) = stop_ms {
         println!("old daemon stopped in {:.0} ms", s.as_secs_f64() * 1e3);
     }

@@ -77,10 +77,19 @@ fn sigterm_then_start_on_the_same_spill_dir_keeps_every_dram_block_byte_identica
     let mut c = a.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     put_all(&mut c, ns, 0..64);
-    assert_eq!(tier(&mut c, "nvme").blocks, 0, "the test needs DRAM-only blocks");
+    assert_eq!(
+        tier(&mut c, "nvme").blocks,
+        0,
+        "the test needs DRAM-only blocks"
+    );
     drop(c);
     stop(&mut a, libc::SIGTERM);
-    assert!(a.log().contains("stop-time flush: every DRAM block has a copy on NVMe"), "{}", a.log());
+    assert!(
+        a.log()
+            .contains("stop-time flush: every DRAM block has a copy on NVMe"),
+        "{}",
+        a.log()
+    );
     let b = roomy(&dir, &[]);
     let mut c = b.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
@@ -142,9 +151,13 @@ fn takeover_hands_every_block_over_and_the_old_daemon_exits_zero() {
     with_takeover.push("--takeover");
     let spawned = Instant::now();
     let b = Daemon::spawn_at(&sock, &with_takeover);
-    let st = a
-        .wait_exit(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("old daemon still runs; log:\n{}\nnew:\n{}", a.log(), b.log()));
+    let st = a.wait_exit(Duration::from_secs(30)).unwrap_or_else(|| {
+        panic!(
+            "old daemon still runs; log:\n{}\nnew:\n{}",
+            a.log(),
+            b.log()
+        )
+    });
     assert!(st.success(), "{st:?}\n{}", a.log());
     assert!(a.log().contains("DRAM tier handed over"), "{}", a.log());
     // First hit from the new process.
@@ -159,13 +172,22 @@ fn takeover_hands_every_block_over_and_the_old_daemon_exits_zero() {
                 break spawned.elapsed();
             }
         }
-        assert!(spawned.elapsed() < Duration::from_secs(30), "new daemon never answered; log:\n{}", b.log());
+        assert!(
+            spawned.elapsed() < Duration::from_secs(30),
+            "new daemon never answered; log:\n{}",
+            b.log()
+        );
         std::thread::sleep(Duration::from_millis(2));
     };
     let mut c = Client::connect(&sock).unwrap();
     // Every DRAM block came over (the new demoter may since have moved a few down).
     let d = tier(&mut c, "dram");
-    assert_eq!(d.blocks + d.demotions, in_dram, "DRAM blocks after the takeover; log:\n{}", b.log());
+    assert_eq!(
+        d.blocks + d.demotions,
+        in_dram,
+        "DRAM blocks after the takeover; log:\n{}",
+        b.log()
+    );
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     assert_eq!(count_intact(&mut c, ns, 0..384), 384, "log:\n{}", b.log());
     eprintln!("takeover: first hit {first_hit:?} after the new process was spawned");
@@ -194,7 +216,8 @@ fn takeover_with_another_dram_size_is_refused_clearly_and_loses_nothing() {
     assert!(!st.success());
     let log = b.log();
     assert!(
-        log.contains("refused the takeover and keeps serving") && log.contains("dram 33554432 -> 67108864"),
+        log.contains("refused the takeover and keeps serving")
+            && log.contains("dram 33554432 -> 67108864"),
         "{log}"
     );
     assert_eq!(count_intact(&mut c, ns, 0..32), 32);
@@ -263,9 +286,9 @@ fn a_client_reading_through_a_takeover_gets_right_bytes_or_an_error() {
             let mut i = 0u64;
             while !done.load(Ordering::Relaxed) {
                 if conn.is_none() {
-                    conn = Client::connect(&sock)
-                        .ok()
-                        .and_then(|mut c| c.register(&spec("m", LEN as u64)).ok().map(|r| (c, r.ns)));
+                    conn = Client::connect(&sock).ok().and_then(|mut c| {
+                        c.register(&spec("m", LEN as u64)).ok().map(|r| (c, r.ns))
+                    });
                 }
                 let Some((c, ns)) = conn.as_mut() else {
                     errors.fetch_add(1, Ordering::Relaxed);
@@ -294,15 +317,26 @@ fn a_client_reading_through_a_takeover_gets_right_bytes_or_an_error() {
     let mut with_takeover = args.to_vec();
     with_takeover.push("--takeover");
     let b = Daemon::spawn_at(&sock, &with_takeover);
-    assert!(a.wait_exit(Duration::from_secs(30)).is_some_and(|s| s.success()), "{}", a.log());
+    assert!(
+        a.wait_exit(Duration::from_secs(30))
+            .is_some_and(|s| s.success()),
+        "{}",
+        a.log()
+    );
     let before = ok.load(Ordering::Relaxed);
     let t = Instant::now();
     while ok.load(Ordering::Relaxed) < before + 100 {
-        assert!(t.elapsed() < Duration::from_secs(30), "no reads served after the takeover; log:\n{}", b.log());
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no reads served after the takeover; log:\n{}",
+            b.log()
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     done.store(true, Ordering::Relaxed);
-    reader.join().expect("reader saw wrong bytes or a lost block");
+    reader
+        .join()
+        .expect("reader saw wrong bytes or a lost block");
     eprintln!(
         "reads: {} served, {} failed across the takeover",
         ok.load(Ordering::Relaxed),
@@ -343,14 +377,24 @@ fn under_systemd_notify_a_takeover_reports_the_new_main_pid() {
     let mut cmd = std::process::Command::new(kvnode_e2e::kvnode_bin());
     let log = std::fs::File::create(sock_dir.join("b.log")).unwrap();
     let mut b = cmd
-        .args(["serve", "--dram", "32MiB", "--no-pin", "--takeover", "--socket"])
+        .args([
+            "serve",
+            "--dram",
+            "32MiB",
+            "--no-pin",
+            "--takeover",
+            "--socket",
+        ])
         .arg(&a_sock)
         .envs(env)
         .stderr(log)
         .spawn()
         .unwrap();
     assert_eq!(notified(&n), format!("MAINPID={}\nREADY=1", b.id()));
-    assert!(a.wait_exit(Duration::from_secs(30)).is_some_and(|s| s.success()));
+    assert!(
+        a.wait_exit(Duration::from_secs(30))
+            .is_some_and(|s| s.success())
+    );
     let mut c = Client::connect(&a_sock).unwrap();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     assert_eq!(count_intact(&mut c, ns, 0..8), 8);

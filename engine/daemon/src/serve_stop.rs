@@ -81,7 +81,10 @@ fn wait_gone(pid: u32, limit: Duration) {
         match std::fs::read_to_string(&stat) {
             Err(_) => return,
             Ok(s) => {
-                let state = s.rsplit(')').next().and_then(|r| r.split_whitespace().next());
+                let state = s
+                    .rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().next());
                 if matches!(state, Some("Z" | "X")) {
                     return;
                 }
@@ -99,8 +102,15 @@ pub fn spawn_write_behind(
 ) -> Option<tokio::task::JoinHandle<()>> {
     let lag = engine.config.spill.lag?;
     let t = engine.store.nvme()?;
-    tracing::info!(lag_ms = lag.as_millis() as u64, "write-behind on: every DRAM block reaches NVMe within the lag");
-    Some(kvnode_engine::nvme::spawn_write_behind(Arc::clone(t), lag, stop))
+    tracing::info!(
+        lag_ms = lag.as_millis() as u64,
+        "write-behind on: every DRAM block reaches NVMe within the lag"
+    );
+    Some(kvnode_engine::nvme::spawn_write_behind(
+        Arc::clone(t),
+        lag,
+        stop,
+    ))
 }
 
 /// After the last request: hands the DRAM tier to `successor` if there is one and it takes
@@ -113,7 +123,9 @@ pub async fn hand_over_or_flush(
     if let Some(p) = successor {
         match hand_over(engine, p, listener).await {
             Ok(a) => return Some(a),
-            Err(e) => tracing::error!(error = %format!("{e:#}"), "takeover failed; stopping normally"),
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "takeover failed; stopping normally")
+            }
         }
     }
     flush(engine).await;

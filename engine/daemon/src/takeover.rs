@@ -150,7 +150,9 @@ impl Received {
     /// Tells the donor the image cannot be used (it flushes to NVMe and exits).
     pub fn refuse(mut self, why: &str) {
         let line = why.replace('\n', " ");
-        let _ = self.stream.write_all(format!("failed: {line}\n").as_bytes());
+        let _ = self
+            .stream
+            .write_all(format!("failed: {line}\n").as_bytes());
     }
 }
 
@@ -359,7 +361,10 @@ impl Pending {
         if verdict.trim() == "ok" {
             Ok(Accepted { _stream: s })
         } else {
-            bail!("the successor could not use the DRAM tier: {}", verdict.trim())
+            bail!(
+                "the successor could not use the DRAM tier: {}",
+                verdict.trim()
+            )
         }
     }
 }

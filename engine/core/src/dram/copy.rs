@@ -47,7 +47,9 @@ impl State {
     /// Queues a freshly committed block for write-behind (when on).
     pub fn queue_write_behind(&mut self, slot: SlotId, key: BlockKey) {
         if self.write_behind.on {
-            self.write_behind.queue.push_back((slot, key, Instant::now()));
+            self.write_behind
+                .queue
+                .push_back((slot, key, Instant::now()));
         }
     }
 

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use kvnode_proto::{BlockKey, Digest, NamespaceId, NamespaceSpec};
 use serde::{Deserialize, Serialize};
 
+use super::TierConfig;
 use super::pool::{Resident, Slot, slot_parts};
 use super::state::{State, key_hash};
-use super::TierConfig;
 use crate::policy::{EvictionPolicy, SlotId};
 use crate::residency::{Announcer, RouterMeta};
 

@@ -29,7 +29,11 @@ fn key(i: u32) -> Key {
 }
 
 fn put(t: &DramTier, ns: u32, i: u32, len: u64) -> Reserved {
-    let r = t.reserve(1, ns, &[key(i)], &[len]).unwrap().remove(0).unwrap();
+    let r = t
+        .reserve(1, ns, &[key(i)], &[len])
+        .unwrap()
+        .remove(0)
+        .unwrap();
     assert_eq!(
         t.commit_one(1, &r, None, false, Some(u64::from(i))),
         CommitStatus::Committed
@@ -85,8 +89,12 @@ fn an_image_is_refused_whole_by_another_layout_or_when_damaged() {
     let image = t.image().unwrap();
     let e = DramTier::restore(&cfg(32 * MIB), Announcer::new(None), &image).unwrap_err();
     assert!(e.to_string().contains("must not change"), "{e}");
-    let e = DramTier::restore(&cfg(16 * MIB), Announcer::new(None), &image[..image.len() - 3])
-        .unwrap_err();
+    let e = DramTier::restore(
+        &cfg(16 * MIB),
+        Announcer::new(None),
+        &image[..image.len() - 3],
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("truncated"), "{e}");
     let mut bad = image.clone();
     bad[0] = b'X';
@@ -97,7 +105,11 @@ fn an_image_is_refused_whole_by_another_layout_or_when_damaged() {
 fn an_image_is_refused_while_a_slot_is_reserved() {
     let t = DramTier::new(&cfg(16 * MIB));
     let a = t.register(&spec("a", 64 << 10)).unwrap().ns;
-    let r = t.reserve(7, a, &[key(1)], &[100]).unwrap().remove(0).unwrap();
+    let r = t
+        .reserve(7, a, &[key(1)], &[100])
+        .unwrap()
+        .remove(0)
+        .unwrap();
     assert!(t.image().unwrap_err().to_string().contains("reserved"));
     t.abort(7, &[r]);
     assert!(t.image().is_ok());

@@ -344,11 +344,7 @@ impl DramTier {
     }
 
     /// Up to `max` blocks with no copy below, marked as being copied.
-    pub fn pick_uncopied(
-        &self,
-        max: usize,
-        has_copy: &dyn Fn(&BlockKey) -> bool,
-    ) -> Vec<CopyDown> {
+    pub fn pick_uncopied(&self, max: usize, has_copy: &dyn Fn(&BlockKey) -> bool) -> Vec<CopyDown> {
         self.with(|s| s.pick_uncopied(max, has_copy))
     }
 
@@ -369,6 +365,6 @@ impl DramTier {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod image_tests;
+#[cfg(test)]
+mod tests;

@@ -24,7 +24,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => v / 1e3,
         "m" | "min" => v * 60.0,
         "h" => v * 3600.0,
-        u => return Err(format!("bad duration {s:?}: unknown unit {u:?} (ms, s, m, h)")),
+        u => {
+            return Err(format!(
+                "bad duration {s:?}: unknown unit {u:?} (ms, s, m, h)"
+            ));
+        }
     };
     Duration::try_from_secs_f64(secs).map_err(|e| format!("bad duration {s:?}: {e}"))
 }
@@ -49,7 +53,9 @@ fn de_opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Dura
         Repr::Num(n) => Duration::try_from_secs_f64(n)
             .map(Some)
             .map_err(serde::de::Error::custom),
-        Repr::Str(s) => parse_duration(&s).map(Some).map_err(serde::de::Error::custom),
+        Repr::Str(s) => parse_duration(&s)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
     }
 }
 
@@ -254,7 +260,12 @@ mod tests {
             lag: Some(Duration::from_secs(1)),
             ..SpillSettings::default()
         };
-        assert!(no_dir.validate().unwrap_err().contains("needs a spill directory"));
+        assert!(
+            no_dir
+                .validate()
+                .unwrap_err()
+                .contains("needs a spill directory")
+        );
         let fine = SpillSettings {
             lag: Some(Duration::from_secs(1)),
             dirs,

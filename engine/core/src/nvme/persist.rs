@@ -201,7 +201,9 @@ pub fn spawn_write_behind(
                 _ = stop.changed() => break,
             }
             loop {
-                let before = Instant::now().checked_sub(half).unwrap_or_else(Instant::now);
+                let before = Instant::now()
+                    .checked_sub(half)
+                    .unwrap_or_else(Instant::now);
                 let batch = t.dram.pick_write_behind(t.settings.max_in_flight, before);
                 if batch.is_empty() {
                     break;
@@ -211,11 +213,17 @@ pub fn spawn_write_behind(
                     break;
                 }
             }
-            let late = t.dram.oldest_write_behind().is_some_and(|o| o.elapsed() > lag);
+            let late = t
+                .dram
+                .oldest_write_behind()
+                .is_some_and(|o| o.elapsed() > lag);
             if late {
                 t.copies.lag_exceeded.fetch_add(1, Relaxed);
                 if !warned {
-                    tracing::warn!(lag_ms = lag.as_millis() as u64, "write-behind is behind its lag: NVMe is slower than the puts (blocks older than the lag may be lost on a crash)");
+                    tracing::warn!(
+                        lag_ms = lag.as_millis() as u64,
+                        "write-behind is behind its lag: NVMe is slower than the puts (blocks older than the lag may be lost on a crash)"
+                    );
                 }
             }
             warned = late;
