@@ -9,40 +9,14 @@
 //! status (the target is no refusal), blocks evicted without a copy (`dropped`), and the put
 //! throughput (bytes acknowledged / time to the last acknowledgement) against fio's.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::Args;
 use kvnode_proto::client::PutStatus;
 use kvnode_proto::size::{ByteSize, parse_size};
 use kvnode_proto::{Digest, Key, NamespaceSpec};
 
-/// `kvnode bench backpressure` flags.
-#[derive(Debug, Args)]
-pub struct BackpressureArgs {
-    /// Working directory (spill file, fio file, daemon log); on the device to measure.
-    #[arg(long, default_value = "/var/tmp/kvnode-bench-backpressure")]
-    pub dir: PathBuf,
-    /// Block (page) size; also fio --bs.
-    #[arg(long, default_value = "256KiB")]
-    pub bs: String,
-    /// Pages per put request.
-    #[arg(long, default_value_t = 64)]
-    pub batch: usize,
-    /// Bytes put in all (and fio --size).
-    #[arg(long, default_value = "4GiB")]
-    pub size: String,
-    /// DRAM tier of the daemon.
-    #[arg(long, default_value = "256MiB")]
-    pub dram: String,
-    /// Offered put rate as a multiple of the fio write rate.
-    #[arg(long, default_value_t = 2.0)]
-    pub load: f64,
-    /// Queue depth: fio --iodepth and the daemon's demotions in flight.
-    #[arg(long, default_value_t = 16)]
-    pub qd: usize,
-}
+use crate::args::BackpressureArgs;
 
 fn key(i: u64) -> Key {
     let mut d = [0u8; 32];
@@ -95,7 +69,7 @@ pub fn run(a: &BackpressureArgs) -> anyhow::Result<()> {
         let due = Duration::from_secs_f64(sent as f64 / rate);
         match due.checked_sub(t.elapsed()) {
             Some(wait) => std::thread::sleep(wait),
-            None => late = late.max(t.elapsed() - due),
+            None => late = late.max(t.elapsed().saturating_sub(due)),
         }
         let keys: Vec<Key> = (start..(start + a.batch as u64).min(n)).map(key).collect();
         let refs: Vec<&[u8]> = keys.iter().map(|_| buf.as_slice()).collect();

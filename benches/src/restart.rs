@@ -151,19 +151,9 @@ fn log_field(log: &str, msg: &str, field: &str) -> Option<String> {
     Some(rest.split_whitespace().next()?.to_owned())
 }
 
-/// Runs the benchmark.
-pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
-    let bs = parse_size(&a.block_bytes).context("--block-bytes")?;
-    let dram = parse_size(&a.dram).context("--dram")?;
-    let _ = std::fs::remove_dir_all(&a.dir);
-    std::fs::create_dir_all(&a.dir)?;
-    let bin = match &a.daemon {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?,
-    };
-    let sock = a.dir.join("kvnode.sock");
-    let cfg = a.dir.join("restart.toml");
-    let spill = a.spill || a.mode != Mode::Takeover;
+/// The daemon's configuration file.
+fn config_text(a: &RestartArgs, bs: u64, dram: u64, spill: bool) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
     let slab = (bs.next_power_of_two()).max(2 << 20);
     let mut text = format!(
         "dram = \"{}\"\nslab_size = {slab}\npin = {}\n",
@@ -174,43 +164,23 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
         let dir = a.dir.join("spill");
         std::fs::create_dir_all(&dir)?;
         let size = (a.blocks * bs.div_ceil(4096) * 4096 + 8192 * a.blocks) * 5 / 4 + (256 << 20);
-        text += &format!(
+        write!(
+            text,
             "[spill]\ndirs = [{{ path = \"{}\", size = {size} }}]\n",
             dir.display()
-        );
+        )?;
     }
-    std::fs::write(&cfg, text)?;
-    // The same-run floor: spawn the binary and have it exit.
-    let t = Instant::now();
-    let st = Command::new(&bin)
-        .args(["serve", "--print-config", "--config"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .status()?;
-    let floor = t.elapsed();
-    if !st.success() {
-        bail!("kvnode serve --print-config failed");
-    }
-    let mut old = spawn(&bin, &cfg, &sock, &a.dir.join("old.log"), &[])?;
-    let t = Instant::now();
-    let mut c = loop {
-        if let Ok(c) = Client::connect(&sock) {
-            break c;
-        }
-        if t.elapsed() > Duration::from_mins(1) {
-            bail!(
-                "daemon did not start; see {}",
-                a.dir.join("old.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
+    Ok(text)
+}
+
+/// Puts blocks `0..n` (32 per request); returns the seconds until demotion drained.
+fn fill_blocks(c: &mut Client, bs: u64, n: u64) -> anyhow::Result<f64> {
     let ns = c.register(&spec(bs))?.ns;
     let mut buf = vec![0x5Au8; bs as usize];
     let batch = 32u64;
     let t = Instant::now();
-    for start in (0..a.blocks).step_by(batch as usize) {
-        let end = (start + batch).min(a.blocks);
+    for start in (0..n).step_by(batch as usize) {
+        let end = (start + batch).min(n);
         let bufs: Vec<Vec<u8>> = (start..end)
             .map(|i| {
                 fill(&mut buf, i);
@@ -224,7 +194,77 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     while c.stats()?.tiers[0].in_flight > 0 {
         std::thread::sleep(Duration::from_millis(1));
     }
-    let fill_s = t.elapsed().as_secs_f64();
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Waits (bounded) for the background fixed-buffer registration to be logged when there is a
+/// spill tier, to report what it costs off the critical path; stops the new daemon; returns
+/// its log.
+fn stop_new(new: &mut std::process::Child, new_log: &Path, spill: bool) -> String {
+    if spill {
+        // The fixed-buffer registration runs in the background once the arena is populated:
+        // wait (bounded) for its log line, to report what it costs off the critical path.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_mins(1)
+            && !std::fs::read_to_string(new_log)
+                .unwrap_or_default()
+                .contains("arena registered with the spill rings")
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let _ = new.kill();
+    let _ = new.wait();
+    std::fs::read_to_string(new_log).unwrap_or_default()
+}
+
+/// Starts the daemon to be restarted and connects to it.
+fn start_old(
+    bin: &Path,
+    cfg: &Path,
+    sock: &Path,
+    log: &Path,
+) -> anyhow::Result<(std::process::Child, Client)> {
+    let old = spawn(bin, cfg, sock, log, &[])?;
+    let t = Instant::now();
+    loop {
+        if let Ok(c) = Client::connect(sock) {
+            return Ok((old, c));
+        }
+        if t.elapsed() > Duration::from_mins(1) {
+            bail!("daemon did not start; see {}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Runs the benchmark.
+pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
+    let bs = parse_size(&a.block_bytes).context("--block-bytes")?;
+    let dram = parse_size(&a.dram).context("--dram")?;
+    let _ = std::fs::remove_dir_all(&a.dir);
+    std::fs::create_dir_all(&a.dir)?;
+    let bin = match &a.daemon {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?,
+    };
+    let sock = a.dir.join("kvnode.sock");
+    let cfg = a.dir.join("restart.toml");
+    let spill = a.spill || a.mode != Mode::Takeover;
+    std::fs::write(&cfg, config_text(a, bs, dram, spill)?)?;
+    // The same-run floor: spawn the binary and have it exit.
+    let t = Instant::now();
+    let st = Command::new(&bin)
+        .args(["serve", "--print-config", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .status()?;
+    let floor = t.elapsed();
+    if !st.success() {
+        bail!("kvnode serve --print-config failed");
+    }
+    let (mut old, mut c) = start_old(&bin, &cfg, &sock, &a.dir.join("old.log"))?;
+    let fill_s = fill_blocks(&mut c, bs, a.blocks)?;
     let s = c.stats()?;
     let (in_dram, on_nvme) = (s.tiers[0].blocks, s.tiers.get(1).map_or(0, |t| t.blocks));
     // The block to hit: the newest one for a takeover (in DRAM), the oldest otherwise
@@ -254,7 +294,7 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
                 old.kill()?;
             } else {
                 // SAFETY: signalling our own child.
-                unsafe { libc::kill(old.id() as i32, libc::SIGTERM) };
+                unsafe { libc::kill(libc::pid_t::try_from(old.id())?, libc::SIGTERM) };
             }
             wait_exit(&mut old, Duration::from_mins(10))?;
             let stop = t.elapsed();
@@ -267,21 +307,7 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let s = c.stats()?;
     let kept = s.tiers.iter().map(|t| t.blocks).sum::<u64>();
     drop(c);
-    if spill {
-        // The fixed-buffer registration runs in the background once the arena is populated:
-        // wait (bounded) for its log line, to report what it costs off the critical path.
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_mins(1)
-            && !std::fs::read_to_string(&new_log)
-                .unwrap_or_default()
-                .contains("arena registered with the spill rings")
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    let _ = new.kill();
-    let _ = new.wait();
-    let log = std::fs::read_to_string(&new_log).unwrap_or_default();
+    let log = stop_new(&mut new, &new_log, spill);
     println!(
         "bench restart: daemon {} mode {:?} blocks {} x {} dram {} pin {} dir {}",
         bin.display(),

@@ -184,15 +184,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let demoter = engine.spawn_background(stop_rx.clone());
         let write_behind = crate::serve_stop::spawn_write_behind(&engine, stop_rx.clone());
         let (takeover_tx, mut takeover_rx) = tokio::sync::mpsc::channel(1);
-        let takeover_path = crate::takeover::listen(&engine.config, takeover_tx)?;
+        let takeover_path = crate::serve_stop::listen_for_takeover(&engine.config, takeover_tx);
         tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks = engine.store.dram().snapshot().tier.blocks, took_over, spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
-        // Under systemd (`Type=notify`): ready; after a takeover this process is the
-        // service's main process from now on (the old one exits 0).
-        crate::sd_notify::notify(&if took_over {
-            format!("MAINPID={}\nREADY=1", std::process::id())
-        } else {
-            "READY=1".to_owned()
-        });
+        crate::serve_stop::notify_ready(took_over);
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let metrics = match &engine.config.metrics {
@@ -242,7 +236,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         // publisher then sends what is queued and lingers.
         drop(engine);
         drop(publisher);
-        let _ = std::fs::remove_file(&takeover_path);
+        if let Some(p) = &takeover_path {
+            let _ = std::fs::remove_file(p);
+        }
         if accepted.is_none() {
             let _ = std::fs::remove_file(&socket);
         }

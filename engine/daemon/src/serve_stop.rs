@@ -95,6 +95,30 @@ fn wait_gone(pid: u32, limit: Duration) {
     tracing::warn!(pid, "the old daemon has not exited yet");
 }
 
+/// Binds the takeover socket; without it this daemon still serves (and flushes at stop).
+pub fn listen_for_takeover(
+    cfg: &EngineConfig,
+    tx: tokio::sync::mpsc::Sender<Pending>,
+) -> Option<std::path::PathBuf> {
+    match crate::takeover::listen(cfg, tx) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "takeover disabled: this daemon cannot hand its DRAM tier to a successor (a stop flushes it to the spill tier instead)");
+            None
+        }
+    }
+}
+
+/// Under systemd (`Type=notify`): ready; after a takeover this process is the service's
+/// main process from now on (the old one exits 0).
+pub fn notify_ready(took_over: bool) {
+    crate::sd_notify::notify(&if took_over {
+        format!("MAINPID={}\nREADY=1", std::process::id())
+    } else {
+        "READY=1".to_owned()
+    });
+}
+
 /// Starts the bounded write-behind when `spill.lag` is set.
 pub fn spawn_write_behind(
     engine: &Engine,
@@ -124,7 +148,7 @@ pub async fn hand_over_or_flush(
         match hand_over(engine, p, listener).await {
             Ok(a) => return Some(a),
             Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "takeover failed; stopping normally")
+                tracing::error!(error = %format!("{e:#}"), "takeover failed; stopping normally");
             }
         }
     }

@@ -10,7 +10,6 @@
 //! it is filled only while write-behind is on (`write_behind`), so without `spill.lag` it
 //! stays empty.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,13 +33,9 @@ pub struct CopyDown {
     pub len: u64,
 }
 
-/// Committed blocks not yet copied down, oldest first (write-behind only).
-#[derive(Debug, Default)]
-pub struct WriteBehind {
-    /// Whether commits are queued.
-    pub on: bool,
-    /// (slot, key, commit time), in commit order.
-    pub queue: VecDeque<(SlotId, BlockKey, Instant)>,
+/// Whether a block still needs a copy below: not moving, not deleted, and no copy there.
+fn needs_copy(r: &super::pool::Resident, lower_has_it: bool) -> bool {
+    !(r.demoting || r.doomed || (r.on_lower && lower_has_it))
 }
 
 impl State {
@@ -115,7 +110,7 @@ impl State {
             .filter(|(k, s)| {
                 let (slab, idx) = super::pool::slot_parts(**s);
                 matches!(&self.slabs[slab as usize].slots[idx as usize],
-                    Slot::Block(r) if !r.demoting && !r.doomed && !(r.on_lower && has_copy(k)))
+                    Slot::Block(r) if needs_copy(r, has_copy(k)))
             })
             .take(max)
             .map(|(k, s)| (*s, *k))
@@ -140,7 +135,7 @@ impl State {
             .filter(|(k, s)| {
                 let (slab, idx) = super::pool::slot_parts(**s);
                 matches!(&self.slabs[slab as usize].slots[idx as usize],
-                    Slot::Block(r) if !r.demoting && !r.doomed && !(r.on_lower && has_copy(k)))
+                    Slot::Block(r) if needs_copy(r, has_copy(k)))
             })
             .count() as u64
     }

@@ -44,7 +44,7 @@ pub(super) struct State {
     /// Bytes of slots whose demotion is in flight (free once it ends).
     pub demoting_bytes: u64,
     /// Committed blocks awaiting their write-behind copy (`spill.lag`; copy.rs).
-    pub write_behind: super::copy::WriteBehind,
+    pub write_behind: super::pool::WriteBehind,
 }
 
 impl NsEntry {
@@ -80,7 +80,7 @@ impl State {
             announcer,
             has_lower: false,
             demoting_bytes: 0,
-            write_behind: super::copy::WriteBehind::default(),
+            write_behind: super::pool::WriteBehind::default(),
         }
     }
 

@@ -196,7 +196,7 @@ impl SpillSettings {
             return Err("spill lag (--spill-lag) needs a spill directory (--spill-dir)".into());
         }
         if let Some(l) = self.lag
-            && !(Duration::from_millis(1)..=Duration::from_secs(3600)).contains(&l)
+            && !(Duration::from_millis(1)..=Duration::from_hours(1)).contains(&l)
         {
             return Err(format!(
                 "spill lag {} must be between 1ms and 1h",
@@ -234,7 +234,7 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_mins(1)));
         assert!(parse_duration("fast").is_err());
         assert!(parse_duration("3 parsecs").is_err());
         assert!(parse_duration("").is_err());
@@ -251,7 +251,7 @@ mod tests {
             size: 1 << 30,
         }];
         let bad = SpillSettings {
-            lag: Some(Duration::from_secs(7200)),
+            lag: Some(Duration::from_hours(2)),
             dirs: dirs.clone(),
             ..SpillSettings::default()
         };

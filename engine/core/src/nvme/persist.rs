@@ -136,18 +136,14 @@ impl NvmeTier {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let run = self.copy_batch(batch);
-            match tokio::time::timeout(left, run).await {
-                Ok((ok, bad)) => {
-                    rep.copied += ok;
-                    rep.failed += bad;
-                    if ok == 0 {
-                        break;
-                    }
-                }
-                Err(_) => {
-                    rep.timed_out = true;
-                    break;
-                }
+            let Ok((ok, bad)) = tokio::time::timeout(left, run).await else {
+                rep.timed_out = true;
+                break;
+            };
+            rep.copied += ok;
+            rep.failed += bad;
+            if ok == 0 {
+                break;
             }
         }
         rep.left = self.dram.count_uncopied(&has_copy);
