@@ -121,32 +121,39 @@ impl NvmeTier {
     /// most `budget`. Run after the last client request: the blocks then survive a plain
     /// stop and start on the same spill directories.
     pub async fn flush_dram(self: &Arc<Self>, budget: Duration) -> FlushReport {
-        let deadline = Instant::now() + budget;
+        let deadline = tokio::time::Instant::now() + budget;
         let mut rep = FlushReport::default();
         let has_copy = |k: &kvnode_proto::BlockKey| self.spill.contains(&spill_key(k));
+        // One pass over the index marks every block that needs a copy (no request runs any
+        // more, so holding them all costs nothing); the writes then run `max_in_flight` at a
+        // time, a new one as soon as one ends.
+        let mut todo = self.dram.pick_uncopied(usize::MAX, &has_copy).into_iter();
+        let mut running = tokio::task::JoinSet::new();
+        let max = self.settings.max_in_flight.max(1);
         loop {
-            if self.spill.poisoned().is_some() {
-                break;
+            while running.len() < max && self.spill.poisoned().is_none() {
+                let Some(c) = todo.next() else { break };
+                let t = Arc::clone(self);
+                running.spawn(async move { t.copy_down(c).await });
             }
-            let batch = self
-                .dram
-                .pick_uncopied(self.settings.max_in_flight, &has_copy);
-            if batch.is_empty() {
-                break;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            let run = self.copy_batch(batch);
-            let Ok((ok, bad)) = tokio::time::timeout(left, run).await else {
-                rep.timed_out = true;
-                break;
-            };
-            rep.copied += ok;
-            rep.failed += bad;
-            if ok == 0 {
-                break;
+            match tokio::time::timeout_at(deadline, running.join_next()).await {
+                Ok(Some(Ok(true))) => rep.copied += 1,
+                Ok(Some(_)) => rep.failed += 1,
+                Ok(None) => break,
+                Err(_) => {
+                    rep.timed_out = true;
+                    break;
+                }
             }
         }
-        rep.left = self.dram.count_uncopied(&has_copy);
+        // Writes still running finish on their own; copies never started give their blocks
+        // back.
+        let unfinished = running.len() as u64;
+        running.detach_all();
+        for c in todo {
+            self.dram.finish_copy(&c, false, |_| {});
+        }
+        rep.left = self.dram.count_uncopied(&has_copy) + unfinished;
         rep
     }
 
