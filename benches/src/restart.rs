@@ -64,6 +64,10 @@ pub struct RestartArgs {
     /// memory to others).
     #[arg(long)]
     pub pin: bool,
+    /// Do not fault the arena in ahead of use (a large tier then takes only the memory its
+    /// blocks use).
+    #[arg(long)]
+    pub no_populate: bool,
 }
 
 fn key(i: u64) -> Key {
@@ -156,9 +160,10 @@ fn config_text(a: &RestartArgs, bs: u64, dram: u64, spill: bool) -> anyhow::Resu
     use std::fmt::Write as _;
     let slab = (bs.next_power_of_two()).max(2 << 20);
     let mut text = format!(
-        "dram = \"{}\"\nslab_size = {slab}\npin = {}\n",
+        "dram = \"{}\"\nslab_size = {slab}\npin = {}\npopulate = {}\n",
         ByteSize(dram),
-        a.pin
+        a.pin,
+        !a.no_populate
     );
     if spill {
         let dir = a.dir.join("spill");
@@ -309,13 +314,14 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     drop(c);
     let log = stop_new(&mut new, &new_log, spill);
     println!(
-        "bench restart: daemon {} mode {:?} blocks {} x {} dram {} pin {} dir {}",
+        "bench restart: daemon {} mode {:?} blocks {} x {} dram {} pin {} populate {} dir {}",
         bin.display(),
         a.mode,
         a.blocks,
         ByteSize(bs),
         ByteSize(dram),
         a.pin,
+        !a.no_populate,
         a.dir.display()
     );
     println!("before: {in_dram} blocks in DRAM, {on_nvme} on NVMe (filled in {fill_s:.1} s)");
