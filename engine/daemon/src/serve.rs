@@ -186,7 +186,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let (takeover_tx, mut takeover_rx) = tokio::sync::mpsc::channel(1);
         let takeover_path = crate::serve_stop::listen_for_takeover(&engine.config, takeover_tx);
         tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks = engine.store.dram().snapshot().tier.blocks, took_over, spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
-        crate::serve_stop::notify_ready(took_over);
+        crate::serve_stop::notify_ready();
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let metrics = match &engine.config.metrics {

@@ -32,11 +32,17 @@ pub fn take_over(cfg: &EngineConfig) -> anyhow::Result<Option<(Handover, UnixLis
     let donor = got.donor;
     if let Err(why) = check(cfg, &got.handover) {
         tracing::error!(donor, reason = %why, "the handed-over DRAM tier does not fit; the old daemon flushes to NVMe and exits, this one starts cold");
+        // This process starts cold in its place: the service's main process from now on.
+        crate::sd_notify::notify(&format!("MAINPID={}", std::process::id()));
         got.refuse(&why);
         wait_gone(donor, limit);
         return Ok(None);
     }
     let blocks = got.blocks;
+    // Under systemd this process becomes the service's main process before the old one is
+    // released to exit (0): were the main process to exit first, systemd would stop the
+    // service and kill this one with it.
+    crate::sd_notify::notify(&format!("MAINPID={}", std::process::id()));
     // The donor closes its spill files (unlocking them) before it lets go of the socket.
     let (h, l) = got.release(limit)?;
     tracing::info!(
@@ -109,14 +115,10 @@ pub fn listen_for_takeover(
     }
 }
 
-/// Under systemd (`Type=notify`): ready; after a takeover this process is the service's
-/// main process from now on (the old one exits 0).
-pub fn notify_ready(took_over: bool) {
-    crate::sd_notify::notify(&if took_over {
-        format!("MAINPID={}\nREADY=1", std::process::id())
-    } else {
-        "READY=1".to_owned()
-    });
+/// Under systemd (`Type=notify`): ready (after a takeover, `MAINPID=` was sent already,
+/// before the old daemon was released).
+pub fn notify_ready() {
+    crate::sd_notify::notify("READY=1");
 }
 
 /// Starts the bounded write-behind when `spill.lag` is set.
