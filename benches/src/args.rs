@@ -33,6 +33,11 @@ pub enum BenchCmd {
     Events(crate::events::EventsArgs),
     /// Two daemons on loopback: peer pull throughput and latency next to iperf3 in the same run.
     Pull(crate::pull::PullArgs),
+    /// First hit after a restart (takeover, SIGKILL, SIGTERM) of a daemon it starts.
+    Restart(crate::restart::RestartArgs),
+    /// Puts offered faster than the disk (2 × fio write) through a daemon it starts: no
+    /// refusal, put throughput vs the same-run fio write.
+    Backpressure(BackpressureArgs),
 }
 
 #[derive(Debug, Args)]
@@ -133,4 +138,30 @@ pub struct BenchArgs {
     /// Print a JSON summary line as well.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `kvnode bench backpressure` flags.
+#[derive(Debug, Args)]
+pub struct BackpressureArgs {
+    /// Working directory (spill file, fio file, daemon log); on the device to measure.
+    #[arg(long, default_value = "/var/tmp/kvnode-bench-backpressure")]
+    pub dir: PathBuf,
+    /// Block (page) size; also fio --bs.
+    #[arg(long, default_value = "256KiB")]
+    pub bs: String,
+    /// Pages per put request.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Bytes put in all (and fio --size).
+    #[arg(long, default_value = "4GiB")]
+    pub size: String,
+    /// DRAM tier of the daemon.
+    #[arg(long, default_value = "256MiB")]
+    pub dram: String,
+    /// Offered put rate as a multiple of the fio write rate.
+    #[arg(long, default_value_t = 2.0)]
+    pub load: f64,
+    /// Queue depth: fio --iodepth and the daemon's demotions in flight.
+    #[arg(long, default_value_t = 16)]
+    pub qd: usize,
 }

@@ -8,13 +8,18 @@
 //! - [`events`]: KV events reaching a live ZMQ subscriber while the daemon serves puts.
 //! - [`gpu`]: GPU offload/onload through the daemon vs plain pinned `cuMemcpy`.
 //! - [`pull`]: two daemons on loopback: peer pulls vs iperf3 and memcpy.
+//! - [`backpressure`]: puts offered at twice the disk's rate through a small DRAM tier, vs fio.
+//! - [`restart`]: first hit after a takeover, a SIGKILL or a SIGTERM restart, vs the time to
+//!   spawn the binary.
 
 pub mod args;
+pub mod backpressure;
 pub mod events;
 pub mod gpu;
 pub mod local;
 pub mod memcpy;
 pub mod pull;
+pub mod restart;
 pub mod spill;
 
 pub use args::BenchCmd;
@@ -27,5 +32,7 @@ pub fn run(cmd: &BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Gpu(a) => gpu::run(a),
         BenchCmd::Events(a) => events::run(a),
         BenchCmd::Pull(a) => pull::run(a),
+        BenchCmd::Restart(a) => restart::run(a),
+        BenchCmd::Backpressure(a) => backpressure::run(a),
     }
 }

@@ -27,7 +27,7 @@ fn fio(dir: &Path, rw: &str, bs: u64, qd: usize, size: u64) -> anyhow::Result<f6
     kvnode_spill::fio::bandwidth(dir, rw, bs, qd, size).map_err(anyhow::Error::msg)
 }
 
-struct Served {
+pub(crate) struct Served {
     child: std::process::Child,
 }
 
@@ -38,7 +38,7 @@ impl Drop for Served {
     }
 }
 
-fn serve(dir: &Path, cfg: &Path) -> anyhow::Result<(Served, Client, Duration)> {
+pub(crate) fn serve(dir: &Path, cfg: &Path) -> anyhow::Result<(Served, Client, Duration)> {
     let sock = dir.join("bench.sock");
     let log = std::fs::File::create(dir.join("daemon.log"))?;
     let child = Command::new(std::env::current_exe()?)

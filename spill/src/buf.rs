@@ -234,6 +234,8 @@ pub const ARENA_PIECE: usize = 1 << 30;
 pub(crate) struct Arena {
     pub base: usize,
     pub len: usize,
+    /// The pieces are registered with the ring as fixed buffers (else plain reads/writes).
+    pub registered: bool,
 }
 
 impl Arena {
@@ -248,7 +250,7 @@ impl Arena {
         }
         let first = s.offset / ARENA_PIECE;
         let last = (s.offset + s.len.max(1) - 1) / ARENA_PIECE;
-        let fixed = (first == last).then_some(first as u16);
+        let fixed = (self.registered && first == last).then_some(first as u16);
         Ok(Mem {
             ptr: (self.base + s.offset) as *mut u8,
             len: s.len,
@@ -281,10 +283,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_attached_but_unregistered_arena_uses_plain_transfers() {
+        let a = Arena {
+            base: 1 << 40,
+            len: ARENA_PIECE,
+            registered: false,
+        };
+        let r = a
+            .resolve(ArenaSlice {
+                offset: 4096,
+                len: 4096,
+            })
+            .unwrap();
+        assert_eq!(r.fixed, None);
+    }
+
+    #[test]
     fn arena_slices_inside_one_piece_use_fixed_buffers() {
         let a = Arena {
             base: 1 << 40,
             len: 3 * ARENA_PIECE,
+            registered: true,
         };
         let r = a
             .resolve(ArenaSlice {

@@ -65,7 +65,11 @@ impl<R> BufOp<R> {
     }
 
     pub fn finish(mut self, result: Result<R, SpillError>) {
-        if let (Some(buf), Some(done)) = (self.buf.take(), self.done.take()) {
+        let (buf, done) = (self.buf.take(), self.done.take());
+        // Leave the queue (drop ends the ticket) before the waiter wakes, so a caller that
+        // saw its operation complete never sees it still counted in `queue_depth`.
+        drop(self);
+        if let (Some(buf), Some(done)) = (buf, done) {
             done.complete(Done { buf, result });
         }
     }
@@ -105,7 +109,10 @@ impl UnitOp {
     }
 
     pub fn finish(mut self, result: Result<(), SpillError>) {
-        if let Some(done) = self.done.take() {
+        let done = self.done.take();
+        // As for `BufOp::finish`: out of the queue before the waiter wakes.
+        drop(self);
+        if let Some(done) = done {
             done.complete(result);
         }
     }

@@ -304,7 +304,14 @@ impl SpillTier {
         let arena = Arena {
             base: ptr as usize,
             len,
+            registered: true,
         };
+        self.send_arena(arena)?;
+        *slot = Some(arena);
+        Ok(())
+    }
+
+    fn send_arena(&self, arena: Arena) -> Result<(), SpillError> {
         let waits: Vec<_> = self
             .workers
             .iter()
@@ -318,8 +325,52 @@ impl SpillTier {
         for r in waits {
             r.wait()?;
         }
+        Ok(())
+    }
+
+    /// Lets [`IoBuf::Arena`] transfers use the engine's arena at once, as plain (not fixed
+    /// buffer) reads and writes: instant, pins nothing. [`SpillTier::register_attached_arena`]
+    /// later switches them to fixed buffers. Call once, instead of `register_arena`.
+    ///
+    /// # Safety
+    /// As for [`SpillTier::register_arena`].
+    pub unsafe fn attach_arena(&self, ptr: *mut u8, len: usize) -> Result<(), SpillError> {
+        let mut slot = self
+            .arena
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.is_some() {
+            return Err(SpillError::ArenaAlreadyRegistered);
+        }
+        let arena = Arena {
+            base: ptr as usize,
+            len,
+            registered: false,
+        };
+        self.send_arena(arena)?;
         *slot = Some(arena);
         Ok(())
+    }
+
+    /// Registers the arena given to [`SpillTier::attach_arena`] as fixed buffers (pins it;
+    /// best done once it is faulted in, since each worker pauses its IO while the kernel
+    /// pins the pages). Returns `Ok(false)` when no arena is attached or it is registered.
+    pub fn register_attached_arena(&self) -> Result<bool, SpillError> {
+        let mut slot = self
+            .arena
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(a) = *slot else { return Ok(false) };
+        if a.registered {
+            return Ok(false);
+        }
+        let arena = Arena {
+            registered: true,
+            ..a
+        };
+        self.send_arena(arena)?;
+        *slot = Some(arena);
+        Ok(true)
     }
 
     fn submit_write(

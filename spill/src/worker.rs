@@ -189,6 +189,12 @@ impl Worker {
             Msg::Write { key, op } => self.start_write(key, op),
             Msg::Read { key, loc, op } => self.start_read(key, loc, op),
             Msg::Sync(op) => self.push_sync(Some(op)),
+            Msg::Arena { arena, op } if !arena.registered => {
+                // Attached only: transfers resolve against it, without fixed buffers.
+                self.active -= 1;
+                self.arena = arena;
+                op.finish(Ok(()));
+            }
             Msg::Arena { arena, op } => {
                 // SAFETY: `SpillTier::register_arena`'s contract keeps the arena mapped for the
                 // tier's lifetime, which outlives this worker.

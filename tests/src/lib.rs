@@ -171,6 +171,35 @@ impl Daemon {
         Self::spawn(cmd, args)
     }
 
+    /// Spawns `kvnode serve --socket <socket> <args>` without waiting for it to answer (a
+    /// successor taking a running daemon's socket over: that one answers meanwhile). Its
+    /// log is in its own private directory.
+    pub fn spawn_at(socket: &Path, args: &[&str]) -> Self {
+        let dir = temp_dir("daemon");
+        let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
+        let child = Command::new(kvnode_bin())
+            .arg("serve")
+            .arg("--socket")
+            .arg(socket)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn kvnode");
+        Self {
+            child,
+            socket: socket.to_owned(),
+            dir,
+        }
+    }
+
+    /// Like [`Daemon::spawn_at`], then waits until it answers.
+    pub fn start_at(socket: &Path, args: &[&str]) -> Self {
+        let d = Self::spawn_at(socket, args);
+        d.wait_ready(Duration::from_secs(10));
+        d
+    }
+
     fn spawn(mut cmd: Command, args: &[&str]) -> Self {
         let dir = temp_dir("daemon");
         let socket = dir.join("kvnode.sock");

@@ -40,6 +40,19 @@ pub enum StartError {
     /// The peer service.
     #[error("starting the peer service: {0}")]
     Peer(#[from] PeerError),
+    /// A handed-over DRAM image does not fit this configuration.
+    #[error("taking over the DRAM tier: {0}")]
+    Image(#[from] crate::dram::image::ImageError),
+}
+
+/// What a takeover hands to the new engine: the old daemon's arena memfd and the image of
+/// its DRAM index ([`crate::dram::image`]).
+#[derive(Debug)]
+pub struct Handover {
+    /// The arena memfd.
+    pub arena: std::fs::File,
+    /// The DRAM tier's image.
+    pub image: Vec<u8>,
 }
 
 /// One daemon's machinery.
@@ -76,16 +89,41 @@ impl Engine {
         config: EngineConfig,
         announcer: Arc<Announcer>,
     ) -> Result<Arc<Self>, StartError> {
+        Self::start_from(config, announcer, None)
+    }
+
+    /// Like [`Engine::start_with`]; with `from`, the arena and DRAM blocks are the ones a
+    /// previous daemon handed over (nothing is copied), checked against this configuration.
+    pub fn start_from(
+        config: EngineConfig,
+        announcer: Arc<Announcer>,
+        from: Option<Handover>,
+    ) -> Result<Arc<Self>, StartError> {
         let metrics = Arc::new(Metrics::default());
-        let arena = Arc::new(Arena::create(config.dram, config.hugetlb)?);
-        let dram = Arc::new(DramTier::with_announcer(
-            &TierConfig {
-                capacity: arena.len(),
-                slab_bytes: config.slab_bytes(),
-                policy: config.eviction,
-            },
-            Arc::clone(&announcer),
-        ));
+        let tier = |capacity| TierConfig {
+            capacity,
+            slab_bytes: config.slab_bytes(),
+            policy: config.eviction,
+        };
+        let (arena, dram) = match from {
+            None => {
+                let arena = Arena::create(config.dram, config.hugetlb)?;
+                let dram = DramTier::with_announcer(&tier(arena.len()), Arc::clone(&announcer));
+                (arena, dram)
+            }
+            Some(h) => {
+                let len = if config.hugetlb {
+                    config.dram.div_ceil(2 << 20) * (2 << 20)
+                } else {
+                    config.dram
+                };
+                let arena = Arena::adopt(h.arena, len)?;
+                let dram = DramTier::restore(&tier(arena.len()), Arc::clone(&announcer), &h.image)?;
+                (arena, dram)
+            }
+        };
+        let arena = Arc::new(arena);
+        let dram = Arc::new(dram);
         let nvme = if config.spill.dirs.is_empty() {
             None
         } else {
@@ -117,6 +155,12 @@ impl Engine {
             },
             Arc::clone(&stop_pinning),
         );
+        if let Some(t) = store.nvme() {
+            t.register_buffers_when_populated(
+                Arc::clone(arena.progress()),
+                Arc::clone(&stop_pinning),
+            );
+        }
         let gpu = kvnode_gpu::GpuHub::cuda(kvnode_gpu::WorkerConfig::default());
         gpu.start_registration(
             arena.base(),
@@ -161,6 +205,22 @@ impl Engine {
             stop,
         )
         .await;
+    }
+
+    /// What a successor needs to take the DRAM tier over: a descriptor of the arena memfd
+    /// and the image of the index. Call only once no request, demotion or copy can run.
+    pub fn handover(&self) -> Result<Handover, String> {
+        let image = self.store.dram().image().map_err(|e| e.to_string())?;
+        let fd = self
+            .store
+            .arena()
+            .fd()
+            .try_clone_to_owned()
+            .map_err(|e| format!("duplicating the arena descriptor: {e}"))?;
+        Ok(Handover {
+            arena: std::fs::File::from(fd),
+            image,
+        })
     }
 
     /// Stops background pinning (at shutdown).

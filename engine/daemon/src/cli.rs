@@ -128,6 +128,15 @@ pub struct ServeArgs {
     /// Spill IO engine (psync for file systems without O_DIRECT, e.g. tmpfs).
     #[arg(long, value_enum)]
     pub spill_engine: Option<SpillEngineArg>,
+    /// Bounded write-behind: every DRAM block is also written to the spill tier within this
+    /// lag (e.g. 500ms, 2s), so a crash loses at most the blocks of the last lag. Off by default.
+    #[arg(long, value_name = "DURATION")]
+    pub spill_lag: Option<String>,
+    /// Take over the DRAM tier (arena, index, listening socket) of the daemon running on this
+    /// socket: an upgrade that keeps every block and copies none. Starts cold if no daemon
+    /// runs there; fails, with the reason, if it refuses (e.g. another --dram).
+    #[arg(long)]
+    pub takeover: bool,
     /// Publish KV events on a ZMQ PUB socket bound here (tcp://HOST:PORT).
     #[arg(long)]
     pub events: Option<String>,

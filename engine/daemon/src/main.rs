@@ -22,10 +22,13 @@ mod keys;
 mod metrics_http;
 mod ops;
 mod report;
+mod sd_notify;
 mod serve;
 mod serve_peer;
+mod serve_stop;
 mod stats_fmt;
 mod svg;
+mod takeover;
 
 use clap::Parser;
 

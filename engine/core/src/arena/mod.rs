@@ -14,6 +14,7 @@
 //!   inside `mmap`, and start-up must not wait for that; [`pin`] does it chunk by chunk.
 //! - `MADV_HUGEPAGE` goes through memmap2's `advise(Advice::HugePage)`.
 
+mod adopt;
 mod pin;
 
 use std::fs::File;

@@ -6,7 +6,9 @@
 //! - a committed block's bytes never change (a key is committed at most once);
 //! - a key is only ever looked up inside its own namespace.
 
+mod copy;
 mod demote;
+pub mod image;
 pub mod pool;
 mod state;
 
@@ -18,6 +20,7 @@ use kvnode_proto::{BlockKey, Key, NamespaceId, NamespaceSpec};
 
 use crate::policy::{PolicyKind, SlotId};
 use crate::residency::{Announcer, RouterMeta};
+pub use copy::CopyDown;
 pub use demote::{DemoteEnd, Demotion, Finished};
 use state::State;
 pub use state::quota::QuotaScope;
@@ -292,5 +295,77 @@ impl DramTier {
     }
 }
 
+/// Takeover: the tier as an image, and a tier rebuilt from one (image.rs).
+impl DramTier {
+    /// The image of the tier; refused unless it is quiescent (nothing reserved or moving).
+    pub fn image(&self) -> Result<Vec<u8>, image::ImageError> {
+        self.with(|s| s.image())
+    }
+
+    /// A tier rebuilt from `image`, announcing through `announcer`.
+    pub fn restore(
+        cfg: &TierConfig,
+        announcer: Arc<Announcer>,
+        image: &[u8],
+    ) -> Result<Self, image::ImageError> {
+        Ok(Self {
+            state: Mutex::new(State::restore(cfg, announcer, image)?),
+        })
+    }
+}
+
+/// Copies down that leave the block in DRAM (stop-time flush, write-behind); see copy.rs.
+impl DramTier {
+    /// Turns the write-behind queue on (every later commit is queued for a copy down, and
+    /// so is every block already here without one, e.g. after a takeover).
+    pub fn set_write_behind(&self, on: bool) {
+        self.with(|s| {
+            s.write_behind.on = on;
+            s.write_behind.queue.clear();
+            if on {
+                let now = std::time::Instant::now();
+                let mut held: Vec<(SlotId, BlockKey)> =
+                    s.index.iter().map(|(k, &slot)| (slot, *k)).collect();
+                held.sort_unstable_by_key(|e| e.0);
+                s.write_behind
+                    .queue
+                    .extend(held.into_iter().map(|(slot, k)| (slot, k, now)));
+            }
+        });
+    }
+
+    /// Up to `max` queued blocks committed at or before `before`, marked as being copied.
+    pub fn pick_write_behind(&self, max: usize, before: std::time::Instant) -> Vec<CopyDown> {
+        self.with(|s| s.pick_write_behind(max, before))
+    }
+
+    /// Commit time of the oldest block still queued for write-behind.
+    pub fn oldest_write_behind(&self) -> Option<std::time::Instant> {
+        self.with(|s| s.oldest_write_behind())
+    }
+
+    /// Up to `max` blocks with no copy below, marked as being copied.
+    pub fn pick_uncopied(&self, max: usize, has_copy: &dyn Fn(&BlockKey) -> bool) -> Vec<CopyDown> {
+        self.with(|s| s.pick_uncopied(max, has_copy))
+    }
+
+    /// Blocks with no copy below (and none under way).
+    pub fn count_uncopied(&self, has_copy: &dyn Fn(&BlockKey) -> bool) -> u64 {
+        self.with(|s| s.count_uncopied(has_copy))
+    }
+
+    /// Ends a copy down; `true` when the block was deleted meanwhile.
+    pub fn finish_copy(
+        &self,
+        c: &CopyDown,
+        ok: bool,
+        on_lower: impl FnOnce(Option<&Arc<RouterMeta>>),
+    ) -> bool {
+        self.with(|s| s.finish_copy(c, ok, on_lower))
+    }
+}
+
+#[cfg(test)]
+mod image_tests;
 #[cfg(test)]
 mod tests;

@@ -51,6 +51,15 @@ pub struct Resident {
     pub xxh3: Option<u64>,
 }
 
+/// Committed blocks not yet copied down, oldest first (write-behind only).
+#[derive(Debug, Default)]
+pub struct WriteBehind {
+    /// Whether commits are queued.
+    pub on: bool,
+    /// (slot, key, commit time), in commit order.
+    pub queue: std::collections::VecDeque<(SlotId, BlockKey, std::time::Instant)>,
+}
+
 /// A slab: unassigned, or cut into slots of one class.
 #[derive(Debug, Default)]
 pub struct Slab {

@@ -45,6 +45,15 @@ pub(super) struct State {
     pub has_lower: bool,
     /// Bytes of slots whose demotion is in flight (free once it ends).
     pub demoting_bytes: u64,
+    /// Committed blocks awaiting their write-behind copy (`spill.lag`; copy.rs).
+    pub write_behind: super::pool::WriteBehind,
+}
+
+impl NsEntry {
+    /// The slot class of a segment.
+    pub fn class_of(&self, segment: u16) -> Option<u32> {
+        self.classes.get(usize::from(segment)).copied()
+    }
 }
 
 pub(super) fn key_hash(k: &BlockKey) -> u64 {
@@ -73,6 +82,7 @@ impl State {
             announcer,
             has_lower: false,
             demoting_bytes: 0,
+            write_behind: super::pool::WriteBehind::default(),
         }
     }
 
@@ -80,6 +90,10 @@ impl State {
         self.namespaces
             .get(ns as usize)
             .ok_or(TierError::UnknownNamespace(ns))
+    }
+
+    pub(super) fn ns_stats_mut(&mut self, h: u32) -> &mut NamespaceStats {
+        &mut self.namespaces[h as usize].stats
     }
 
     pub fn handle_of(&self, id: NamespaceId) -> Option<u32> {
@@ -254,7 +268,7 @@ impl State {
         self.pools[c].free.pop()
     }
 
-    fn assign_slab(&mut self, slab: u32, class: u32) {
+    pub(super) fn assign_slab(&mut self, slab: u32, class: u32) {
         let per = (self.slab_bytes / self.pools[class as usize].slot_bytes) as u32;
         let s = &mut self.slabs[slab as usize];
         s.class = Some(class);
@@ -267,7 +281,7 @@ impl State {
     }
 
     /// A slot left `Free`: count it, and note when its slab became empty.
-    fn mark_used(&mut self, slot: SlotId) {
+    pub(super) fn mark_used(&mut self, slot: SlotId) {
         let slab = slot_parts(slot).0;
         let s = &mut self.slabs[slab as usize];
         s.used += 1;
@@ -439,6 +453,9 @@ impl State {
             xxh3: None,
         });
         self.index.insert(r.key, r.slot);
+        if !on_lower {
+            self.queue_write_behind(r.slot, r.key);
+        }
         let c = self.class_of(r.slot) as usize;
         self.pools[c].policy.insert(r.slot, key_hash(&r.key));
         self.totals.blocks += 1;

@@ -16,6 +16,7 @@
 pub mod config;
 mod demoter;
 mod quota;
+pub mod persist;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -35,6 +36,7 @@ use crate::residency::{Announcer, Residency, RouterMeta};
 use config::{SpillEngine, SpillSettings};
 
 pub use demoter::spawn_demoter;
+pub use persist::{FlushReport, spawn_write_behind};
 
 /// Counters of the NVMe tier kept by the engine (the spill crate keeps its own IO counters).
 #[derive(Debug, Default)]
@@ -64,6 +66,8 @@ pub struct NvmeTier {
     metrics: Arc<Metrics>,
     /// Per-tenant NVMe bytes and quotas (set once by the engine when a tenant map is on).
     quota: quota::NvmeQuota,
+    /// Copies down that keep the block in DRAM (persist.rs).
+    copies: persist::CopyCounters,
 }
 
 /// A spill read in flight into a reserved DRAM slot.
@@ -163,7 +167,10 @@ impl NvmeTier {
         // SAFETY: the arena mapping lives as long as the engine, which owns this tier; a slot
         // under a spill write is leased (never written), a slot under a read is reserved
         // (never read or handed out) until the operation completes.
-        unsafe { spill.register_arena(arena.base(), arena.len() as usize)? };
+        // Attached now (plain transfers), registered as fixed buffers once the arena is
+        // faulted in ([`NvmeTier::register_buffers_when_populated`]): registering pins every
+        // page, and doing it here made start-up wait for the whole arena to be faulted in.
+        unsafe { spill.attach_arena(arena.base(), arena.len() as usize)? };
         Ok(Self {
             spill,
             settings: settings.clone(),
@@ -175,7 +182,46 @@ impl NvmeTier {
             dram,
             metrics,
             quota: quota::NvmeQuota::default(),
+            copies: persist::CopyCounters::default(),
         })
+    }
+
+    /// Registers the arena as fixed buffers on a background thread once `progress` says the
+    /// arena is faulted in (or `stop` is set: then never). Holds only a weak handle while
+    /// it waits, so it never keeps the spill files open at shutdown.
+    pub fn register_buffers_when_populated(
+        self: &Arc<Self>,
+        progress: Arc<crate::arena::PinProgress>,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("kvnode-fixedbuf".into())
+            .spawn(move || {
+                while !progress.done.load(Relaxed) {
+                    if stop.load(Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                if stop.load(Relaxed) || progress.populated.load(Relaxed) == 0 {
+                    // Stopping, or population is off: registering would fault the whole
+                    // arena in with the IO workers paused.
+                    return;
+                }
+                let Some(t) = weak.upgrade() else { return };
+                let t0 = std::time::Instant::now();
+                match t.spill.register_attached_arena() {
+                    Ok(_) => tracing::debug!(
+                        elapsed_ms = t0.elapsed().as_millis() as u64,
+                        "arena registered with the spill rings as fixed buffers"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "cannot register the arena as fixed buffers; spill IO uses plain reads and writes"),
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the fixed-buffer registration thread");
+        }
     }
 
     fn nvme(&self) -> std::sync::MutexGuard<'_, HashMap<SpillKey, Residency>> {

@@ -1,0 +1,346 @@
+//! `kvnode bench restart`: how soon a restarted daemon answers its first hit, and what it kept.
+//!
+//! Starts `kvnode serve` in `--dir`, puts `--blocks` blocks of `--block-bytes`, then restarts
+//! it one of three ways and times, from the spawn of the new process, the first `get` that
+//! returns a kept block with the right bytes:
+//!
+//! - `takeover`: `kvnode serve --takeover` next to the running daemon (DRAM tier handed
+//!   over: arena memfd + index; no spill tier unless `--spill`).
+//! - `sigkill`: SIGKILL, then a plain start on the same spill directory (blocks recovered
+//!   from the spill files; a small DRAM tier makes most blocks NVMe-only).
+//! - `sigterm`: SIGTERM (the stop-time flush writes DRAM-only blocks down), then a start.
+//!
+//! The same-run floor is the time to spawn the same binary and have it exit
+//! (`kvnode serve --print-config`): no restart can answer sooner. The new daemon's log gives
+//! the breakdown (takeover, spill recovery, fixed-buffer registration).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use kvnode_client::Client;
+use kvnode_proto::size::{ByteSize, parse_size};
+use kvnode_proto::{Digest, Key, NamespaceSpec};
+
+/// How the daemon is restarted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// `serve --takeover` while the old daemon runs.
+    Takeover,
+    /// SIGKILL, then start on the same spill directory.
+    Sigkill,
+    /// SIGTERM (stop-time flush), then start.
+    Sigterm,
+}
+
+/// `kvnode bench restart` flags.
+#[derive(Debug, Args)]
+pub struct RestartArgs {
+    /// Working directory (socket, spill file, daemon logs); on the device to measure.
+    #[arg(long, default_value = "/var/tmp/kvnode-bench-restart")]
+    pub dir: PathBuf,
+    /// How to restart.
+    #[arg(long, value_enum, default_value = "sigkill")]
+    pub mode: Mode,
+    /// Blocks put before the restart.
+    #[arg(long, default_value_t = 100_000)]
+    pub blocks: u64,
+    /// Bytes per block.
+    #[arg(long, default_value = "16KiB")]
+    pub block_bytes: String,
+    /// DRAM tier.
+    #[arg(long, default_value = "256MiB")]
+    pub dram: String,
+    /// Give the daemon a spill directory (always on for sigkill and sigterm).
+    #[arg(long)]
+    pub spill: bool,
+    /// Daemon binary to restart (default: this one), e.g. an older build for a before/after
+    /// comparison (`takeover` needs a build that has it).
+    #[arg(long)]
+    pub daemon: Option<PathBuf>,
+    /// mlock the arena (the daemon's default; off here unless asked, to leave the machine's
+    /// memory to others).
+    #[arg(long)]
+    pub pin: bool,
+    /// Do not fault the arena in ahead of use (a large tier then takes only the memory its
+    /// blocks use).
+    #[arg(long)]
+    pub no_populate: bool,
+}
+
+fn key(i: u64) -> Key {
+    let mut d = [0u8; 32];
+    d[..8].copy_from_slice(&i.to_be_bytes());
+    d[31] = 0xc3;
+    Key::page(Digest(d))
+}
+
+fn fill(buf: &mut [u8], i: u64) {
+    buf[..8].copy_from_slice(&i.to_le_bytes());
+}
+
+fn spec(bs: u64) -> NamespaceSpec {
+    NamespaceSpec {
+        model: "bench-restart".into(),
+        page_size: 64,
+        segments: vec![bs],
+        ..NamespaceSpec::default()
+    }
+}
+
+fn spawn(
+    bin: &Path,
+    cfg: &Path,
+    sock: &Path,
+    log: &Path,
+    extra: &[&str],
+) -> anyhow::Result<std::process::Child> {
+    let log = std::fs::File::create(log)?;
+    Ok(Command::new(bin)
+        .arg("serve")
+        .arg("--config")
+        .arg(cfg)
+        .arg("--socket")
+        .arg(sock)
+        .args(extra)
+        .env("KVNODE_LOG", "info,kvnode_engine::nvme=debug")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()?)
+}
+
+/// Polls until the daemon with `pid` returns block `i` with its bytes; the time from `t0`.
+fn first_hit(sock: &Path, pid: u32, bs: u64, i: u64, t0: Instant) -> anyhow::Result<Duration> {
+    let mut want = vec![0x5Au8; bs as usize];
+    fill(&mut want, i);
+    while t0.elapsed() < Duration::from_mins(2) {
+        if let Ok(mut c) = Client::connect(sock)
+            && c.stats().is_ok_and(|s| s.pid == pid)
+        {
+            let ns = c.register(&spec(bs))?.ns;
+            let got = c.get(ns, &[key(i)])?;
+            match &got[0] {
+                Some(b) if *b == want => return Ok(t0.elapsed()),
+                Some(_) => bail!("block {i} came back with other bytes"),
+                None => bail!("block {i} was not kept across the restart"),
+            }
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    bail!("the new daemon never answered")
+}
+
+fn wait_exit(
+    c: &mut std::process::Child,
+    limit: Duration,
+) -> anyhow::Result<std::process::ExitStatus> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if let Some(s) = c.try_wait()? {
+            return Ok(s);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    bail!("daemon did not exit within {limit:?}")
+}
+
+/// `name=value` fields of the log line containing `msg` (tracing's plain format).
+fn log_field(log: &str, msg: &str, field: &str) -> Option<String> {
+    let line = log.lines().find(|l| l.contains(msg))?;
+    let at = line.find(&format!(" {field}="))?;
+    let rest = &line[at + field.len() + 2..];
+    Some(rest.split_whitespace().next()?.to_owned())
+}
+
+/// The daemon's configuration file.
+fn config_text(a: &RestartArgs, bs: u64, dram: u64, spill: bool) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
+    let slab = (bs.next_power_of_two()).max(2 << 20);
+    let mut text = format!(
+        "dram = \"{}\"\nslab_size = {slab}\npin = {}\npopulate = {}\n",
+        ByteSize(dram),
+        a.pin,
+        !a.no_populate
+    );
+    if spill {
+        let dir = a.dir.join("spill");
+        std::fs::create_dir_all(&dir)?;
+        let size = (a.blocks * bs.div_ceil(4096) * 4096 + 8192 * a.blocks) * 5 / 4 + (256 << 20);
+        write!(
+            text,
+            "[spill]\ndirs = [{{ path = \"{}\", size = {size} }}]\n",
+            dir.display()
+        )?;
+    }
+    Ok(text)
+}
+
+/// Puts blocks `0..n` (32 per request); returns the seconds until demotion drained.
+fn fill_blocks(c: &mut Client, bs: u64, n: u64) -> anyhow::Result<f64> {
+    let ns = c.register(&spec(bs))?.ns;
+    let mut buf = vec![0x5Au8; bs as usize];
+    let batch = 32u64;
+    let t = Instant::now();
+    for start in (0..n).step_by(batch as usize) {
+        let end = (start + batch).min(n);
+        let bufs: Vec<Vec<u8>> = (start..end)
+            .map(|i| {
+                fill(&mut buf, i);
+                buf.clone()
+            })
+            .collect();
+        let keys: Vec<Key> = (start..end).map(key).collect();
+        let refs: Vec<&[u8]> = bufs.iter().map(Vec::as_slice).collect();
+        c.put(ns, &keys, &refs)?;
+    }
+    while c.stats()?.tiers[0].in_flight > 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Waits (bounded) for the background fixed-buffer registration to be logged when there is a
+/// spill tier, to report what it costs off the critical path; stops the new daemon; returns
+/// its log.
+fn stop_new(new: &mut std::process::Child, new_log: &Path, spill: bool) -> String {
+    if spill {
+        // The fixed-buffer registration runs in the background once the arena is populated:
+        // wait (bounded) for its log line, to report what it costs off the critical path.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_mins(1)
+            && !std::fs::read_to_string(new_log)
+                .unwrap_or_default()
+                .contains("arena registered with the spill rings")
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let _ = new.kill();
+    let _ = new.wait();
+    std::fs::read_to_string(new_log).unwrap_or_default()
+}
+
+/// Starts the daemon to be restarted and connects to it.
+fn start_old(
+    bin: &Path,
+    cfg: &Path,
+    sock: &Path,
+    log: &Path,
+) -> anyhow::Result<(std::process::Child, Client)> {
+    let old = spawn(bin, cfg, sock, log, &[])?;
+    let t = Instant::now();
+    loop {
+        if let Ok(c) = Client::connect(sock) {
+            return Ok((old, c));
+        }
+        if t.elapsed() > Duration::from_mins(1) {
+            bail!("daemon did not start; see {}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Runs the benchmark.
+pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
+    let bs = parse_size(&a.block_bytes).context("--block-bytes")?;
+    let dram = parse_size(&a.dram).context("--dram")?;
+    let _ = std::fs::remove_dir_all(&a.dir);
+    std::fs::create_dir_all(&a.dir)?;
+    let bin = match &a.daemon {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?,
+    };
+    let sock = a.dir.join("kvnode.sock");
+    let cfg = a.dir.join("restart.toml");
+    let spill = a.spill || a.mode != Mode::Takeover;
+    std::fs::write(&cfg, config_text(a, bs, dram, spill)?)?;
+    // The same-run floor: spawn the binary and have it exit.
+    let t = Instant::now();
+    let st = Command::new(&bin)
+        .args(["serve", "--print-config", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .status()?;
+    let floor = t.elapsed();
+    if !st.success() {
+        bail!("kvnode serve --print-config failed");
+    }
+    let (mut old, mut c) = start_old(&bin, &cfg, &sock, &a.dir.join("old.log"))?;
+    let fill_s = fill_blocks(&mut c, bs, a.blocks)?;
+    let s = c.stats()?;
+    let (in_dram, on_nvme) = (s.tiers[0].blocks, s.tiers.get(1).map_or(0, |t| t.blocks));
+    // The block to hit: the newest one for a takeover (in DRAM), the oldest otherwise
+    // (moved to NVMe first).
+    let probe = if a.mode == Mode::Takeover {
+        a.blocks - 1
+    } else {
+        0
+    };
+    drop(c);
+    let new_log = a.dir.join("new.log");
+    let (first, stop_ms, mut new) = match a.mode {
+        Mode::Takeover => {
+            let t0 = Instant::now();
+            let mut new = spawn(&bin, &cfg, &sock, &new_log, &["--takeover"])?;
+            let f = first_hit(&sock, new.id(), bs, probe, t0);
+            let st = wait_exit(&mut old, Duration::from_mins(2))?;
+            if !st.success() {
+                let _ = new.kill();
+                bail!("the old daemon exited with {st}");
+            }
+            (f?, None, new)
+        }
+        Mode::Sigkill | Mode::Sigterm => {
+            let t = Instant::now();
+            if a.mode == Mode::Sigkill {
+                old.kill()?;
+            } else {
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(libc::pid_t::try_from(old.id())?, libc::SIGTERM) };
+            }
+            wait_exit(&mut old, Duration::from_mins(10))?;
+            let stop = t.elapsed();
+            let t0 = Instant::now();
+            let new = spawn(&bin, &cfg, &sock, &new_log, &[])?;
+            (first_hit(&sock, new.id(), bs, probe, t0)?, Some(stop), new)
+        }
+    };
+    let mut c = Client::connect(&sock)?;
+    let s = c.stats()?;
+    let kept = s.tiers.iter().map(|t| t.blocks).sum::<u64>();
+    drop(c);
+    let log = stop_new(&mut new, &new_log, spill);
+    println!(
+        "bench restart: daemon {} mode {:?} blocks {} x {} dram {} pin {} populate {} dir {}",
+        bin.display(),
+        a.mode,
+        a.blocks,
+        ByteSize(bs),
+        ByteSize(dram),
+        a.pin,
+        !a.no_populate,
+        a.dir.display()
+    );
+    println!("before: {in_dram} blocks in DRAM, {on_nvme} on NVMe (filled in {fill_s:.1} s)");
+    if let Some(s) = stop_ms {
+        println!("old daemon stopped in {:.0} ms", s.as_secs_f64() * 1e3);
+    }
+    println!(
+        "first hit {:.0} ms after the new process was spawned; same-run floor (spawn + exit of the binary) {:.0} ms; {kept} blocks kept",
+        first.as_secs_f64() * 1e3,
+        floor.as_secs_f64() * 1e3
+    );
+    let field = |msg, f| log_field(&log, msg, f).unwrap_or_else(|| "-".into());
+    println!(
+        "new daemon's log: takeover {} ms, spill recovery {} ms ({} blocks), fixed-buffer registration {} ms (background)",
+        field("took over the DRAM tier", "elapsed_ms"),
+        field("spill tier recovered", "elapsed_ms"),
+        field("spill tier recovered", "blocks"),
+        field("arena registered with the spill rings", "elapsed_ms"),
+    );
+    let _ = std::fs::remove_dir_all(a.dir.join("spill"));
+    Ok(())
+}

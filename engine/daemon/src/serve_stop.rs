@@ -1,0 +1,222 @@
+//! What `serve` does around a restart: take a running daemon's DRAM tier over at start,
+//! run the bounded write-behind, and at stop either hand the tier to a successor or flush
+//! DRAM-only blocks to the spill tier within a budget.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kvnode_engine::dram::{DramTier, TierConfig};
+use kvnode_engine::engine::Handover;
+use kvnode_engine::residency::Announcer;
+use kvnode_engine::{Engine, EngineConfig};
+
+use crate::takeover::{Accepted, Pending};
+
+/// How long a successor waits for the running daemon (its drain, then its exit).
+fn takeover_limit(cfg: &EngineConfig) -> Duration {
+    Duration::from_secs_f64(cfg.drain_timeout_s + 60.0)
+}
+
+/// `--takeover`: asks the daemon on the socket for its DRAM tier. `None`: start cold (no
+/// daemon there, or its image did not fit and it stopped with a flush instead).
+pub fn take_over(cfg: &EngineConfig) -> anyhow::Result<Option<(Handover, UnixListener)>> {
+    let limit = takeover_limit(cfg);
+    let t = Instant::now();
+    let Some(got) = crate::takeover::request(cfg, limit)? else {
+        tracing::info!(socket = %cfg.socket.display(), "--takeover: no daemon listens for a takeover there; starting cold");
+        return Ok(None);
+    };
+    let donor = got.donor;
+    if let Err(why) = check(cfg, &got.handover) {
+        tracing::error!(donor, reason = %why, "the handed-over DRAM tier does not fit; the old daemon flushes to NVMe and exits, this one starts cold");
+        // This process starts cold in its place: the service's main process from now on.
+        crate::sd_notify::notify(&format!("MAINPID={}", std::process::id()));
+        got.refuse(&why);
+        wait_gone(donor, limit);
+        return Ok(None);
+    }
+    let blocks = got.blocks;
+    // Under systemd this process becomes the service's main process before the old one is
+    // released to exit (0): were the main process to exit first, systemd would stop the
+    // service and kill this one with it.
+    crate::sd_notify::notify(&format!("MAINPID={}", std::process::id()));
+    // The donor closes its spill files (unlocking them) before it lets go of the socket.
+    let (h, l) = got.release(limit)?;
+    tracing::info!(
+        donor,
+        blocks,
+        elapsed_ms = t.elapsed().as_millis() as u64,
+        "took over the DRAM tier"
+    );
+    Ok(Some((h, l)))
+}
+
+/// A dry run of the restore: the image decodes and fits this configuration, the memfd has
+/// the arena's size.
+fn check(cfg: &EngineConfig, h: &Handover) -> Result<(), String> {
+    let len = if cfg.hugetlb {
+        cfg.dram.div_ceil(2 << 20) * (2 << 20)
+    } else {
+        cfg.dram
+    };
+    let have = h.arena.metadata().map_err(|e| e.to_string())?.len();
+    if have != len {
+        return Err(format!(
+            "the arena has {have} bytes, this configuration {len}"
+        ));
+    }
+    let tier = TierConfig {
+        capacity: len,
+        slab_bytes: cfg.slab_bytes(),
+        policy: cfg.eviction,
+    };
+    DramTier::restore(&tier, Announcer::new(None), &h.image)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Waits until process `pid` has exited (its descriptors, and with them its spill-file
+/// locks, are gone: a zombie counts as gone), at most `limit`.
+fn wait_gone(pid: u32, limit: Duration) {
+    let t = Instant::now();
+    let stat = format!("/proc/{pid}/stat");
+    while t.elapsed() < limit {
+        match std::fs::read_to_string(&stat) {
+            Err(_) => return,
+            Ok(s) => {
+                let state = s
+                    .rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().next());
+                if matches!(state, Some("Z" | "X")) {
+                    return;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    tracing::warn!(pid, "the old daemon has not exited yet");
+}
+
+/// Binds the takeover socket; without it this daemon still serves (and flushes at stop).
+pub fn listen_for_takeover(
+    cfg: &EngineConfig,
+    tx: tokio::sync::mpsc::Sender<Pending>,
+) -> Option<std::path::PathBuf> {
+    match crate::takeover::listen(cfg, tx) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "takeover disabled: this daemon cannot hand its DRAM tier to a successor (a stop flushes it to the spill tier instead)");
+            None
+        }
+    }
+}
+
+/// Under systemd (`Type=notify`): ready (after a takeover, `MAINPID=` was sent already,
+/// before the old daemon was released).
+pub fn notify_ready() {
+    crate::sd_notify::notify("READY=1");
+}
+
+/// Starts the bounded write-behind when `spill.lag` is set.
+pub fn spawn_write_behind(
+    engine: &Engine,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let lag = engine.config.spill.lag?;
+    let t = engine.store.nvme()?;
+    tracing::info!(
+        lag_ms = lag.as_millis() as u64,
+        "write-behind on: every DRAM block reaches NVMe within the lag"
+    );
+    Some(kvnode_engine::nvme::spawn_write_behind(
+        Arc::clone(t),
+        lag,
+        stop,
+    ))
+}
+
+/// After the last request: hands the DRAM tier to `successor` if there is one and it takes
+/// it; otherwise writes DRAM-only blocks to the spill tier within `flush_on_stop_s`.
+pub async fn hand_over_or_flush(
+    engine: &Arc<Engine>,
+    successor: Option<Pending>,
+    listener: &OwnedFd,
+) -> Option<Accepted> {
+    if let Some(p) = successor {
+        match hand_over(engine, p, listener).await {
+            Ok(a) => return Some(a),
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "takeover failed; stopping normally");
+            }
+        }
+    }
+    flush(engine).await;
+    None
+}
+
+async fn hand_over(
+    engine: &Arc<Engine>,
+    p: Pending,
+    listener: &OwnedFd,
+) -> anyhow::Result<Accepted> {
+    if let Some(t) = engine.store.nvme()
+        && !t.wait_idle(Duration::from_secs(10)).await
+    {
+        p.fail("spill IO still in flight after 10 s");
+        anyhow::bail!("spill IO still in flight after 10 s");
+    }
+    let h = match engine.handover() {
+        Ok(h) => h,
+        Err(e) => {
+            p.fail(&e);
+            anyhow::bail!(e);
+        }
+    };
+    let blocks = engine.store.dram().snapshot().tier.blocks;
+    let limit = takeover_limit(&engine.config);
+    let t = Instant::now();
+    let a = tokio::task::block_in_place(|| p.send(&h, listener, blocks, limit))
+        .context("handing the DRAM tier over")?;
+    tracing::info!(
+        blocks,
+        image_bytes = h.image.len(),
+        elapsed_ms = t.elapsed().as_millis() as u64,
+        "DRAM tier handed over; closing the spill files and exiting"
+    );
+    Ok(a)
+}
+
+/// The stop-time flush (fallback when no successor takes the tier).
+async fn flush(engine: &Arc<Engine>) {
+    let budget = engine.config.spill.flush_on_stop_s;
+    let Some(t) = engine.store.nvme() else {
+        return;
+    };
+    if budget <= 0.0 {
+        return;
+    }
+    let _ = t.wait_idle(Duration::from_secs(5)).await;
+    let t0 = Instant::now();
+    let r = t.flush_dram(Duration::from_secs_f64(budget)).await;
+    let elapsed_ms = t0.elapsed().as_millis() as u64;
+    if r.left > 0 || r.failed > 0 {
+        tracing::warn!(
+            copied = r.copied,
+            failed = r.failed,
+            left = r.left,
+            timed_out = r.timed_out,
+            elapsed_ms,
+            "stop-time flush incomplete: blocks left only in DRAM are lost with this process"
+        );
+    } else {
+        tracing::info!(
+            copied = r.copied,
+            elapsed_ms,
+            "stop-time flush: every DRAM block has a copy on NVMe"
+        );
+    }
+}

@@ -1,0 +1,405 @@
+//! Takeover: a new daemon (`kvnode serve --takeover`) receives the running daemon's DRAM arena
+//! (its memfd), the image of its DRAM index and its listening socket, so an upgrade copies
+//! no block and loses none.
+//!
+//! ```text
+//!  successor                          running daemon (donor), socket S
+//!  connect S.takeover ──────────────> (owner-only socket; same uid or root)
+//!  Ask {config, image format} ──────> compatible? no: Answer{ok:false, why}, keeps serving
+//!                                     yes: stop accepting, drain, stop demoter and
+//!                                          write-behind, wait for spill IO in flight
+//!  <──────── Answer{ok, image_len} + fds [arena memfd, listener] + image bytes
+//!  dry-run restore of the image
+//!  "ok\n" / "failed: why\n" ────────> failed: flush DRAM to NVMe (fallback), exit
+//!                                     ok: close the spill files (unlock), remove
+//!                                         S.takeover, drop everything, exit
+//!  <──────── EOF
+//!  open spill files, rebuild DRAM over the same memfd, serve on the same listener
+//! ```
+//!
+//! Clients that were connected to the donor see their connection closed after their
+//! request in flight ends (a clear error, never wrong bytes); new connections wait in the
+//! listener's backlog and are accepted by the successor.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use kvnode_engine::EngineConfig;
+use kvnode_engine::engine::Handover;
+use serde::{Deserialize, Serialize};
+
+/// The image format this build reads and writes (the magic of `dram::image`).
+const IMAGE_FORMAT: &str = "KVNDRAM1";
+
+/// The takeover socket of the daemon serving `socket`.
+pub fn path_for(socket: &Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(".takeover");
+    PathBuf::from(p)
+}
+
+/// What the successor asks with.
+#[derive(Debug, Serialize, Deserialize)]
+struct Ask {
+    version: String,
+    pid: u32,
+    dram: u64,
+    slab_bytes: u64,
+    hugetlb: bool,
+    image_formats: Vec<String>,
+}
+
+/// The donor's answer.
+#[derive(Debug, Serialize, Deserialize)]
+struct Answer {
+    ok: bool,
+    error: Option<String>,
+    pid: u32,
+    image_len: u64,
+    blocks: u64,
+}
+
+fn ask_of(cfg: &EngineConfig) -> Ask {
+    Ask {
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: std::process::id(),
+        dram: cfg.dram,
+        slab_bytes: cfg.slab_bytes(),
+        hugetlb: cfg.hugetlb,
+        image_formats: vec![IMAGE_FORMAT.into()],
+    }
+}
+
+/// Why the donor refuses `ask` (its own configuration is `cfg`), if it does.
+fn incompatible(ask: &Ask, cfg: &EngineConfig) -> Option<String> {
+    if !ask.image_formats.iter().any(|f| f == IMAGE_FORMAT) {
+        return Some(format!(
+            "the new daemon reads DRAM images {:?}, this one writes {IMAGE_FORMAT}",
+            ask.image_formats
+        ));
+    }
+    let mut diffs = Vec::new();
+    if ask.dram != cfg.dram {
+        diffs.push(format!("dram {} -> {}", cfg.dram, ask.dram));
+    }
+    if ask.slab_bytes != cfg.slab_bytes() {
+        diffs.push(format!(
+            "slab_size {} -> {}",
+            cfg.slab_bytes(),
+            ask.slab_bytes
+        ));
+    }
+    if ask.hugetlb != cfg.hugetlb {
+        diffs.push(format!("hugetlb {} -> {}", cfg.hugetlb, ask.hugetlb));
+    }
+    (!diffs.is_empty()).then(|| {
+        format!(
+            "the DRAM layout would change ({}): a takeover keeps the arena as it is. Start the new daemon with the same dram/slab_size/hugetlb, or stop this one (SIGTERM flushes DRAM to the spill tier, if any) and start cold",
+            diffs.join(", ")
+        )
+    })
+}
+
+fn read_line(r: &mut impl BufRead, what: &str) -> anyhow::Result<String> {
+    let mut line = String::new();
+    let n = r
+        .by_ref()
+        .take(1 << 20)
+        .read_line(&mut line)
+        .with_context(|| format!("reading the {what}"))?;
+    if n == 0 {
+        bail!("the other daemon closed the takeover socket before the {what}");
+    }
+    Ok(line)
+}
+
+// ----- successor -----
+
+/// What the successor received; the donor is still alive until [`Received::release`].
+#[derive(Debug)]
+pub struct Received {
+    /// Arena memfd and DRAM image.
+    pub handover: Handover,
+    /// The donor's listening socket (same path, same inode).
+    pub listener: UnixListener,
+    /// The donor's pid.
+    pub donor: u32,
+    /// Blocks in the image.
+    pub blocks: u64,
+    stream: UnixStream,
+}
+
+impl Received {
+    /// Tells the donor the image was accepted, then waits (at most `limit`) until it has
+    /// closed its spill files and gone.
+    pub fn release(mut self, limit: Duration) -> anyhow::Result<(Handover, UnixListener)> {
+        self.stream.write_all(b"ok\n")?;
+        self.stream.set_read_timeout(Some(limit))?;
+        let mut rest = Vec::new();
+        self.stream
+            .read_to_end(&mut rest)
+            .context("waiting for the old daemon to close its spill files and exit")?;
+        Ok((self.handover, self.listener))
+    }
+
+    /// Tells the donor the image cannot be used (it flushes to NVMe and exits).
+    pub fn refuse(mut self, why: &str) {
+        let line = why.replace('\n', " ");
+        let _ = self
+            .stream
+            .write_all(format!("failed: {line}\n").as_bytes());
+    }
+}
+
+/// Asks the daemon on `cfg.socket` for its DRAM tier. `Ok(None)`: no daemon listens for a
+/// takeover there (start cold). An error: it refused, nothing changed on its side.
+pub fn request(cfg: &EngineConfig, limit: Duration) -> anyhow::Result<Option<Received>> {
+    let path = path_for(&cfg.socket);
+    let stream = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(e).with_context(|| format!("connecting to {}", path.display())),
+    };
+    stream.set_read_timeout(Some(limit))?;
+    let mut w = stream.try_clone()?;
+    let mut line = serde_json::to_vec(&ask_of(cfg))?;
+    line.push(b'\n');
+    w.write_all(&line)?;
+    // Answer line, read byte by byte so no descriptor-carrying byte is consumed early.
+    let mut ans = Vec::new();
+    let mut b = [0u8; 1];
+    loop {
+        let n = (&stream)
+            .read(&mut b)
+            .context("waiting for the running daemon's answer")?;
+        if n == 0 {
+            bail!("the running daemon closed the takeover socket without an answer");
+        }
+        if b[0] == b'\n' {
+            break;
+        }
+        ans.push(b[0]);
+        if ans.len() > 1 << 16 {
+            bail!("takeover answer too long");
+        }
+    }
+    let a: Answer = serde_json::from_slice(&ans).context("parsing the takeover answer")?;
+    if !a.ok {
+        bail!(
+            "the running daemon (pid {}) refused the takeover and keeps serving: {}",
+            a.pid,
+            a.error.unwrap_or_default()
+        );
+    }
+    let mut fds = std::collections::VecDeque::new();
+    while fds.len() < 2 {
+        let n = kvnode_fdpass_recv(&stream, &mut fds)?;
+        if n == 0 {
+            bail!("the running daemon closed the takeover socket while passing descriptors");
+        }
+    }
+    let arena = std::fs::File::from(fds.pop_front().expect("two descriptors"));
+    let listener = UnixListener::from(fds.pop_front().expect("two descriptors"));
+    let mut image = vec![0u8; usize::try_from(a.image_len)?];
+    (&stream)
+        .read_exact(&mut image)
+        .context("reading the DRAM image")?;
+    Ok(Some(Received {
+        handover: Handover { arena, image },
+        listener,
+        donor: a.pid,
+        blocks: a.blocks,
+        stream,
+    }))
+}
+
+fn kvnode_fdpass_recv(
+    s: &UnixStream,
+    fds: &mut std::collections::VecDeque<OwnedFd>,
+) -> anyhow::Result<usize> {
+    let mut one = [0u8; 1];
+    kvnode_fdpass::recv_with_fds(s.as_raw_fd(), &mut one, fds, 2)
+        .context("receiving the arena and listener descriptors")
+}
+
+// ----- donor -----
+
+/// A successor whose request this daemon accepted: it waits for the hand-over.
+#[derive(Debug)]
+pub struct Pending {
+    stream: UnixStream,
+    pid: u32,
+}
+
+/// Binds the takeover socket (owner-only) and accepts successors on a thread: a request
+/// that does not fit this configuration is answered at once with the reason (this daemon
+/// keeps serving); the first that fits is sent on `tx`, and the thread ends.
+pub fn listen(
+    cfg: &EngineConfig,
+    tx: tokio::sync::mpsc::Sender<Pending>,
+) -> anyhow::Result<PathBuf> {
+    let path = path_for(&cfg.socket);
+    if let Ok(m) = std::fs::symlink_metadata(&path) {
+        if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) {
+            bail!(
+                "{} exists and is not a socket: refusing to replace it",
+                path.display()
+            );
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    let l = UnixListener::bind(&path)
+        .with_context(|| format!("binding the takeover socket {}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let cfg = cfg.clone();
+    std::thread::Builder::new()
+        .name("kvnode-takeover".into())
+        .spawn(move || {
+            for s in l.incoming() {
+                let Ok(s) = s else { continue };
+                match screen(s, &cfg) {
+                    Ok(Some(p)) => {
+                        let _ = tx.blocking_send(p);
+                        return;
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "takeover request dropped"),
+                }
+            }
+        })?;
+    Ok(path)
+}
+
+/// Reads one request; answers a refusal itself.
+fn screen(s: UnixStream, cfg: &EngineConfig) -> anyhow::Result<Option<Pending>> {
+    let cred = kvnode_fdpass::peer_cred(s.as_raw_fd())?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if cred.uid != me && cred.uid != 0 {
+        bail!("uid {} may not take this daemon over", cred.uid);
+    }
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut r = BufReader::new(s.try_clone()?);
+    let ask: Ask = serde_json::from_str(&read_line(&mut r, "takeover request")?)
+        .context("parsing the takeover request")?;
+    if let Some(why) = incompatible(&ask, cfg) {
+        tracing::warn!(successor = ask.pid, reason = %why, "takeover refused; still serving");
+        answer(&s, false, Some(why), 0, 0)?;
+        return Ok(None);
+    }
+    tracing::info!(successor = ask.pid, version = %ask.version, "takeover accepted: handing the DRAM tier over");
+    Ok(Some(Pending {
+        stream: s,
+        pid: ask.pid,
+    }))
+}
+
+fn answer(
+    mut s: &UnixStream,
+    ok: bool,
+    error: Option<String>,
+    image_len: u64,
+    blocks: u64,
+) -> anyhow::Result<()> {
+    let mut line = serde_json::to_vec(&Answer {
+        ok,
+        error,
+        pid: std::process::id(),
+        image_len,
+        blocks,
+    })?;
+    line.push(b'\n');
+    s.write_all(&line)?;
+    Ok(())
+}
+
+impl Pending {
+    /// The successor's pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Tells the successor this daemon cannot hand over after all (it stops normally).
+    pub fn fail(self, why: &str) {
+        let _ = answer(&self.stream, false, Some(why.into()), 0, 0);
+    }
+
+    /// Sends the arena, the listener and the image; waits (at most `limit`) for the
+    /// successor's verdict. `Ok(Accepted)`: it took the tier (keep the stream open until
+    /// this process is done with the spill files, then drop it).
+    pub fn send(
+        self,
+        h: &Handover,
+        listener: &impl AsFd,
+        blocks: u64,
+        limit: Duration,
+    ) -> anyhow::Result<Accepted> {
+        let s = self.stream;
+        answer(&s, true, None, h.image.len() as u64, blocks)?;
+        for fd in [h.arena.as_fd(), listener.as_fd()] {
+            let n = kvnode_fdpass::send_with_fd(s.as_raw_fd(), b"F", fd)?;
+            if n != 1 {
+                bail!("short write passing a descriptor");
+            }
+        }
+        (&s).write_all(&h.image)?;
+        s.set_read_timeout(Some(limit))?;
+        let mut r = BufReader::new(s.try_clone()?);
+        let verdict = read_line(&mut r, "successor's verdict")?;
+        if verdict.trim() == "ok" {
+            Ok(Accepted { _stream: s })
+        } else {
+            bail!(
+                "the successor could not use the DRAM tier: {}",
+                verdict.trim()
+            )
+        }
+    }
+}
+
+/// The successor holds the tier; dropping this tells it this daemon is gone.
+#[derive(Debug)]
+pub struct Accepted {
+    _stream: UnixStream,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_different_dram_layout_is_refused_with_the_difference_named() {
+        let cfg = EngineConfig {
+            dram: 64 << 20,
+            ..EngineConfig::default()
+        };
+        let mut ask = ask_of(&cfg);
+        assert_eq!(incompatible(&ask, &cfg), None);
+        ask.dram = 128 << 20;
+        let why = incompatible(&ask, &cfg).unwrap();
+        assert!(why.contains("dram 67108864 -> 134217728"), "{why}");
+        ask.dram = cfg.dram;
+        ask.image_formats = vec!["KVNDRAM9".into()];
+        assert!(incompatible(&ask, &cfg).unwrap().contains("KVNDRAM9"));
+    }
+
+    #[test]
+    fn the_takeover_socket_sits_next_to_the_client_socket() {
+        assert_eq!(
+            path_for(Path::new("/run/kvnode/kvnode.sock")),
+            PathBuf::from("/run/kvnode/kvnode.sock.takeover")
+        );
+    }
+}
