@@ -177,6 +177,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             });
         }
         let peer_server = crate::serve_peer::start(&engine, stop_rx.clone()).await?;
+        crate::serve_peer::revoke_on_sigusr2(&engine)?;
         let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), listener, stop_rx));
         let sig = tokio::select! {
             _ = term.recv() => "SIGTERM",

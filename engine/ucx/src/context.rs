@@ -46,7 +46,10 @@ impl Context {
         })?;
         for (name, value) in settings {
             let bad = |_| UcxError::Invalid(format!("UCX setting {name}={value} holds a NUL"));
-            let (n, v) = (CString::new(*name).map_err(bad)?, CString::new(*value).map_err(bad)?);
+            let (n, v) = (
+                CString::new(*name).map_err(bad)?,
+                CString::new(*value).map_err(bad)?,
+            );
             // SAFETY: cfg is live; both strings are NUL-terminated and read during the call.
             let st = unsafe { sys::ucp_config_modify(cfg, n.as_ptr(), v.as_ptr()) };
             if let Err(e) = check("ucp_config_modify", st) {
@@ -78,7 +81,9 @@ impl Context {
         // SAFETY: cfg came from ucp_config_read and is released once.
         unsafe { sys::ucp_config_release(cfg) };
         check("ucp_init", st)?;
-        Ok(Self { ctx: Arc::new(Ctx(h)) })
+        Ok(Self {
+            ctx: Arc::new(Ctx(h)),
+        })
     }
 
     /// The UCX library version in use (`ucp_get_version_string`), e.g. "1.13.1".

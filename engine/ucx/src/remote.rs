@@ -177,7 +177,11 @@ impl Remote {
         }
         let param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
-            flags: if force { sys::UCP_EP_CLOSE_FLAG_FORCE } else { 0 },
+            flags: if force {
+                sys::UCP_EP_CLOSE_FLAG_FORCE
+            } else {
+                0
+            },
             ..Default::default()
         };
         // SAFETY: ep is live and closed once.

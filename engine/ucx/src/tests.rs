@@ -35,8 +35,12 @@ fn gets_land_byte_identical_from_a_registered_peer_region() {
     let mut r = Remote::connect(&dst_ctx, serving.address(), &key, dst_reg).unwrap();
     // Out of order, and one piece not at a block boundary.
     for (at, len) in [(3 * MIB, MIB), (0, MIB), (MIB + 5, 2 * MIB - 5), (MIB, 5)] {
-        r.get(&mut dst[at..at + len], src_reg.base() + at as u64, Duration::from_secs(5))
-            .unwrap();
+        r.get(
+            &mut dst[at..at + len],
+            src_reg.base() + at as u64,
+            Duration::from_secs(5),
+        )
+        .unwrap();
     }
     assert!(dst == src, "landed bytes differ from the source's");
     assert!(r.failed().is_none());
@@ -112,14 +116,24 @@ fn keys_and_addresses_never_print_and_cuda_memory_is_refused_as_not_built() {
     let mut buf = vec![0u8; 4096];
     let reg = register(&ctx, &mut buf);
     let key = reg.pack_rkey().unwrap();
-    assert_eq!(format!("{key:?}"), format!("PackedRkey(<{} bytes>)", key.0.len()));
+    assert_eq!(
+        format!("{key:?}"),
+        format!("PackedRkey(<{} bytes>)", key.0.len())
+    );
     let w = Worker::new(&ctx).unwrap();
     let a = w.address().unwrap();
-    assert_eq!(format!("{a:?}"), format!("WorkerAddress(<{} bytes>)", a.0.len()));
+    assert_eq!(
+        format!("{a:?}"),
+        format!("WorkerAddress(<{} bytes>)", a.0.len())
+    );
     assert!(reg.contains(reg.base(), 4096) && !reg.contains(reg.base() + 1, 4096));
     // SAFETY: refused before anything is registered.
     let e = unsafe { Region::map(&ctx, buf.as_mut_ptr(), 4096, MemoryKind::Cuda { device: 0 }) }
         .unwrap_err();
     assert!(e.to_string().contains("not built"), "{e}");
-    assert!(Context::version().starts_with("1."), "{}", Context::version());
+    assert!(
+        Context::version().starts_with("1."),
+        "{}",
+        Context::version()
+    );
 }

@@ -3,7 +3,14 @@
 //! Each answered block is leased from the moment the pull is read until its last byte is
 //! handed to the transport, so it cannot be evicted or reused while it is being sent. A key
 //! that lives only on NVMe is promoted into DRAM first (the same path as a client `get`).
+//!
+//! On a connection that negotiated UCX (`UcxRequest`), blocks are answered with `Slot`s
+//! (where they lie in the registered arena) and stay leased until the destination says its
+//! GETs of the request are done (`Landed`), the connection closes, or the destination stays
+//! silent for the io timeout while leases are held. At most [`UCX_WINDOW`] requests are
+//! leased at once; later `Pull`s wait in order.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +26,9 @@ use crate::store::{Lease, Store};
 
 /// Idle pooled connections are closed after this long without a request.
 const IDLE_LIMIT: Duration = Duration::from_mins(10);
+
+/// Requests a UCX destination may hold leases for at once (each up to `batch_keys` blocks).
+pub const UCX_WINDOW: usize = 4;
 
 /// Where a source finds blocks: anything that can lease them (the node store; a test seam).
 pub trait BlockSource: Send + Sync {
@@ -43,6 +53,48 @@ impl BlockSource for Arc<Store> {
     }
 }
 
+/// The block's XXH3-64, computed once per block and kept in its slot.
+fn checksum(b: &Lease) -> u64 {
+    b.xxh3().unwrap_or_else(|| {
+        let sum = XxHash3_64::oneshot(b.bytes());
+        b.remember_checksum(sum);
+        sum
+    })
+}
+
+/// Answers one pull on a UCX connection: `Slot`s of leased blocks, kept in `held` under
+/// `req` until the destination's `Landed`.
+async fn serve_pull_ucx<S: BlockSource>(
+    src: &S,
+    w: &mut TcpConn,
+    pull: (u64, NamespaceId, Vec<PullKey>),
+    limit: Duration,
+    held: &mut HashMap<u64, Vec<Lease>>,
+) -> Result<(), PeerError> {
+    let (req, ns, keys) = pull;
+    let leased = src.lease(ns, &keys).await;
+    let mut keep = Vec::with_capacity(leased.len());
+    for (idx, l) in leased.into_iter().enumerate() {
+        let idx = idx as u32;
+        match l {
+            Some(b) => {
+                let msg = PeerMsg::Slot {
+                    req,
+                    idx,
+                    len: b.bytes().len() as u32,
+                    addr: b.bytes().as_ptr() as u64,
+                    xxh3: checksum(&b),
+                };
+                keep.push(b);
+                w.send(&msg, &[], limit).await?;
+            }
+            None => w.send(&PeerMsg::Miss { req, idx }, &[], limit).await?,
+        }
+    }
+    held.insert(req, keep);
+    w.send(&PeerMsg::Done { req }, &[], limit).await
+}
+
 async fn serve_pull<S: BlockSource>(
     src: &S,
     w: &mut TcpConn,
@@ -59,11 +111,7 @@ async fn serve_pull<S: BlockSource>(
         match l.take() {
             Some(b) => {
                 let bytes = b.bytes();
-                let xxh3 = b.xxh3().unwrap_or_else(|| {
-                    let sum = XxHash3_64::oneshot(bytes);
-                    b.remember_checksum(sum);
-                    sum
-                });
+                let xxh3 = checksum(&b);
                 let msg = PeerMsg::Block {
                     req,
                     idx,
@@ -89,14 +137,50 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
     tracing::debug!(peer = %w.remote(), node = %dst, "peer authenticated");
     let src = Arc::clone(p.store());
     let limit = p.io_timeout();
+    // UCX state of this connection: the key generation it was given, the leases of
+    // requests whose GETs are not confirmed, and pulls waiting for the window.
+    let mut ucx: Option<u64> = None;
+    let mut held: HashMap<u64, Vec<Lease>> = HashMap::new();
+    let mut queued: VecDeque<(u64, NamespaceId, Vec<PullKey>)> = VecDeque::new();
     loop {
+        // Serve queued pulls while the window has room.
+        while held.len() < UCX_WINDOW
+            && let Some(pull) = queued.pop_front()
+        {
+            let r = serve_ucx(&p, &src, &mut w, pull, limit, &mut ucx, &mut held).await;
+            if let Err(e) = r {
+                return closed(&mut w, e, limit).await;
+            }
+        }
+        let wait = if held.is_empty() { IDLE_LIMIT } else { limit };
         let next = tokio::select! {
-            r = w.recv(IDLE_LIMIT) => r,
+            r = w.recv(wait) => r,
             _ = stop.changed() => return,
         };
         let r = match next {
+            Ok((PeerMsg::Pull { req, ns, keys }, _)) if ucx.is_some() => {
+                queued.push_back((req, ns, keys));
+                Ok(())
+            }
             Ok((PeerMsg::Pull { req, ns, keys }, _)) => {
                 serve_pull(&src, &mut w, req, ns, &keys, limit).await
+            }
+            Ok((PeerMsg::Landed { req }, _)) if ucx.is_some() => {
+                if held.remove(&req).is_some() {
+                    Ok(())
+                } else {
+                    Err(PeerError::Protocol(format!(
+                        "Landed for request {req}, which holds nothing"
+                    )))
+                }
+            }
+            Ok((PeerMsg::UcxRequest, _)) if ucx.is_none() => {
+                offer_ucx(&p, &mut w, limit, &mut ucx).await
+            }
+            Err(PeerError::Timeout(..)) if !held.is_empty() => {
+                let blocks: usize = held.values().map(Vec::len).sum();
+                tracing::warn!(peer = %w.remote(), blocks, "destination did not confirm its UCX GETs within the io timeout; closing and releasing its blocks");
+                return;
             }
             Ok((PeerMsg::Ping { t }, _)) => w.send(&PeerMsg::Pong { t }, &[], limit).await,
             Ok((PeerMsg::Pong { .. }, _)) => Ok(()),
@@ -116,29 +200,87 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
             Err(e) => Err(e),
         };
         if let Err(e) = r {
-            match e {
-                PeerError::Timeout("peer send", _) => {
-                    tracing::warn!(peer = %w.remote(), error = %e, "destination stopped reading; closing and releasing its blocks");
-                }
-                PeerError::Io(_) | PeerError::Timeout(..) => {
-                    tracing::debug!(peer = %w.remote(), error = %e, "peer connection closed");
-                }
-                PeerError::Frame(_) => {
-                    let _ = w
-                        .send(
-                            &PeerMsg::Refused {
-                                reason: e.to_string(),
-                            },
-                            &[],
-                            limit,
-                        )
-                        .await;
-                    tracing::warn!(peer = %w.remote(), error = %e, "peer sent a bad frame; closing");
-                }
-                _ => tracing::warn!(peer = %w.remote(), error = %e, "peer connection dropped"),
-            }
-            return;
+            return closed(&mut w, e, limit).await;
         }
+    }
+}
+
+/// Answers `UcxRequest`: an offer (this connection is authenticated) or a decline.
+async fn offer_ucx(
+    p: &Peers,
+    w: &mut TcpConn,
+    limit: Duration,
+    ucx: &mut Option<u64>,
+) -> Result<(), PeerError> {
+    let Some(u) = p.ucx() else {
+        let reason = "this daemon's peer transport is tcp".to_owned();
+        return w.send(&PeerMsg::UcxDecline { reason }, &[], limit).await;
+    };
+    match u.offer() {
+        Ok((offer, generation)) => {
+            w.send(&offer, &[], limit).await?;
+            *ucx = Some(generation);
+            tracing::debug!(peer = %w.remote(), "peer reads blocks with UCX GETs");
+            Ok(())
+        }
+        Err(e) => {
+            let reason = format!("UCX key unavailable: {e}");
+            w.send(&PeerMsg::UcxDecline { reason }, &[], limit).await
+        }
+    }
+}
+
+/// Serves one queued pull on a UCX connection, handing over a re-issued key first if the
+/// arena was re-registered since this connection got its key.
+async fn serve_ucx<S: BlockSource>(
+    p: &Peers,
+    src: &S,
+    w: &mut TcpConn,
+    pull: (u64, NamespaceId, Vec<PullKey>),
+    limit: Duration,
+    ucx: &mut Option<u64>,
+    held: &mut HashMap<u64, Vec<Lease>>,
+) -> Result<(), PeerError> {
+    if let (Some(u), Some(given)) = (p.ucx(), ucx.as_mut())
+        && u.generation() != *given
+    {
+        let (offer, generation) = u
+            .offer()
+            .map_err(|e| PeerError::Protocol(format!("UCX key unavailable: {e}")))?;
+        w.send(&offer, &[], limit).await?;
+        *given = generation;
+    }
+    let req = pull.0;
+    let r = serve_pull_ucx(src, w, pull, limit, held).await;
+    let n = held.get(&req).map_or(0, Vec::len) as u64;
+    p.counters
+        .ucx_slots_served
+        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    r
+}
+
+/// Logs why a connection ends (telling the peer when it sent a bad frame).
+async fn closed(w: &mut TcpConn, e: PeerError, limit: Duration) {
+    match e {
+        PeerError::Timeout("peer send", _) => {
+            tracing::warn!(peer = %w.remote(), error = %e, "destination stopped reading; closing and releasing its blocks");
+        }
+        PeerError::Io(_) | PeerError::Timeout(..) => {
+            tracing::debug!(peer = %w.remote(), error = %e, "peer connection closed");
+        }
+        PeerError::Frame(_) => {
+            let _ = w
+                .send(
+                    &PeerMsg::Refused {
+                        reason: e.to_string(),
+                    },
+                    &[],
+                    limit,
+                )
+                .await;
+            tracing::warn!(peer = %w.remote(), error = %e, "peer sent a bad frame; closing");
+        }
+        _ => tracing::warn!(peer = %w.remote(), error = %e, "peer connection dropped"),
     }
 }
 
