@@ -52,7 +52,14 @@ fn fake_source(
         send(&mut s, &challenge, &[]);
         assert!(matches!(recv(&mut s), PeerMsg::Auth { .. }));
         send(&mut s, &PeerMsg::Ready, &[]);
-        let PeerMsg::Pull { req, keys, .. } = recv(&mut s) else {
+        let mut first = recv(&mut s);
+        if first == PeerMsg::UcxRequest {
+            // A UCX destination (KVNODE_E2E_PEER_TRANSPORT=ucx): this fake speaks TCP only.
+            let reason = "fake source: tcp only".to_owned();
+            send(&mut s, &PeerMsg::UcxDecline { reason }, &[]);
+            first = recv(&mut s);
+        }
+        let PeerMsg::Pull { req, keys, .. } = first else {
             panic!("no Pull")
         };
         script(&mut s, req, keys.len());
