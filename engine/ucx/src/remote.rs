@@ -156,7 +156,10 @@ impl Remote {
                 limit,
             })
         } else {
-            // The request is leaked on purpose: UCX may still write `dst`.
+            // Released to UCX, which frees it when it completes (a worker must not be
+            // destroyed holding unreleased requests); `dst` may still be written until then.
+            // SAFETY: req is live; after this call it is never touched again.
+            unsafe { sys::ucp_request_free(req) };
             Err(UcxError::Stuck {
                 len: dst.len(),
                 limit,
@@ -192,12 +195,13 @@ impl Remote {
         }
         // SAFETY: req is a live close request until freed.
         let status = || unsafe { sys::ucp_request_check_status(req) };
-        if self.worker.wait_until(CLOSE_LIMIT, || {
+        // Freed whether or not it completed in time: UCX frees an unfinished request when
+        // it completes, and a worker must not be destroyed holding unreleased requests.
+        let _ = self.worker.wait_until(CLOSE_LIMIT, || {
             status() != sys::ucs_status_t::UCS_INPROGRESS
-        }) {
-            // SAFETY: completed; freed once.
-            unsafe { sys::ucp_request_free(req) };
-        }
+        });
+        // SAFETY: req is live; freed once and never touched again.
+        unsafe { sys::ucp_request_free(req) };
     }
 }
 
