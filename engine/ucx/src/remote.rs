@@ -29,6 +29,8 @@ extern "C" fn on_ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs
 pub struct Remote {
     rkey: sys::ucp_rkey_h,
     ep: sys::ucp_ep_h,
+    /// Opened with UCP_ERR_HANDLING_MODE_PEER (closes may be forced).
+    peer_errors: bool,
     failed: Box<AtomicI8>,
     /// Registration of this process's memory that GETs land in (passed as the local memh).
     local: Arc<Region>,
@@ -50,29 +52,21 @@ impl Remote {
     ) -> Result<Self, UcxError> {
         let worker = Worker::new(ctx)?;
         let failed = Box::new(AtomicI8::new(0));
-        let params = sys::ucp_ep_params_t {
-            field_mask: u64::from(
-                sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
-                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
-                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER,
-            ),
-            address: addr.0.as_ptr().cast(),
-            err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
-            err_handler: sys::ucp_err_handler {
-                cb: Some(on_ep_error),
-                arg: (&raw const *failed).cast_mut().cast(),
-            },
-            ..Default::default()
+        // Peer failure handling first (a dead peer fails requests; closes can be forced).
+        // UCX 1.13's shared-memory transports cannot detect peer failure and refuse it as
+        // "unreachable": then the endpoint is opened without it (same-node use only).
+        let ep = match Self::endpoint(&worker, addr, &failed, true) {
+            Err(UcxError::Call { code, .. })
+                if code == sys::ucs_status_t::UCS_ERR_UNREACHABLE.0 =>
+            {
+                Self::endpoint(&worker, addr, &failed, false)?
+            }
+            r => r?,
         };
-        let mut ep: sys::ucp_ep_h = null_mut();
-        // SAFETY: the address bytes are read during the call; `failed` lives in a Box the
-        // Remote keeps until after the endpoint is closed.
-        check("ucp_ep_create", unsafe {
-            sys::ucp_ep_create(worker.h, &raw const params, &raw mut ep)
-        })?;
         let mut r = Self {
             rkey: null_mut(),
-            ep,
+            peer_errors: ep.1,
+            ep: ep.0,
             failed,
             local,
             worker,
@@ -84,6 +78,44 @@ impl Remote {
         })?;
         r.rkey = k;
         Ok(r)
+    }
+
+    /// `ucp_ep_create` to `addr`, with peer error handling or without; the endpoint and
+    /// whether it has it.
+    fn endpoint(
+        worker: &Worker,
+        addr: &WorkerAddress,
+        failed: &AtomicI8,
+        peer_errors: bool,
+    ) -> Result<(sys::ucp_ep_h, bool), UcxError> {
+        let mut params = sys::ucp_ep_params_t {
+            field_mask: u64::from(sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS),
+            address: addr.0.as_ptr().cast(),
+            ..Default::default()
+        };
+        if peer_errors {
+            params.field_mask |= u64::from(
+                sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            );
+            params.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
+            params.err_handler = sys::ucp_err_handler {
+                cb: Some(on_ep_error),
+                arg: (&raw const *failed).cast_mut().cast(),
+            };
+        }
+        let mut ep: sys::ucp_ep_h = null_mut();
+        // SAFETY: the address bytes are read during the call; `failed` lives in a Box the
+        // Remote keeps until after the endpoint is closed.
+        check("ucp_ep_create", unsafe {
+            sys::ucp_ep_create(worker.h, &raw const params, &raw mut ep)
+        })?;
+        Ok((ep, peer_errors))
+    }
+
+    /// Whether the endpoint detects peer failure (false on UCX 1.13's shared-memory
+    /// transports: then a GET from a frozen peer can end only as [`UcxError::Stuck`]).
+    pub fn detects_peer_failure(&self) -> bool {
+        self.peer_errors
     }
 
     /// Whether the endpoint has failed (then every GET fails with [`UcxError::Closed`]).
