@@ -3,6 +3,7 @@
 //! The `kvnode` binary is found next to the test executable (`target/<profile>/kvnode`);
 //! `cargo test --workspace` builds it before running these tests.
 
+pub mod peerwire;
 pub mod raw;
 pub mod shm;
 

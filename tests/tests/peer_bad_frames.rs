@@ -1,68 +1,57 @@
-//! A scripted fake source that breaks the peer protocol (garbage frames, a truncated block,
-//! a wrong checksum), and garbage thrown at a real source: clear per-key errors, nothing
-//! committed, both daemons carry on. Run: `cargo test --release -p kvnode-e2e --test peer_bad_frames`.
+//! A scripted fake source that completes the (keyless) handshake and then breaks the peer
+//! protocol inside the sealed channel (garbage frames, a truncated block, a wrong content
+//! hash, out-of-protocol frames), and garbage thrown at a real source: clear per-key errors,
+//! nothing committed, both daemons carry on. Attacks by someone without the session keys are
+//! in peer_attack.rs. Run: `cargo test --release -p kvnode-e2e --test peer_bad_frames`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use kvnode_e2e::peerwire::{Wire, block_hash, keyless_source_handshake, plain};
 use kvnode_e2e::{block, free_port, hint, key, peer_dest, peer_source, spec};
 use kvnode_proto::Key;
-use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
-use kvnode_proto::peer::{PEER_PROTOCOL_VERSION, PeerMsg, PullKey, decode_peer};
+use kvnode_proto::peer::{NONCE_LEN, PEER_PROTOCOL_VERSION, PeerMsg, PullKey};
 use kvnode_proto::pull::{KeyOutcome, OpState};
 
 const PAGE: usize = 4096;
 
-fn send(s: &mut TcpStream, m: &PeerMsg, payload: &[u8]) {
-    let mut f = encode_frame(m, payload.len() as u64).unwrap();
-    f.extend_from_slice(payload);
-    s.write_all(&f).unwrap();
+fn send(w: &mut Wire, m: &PeerMsg, payload: &[u8]) {
+    w.send(m, payload).unwrap();
 }
 
-fn recv(s: &mut TcpStream) -> PeerMsg {
-    let mut p = [0u8; PREFIX_LEN];
-    s.read_exact(&mut p).unwrap();
-    let prefix = FramePrefix::decode(p).unwrap();
-    let mut h = vec![0u8; prefix.header_len as usize];
-    s.read_exact(&mut h).unwrap();
-    decode_peer(prefix, &h).unwrap()
+fn block_msg(req: u64, idx: u32, b: &[u8]) -> PeerMsg {
+    PeerMsg::Block {
+        req,
+        idx,
+        len: b.len() as u32,
+        hash: block_hash(b),
+        seal: vec![],
+    }
 }
 
-/// Accepts one destination, completes the keyless handshake, reads one Pull and hands the
-/// stream and the request to `script`.
+/// Accepts one destination, completes the keyless handshake (the session is sealed from
+/// then on, as with a real source), reads one Pull and hands the wire and the request to
+/// `script`.
 fn fake_source(
-    script: impl FnOnce(&mut TcpStream, u64, usize) + Send + 'static,
+    script: impl FnOnce(&mut Wire, u64, usize) + Send + 'static,
 ) -> (u16, std::thread::JoinHandle<()>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let t = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let PeerMsg::Hello { nonce, .. } = recv(&mut s) else {
-            panic!("no Hello")
-        };
-        assert_eq!(nonce.len(), 32);
-        let challenge = PeerMsg::Challenge {
-            version: PEER_PROTOCOL_VERSION,
-            node: "fake".into(),
-            nonce: vec![7; 32],
-            proof: vec![],
-        };
-        send(&mut s, &challenge, &[]);
-        assert!(matches!(recv(&mut s), PeerMsg::Auth { .. }));
-        send(&mut s, &PeerMsg::Ready, &[]);
-        let mut first = recv(&mut s);
+        let (s, _) = l.accept().unwrap();
+        let mut w = keyless_source_handshake(s);
+        let mut first = w.recv().unwrap();
         if first == PeerMsg::UcxRequest {
             // A UCX destination (KVNODE_E2E_PEER_TRANSPORT=ucx): this fake speaks TCP only.
             let reason = "fake source: tcp only".to_owned();
-            send(&mut s, &PeerMsg::UcxDecline { reason }, &[]);
-            first = recv(&mut s);
+            w.send(&PeerMsg::UcxDecline { reason }, &[]).unwrap();
+            first = w.recv().unwrap();
         }
         let PeerMsg::Pull { req, keys, .. } = first else {
             panic!("no Pull")
         };
-        script(&mut s, req, keys.len());
+        script(&mut w, req, keys.len());
         std::thread::sleep(Duration::from_millis(200));
     });
     (port, t)
@@ -105,16 +94,7 @@ fn a_correct_fake_source_is_accepted_so_the_fault_cases_below_are_meaningful() {
     let keys: Vec<Key> = (0..2).map(key).collect();
     let (port, t) = fake_source(|s, req, _| {
         let b = block(0, PAGE);
-        send(
-            s,
-            &PeerMsg::Block {
-                req,
-                idx: 0,
-                len: PAGE as u32,
-                xxh3: xxhash_rust::xxh3::xxh3_64(&b),
-            },
-            &b,
-        );
+        send(s, &block_msg(req, 0, &b), &b);
         send(s, &PeerMsg::Miss { req, idx: 1 }, &[]);
         send(s, &PeerMsg::Done { req }, &[]);
     });
@@ -129,27 +109,13 @@ fn wrong_checksum_is_refused_and_not_committed() {
     let keys: Vec<Key> = (0..2).map(key).collect();
     let (port, t) = fake_source(|s, req, _| {
         let b = block(0, PAGE);
-        let x = xxhash_rust::xxh3::xxh3_64(&b);
-        send(
-            s,
-            &PeerMsg::Block {
-                req,
-                idx: 0,
-                len: PAGE as u32,
-                xxh3: x ^ 1,
-            },
-            &b,
-        );
-        send(
-            s,
-            &PeerMsg::Block {
-                req,
-                idx: 1,
-                len: PAGE as u32,
-                xxh3: x,
-            },
-            &b,
-        );
+        // A correctly sealed header whose hash is not the body's.
+        let mut wrong = block_msg(req, 0, &b);
+        if let PeerMsg::Block { hash, .. } = &mut wrong {
+            hash[0] ^= 1;
+        }
+        send(s, &wrong, &b);
+        send(s, &block_msg(req, 1, &b), &b);
         send(s, &PeerMsg::Done { req }, &[]);
     });
     let (op, _d) = pull_from(port, &keys);
@@ -164,16 +130,17 @@ fn truncated_block_fails_its_keys_and_commits_nothing() {
     let keys: Vec<Key> = (0..3).map(key).collect();
     let (port, t) = fake_source(|s, req, _| {
         let b = block(0, PAGE);
-        let m = PeerMsg::Block {
-            req,
-            idx: 0,
-            len: PAGE as u32,
-            xxh3: 0,
-        };
-        s.write_all(&encode_frame(&m, PAGE as u64).unwrap())
+        // The sealed header and 100 bytes of the body, then the source closes.
+        let f = s
+            .chan
+            .as_mut()
+            .unwrap()
+            .send
+            .seal(&block_msg(req, 0, &b), PAGE as u64)
             .unwrap();
-        s.write_all(&b[..100]).unwrap();
-        s.shutdown(std::net::Shutdown::Both).unwrap();
+        s.s.write_all(&f).unwrap();
+        s.s.write_all(&b[..100]).unwrap();
+        s.s.shutdown(std::net::Shutdown::Both).unwrap();
     });
     let (op, _d) = pull_from(port, &keys);
     assert!(
@@ -187,17 +154,28 @@ fn truncated_block_fails_its_keys_and_commits_nothing() {
 
 #[test]
 fn garbage_and_out_of_protocol_frames_fail_the_pull_cleanly() {
-    type Script = Box<dyn FnOnce(&mut TcpStream, u64, usize) + Send>;
+    type Script = Box<dyn FnOnce(&mut Wire, u64, usize) + Send>;
     let cases: Vec<(Script, &str)> = vec![
         (
-            Box::new(|s, _, _| s.write_all(&[0xff; 64]).unwrap()),
+            Box::new(|s, _, _| s.s.write_all(&[0xff; 64]).unwrap()),
             "malformed frame",
         ),
         (
+            // A frame that is well formed but not sealed: its tag cannot match.
+            Box::new(|s, req, _| {
+                let mut f = plain(&PeerMsg::Miss { req, idx: 0 }, &[]);
+                f.extend_from_slice(&[0u8; 32]);
+                s.s.write_all(&f).unwrap();
+            }),
+            "integrity check failed",
+        ),
+        (
+            // A sealed header whose msgpack is garbage (the sender holds the session key).
             Box::new(|s, _, _| {
-                let mut f = encode_frame(&PeerMsg::Ready, 0).unwrap();
-                f[8] ^= 0xff;
-                s.write_all(&f).unwrap();
+                let mut bad = kvnode_proto::frame::encode_frame(&PeerMsg::Ready, 0).unwrap();
+                bad[8] ^= 0xff;
+                let f = s.chan.as_mut().unwrap().send.seal_encoded(bad);
+                s.s.write_all(&f).unwrap();
             }),
             "malformed frame",
         ),
@@ -252,11 +230,7 @@ fn garbage_sent_to_a_real_source_is_refused_and_it_keeps_serving() {
     let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
     c.put(ns, &keys, &[&block(0, PAGE), &block(1, PAGE)])
         .unwrap();
-    for junk in [
-        vec![0u8; 8],
-        vec![0xff; 100],
-        encode_frame(&PeerMsg::Ready, 0).unwrap(),
-    ] {
+    for junk in [vec![0u8; 8], vec![0xff; 100], plain(&PeerMsg::Ready, &[])] {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         s.write_all(&junk).unwrap();
@@ -287,19 +261,28 @@ fn a_destination_that_stops_reading_costs_the_source_one_io_timeout_then_its_lea
         c.put(ns, std::slice::from_ref(k), &[&block(i as u64, BIG)])
             .unwrap();
     }
-    // A destination that authenticates, asks for 128 MiB and never reads a byte of it.
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // A destination that authenticates (keyless), asks for 128 MiB and never reads a byte.
+    let mut s = Wire::new(TcpStream::connect(("127.0.0.1", port)).unwrap());
     let hello = PeerMsg::Hello {
         version: PEER_PROTOCOL_VERSION,
         node: "stuck".into(),
-        nonce: vec![1; 32],
-        keyed: false,
+        dialled: format!("tcp://127.0.0.1:{port}"),
+        nonce: vec![1; NONCE_LEN],
+        key_ids: vec![],
+        encrypt: false,
     };
     send(&mut s, &hello, &[]);
-    assert!(matches!(recv(&mut s), PeerMsg::Challenge { .. }));
-    send(&mut s, &PeerMsg::Auth { proof: vec![] }, &[]);
-    assert!(matches!(recv(&mut s), PeerMsg::Ready));
+    let challenge = s.recv().unwrap();
+    let th = kvnode_engine::peer::auth::transcript(&hello, &challenge).unwrap();
+    let secret = kvnode_engine::peer::auth::secret(None, &th);
+    let proof = kvnode_engine::peer::auth::dest_proof(&secret).to_vec();
+    send(&mut s, &PeerMsg::Auth { proof }, &[]);
+    s.chan = Some(kvnode_engine::peer::transport::channel::Channel::new(
+        &secret,
+        false,
+        kvnode_engine::peer::transport::channel::Side::Destination,
+    ));
+    assert!(matches!(s.recv().unwrap(), PeerMsg::Ready));
     let pull = PeerMsg::Pull {
         req: 1,
         ns: sp.id(),

@@ -20,9 +20,13 @@ pub struct PeerArgs {
     /// Endpoint other daemons and the router use for this one.
     #[arg(long, value_name = "tcp://HOST:PORT")]
     pub advertise: Option<String>,
-    /// Shared cluster key file (without one, only loopback peers).
+    /// Shared cluster key file, one key per line (two during a key roll; re-read on
+    /// SIGHUP). Without one, only loopback peers.
     #[arg(long, value_name = "FILE")]
     pub cluster_key: Option<PathBuf>,
+    /// Encrypt every peer session (AES-256-GCM), for untrusted networks.
+    #[arg(long)]
+    pub peer_encrypt: bool,
     /// Authorized peers: tcp://host:port or CIDR, comma separated.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub peers: Vec<String>,
@@ -51,6 +55,9 @@ pub fn apply(a: &PeerArgs, c: &mut PeerConfig) {
     if a.cluster_key.is_some() {
         c.cluster_key.clone_from(&a.cluster_key);
     }
+    if a.peer_encrypt {
+        c.encrypt = true;
+    }
     if !a.peers.is_empty() {
         c.peers.clone_from(&a.peers);
     }
@@ -68,6 +75,25 @@ pub fn apply(a: &PeerArgs, c: &mut PeerConfig) {
     }
 }
 
+/// Re-reads the cluster key file on each SIGHUP until `stop` (a key roll without restart).
+fn reload_on_sighup(engine: &Arc<Engine>, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let peers = Arc::clone(&engine.peers);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = hup.recv() => match peers.reload_keys() {
+                    Ok(line) => tracing::info!("SIGHUP: {line}"),
+                    Err(e) => tracing::warn!(error = %e, "SIGHUP: cluster keys not reloaded; the keys in force stay"),
+                },
+                _ = stop.changed() => break,
+            }
+        }
+    });
+    Ok(())
+}
+
 /// Binds the peer listener if one is configured and says how peers are authenticated.
 pub async fn start(
     engine: &Arc<Engine>,
@@ -75,6 +101,7 @@ pub async fn start(
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
     let p = &engine.peers;
     tracing::info!("{}", p.describe());
+    reload_on_sighup(engine, stop.clone())?;
     let Some(addr) = p.config().listen.clone() else {
         return Ok(None);
     };

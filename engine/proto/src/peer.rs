@@ -1,18 +1,23 @@
 //! Peer protocol messages between daemons (docs/peer-protocol.md is the normative spec).
 //!
 //! Frames use the client frame layout ([`crate::frame`]): an 8-byte prefix, a msgpack header
-//! (one [`PeerMsg`]) and a raw payload. Only [`PeerMsg::Block`] carries a payload: the
-//! block's bytes, exactly `len` of them, whose XXH3-64 is `xxh3`. On a connection that
-//! negotiated UCX ([`PeerMsg::UcxRequest`]), blocks are answered by [`PeerMsg::Slot`]
-//! instead: where the destination reads them with a one-sided GET.
+//! (one [`PeerMsg`]) and a raw payload. The handshake (`Hello`, `Challenge`, `Auth`, and a
+//! `Refused` before `Ready`) travels as plain frames; every later frame is sealed by the
+//! session (engine/core `peer::transport::channel`): a tag of [`MAC_TAG_LEN`] bytes (or
+//! [`AEAD_TAG_LEN`] when encrypted) follows the header. Only [`PeerMsg::Block`] carries a
+//! payload: the block's bytes, exactly `len` of them, whose BLAKE3 hash is `hash`.
+//! On a connection that negotiated UCX ([`PeerMsg::UcxRequest`], sealed like every frame
+//! after the handshake), blocks are answered by [`PeerMsg::Slot`] instead: where the
+//! destination reads them with a one-sided GET, and their BLAKE3 hash.
 
 use serde::{Deserialize, Serialize};
 
 use crate::frame::{FrameError, FramePrefix, decode_header};
 use crate::key::{Digest, NamespaceId};
 
-/// Version of the peer protocol spoken by this build (2: UCX negotiation and `Slot` answers).
-pub const PEER_PROTOCOL_VERSION: u32 = 2;
+/// Version of the peer protocol spoken by this build (2: sealed channel; 3: UCX
+/// negotiation and `Slot` answers).
+pub const PEER_PROTOCOL_VERSION: u32 = 3;
 /// Largest UCX worker address or packed remote key a peer may send.
 pub const MAX_UCX_BLOB: usize = 64 << 10;
 /// Bytes of a handshake nonce.
@@ -25,10 +30,14 @@ pub const MAX_PEER_HEADER: u32 = 1 << 20;
 /// Largest block a peer may send.
 pub const MAX_PEER_BLOCK: u32 = 256 << 20;
 
-/// HMAC domain label of the source's proof (covers the destination's nonce, then its own).
-pub const SOURCE_PROOF_LABEL: &[u8] = b"kvnode-peer-v1 source";
-/// HMAC domain label of the destination's proof (covers the source's nonce, then its own).
-pub const DEST_PROOF_LABEL: &[u8] = b"kvnode-peer-v1 destination";
+/// Bytes of a handshake proof and of a block's content hash (BLAKE3 output).
+pub const HASH_LEN: usize = 32;
+/// Bytes of the keyed-BLAKE3 tag that follows each sealed header (authentication only).
+pub const MAC_TAG_LEN: usize = 32;
+/// Bytes of an AES-256-GCM tag (sealed headers and block bodies of an encrypted session).
+pub const AEAD_TAG_LEN: usize = 16;
+/// Most cluster keys a daemon accepts at once (the current one and the next, during a roll).
+pub const MAX_KEY_IDS: usize = 2;
 
 /// One key of a pull: page digest and segment inside the pull's namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,34 +46,44 @@ pub struct PullKey(pub Digest, pub u16);
 /// A peer frame header.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PeerMsg {
-    /// Destination -> source, first frame: who it is and its challenge to the source.
+    /// Destination -> source, first frame: who it is, whom it dialled, its challenge.
     Hello {
         /// [`PEER_PROTOCOL_VERSION`].
         version: u32,
-        /// The destination's advertised endpoint or name (logs only).
+        /// The destination's own identity (its advertised endpoint, or a name).
         node: String,
+        /// The endpoint the destination dialled (`tcp://host:port`, from the hint): the
+        /// source refuses a `Hello` that does not name it, and both proofs cover it.
+        dialled: String,
         /// Fresh random nonce.
         #[serde(with = "serde_bytes")]
         nonce: Vec<u8>,
-        /// Whether the destination holds a cluster key.
-        keyed: bool,
+        /// Ids of the cluster keys the destination holds (at most [`MAX_KEY_IDS`]; empty:
+        /// keyless). An id is a fingerprint of a key, never the key.
+        key_ids: Vec<u64>,
+        /// Whether the destination requires an encrypted session.
+        encrypt: bool,
     },
-    /// Source -> destination: its own challenge and its answer to the destination's.
+    /// Source -> destination: its identity and challenge, the session it picked, its proof.
     Challenge {
         /// [`PEER_PROTOCOL_VERSION`].
         version: u32,
-        /// The source's advertised endpoint (logs only).
+        /// The source's advertised identity.
         node: String,
         /// Fresh random nonce.
         #[serde(with = "serde_bytes")]
         nonce: Vec<u8>,
-        /// HMAC-SHA256(key, SOURCE_PROOF_LABEL || dest nonce || source nonce); empty when keyless.
+        /// The key both proofs use (one the destination offered); `None`: keyless.
+        key_id: Option<u64>,
+        /// Whether the session is encrypted (either side asked for it).
+        encrypt: bool,
+        /// The source's proof over the transcript ([`HASH_LEN`] bytes).
         #[serde(with = "serde_bytes")]
         proof: Vec<u8>,
     },
-    /// Destination -> source: its answer to the source's challenge.
+    /// Destination -> source: its proof over the transcript.
     Auth {
-        /// HMAC-SHA256(key, DEST_PROOF_LABEL || source nonce || dest nonce); empty when keyless.
+        /// [`HASH_LEN`] bytes.
         #[serde(with = "serde_bytes")]
         proof: Vec<u8>,
     },
@@ -92,8 +111,14 @@ pub enum PeerMsg {
         idx: u32,
         /// Payload bytes.
         len: u32,
-        /// XXH3-64 of the payload.
-        xxh3: u64,
+        /// BLAKE3 hash of the block's bytes ([`HASH_LEN`]); the sealed header makes it
+        /// authentic, so bytes that hash to it are the source's.
+        #[serde(with = "serde_bytes")]
+        hash: Vec<u8>,
+        /// AES-256-GCM tag of the encrypted payload ([`AEAD_TAG_LEN`]); empty when the
+        /// session only authenticates.
+        #[serde(with = "serde_bytes")]
+        seal: Vec<u8>,
     },
     /// Source -> destination: key `idx` is not held.
     Miss {
@@ -130,7 +155,7 @@ pub enum PeerMsg {
         reason: String,
     },
     /// Source -> destination (UCX connections): key `idx` of request `req` is leased in the
-    /// source's arena at `addr`, `len` bytes whose XXH3-64 is `xxh3`. No payload follows:
+    /// source's arena at `addr`, `len` bytes whose BLAKE3 hash is `hash`. No payload follows:
     /// the destination GETs the bytes. The lease holds until `Landed { req }`.
     Slot {
         /// Request id.
@@ -141,8 +166,10 @@ pub enum PeerMsg {
         len: u32,
         /// Address of the block in the source's registered arena.
         addr: u64,
-        /// XXH3-64 of the block.
-        xxh3: u64,
+        /// BLAKE3 hash of the block ([`HASH_LEN`] bytes), computed once at the source; the
+        /// sealed header makes it authentic, so landed bytes that hash to it are the source's.
+        #[serde(with = "serde_bytes")]
+        hash: Vec<u8>,
     },
     /// Destination -> source (UCX connections): every GET of request `req` has completed or
     /// been given back by UCX; the source may release its leases.
@@ -208,6 +235,15 @@ pub fn decode_peer(prefix: FramePrefix, header: &[u8]) -> Result<PeerMsg, PeerFr
     };
     match &msg {
         PeerMsg::Block { len, .. } if *len != prefix.payload_len => return Err(bad("Block")),
+        PeerMsg::Block { hash, seal, .. }
+            if hash.len() != HASH_LEN || !(seal.is_empty() || seal.len() == AEAD_TAG_LEN) =>
+        {
+            return Err(PeerFrameError::Range(format!(
+                "block hash of {} bytes and seal of {} (expected {HASH_LEN} and 0 or {AEAD_TAG_LEN})",
+                hash.len(),
+                seal.len()
+            )));
+        }
         PeerMsg::Block { .. } => {}
         _ if prefix.payload_len != 0 => return Err(bad("non-Block")),
         PeerMsg::Hello { nonce, .. } | PeerMsg::Challenge { nonce, .. }
@@ -218,9 +254,12 @@ pub fn decode_peer(prefix: FramePrefix, header: &[u8]) -> Result<PeerMsg, PeerFr
                 nonce.len()
             )));
         }
-        PeerMsg::Slot { len, .. } if *len == 0 || *len > MAX_PEER_BLOCK => {
+        PeerMsg::Slot { len, hash, .. }
+            if *len == 0 || *len > MAX_PEER_BLOCK || hash.len() != HASH_LEN =>
+        {
             return Err(PeerFrameError::Range(format!(
-                "slot of {len} bytes, expected 1..={MAX_PEER_BLOCK}"
+                "slot of {len} bytes with a {}-byte hash, expected 1..={MAX_PEER_BLOCK} and {HASH_LEN}",
+                hash.len()
             )));
         }
         PeerMsg::UcxOffer { worker, rkey, .. }
@@ -230,6 +269,18 @@ pub fn decode_peer(prefix: FramePrefix, header: &[u8]) -> Result<PeerMsg, PeerFr
                 "UCX offer of {} + {} bytes, each at most {MAX_UCX_BLOB}",
                 worker.len(),
                 rkey.len()
+            )));
+        }
+        PeerMsg::Hello { key_ids, .. } if key_ids.len() > MAX_KEY_IDS => {
+            return Err(PeerFrameError::Range(format!(
+                "{} key ids, at most {MAX_KEY_IDS}",
+                key_ids.len()
+            )));
+        }
+        PeerMsg::Challenge { proof, .. } | PeerMsg::Auth { proof } if proof.len() != HASH_LEN => {
+            return Err(PeerFrameError::Range(format!(
+                "proof of {} bytes, expected {HASH_LEN}",
+                proof.len()
             )));
         }
         PeerMsg::Pull { keys, .. } if keys.is_empty() || keys.len() > MAX_PULL_KEYS => {
@@ -243,8 +294,9 @@ pub fn decode_peer(prefix: FramePrefix, header: &[u8]) -> Result<PeerMsg, PeerFr
     Ok(msg)
 }
 
-/// Decodes one whole frame from a byte buffer: `(message, frame length)`; the payload of a
-/// `Block` is `buf[frame_len - len .. frame_len]`. `Ok(None)` when `buf` is a strict prefix.
+/// Decodes one whole plain (handshake) frame from a byte buffer: `(message, frame length)`;
+/// the payload of a `Block` is `buf[frame_len - len .. frame_len]`. `Ok(None)` when `buf` is
+/// a strict prefix. Sealed frames carry a tag after the header and are opened by the session.
 pub fn decode_peer_frame(buf: &[u8]) -> Result<Option<(PeerMsg, usize)>, PeerFrameError> {
     use crate::frame::PREFIX_LEN;
     let Some(p) = buf.get(..PREFIX_LEN) else {
@@ -277,7 +329,8 @@ mod tests {
             req: 3,
             idx: 1,
             len: 5,
-            xxh3: 9,
+            hash: vec![9; HASH_LEN],
+            seal: vec![],
         };
         let f = frame(&m, b"hello");
         let (back, n) = decode_peer_frame(&f).unwrap().unwrap();
@@ -291,7 +344,8 @@ mod tests {
             req: 3,
             idx: 1,
             len: 4,
-            xxh3: 9,
+            hash: vec![9; HASH_LEN],
+            seal: vec![],
         };
         assert!(matches!(
             decode_peer_frame(&frame(&m, b"hello")),
@@ -316,7 +370,7 @@ mod tests {
             idx: 2,
             len: 4096,
             addr: (1 << 40) + 8192,
-            xxh3: 77,
+            hash: vec![7; HASH_LEN],
         };
         for m in [offer, slot, PeerMsg::UcxRequest, PeerMsg::Landed { req: 4 }] {
             let f = frame(&m, b"");
@@ -331,7 +385,7 @@ mod tests {
             idx: 0,
             len: 0,
             addr: 0,
-            xxh3: 0,
+            hash: vec![0; HASH_LEN],
         };
         assert!(matches!(
             decode_peer_frame(&frame(&empty, b"")),
@@ -351,13 +405,31 @@ mod tests {
             Err(PeerFrameError::Range(_))
         ));
         let hello = PeerMsg::Hello {
-            version: 1,
+            version: 2,
             node: "x".into(),
+            dialled: "tcp://h:1".into(),
             nonce: vec![0; 3],
-            keyed: false,
+            key_ids: vec![],
+            encrypt: false,
         };
         assert!(matches!(
             decode_peer_frame(&frame(&hello, b"")),
+            Err(PeerFrameError::Range(_))
+        ));
+        let short_proof = PeerMsg::Auth { proof: vec![1; 8] };
+        assert!(matches!(
+            decode_peer_frame(&frame(&short_proof, b"")),
+            Err(PeerFrameError::Range(_))
+        ));
+        let short_hash = PeerMsg::Block {
+            req: 1,
+            idx: 0,
+            len: 1,
+            hash: vec![1; 8],
+            seal: vec![],
+        };
+        assert!(matches!(
+            decode_peer_frame(&frame(&short_hash, b"x")),
             Err(PeerFrameError::Range(_))
         ));
     }

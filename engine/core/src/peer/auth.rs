@@ -1,71 +1,127 @@
-//! Cluster-key loading and the HMAC-SHA256 challenge-response handshake (both directions).
+//! Cluster keys and the peer handshake (docs/peer-protocol.md, "Handshake").
 //!
-//! Each side sends a fresh 32-byte nonce and proves knowledge of the key by an HMAC over
-//! both nonces under a side-specific label; the key itself never crosses the wire.
+//! Each side sends a fresh 32-byte nonce. Both proofs are BLAKE3 `derive_key` outputs over
+//! the cluster key and a hash of the whole transcript: both nonces, the destination's
+//! identity, the endpoint it dialled, the source's identity, the key id and the session mode;
+//! each role has its own derivation context. So a proof is valid only for this pair of nonces,
+//! these two daemons and this role: relayed to another connection or reflected back it fails.
+//! The same secret (key || transcript) yields the per-direction session keys of
+//! [`Channel`](super::transport::channel::Channel). The key never crosses the wire; a key is
+//! named by its id, a 64-bit fingerprint.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use hmac::{Hmac, Mac};
-use kvnode_proto::peer::{
-    DEST_PROOF_LABEL, NONCE_LEN, PEER_PROTOCOL_VERSION, PeerMsg, SOURCE_PROOF_LABEL,
-};
-use sha2::Sha256;
+use kvnode_proto::hint::Endpoint;
+use kvnode_proto::peer::{HASH_LEN, MAX_KEY_IDS, NONCE_LEN, PEER_PROTOCOL_VERSION, PeerMsg};
 
 use super::PeerError;
 use super::transport::TcpConn;
+use super::transport::channel::{Channel, Side};
 
-/// The shared cluster key. Its bytes are never logged or sent.
+const KEY_ID_CTX: &str = "kvnode 2026-12 peer cluster key id";
+const SOURCE_PROOF_CTX: &str = "kvnode 2026-12 peer v2 source proof";
+const DEST_PROOF_CTX: &str = "kvnode 2026-12 peer v2 destination proof";
+const TRANSCRIPT_LABEL: &[u8] = b"kvnode peer v2 handshake transcript";
+
+/// One shared cluster key. Its bytes are never logged or sent; its id is.
 #[derive(Clone)]
-pub struct ClusterKey(Vec<u8>);
+pub struct ClusterKey {
+    bytes: Vec<u8>,
+    id: u64,
+}
 
 impl fmt::Debug for ClusterKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ClusterKey(<redacted>)")
+        write!(f, "ClusterKey(id {:016x}, <redacted>)", self.id)
     }
 }
 
 impl ClusterKey {
-    /// Reads a key file: its contents with surrounding whitespace trimmed, at least 16 bytes.
+    /// From raw bytes (at least 16; shorter keys are refused when loaded from a file).
+    pub fn from_bytes(b: &[u8]) -> Self {
+        let d = blake3::derive_key(KEY_ID_CTX, b);
+        Self {
+            bytes: b.to_vec(),
+            id: u64::from_le_bytes(d[..8].try_into().expect("8 bytes")),
+        }
+    }
+
+    /// The key's id: a 64-bit fingerprint, safe to log and send.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// The cluster keys a daemon accepts: the current one, and during a roll the next (or the
+/// previous) one. Read from one file, one key per line.
+#[derive(Clone, Debug)]
+pub struct KeyRing {
+    keys: Vec<ClusterKey>,
+}
+
+impl KeyRing {
+    /// Reads a key file: one or two keys, one per line (blank lines ignored, surrounding
+    /// whitespace trimmed), each at least 16 bytes. The first is this daemon's preferred key.
     pub fn load(path: &Path) -> Result<Self, PeerError> {
         let raw = std::fs::read(path)
             .map_err(|e| PeerError::Key(format!("cannot read {}: {e}", path.display())))?;
-        let s = raw.trim_ascii();
-        if s.len() < 16 {
+        let lines: Vec<&[u8]> = raw
+            .split(|&b| b == b'\n')
+            .map(<[u8]>::trim_ascii)
+            .filter(|l| !l.is_empty())
+            .collect();
+        if lines.is_empty() || lines.len() > MAX_KEY_IDS {
             return Err(PeerError::Key(format!(
-                "{} holds {} bytes; a cluster key needs at least 16 (e.g. `head -c 32 /dev/urandom | base64`)",
+                "{} holds {} keys; a cluster key file holds 1 or {MAX_KEY_IDS} (one per line)",
                 path.display(),
-                s.len()
+                lines.len()
             )));
         }
-        Ok(Self(s.to_vec()))
+        if let Some(short) = lines.iter().find(|l| l.len() < 16) {
+            return Err(PeerError::Key(format!(
+                "{}: a key of {} bytes; a cluster key needs at least 16 (e.g. `head -c 32 /dev/urandom | base64`)",
+                path.display(),
+                short.len()
+            )));
+        }
+        if lines.len() == 2 && lines[0] == lines[1] {
+            return Err(PeerError::Key(format!(
+                "{} holds the same key twice",
+                path.display()
+            )));
+        }
+        Ok(Self::from_keys(
+            lines.into_iter().map(ClusterKey::from_bytes).collect(),
+        ))
     }
 
-    /// From raw bytes (tests).
-    pub fn from_bytes(b: &[u8]) -> Self {
-        Self(b.to_vec())
+    /// From keys (tests), preferred first.
+    pub fn from_keys(keys: Vec<ClusterKey>) -> Self {
+        Self { keys }
     }
 
-    fn mac(&self, label: &[u8], first: &[u8], second: &[u8]) -> Hmac<Sha256> {
-        let mut m = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
-        m.update(label);
-        m.update(first);
-        m.update(second);
-        m
+    /// Ids of the keys held, preferred first.
+    pub fn ids(&self) -> Vec<u64> {
+        self.keys.iter().map(ClusterKey::id).collect()
     }
 
-    /// HMAC(key, label || first || second).
-    pub fn proof(&self, label: &[u8], first: &[u8], second: &[u8]) -> Vec<u8> {
-        self.mac(label, first, second)
-            .finalize()
-            .into_bytes()
-            .to_vec()
+    /// The key with this id, if held.
+    pub fn get(&self, id: u64) -> Option<&ClusterKey> {
+        self.keys.iter().find(|k| k.id == id)
     }
 
-    /// Constant-time check of a proof.
-    pub fn verify(&self, label: &[u8], first: &[u8], second: &[u8], proof: &[u8]) -> bool {
-        self.mac(label, first, second).verify_slice(proof).is_ok()
+    /// The first of this daemon's keys that the peer also holds.
+    pub fn pick(&self, offered: &[u64]) -> Option<&ClusterKey> {
+        self.keys.iter().find(|k| offered.contains(&k.id))
+    }
+
+    /// Key ids as text for logs.
+    pub fn describe(&self) -> String {
+        let ids: Vec<String> = self.ids().iter().map(|i| format!("{i:016x}")).collect();
+        ids.join(", ")
     }
 }
 
@@ -86,57 +142,192 @@ pub fn nonce() -> Vec<u8> {
     n
 }
 
-/// Destination side: authenticates the source and itself. Bounded by `limit` overall.
+fn field(h: &mut blake3::Hasher, b: &[u8]) {
+    h.update(&(b.len() as u64).to_le_bytes());
+    h.update(b);
+}
+
+/// The hash of a handshake: every field of `Hello` and of `Challenge` but its proof.
+pub fn transcript(hello: &PeerMsg, challenge: &PeerMsg) -> Result<[u8; 32], PeerError> {
+    let (
+        PeerMsg::Hello {
+            version,
+            node: dst,
+            dialled,
+            nonce: nd,
+            key_ids,
+            encrypt: want,
+        },
+        PeerMsg::Challenge {
+            version: v2,
+            node: src,
+            nonce: ns,
+            key_id,
+            encrypt,
+            ..
+        },
+    ) = (hello, challenge)
+    else {
+        return Err(PeerError::Protocol(
+            "transcript of frames other than Hello and Challenge".into(),
+        ));
+    };
+    let mut h = blake3::Hasher::new();
+    field(&mut h, TRANSCRIPT_LABEL);
+    field(&mut h, &version.to_le_bytes());
+    field(&mut h, dst.as_bytes());
+    field(&mut h, dialled.as_bytes());
+    field(&mut h, nd);
+    let ids: Vec<u8> = key_ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    field(&mut h, &ids);
+    field(&mut h, &[u8::from(*want)]);
+    field(&mut h, &v2.to_le_bytes());
+    field(&mut h, src.as_bytes());
+    field(&mut h, ns);
+    field(&mut h, &key_id.map(u64::to_le_bytes).unwrap_or_default());
+    field(&mut h, &[u8::from(key_id.is_some()), u8::from(*encrypt)]);
+    Ok(*h.finalize().as_bytes())
+}
+
+/// The session secret: the key (empty when keyless) followed by the transcript hash.
+pub fn secret(key: Option<&ClusterKey>, th: &[u8; 32]) -> Vec<u8> {
+    let mut s = key.map(|k| k.bytes.clone()).unwrap_or_default();
+    s.extend_from_slice(th);
+    s
+}
+
+/// The source's proof for a session secret.
+pub fn source_proof(secret: &[u8]) -> [u8; HASH_LEN] {
+    blake3::derive_key(SOURCE_PROOF_CTX, secret)
+}
+
+/// The destination's proof for a session secret.
+pub fn dest_proof(secret: &[u8]) -> [u8; HASH_LEN] {
+    blake3::derive_key(DEST_PROOF_CTX, secret)
+}
+
+/// Constant-time comparison of a received proof with the expected one.
+fn proof_ok(want: [u8; HASH_LEN], got: &[u8]) -> bool {
+    <[u8; HASH_LEN]>::try_from(got).is_ok_and(|g| blake3::Hash::from(want) == blake3::Hash::from(g))
+}
+
+/// What a daemon says about itself in a handshake.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    /// The advertised endpoint, or a name when there is none.
+    pub node: String,
+    /// The advertised endpoint, if any.
+    pub advertised: Option<Endpoint>,
+}
+
+/// Whether `dialled` names the daemon that accepted on `local`: it is the advertised
+/// endpoint, or its port is `local`'s and its host resolves to `local`'s address.
+pub async fn names_me(dialled: &str, me: &Identity, local: SocketAddr) -> bool {
+    let Ok(e) = Endpoint::parse(dialled) else {
+        return false;
+    };
+    if me
+        .advertised
+        .as_ref()
+        .is_some_and(|a| a.host.eq_ignore_ascii_case(&e.host) && a.port == e.port)
+    {
+        return true;
+    }
+    if e.port != local.port() {
+        return false;
+    }
+    let mine = local.ip().to_canonical();
+    if let Some(ip) = e.ip() {
+        return ip.to_canonical() == mine;
+    }
+    tokio::net::lookup_host((e.host.as_str(), e.port))
+        .await
+        .is_ok_and(|mut a| a.any(|a| a.ip().to_canonical() == mine))
+}
+
+/// Destination side: authenticates the source and itself, then seals the connection.
+/// `dialled` is the endpoint this daemon connected to. Returns the source's name.
 pub async fn dial_handshake(
     w: &mut TcpConn,
-    key: Option<&ClusterKey>,
-    node: &str,
+    ring: Option<&KeyRing>,
+    me: &str,
+    dialled: &str,
+    encrypt: bool,
     limit: Duration,
 ) -> Result<String, PeerError> {
     let mine = nonce();
-    w.send(
-        &PeerMsg::Hello {
-            version: PEER_PROTOCOL_VERSION,
-            node: node.to_owned(),
-            nonce: mine.clone(),
-            keyed: key.is_some(),
-        },
-        &[],
-        limit,
-    )
-    .await?;
-    let (theirs, proof, src) = match w.recv(limit).await?.0 {
+    let hello = PeerMsg::Hello {
+        version: PEER_PROTOCOL_VERSION,
+        node: me.to_owned(),
+        dialled: dialled.to_owned(),
+        nonce: mine.clone(),
+        key_ids: ring.map(KeyRing::ids).unwrap_or_default(),
+        encrypt,
+    };
+    w.send(&hello, &[], limit).await?;
+    let challenge = w.recv(limit).await?.0;
+    let (theirs, key_id, sealed, proof, src) = match &challenge {
         PeerMsg::Challenge {
             version,
             node,
             nonce,
+            key_id,
+            encrypt,
             proof,
-        } if version == PEER_PROTOCOL_VERSION => (nonce, proof, node),
-        PeerMsg::Refused { reason } => return Err(PeerError::Refused(reason)),
+        } if *version == PEER_PROTOCOL_VERSION => (nonce, *key_id, *encrypt, proof, node.clone()),
+        PeerMsg::Refused { reason } => return Err(PeerError::Refused(reason.clone())),
         other => {
             return Err(PeerError::Protocol(format!(
                 "expected Challenge, got {other:?}"
             )));
         }
     };
-    let answer = match key {
-        Some(k) if k.verify(SOURCE_PROOF_LABEL, &mine, &theirs, &proof) => {
-            k.proof(DEST_PROOF_LABEL, &theirs, &mine)
-        }
-        Some(_) => {
+    if *theirs == mine {
+        return Err(PeerError::Auth(
+            "the source echoed this daemon's nonce (a reflection)".into(),
+        ));
+    }
+    let key = match (ring, key_id) {
+        (Some(r), Some(id)) => Some(r.get(id).ok_or_else(|| {
+            PeerError::Auth(format!(
+                "source chose key {id:016x}, which this daemon does not hold ({})",
+                r.describe()
+            ))
+        })?),
+        (Some(_), None) => {
             return Err(PeerError::Auth(
-                "source failed the cluster-key challenge (wrong cluster key?)".into(),
+                "source has no cluster key and this daemon requires one".into(),
             ));
         }
-        None if proof.is_empty() => Vec::new(),
-        None => {
+        (None, Some(_)) => {
             return Err(PeerError::Auth(
                 "source uses a cluster key and this daemon has none".into(),
             ));
         }
+        (None, None) => None,
     };
-    w.send(&PeerMsg::Auth { proof: answer }, &[], limit).await?;
-    match w.recv(limit).await?.0 {
+    if encrypt && !sealed {
+        return Err(PeerError::Auth(
+            "this daemon requires encryption and the source did not agree to it".into(),
+        ));
+    }
+    let th = transcript(&hello, &challenge)?;
+    let s = secret(key, &th);
+    if !proof_ok(source_proof(&s), proof) {
+        return Err(PeerError::Auth(format!(
+            "source failed the cluster-key proof for {dialled} (wrong cluster key, or not the daemon dialled: a relay?)"
+        )));
+    }
+    w.send(
+        &PeerMsg::Auth {
+            proof: dest_proof(&s).to_vec(),
+        },
+        &[],
+        limit,
+    )
+    .await?;
+    w.secure(Channel::new(&s, sealed, Side::Destination).with_key(key_id));
+    match w.recv_first_sealed(limit).await? {
         PeerMsg::Ready => Ok(src),
         PeerMsg::Refused { reason } => Err(PeerError::Refused(reason)),
         other => Err(PeerError::Protocol(format!(
@@ -145,14 +336,16 @@ pub async fn dial_handshake(
     }
 }
 
-/// Source side: checks the destination. On failure a `Refused` frame says why.
+/// Source side: checks the destination, then seals the connection. On failure a plain
+/// `Refused` frame says why. Returns the destination's name.
 pub async fn accept_handshake(
     w: &mut TcpConn,
-    key: Option<&ClusterKey>,
-    node: &str,
+    ring: Option<&KeyRing>,
+    me: &Identity,
+    encrypt: bool,
     limit: Duration,
 ) -> Result<String, PeerError> {
-    let r = accept_inner(w, key, node, limit).await;
+    let r = accept_inner(w, ring, me, encrypt, limit).await;
     if let Err(e) = &r
         && !matches!(e, PeerError::Io(_) | PeerError::Timeout(..))
     {
@@ -171,17 +364,21 @@ pub async fn accept_handshake(
 
 async fn accept_inner(
     w: &mut TcpConn,
-    key: Option<&ClusterKey>,
-    node: &str,
+    ring: Option<&KeyRing>,
+    me: &Identity,
+    encrypt: bool,
     limit: Duration,
 ) -> Result<String, PeerError> {
-    let (theirs, keyed, dst) = match w.recv(limit).await?.0 {
+    let hello = w.recv(limit).await?.0;
+    let (theirs, key_ids, dialled, want, dst) = match &hello {
         PeerMsg::Hello {
             version,
             node,
+            dialled,
             nonce,
-            keyed,
-        } if version == PEER_PROTOCOL_VERSION => (nonce, keyed, node),
+            key_ids,
+            encrypt,
+        } if *version == PEER_PROTOCOL_VERSION => (nonce, key_ids, dialled, *encrypt, node.clone()),
         PeerMsg::Hello { version, .. } => {
             return Err(PeerError::Protocol(format!(
                 "peer protocol version {version} not supported (this daemon speaks {PEER_PROTOCOL_VERSION})"
@@ -193,42 +390,69 @@ async fn accept_inner(
             )));
         }
     };
-    match (key.is_some(), keyed) {
-        (true, false) => return Err(PeerError::Auth("this daemon requires a cluster key".into())),
-        (false, true) => return Err(PeerError::Auth("this daemon has no cluster key".into())),
-        (false, false) if !w.remote().ip().to_canonical().is_loopback() => {
+    let key = match ring {
+        Some(_) if key_ids.is_empty() => {
+            return Err(PeerError::Auth("this daemon requires a cluster key".into()));
+        }
+        Some(r) => Some(r.pick(key_ids).ok_or_else(|| {
+            let ids: Vec<String> = key_ids.iter().map(|i| format!("{i:016x}")).collect();
+            PeerError::Auth(format!(
+                "no cluster key in common: the peer holds {}, this daemon {}",
+                ids.join(", "),
+                r.describe()
+            ))
+        })?),
+        None if !key_ids.is_empty() => {
+            return Err(PeerError::Auth("this daemon has no cluster key".into()));
+        }
+        None if !w.remote().ip().to_canonical().is_loopback() => {
             return Err(PeerError::Auth(
                 "without a cluster key only loopback peers are served".into(),
             ));
         }
-        _ => {}
+        None => None,
+    };
+    let local = w.local();
+    let named = tokio::time::timeout(limit, names_me(dialled, me, local))
+        .await
+        .unwrap_or(false);
+    if !named {
+        return Err(PeerError::Auth(format!(
+            "the peer dialled {dialled:?}, which is not this daemon ({}, {local}): refusing (a relay?)",
+            me.node
+        )));
     }
-    let mine = nonce();
-    let proof = key
-        .map(|k| k.proof(SOURCE_PROOF_LABEL, &theirs, &mine))
-        .unwrap_or_default();
-    w.send(
-        &PeerMsg::Challenge {
-            version: PEER_PROTOCOL_VERSION,
-            node: node.to_owned(),
-            nonce: mine.clone(),
-            proof,
-        },
-        &[],
-        limit,
-    )
-    .await?;
+    let sealed = encrypt || want;
+    let mut challenge = PeerMsg::Challenge {
+        version: PEER_PROTOCOL_VERSION,
+        node: me.node.clone(),
+        nonce: nonce(),
+        key_id: key.map(ClusterKey::id),
+        encrypt: sealed,
+        proof: Vec::new(),
+    };
+    if let PeerMsg::Challenge { nonce, .. } = &challenge
+        && nonce == theirs
+    {
+        return Err(PeerError::Auth("nonce collision".into()));
+    }
+    let th = transcript(&hello, &challenge)?;
+    let s = secret(key, &th);
+    if let PeerMsg::Challenge { proof, .. } = &mut challenge {
+        *proof = source_proof(&s).to_vec();
+    }
+    w.send(&challenge, &[], limit).await?;
     let proof = match w.recv(limit).await?.0 {
         PeerMsg::Auth { proof } => proof,
         other => return Err(PeerError::Protocol(format!("expected Auth, got {other:?}"))),
     };
-    if let Some(k) = key
-        && !k.verify(DEST_PROOF_LABEL, &mine, &theirs, &proof)
-    {
+    if !proof_ok(dest_proof(&s), &proof) {
         return Err(PeerError::Auth(
-            "wrong cluster key: the peer failed the challenge".into(),
+            "the peer failed the cluster-key proof (wrong cluster key, or a relayed or reflected proof)"
+                .into(),
         ));
     }
+    w.secure(Channel::new(&s, sealed, Side::Source).with_key(key.map(ClusterKey::id)));
     w.send(&PeerMsg::Ready, &[], limit).await?;
     Ok(dst)
 }
@@ -237,16 +461,111 @@ async fn accept_inner(
 mod tests {
     use super::*;
 
+    fn hello(dialled: &str, ids: Vec<u64>) -> PeerMsg {
+        PeerMsg::Hello {
+            version: PEER_PROTOCOL_VERSION,
+            node: "tcp://10.0.0.2:7000".into(),
+            dialled: dialled.into(),
+            nonce: vec![1; NONCE_LEN],
+            key_ids: ids,
+            encrypt: false,
+        }
+    }
+
+    fn challenge(id: Option<u64>) -> PeerMsg {
+        PeerMsg::Challenge {
+            version: PEER_PROTOCOL_VERSION,
+            node: "tcp://10.0.0.1:7000".into(),
+            nonce: vec![2; NONCE_LEN],
+            key_id: id,
+            encrypt: false,
+            proof: vec![0; HASH_LEN],
+        }
+    }
+
     #[test]
-    fn proofs_bind_the_label_the_key_and_both_nonces() {
+    fn proofs_bind_the_key_the_role_and_every_transcript_field() {
         let k = ClusterKey::from_bytes(b"0123456789abcdef");
-        let p = k.proof(SOURCE_PROOF_LABEL, b"a", b"b");
-        assert!(k.verify(SOURCE_PROOF_LABEL, b"a", b"b", &p));
-        assert!(!k.verify(DEST_PROOF_LABEL, b"a", b"b", &p));
-        assert!(!k.verify(SOURCE_PROOF_LABEL, b"b", b"a", &p));
+        let th = transcript(
+            &hello("tcp://10.0.0.1:7000", vec![k.id()]),
+            &challenge(Some(k.id())),
+        )
+        .unwrap();
+        let s = secret(Some(&k), &th);
+        assert_ne!(source_proof(&s), dest_proof(&s));
+        // Another dialled endpoint (a relay), key, or nonce: another proof.
+        let relayed = transcript(
+            &hello("tcp://10.0.0.9:7000", vec![k.id()]),
+            &challenge(Some(k.id())),
+        )
+        .unwrap();
+        assert_ne!(source_proof(&secret(Some(&k), &relayed)), source_proof(&s));
         let other = ClusterKey::from_bytes(b"0123456789abcdeX");
-        assert!(!other.verify(SOURCE_PROOF_LABEL, b"a", b"b", &p));
-        assert_eq!(format!("{k:?}"), "ClusterKey(<redacted>)");
+        assert_ne!(other.id(), k.id());
+        assert_ne!(source_proof(&secret(Some(&other), &th)), source_proof(&s));
+        let mut c = challenge(Some(k.id()));
+        if let PeerMsg::Challenge { encrypt, .. } = &mut c {
+            *encrypt = true;
+        }
+        assert_ne!(
+            transcript(&hello("tcp://10.0.0.1:7000", vec![k.id()]), &c).unwrap(),
+            th
+        );
+        // The proof field itself is not part of the transcript.
+        let mut c = challenge(Some(k.id()));
+        if let PeerMsg::Challenge { proof, .. } = &mut c {
+            *proof = vec![9; HASH_LEN];
+        }
+        assert_eq!(
+            transcript(&hello("tcp://10.0.0.1:7000", vec![k.id()]), &c).unwrap(),
+            th
+        );
+        assert!(proof_ok(source_proof(&s), &source_proof(&s)));
+        assert!(!proof_ok(source_proof(&s), &dest_proof(&s)));
+        assert!(format!("{k:?}").contains("redacted"));
+        assert!(!format!("{k:?}").contains("0123"));
+    }
+
+    #[test]
+    fn key_files_hold_one_or_two_keys_and_the_ring_picks_a_common_one() {
+        let dir = std::env::temp_dir().join(format!("kvnode-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("k");
+        std::fs::write(&f, "old-key-0123456789\n\n  new-key-0123456789  \n").unwrap();
+        let r = KeyRing::load(&f).unwrap();
+        let (old, new) = (
+            ClusterKey::from_bytes(b"old-key-0123456789"),
+            ClusterKey::from_bytes(b"new-key-0123456789"),
+        );
+        assert_eq!(r.ids(), vec![old.id(), new.id()]);
+        assert_eq!(r.pick(&[new.id()]).unwrap().id(), new.id());
+        assert_eq!(r.pick(&[new.id(), old.id()]).unwrap().id(), old.id());
+        assert!(r.pick(&[1, 2]).is_none());
+        for bad in [
+            "",
+            "short\n",
+            "a-key-0123456789\nb-key-0123456789\nc-key-0123456789\n",
+            "same-key-0123456789\nsame-key-0123456789\n",
+        ] {
+            std::fs::write(&f, bad).unwrap();
+            assert!(KeyRing::load(&f).is_err(), "{bad:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_dialled_endpoint_names_this_daemon_by_advertisement_or_by_address() {
+        let me = Identity {
+            node: "tcp://kv-a:7000".into(),
+            advertised: Endpoint::parse("tcp://kv-a:7000").ok(),
+        };
+        let local: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        assert!(names_me("tcp://kv-a:7000", &me, local).await);
+        assert!(names_me("tcp://127.0.0.1:7000", &me, local).await);
+        assert!(names_me("tcp://localhost:7000", &me, local).await);
+        assert!(!names_me("tcp://127.0.0.2:7000", &me, local).await);
+        assert!(!names_me("tcp://127.0.0.1:7001", &me, local).await);
+        assert!(!names_me("garbage", &me, local).await);
     }
 
     #[test]

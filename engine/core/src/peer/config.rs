@@ -19,9 +19,13 @@ pub struct PeerConfig {
     /// `tcp://HOST:PORT` other daemons and the router use to reach this one. Default: the
     /// listen address when it is not a wildcard.
     pub advertise: Option<String>,
-    /// File holding the shared cluster key (at least 16 bytes). Default: none, and then the
-    /// daemon only talks to loopback peers.
+    /// File holding the shared cluster key (at least 16 bytes), or two keys on two lines
+    /// during a key roll; re-read on SIGHUP. Default: none, and then the daemon only talks
+    /// to loopback peers.
     pub cluster_key: Option<PathBuf>,
+    /// Encrypt every peer session (AES-256-GCM), for untrusted networks; a session is
+    /// encrypted when either daemon asks. Default: false (every frame is still authenticated).
+    pub encrypt: bool,
     /// Authorized peers: `tcp://host:port` entries or CIDRs (`10.0.0.0/8`). Default: none.
     pub peers: Vec<String>,
     /// Connect plus authentication limit, milliseconds. Default: 500.
@@ -52,6 +56,7 @@ impl Default for PeerConfig {
             listen: None,
             advertise: None,
             cluster_key: None,
+            encrypt: false,
             peers: Vec::new(),
             connect_timeout_ms: 500,
             io_timeout_ms: 1000,

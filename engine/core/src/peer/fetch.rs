@@ -2,25 +2,25 @@
 //!
 //! A chunk is pulled by one blocking-pool thread that owns its connection, so the kernel
 //! wakes that thread directly as bytes arrive (no runtime hop between reads). Bytes are
-//! read by the transport straight into DRAM slots this daemon reserved, hashed
-//! (XXH3-64) piece by piece while still in cache, verified, and committed whether or not
-//! the op is still waiting: nothing completed is thrown away. Only then, under the op's
-//! fence, are they copied into client buffers.
+//! read by the transport straight into DRAM slots this daemon reserved, hashed (BLAKE3)
+//! piece by piece while still in cache, checked against the hash in the block's sealed
+//! header, and committed whether or not the op is still waiting: nothing completed is thrown
+//! away. Only then, under the op's fence, are they copied into client buffers.
 
 use std::collections::HashMap;
-use std::hash::Hasher as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvnode_proto::NamespaceId;
 use kvnode_proto::client::{CommitStatus, PutStatus};
 use kvnode_proto::hint::Endpoint;
-use kvnode_proto::peer::{PeerMsg, PullKey};
+use kvnode_proto::peer::{HASH_LEN, PeerMsg, PullKey};
 use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 use tokio::sync::Semaphore;
-use twox_hash::XxHash3_64;
 
 use super::auth::dial_handshake;
+use super::hashes::{SlotId, fingerprint};
 use super::op::PullOp;
 use super::transport::{PullWire, TcpConn, UcxNode, UcxPeer};
 use super::{PeerError, Peers};
@@ -73,16 +73,31 @@ impl PeerLink {
         let t = Instant::now();
         let connect = p
             .transport()
-            .dial(self.endpoint.host.as_str(), self.endpoint.port);
+            .dial(self.endpoint.host.as_str(), self.endpoint.port, |a| {
+                p.is_self(a)
+            });
         let mut w = tokio::time::timeout(limit, connect)
             .await
             .map_err(|_| PeerError::Timeout("peer connect", limit))??;
         let left = limit.saturating_sub(t.elapsed());
-        tokio::time::timeout(left, dial_handshake(&mut w, p.key(), p.node(), left))
+        let ring = p.keys();
+        let shake = dial_handshake(
+            &mut w,
+            ring.as_deref(),
+            p.node(),
+            &self.name,
+            p.encrypt(),
+            left,
+        );
+        tokio::time::timeout(left, shake)
             .await
             .map_err(|_| PeerError::Timeout("peer handshake", limit))??;
         let ucx = match p.ucx() {
-            Some(u) if p.transport().plain() && !self.ucx_broken.load(Ordering::Relaxed) => {
+            Some(u)
+                if p.transport().plain()
+                    && !p.encrypt()
+                    && !self.ucx_broken.load(Ordering::Relaxed) =>
+            {
                 let left = limit.saturating_sub(t.elapsed());
                 self.negotiate_ucx(&mut w, u, left).await?
             }
@@ -133,20 +148,36 @@ impl PeerLink {
 /// still in cache instead of re-reading the whole block from memory afterwards.
 const HASH_PIECE: usize = 128 << 10;
 
-/// Fills `dst` with the next payload bytes; returns their XXH3-64.
-fn read_hashed(w: &mut PullWire, dst: &mut [u8], io: Duration) -> Result<u64, PeerError> {
+/// Fills `dst` with the next payload bytes (decrypted when the session encrypts); returns
+/// their BLAKE3 hash.
+fn read_hashed(
+    w: &mut PullWire,
+    dst: &mut [u8],
+    seal: &[u8],
+    io: Duration,
+) -> Result<[u8; HASH_LEN], PeerError> {
     let total = dst.len();
-    let mut h = XxHash3_64::new();
+    let mut h = blake3::Hasher::new();
     let mut at = 0;
+    let encrypted = w.encrypted();
     for piece in dst.chunks_mut(HASH_PIECE) {
         w.read_payload(piece, io).map_err(|e| match e {
             PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
             e => e,
         })?;
-        h.write(piece);
+        if !encrypted {
+            h.update(piece);
+        }
         at += piece.len();
     }
-    Ok(h.finish())
+    if encrypted {
+        // AES-GCM is checked over the whole body; only then is it hashed.
+        w.open_payload(dst, seal)?;
+        for piece in dst.chunks(HASH_PIECE) {
+            h.update(piece);
+        }
+    }
+    Ok(*h.finalize().as_bytes())
 }
 
 /// Whether an error on a pooled connection, before any answer, means it went stale (the
@@ -157,9 +188,9 @@ fn stale(e: &PeerError) -> bool {
 
 /// Where a block's bytes come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Body {
-    /// The payload that follows the `Block` frame.
-    Inline,
+enum Body<'a> {
+    /// The payload that follows the `Block` frame, with its AEAD tag (empty unless encrypted).
+    Inline(&'a [u8]),
     /// A UCX GET of the source's slot at this address.
     Remote(u64),
 }
@@ -223,7 +254,14 @@ impl Chunk {
             return (self, Err(busy));
         };
         let permit = permit.expect("semaphore never closed");
-        let pooled = self.link.idle.lock().expect("idle lock").pop();
+        let pooled = loop {
+            let w = self.link.idle.lock().expect("idle lock").pop();
+            match w {
+                // A session under a key no longer held is dropped, not reused.
+                Some(w) if !self.peers.key_held(w.key_id()) => drop(w),
+                w => break w,
+            }
+        };
         let (w, was_pooled) = match pooled {
             Some(w) => (w, true),
             None => match self.link.dial(&self.peers).await {
@@ -299,12 +337,16 @@ impl Chunk {
                     req,
                     idx,
                     len,
-                    xxh3,
+                    hash,
+                    seal,
                 } => {
                     let i = at(req, idx)?;
                     // Stays open until received, so a failure mid-block fails this key too.
                     let pos = self.position(i)?;
-                    self.receive(w, i, len, Body::Inline, xxh3)?;
+                    let hash: [u8; HASH_LEN] = hash
+                        .try_into()
+                        .map_err(|_| PeerError::Protocol("block hash of a bad length".into()))?;
+                    self.receive(w, ns, i, len, Body::Inline(&seal), &hash)?;
                     self.open.swap_remove(pos);
                     first.get_or_insert(sent.elapsed());
                     last = sent.elapsed();
@@ -316,11 +358,15 @@ impl Chunk {
                     idx,
                     len,
                     addr,
-                    xxh3,
+                    hash,
                 } => {
                     let i = at(req, idx)?;
+                    // Stays open until received, so a failure mid-GET fails this key too.
                     let pos = self.position(i)?;
-                    self.receive(w, i, len, Body::Remote(addr), xxh3)?;
+                    let hash: [u8; HASH_LEN] = hash
+                        .try_into()
+                        .map_err(|_| PeerError::Protocol("block hash of a bad length".into()))?;
+                    self.receive(w, ns, i, len, Body::Remote(addr), &hash)?;
                     self.open.swap_remove(pos);
                     first.get_or_insert(sent.elapsed());
                     last = sent.elapsed();
@@ -387,10 +433,11 @@ impl Chunk {
     fn receive(
         &mut self,
         w: &mut PullWire,
+        ns: NamespaceId,
         i: usize,
         len: u32,
-        body: Body,
-        xxh3: u64,
+        body: Body<'_>,
+        hash: &[u8; HASH_LEN],
     ) -> Result<(), PeerError> {
         let p = &self.peers;
         let io = p.io_timeout();
@@ -407,9 +454,9 @@ impl Chunk {
             Err(e) => {
                 // Read the payload off the wire anyway, so the connection stays in step
                 // (a Slot leaves nothing on the wire).
-                if body == Body::Inline {
+                if let Body::Inline(seal) = body {
                     let mut scratch = vec![0; len as usize];
-                    read_hashed(w, &mut scratch, io)?;
+                    read_hashed(w, &mut scratch, seal, io)?;
                 }
                 let why = Failure::new(FailCode::LocalStore, e.to_string());
                 self.op.set(i, KeyOutcome::Failed(why));
@@ -427,9 +474,9 @@ impl Chunk {
         // could not give a GET back, when the slot is retired for the daemon's life rather
         // than reused under a write that may still come.
         let sum = match body {
-            Body::Inline => read_hashed(w, dst, io)?,
+            Body::Inline(seal) => read_hashed(w, dst, seal, io)?,
             Body::Remote(addr) => match w.get(dst, addr, io) {
-                Ok(()) => XxHash3_64::oneshot(dst),
+                Ok(()) => *blake3::hash(dst).as_bytes(),
                 Err(e @ PeerError::Stuck(_)) => {
                     tracing::error!(peer = %self.link.name, error = %e, "retiring a slot under an uncancellable GET");
                     std::mem::forget(slot);
@@ -439,12 +486,13 @@ impl Chunk {
                 Err(e) => return Err(e),
             },
         };
-        if sum != xxh3 {
+        // blake3::Hash compares in constant time.
+        if blake3::Hash::from(sum) != blake3::Hash::from(*hash) {
             p.count_failure();
             let why = Failure::new(
                 FailCode::Checksum,
                 format!(
-                    "checksum mismatch on a {len}-byte block from {}: not committed",
+                    "checksum mismatch (BLAKE3) on a {len}-byte block from {}: altered in transit, or changed on the source; not committed",
                     self.link.name
                 ),
             );
@@ -455,7 +503,16 @@ impl Chunk {
         let copied = self.op.copy_into(i, dst);
         let outcome = match (slot, refused) {
             (Some(r), _) => {
-                if r.commit_verified(xxh3) == CommitStatus::Committed {
+                let at = SlotId {
+                    ns,
+                    digest: key.0,
+                    segment: key.1,
+                    offset: r.offset(),
+                    len: u64::from(len),
+                    fingerprint: fingerprint(hash),
+                };
+                if r.commit_verified(at.fingerprint) == CommitStatus::Committed {
+                    p.hashes.put(at, *hash);
                     p.count_pulled(u64::from(len));
                 }
                 KeyOutcome::Pulled

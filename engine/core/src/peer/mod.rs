@@ -7,8 +7,10 @@
 //! ```
 //!
 //! - [`config`]: `[peer]` settings and the allowlist.
-//! - [`auth`]: cluster key and the HMAC challenge-response handshake.
-//! - [`transport`]: the transport seam (TCP, fault-injecting) and framed, time-bounded I/O.
+//! - [`auth`]: cluster keys (two during a roll) and the handshake bound to both daemons.
+//! - [`transport`]: the transport seam (TCP, fault-injecting), the sealed channel, and
+//!   framed, time-bounded I/O.
+//! - [`hashes`]: content hashes of sent and pulled blocks (hashed once).
 //! - [`source`]: answering pulls from the local tier.
 //! - [`fetch`]: per-peer connection pools and pulling into reserved DRAM slots.
 //! - [`op`]: operations, their outcomes and the buffer fence.
@@ -17,6 +19,7 @@
 pub mod auth;
 pub mod config;
 pub mod fetch;
+pub mod hashes;
 pub mod op;
 pub mod source;
 mod start;
@@ -30,15 +33,16 @@ mod tests;
 mod tests_ucx;
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::PeerFrameError;
 use kvnode_proto::pull::{FailCode, Failure};
 
-pub use auth::ClusterKey;
+pub use auth::{ClusterKey, Identity, KeyRing};
 pub use config::{Allowed, PeerConfig, TransportKind};
 pub use op::{OpTable, PullOp};
 pub use timeouts::PullStats;
@@ -74,6 +78,9 @@ pub enum PeerError {
     /// Authentication failed.
     #[error("peer authentication failed: {0}")]
     Auth(String),
+    /// A sealed frame or body failed its check: altered, injected, dropped or reordered.
+    #[error("peer channel integrity check failed: {0}; connection closed")]
+    Integrity(String),
     /// Cluster key unusable.
     #[error("cluster key: {0}")]
     Key(String),
@@ -102,9 +109,10 @@ impl PeerError {
             | PeerError::UcxConnect(_) => FailCode::PeerUnreachable,
             PeerError::Busy(_) => FailCode::PeerBusy,
             PeerError::Refused(_) | PeerError::Auth(_) | PeerError::Key(_) => FailCode::PeerRefused,
-            PeerError::Frame(_) | PeerError::Protocol(_) | PeerError::Config(_) => {
-                FailCode::PeerFailed
-            }
+            PeerError::Frame(_)
+            | PeerError::Protocol(_)
+            | PeerError::Config(_)
+            | PeerError::Integrity(_) => FailCode::PeerFailed,
         }
     }
 
@@ -125,6 +133,8 @@ pub struct PeerCounters {
     pub failures: AtomicU64,
     /// Hints refused before any connection.
     pub refused_hints: AtomicU64,
+    /// Blocks a source did not send because their bytes changed after they were hashed.
+    pub changed_blocks: AtomicU64,
     /// Blocks this source answered with a UCX `Slot` (read by the destination's GET).
     pub ucx_slots_served: AtomicU64,
 }
@@ -134,9 +144,14 @@ pub struct PeerCounters {
 pub struct Peers {
     cfg: PeerConfig,
     allow: Vec<Allowed>,
-    key: Option<ClusterKey>,
-    node: String,
+    /// The cluster keys (`None`: keyless, fixed at start; the keys can be reloaded).
+    keys: Option<RwLock<Arc<KeyRing>>>,
+    identity: Identity,
     me: Option<Endpoint>,
+    /// Where the peer listener is bound (set when it starts serving).
+    listening: OnceLock<SocketAddr>,
+    /// Content hashes of blocks sent and pulled.
+    pub hashes: hashes::HashCache,
     links: Mutex<HashMap<Endpoint, Arc<fetch::PeerLink>>>,
     /// Operations.
     pub ops: OpTable,
@@ -163,11 +178,12 @@ impl Peers {
     ) -> Result<Self, PeerError> {
         cfg.validate().map_err(PeerError::Config)?;
         let allow = cfg.allowlist().map_err(PeerError::Config)?;
-        let key = cfg
+        let keys = cfg
             .cluster_key
             .as_deref()
-            .map(ClusterKey::load)
-            .transpose()?;
+            .map(KeyRing::load)
+            .transpose()?
+            .map(|r| RwLock::new(Arc::new(r)));
         let me = cfg
             .advertise
             .as_deref()
@@ -202,13 +218,18 @@ impl Peers {
         Ok(Self {
             ucx,
             ucx_off,
-            node: me
-                .as_ref()
-                .map_or_else(|| "unnamed".to_owned(), ToString::to_string),
+            identity: Identity {
+                node: me
+                    .as_ref()
+                    .map_or_else(|| "unnamed".to_owned(), ToString::to_string),
+                advertised: me.clone(),
+            },
             cfg: cfg.clone(),
             allow,
-            key,
+            keys,
             me,
+            listening: OnceLock::new(),
+            hashes: hashes::HashCache::default(),
             links: Mutex::new(HashMap::new()),
             ops: OpTable::default(),
             stats: PullStats::default(),
@@ -257,14 +278,80 @@ impl Peers {
         Ok(Some(g))
     }
 
-    /// The cluster key, if any.
-    pub fn key(&self) -> Option<&ClusterKey> {
-        self.key.as_ref()
+    /// The cluster keys in force now, if any.
+    pub fn keys(&self) -> Option<Arc<KeyRing>> {
+        self.keys
+            .as_ref()
+            .map(|k| Arc::clone(&k.read().expect("key lock")))
+    }
+
+    /// Whether a session derived from key `id` may go on (its key is still held).
+    pub fn key_held(&self, id: Option<u64>) -> bool {
+        match (self.keys(), id) {
+            (Some(r), Some(id)) => r.get(id).is_some(),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+
+    /// Reads the cluster key file again (one or two keys) and uses it for every new
+    /// handshake; sessions under a key no longer held are closed at their next request. On
+    /// error the keys in force stay. Returns a line for the log.
+    pub fn reload_keys(&self) -> Result<String, PeerError> {
+        let (Some(path), Some(lock)) = (self.cfg.cluster_key.as_deref(), self.keys.as_ref()) else {
+            return Err(PeerError::Key(
+                "no cluster key file is configured: a keyless daemon stays keyless".into(),
+            ));
+        };
+        let ring = KeyRing::load(path)?;
+        let line = format!(
+            "cluster keys reloaded from {}: ids {} (were {})",
+            path.display(),
+            ring.describe(),
+            lock.read().expect("key lock").describe()
+        );
+        *lock.write().expect("key lock") = Arc::new(ring);
+        // A key rotation also revokes the UCX key every peer was given to this arena.
+        if let Some(g) = self.revoke_remote_access()? {
+            return Ok(format!("{line}; UCX arena key re-issued (generation {g})"));
+        }
+        Ok(line)
+    }
+
+    /// Whether encryption is required of every session this daemon takes part in.
+    pub fn encrypt(&self) -> bool {
+        self.cfg.encrypt
+    }
+
+    /// This daemon's identity in handshakes.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
     }
 
     /// This daemon's advertised name.
     pub fn node(&self) -> &str {
-        &self.node
+        &self.identity.node
+    }
+
+    /// Records where the peer listener is bound (for refusing hints that name this daemon).
+    pub fn set_listening(&self, a: SocketAddr) {
+        let _ = self.listening.set(a);
+    }
+
+    /// Whether `a` is this daemon's own peer listener: its port, and an address of this
+    /// host that the listener is bound to (any local address when it listens on a wildcard).
+    pub fn is_self(&self, a: SocketAddr) -> bool {
+        let Some(l) = self.listening.get() else {
+            return false;
+        };
+        if a.port() != l.port() {
+            return false;
+        }
+        let ip = a.ip().to_canonical();
+        if ip == l.ip().to_canonical() {
+            return true;
+        }
+        l.ip().is_unspecified() && (ip.is_loopback() || is_local_address(ip))
     }
 
     /// Connect plus authentication limit.
@@ -301,10 +388,13 @@ impl Peers {
     /// is dialled before this says yes.
     pub fn authorize(&self, e: &Endpoint) -> Result<(), Failure> {
         let refuse = |m: String| Err(Failure::new(FailCode::NotAuthorized, m));
-        if self.me.as_ref() == Some(e) {
+        if self.me.as_ref() == Some(e)
+            || e.ip()
+                .is_some_and(|ip| self.is_self(SocketAddr::new(ip, e.port)))
+        {
             return refuse(format!("hint names this daemon ({e}) as the source"));
         }
-        if self.key.is_none() && !config::is_loopback(e) {
+        if self.keys.is_none() && !config::is_loopback(e) {
             return refuse(format!(
                 "{e} is not on loopback and this daemon has no cluster key"
             ));
@@ -326,10 +416,19 @@ impl Peers {
 
     /// One line for the start-up log.
     pub fn describe(&self) -> String {
-        let auth = if self.key.is_some() {
-            "cluster key loaded: peers authenticate with HMAC-SHA256 challenge-response".to_owned()
+        let sealing = if self.cfg.encrypt {
+            "every frame encrypted (AES-256-GCM)"
         } else {
-            "no cluster key: only loopback peers are served and dialled".to_owned()
+            "every frame authenticated (BLAKE3 keyed)"
+        };
+        let auth = match self.keys() {
+            Some(r) => format!(
+                "cluster key ids {}: peers prove the key in a handshake bound to both daemons; {sealing}",
+                r.describe()
+            ),
+            None => {
+                format!("no cluster key: only loopback peers are served and dialled; {sealing}")
+            }
         };
         let transport = match (&self.ucx, &self.ucx_off) {
             (Some(u), _) => format!("transport ucx ({})", u.describe()),
@@ -338,8 +437,13 @@ impl Peers {
         };
         format!(
             "peer service {}; {auth}; {transport}; {} allowlist entries",
-            self.node,
+            self.identity.node,
             self.allow.len()
         )
     }
+}
+
+/// Whether `ip` is an address of this host (something may bind to it).
+fn is_local_address(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }

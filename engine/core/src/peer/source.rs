@@ -3,23 +3,27 @@
 //! Each answered block is leased from the moment the pull is read until its last byte is
 //! handed to the transport, so it cannot be evicted or reused while it is being sent. A key
 //! that lives only on NVMe is promoted into DRAM first (the same path as a client `get`).
+//! Each block goes out with its BLAKE3 hash in the sealed header, hashed once per block and
+//! remembered ([`super::hashes`]); a block whose bytes changed since is answered `Miss`.
 //!
-//! On a connection that negotiated UCX (`UcxRequest`), blocks are answered with `Slot`s
-//! (where they lie in the registered arena) and stay leased until the destination says its
-//! GETs of the request are done (`Landed`), the connection closes, or the destination stays
-//! silent for the io timeout while leases are held. At most [`UCX_WINDOW`] requests are
-//! leased at once; later `Pull`s wait in order.
+//! On a connection that negotiated UCX (`UcxRequest`, sealed like every frame after the
+//! handshake), blocks are answered with `Slot`s (where they lie in the registered arena,
+//! and their hash) and stay leased until the destination says its GETs of the request are
+//! done (`Landed`), the connection closes, or the destination stays silent for the io
+//! timeout while leases are held. At most [`UCX_WINDOW`] requests are leased at once; later
+//! `Pull`s wait in order. An encrypted session (`--peer-encrypt`) is never offered UCX:
+//! GETs would move the bytes in the clear.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvnode_proto::NamespaceId;
-use kvnode_proto::peer::{PeerMsg, PullKey};
+use kvnode_proto::peer::{HASH_LEN, PeerMsg, PullKey};
 use tokio::sync::watch;
-use twox_hash::XxHash3_64;
 
 use super::auth::accept_handshake;
+use super::hashes::{HashCache, SlotId, fingerprint};
 use super::transport::{PeerListener, TcpConn};
 use super::{PeerError, Peers};
 use crate::store::{Lease, Store};
@@ -53,18 +57,57 @@ impl BlockSource for Arc<Store> {
     }
 }
 
-/// The block's XXH3-64, computed once per block and kept in its slot.
-fn checksum(b: &Lease) -> u64 {
-    b.xxh3().unwrap_or_else(|| {
-        let sum = XxHash3_64::oneshot(b.bytes());
-        b.remember_checksum(sum);
-        sum
-    })
+/// The block's hash: remembered, or computed now and remembered. `None` when its bytes no
+/// longer match the fingerprint its slot kept from the first time (changed under a lease).
+pub fn block_hash(
+    cache: &HashCache,
+    ns: NamespaceId,
+    k: PullKey,
+    b: &Lease,
+) -> Option<[u8; HASH_LEN]> {
+    let at = |fingerprint| SlotId {
+        ns,
+        digest: k.0,
+        segment: k.1,
+        offset: b.extent().offset,
+        len: b.len(),
+        fingerprint,
+    };
+    let kept = b.xxh3();
+    if let Some(h) = kept.and_then(|f| cache.get(&at(f))) {
+        return Some(h);
+    }
+    let h = *blake3::hash(b.bytes()).as_bytes();
+    let f = fingerprint(&h);
+    match kept {
+        Some(k) if k != f => return None,
+        Some(_) => {}
+        None => b.remember_checksum(f),
+    }
+    cache.put(at(f), h);
+    Some(h)
+}
+
+/// The lease and hash of a leased block, or `None` (answered `Miss`) when its bytes
+/// changed after it was hashed.
+fn hashed(p: &Peers, ns: NamespaceId, k: PullKey, b: Lease) -> Option<(Lease, [u8; HASH_LEN])> {
+    let h = block_hash(&p.hashes, ns, k, &b);
+    if h.is_none() {
+        p.counters
+            .changed_blocks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            len = b.len(),
+            "a block's bytes changed after it was hashed (written through a client mapping?): answered Miss"
+        );
+    }
+    h.map(|h| (b, h))
 }
 
 /// Answers one pull on a UCX connection: `Slot`s of leased blocks, kept in `held` under
 /// `req` until the destination's `Landed`.
 async fn serve_pull_ucx<S: BlockSource>(
+    p: &Peers,
     src: &S,
     w: &mut TcpConn,
     pull: (u64, NamespaceId, Vec<PullKey>),
@@ -74,16 +117,16 @@ async fn serve_pull_ucx<S: BlockSource>(
     let (req, ns, keys) = pull;
     let leased = src.lease(ns, &keys).await;
     let mut keep = Vec::with_capacity(leased.len());
-    for (idx, l) in leased.into_iter().enumerate() {
-        let idx = idx as u32;
-        match l {
-            Some(b) => {
+    for (i, l) in leased.into_iter().enumerate() {
+        let idx = i as u32;
+        match l.and_then(|b| hashed(p, ns, keys[i], b)) {
+            Some((b, hash)) => {
                 let msg = PeerMsg::Slot {
                     req,
                     idx,
                     len: b.bytes().len() as u32,
                     addr: b.bytes().as_ptr() as u64,
-                    xxh3: checksum(&b),
+                    hash: hash.to_vec(),
                 };
                 keep.push(b);
                 w.send(&msg, &[], limit).await?;
@@ -91,11 +134,15 @@ async fn serve_pull_ucx<S: BlockSource>(
             None => w.send(&PeerMsg::Miss { req, idx }, &[], limit).await?,
         }
     }
+    p.counters
+        .ucx_slots_served
+        .fetch_add(keep.len() as u64, std::sync::atomic::Ordering::Relaxed);
     held.insert(req, keep);
     w.send(&PeerMsg::Done { req }, &[], limit).await
 }
 
 async fn serve_pull<S: BlockSource>(
+    p: &Peers,
     src: &S,
     w: &mut TcpConn,
     req: u64,
@@ -106,17 +153,17 @@ async fn serve_pull<S: BlockSource>(
     // Each block stays leased until its last byte is handed to the transport; an early
     // return drops the rest.
     let mut leased = src.lease(ns, keys).await;
-    for (idx, l) in leased.iter_mut().enumerate() {
-        let idx = idx as u32;
-        match l.take() {
-            Some(b) => {
+    for (i, l) in leased.iter_mut().enumerate() {
+        let idx = i as u32;
+        match l.take().and_then(|b| hashed(p, ns, keys[i], b)) {
+            Some((b, hash)) => {
                 let bytes = b.bytes();
-                let xxh3 = checksum(&b);
                 let msg = PeerMsg::Block {
                     req,
                     idx,
                     len: bytes.len() as u32,
-                    xxh3,
+                    hash: hash.to_vec(),
+                    seal: Vec::new(),
                 };
                 w.send(&msg, bytes, limit).await?;
             }
@@ -127,14 +174,23 @@ async fn serve_pull<S: BlockSource>(
 }
 
 async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<bool>) {
-    let dst = match accept_handshake(&mut w, p.key(), p.node(), p.connect_timeout()).await {
+    let ring = p.keys();
+    let shake = accept_handshake(
+        &mut w,
+        ring.as_deref(),
+        p.identity(),
+        p.encrypt(),
+        p.connect_timeout(),
+    )
+    .await;
+    let dst = match shake {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(peer = %w.remote(), error = %e, "peer refused");
             return;
         }
     };
-    tracing::debug!(peer = %w.remote(), node = %dst, "peer authenticated");
+    tracing::debug!(peer = %w.remote(), node = %dst, encrypted = w.encrypted(), "peer authenticated");
     let src = Arc::clone(p.store());
     let limit = p.io_timeout();
     // UCX state of this connection: the key generation it was given, the leases of
@@ -157,13 +213,17 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
             r = w.recv(wait) => r,
             _ = stop.changed() => return,
         };
+        if next.is_ok() && !p.key_held(w.key_id()) {
+            tracing::info!(peer = %w.remote(), "closing a session whose cluster key was removed");
+            return;
+        }
         let r = match next {
             Ok((PeerMsg::Pull { req, ns, keys }, _)) if ucx.is_some() => {
                 queued.push_back((req, ns, keys));
                 Ok(())
             }
             Ok((PeerMsg::Pull { req, ns, keys }, _)) => {
-                serve_pull(&src, &mut w, req, ns, &keys, limit).await
+                serve_pull(&p, &src, &mut w, req, ns, &keys, limit).await
             }
             Ok((PeerMsg::Landed { req }, _)) if ucx.is_some() => {
                 if held.remove(&req).is_some() {
@@ -205,29 +265,31 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
     }
 }
 
-/// Answers `UcxRequest`: an offer (this connection is authenticated) or a decline.
+/// Answers `UcxRequest` (on a session already authenticated and sealed): an offer, or a
+/// decline without UCX or on an encrypted session.
 async fn offer_ucx(
     p: &Peers,
     w: &mut TcpConn,
     limit: Duration,
     ucx: &mut Option<u64>,
 ) -> Result<(), PeerError> {
-    let Some(u) = p.ucx() else {
-        let reason = "this daemon's peer transport is tcp".to_owned();
-        return w.send(&PeerMsg::UcxDecline { reason }, &[], limit).await;
+    let reason = match p.ucx() {
+        None => "this daemon's peer transport is tcp".to_owned(),
+        Some(_) if w.encrypted() => {
+            "the session is encrypted (--peer-encrypt): UCX GETs would move blocks in the clear"
+                .to_owned()
+        }
+        Some(u) => match u.offer() {
+            Ok((offer, generation)) => {
+                w.send(&offer, &[], limit).await?;
+                *ucx = Some(generation);
+                tracing::debug!(peer = %w.remote(), "peer reads blocks with UCX GETs");
+                return Ok(());
+            }
+            Err(e) => format!("UCX key unavailable: {e}"),
+        },
     };
-    match u.offer() {
-        Ok((offer, generation)) => {
-            w.send(&offer, &[], limit).await?;
-            *ucx = Some(generation);
-            tracing::debug!(peer = %w.remote(), "peer reads blocks with UCX GETs");
-            Ok(())
-        }
-        Err(e) => {
-            let reason = format!("UCX key unavailable: {e}");
-            w.send(&PeerMsg::UcxDecline { reason }, &[], limit).await
-        }
-    }
+    w.send(&PeerMsg::UcxDecline { reason }, &[], limit).await
 }
 
 /// Serves one queued pull on a UCX connection, handing over a re-issued key first if the
@@ -250,13 +312,7 @@ async fn serve_ucx<S: BlockSource>(
         w.send(&offer, &[], limit).await?;
         *given = generation;
     }
-    let req = pull.0;
-    let r = serve_pull_ucx(src, w, pull, limit, held).await;
-    let n = held.get(&req).map_or(0, Vec::len) as u64;
-    p.counters
-        .ucx_slots_served
-        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-    r
+    serve_pull_ucx(p, src, w, pull, limit, held).await
 }
 
 /// Logs why a connection ends (telling the peer when it sent a bad frame).
@@ -268,7 +324,7 @@ async fn closed(w: &mut TcpConn, e: PeerError, limit: Duration) {
         PeerError::Io(_) | PeerError::Timeout(..) => {
             tracing::debug!(peer = %w.remote(), error = %e, "peer connection closed");
         }
-        PeerError::Frame(_) => {
+        PeerError::Frame(_) | PeerError::Integrity(_) => {
             let _ = w
                 .send(
                     &PeerMsg::Refused {
@@ -286,6 +342,9 @@ async fn closed(w: &mut TcpConn, e: PeerError, limit: Duration) {
 
 /// Accepts peer connections until `stop` turns true.
 pub async fn serve(peers: Arc<Peers>, listener: PeerListener, mut stop: watch::Receiver<bool>) {
+    if let Ok(a) = listener.local_addr() {
+        peers.set_listening(a);
+    }
     let mut conns = tokio::task::JoinSet::new();
     loop {
         tokio::select! {

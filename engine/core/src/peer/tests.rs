@@ -1,6 +1,7 @@
 //! Fetch-path unit tests through the fault-injecting transport: two in-process nodes (a store
 //! and a peer service each, no engine), a real source over loopback TCP, and a destination
-//! whose Nth received block stalls, is cut short or arrives corrupted.
+//! whose Nth received block is cut short or arrives corrupted; and a silent source that stops
+//! mid-block, against the real reader's timeout.
 //! Run: `cargo test --release -p kvnode-engine peer::tests`.
 
 use std::sync::Arc;
@@ -77,6 +78,30 @@ pub(super) struct Pair {
     _stop: watch::Sender<bool>,
 }
 
+/// A destination that pulls from `port` with `plan`: (node, namespace, hint for `n` keys).
+fn dest(port: u16, n: u8, plan: FaultPlan) -> (Node, u32, String) {
+    dest_on(port, n, Some(plan), TransportKind::Tcp)
+}
+
+/// A destination on transport `t` (with `plan`, if any) pulling from `port`.
+fn dest_on(port: u16, n: u8, plan: Option<FaultPlan>, t: TransportKind) -> (Node, u32, String) {
+    let dst = node(&crate::peer::PeerConfig {
+        peers: vec![format!("tcp://127.0.0.1:{port}")],
+        connections: 1,
+        io_timeout_ms: IO_TIMEOUT_MS,
+        debug_fault: plan,
+        transport: t,
+        ..crate::peer::PeerConfig::default()
+    });
+    let ns = dst.store.register(&spec()).unwrap().ns;
+    let hashes: Vec<String> = (0..n).map(|i| key(i).0.router_hash().to_string()).collect();
+    let hint = format!(
+        r#"{{"source_control_endpoint":"tcp://127.0.0.1:{port}","block_hashes":[{}]}}"#,
+        hashes.join(",")
+    );
+    (dst, ns, hint)
+}
+
 /// A source holding `n` blocks, served on loopback, and a destination with `plan`.
 async fn pair(n: u8, plan: FaultPlan) -> Pair {
     pair_on(n, Some(plan), TransportKind::Tcp, TransportKind::Tcp).await
@@ -108,20 +133,7 @@ pub(super) async fn pair_on(
     let port = l.local_addr().unwrap().port();
     let (stop, rx) = watch::channel(false);
     tokio::spawn(super::source::serve(Arc::clone(&src.peers), l, rx));
-    let dst = node(&crate::peer::PeerConfig {
-        peers: vec![format!("tcp://127.0.0.1:{port}")],
-        connections: 1,
-        io_timeout_ms: IO_TIMEOUT_MS,
-        debug_fault: plan,
-        transport: dt,
-        ..crate::peer::PeerConfig::default()
-    });
-    let ns = dst.store.register(&spec()).unwrap().ns;
-    let hashes: Vec<String> = keys.iter().map(|k| k.0.router_hash().to_string()).collect();
-    let hint = format!(
-        r#"{{"source_control_endpoint":"tcp://127.0.0.1:{port}","block_hashes":[{}]}}"#,
-        hashes.join(",")
-    );
+    let (dst, ns, hint) = dest_on(port, n, plan, dt);
     Pair {
         src,
         sns,
@@ -251,28 +263,71 @@ async fn block_cut_mid_piece_fails_the_open_keys_commits_nothing_partial_then_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_block_costs_about_the_io_timeout_and_leaks_no_reservation() {
-    let p = pair(
-        3,
-        FaultPlan {
-            stall_block: Some(1),
-            ..FaultPlan::default()
-        },
-    )
-    .await;
+    use kvnode_proto::peer::{HASH_LEN, PeerMsg};
+    // A source that authenticates, takes the pull, sends one block header and 100 KiB of its
+    // body, then falls silent with the connection open: only the reader's timeout ends it.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let silent = tokio::spawn(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut w = super::transport::TcpConn::new(s).unwrap();
+        let me = super::Identity {
+            node: "silent".into(),
+            advertised: None,
+        };
+        let limit = Duration::from_secs(5);
+        super::auth::accept_handshake(&mut w, None, &me, false, limit)
+            .await
+            .unwrap();
+        let (PeerMsg::Pull { req, .. }, _) = w.recv(limit).await.unwrap() else {
+            panic!("no Pull")
+        };
+        let body = bytes(0);
+        let msg = PeerMsg::Block {
+            req,
+            idx: 0,
+            len: PAGE as u32,
+            hash: blake3::hash(&body).as_bytes().to_vec(),
+            seal: vec![],
+        };
+        assert_eq!(HASH_LEN, 32);
+        w.send_cut(&msg, &body, 100 << 10).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        drop(w);
+    });
+    let (dst, ns, hint) = dest(port, 3, FaultPlan::default());
+    let keys: Vec<Key> = (0..3).map(key).collect();
     let t = Instant::now();
-    let r = p.pull(3).await;
+    let op = dst
+        .peers
+        .start(super::PullRequest {
+            conn: 1,
+            ns,
+            keys: &keys,
+            hint: &hint,
+            into: Vec::new(),
+            deadline_ms: Some(5000),
+        })
+        .await;
+    op.wait(Duration::from_secs(10)).await;
     let took = t.elapsed();
+    let r = op.report();
     assert_eq!(r.state, OpState::Failed, "{r:?}");
     assert!(
-        r.results.iter().all(|o| failed_with(o, "timed out")),
+        r.results
+            .iter()
+            .all(|o| failed_with(o, "peer block bytes timed out")),
         "{r:?}"
     );
+    let io = Duration::from_millis(IO_TIMEOUT_MS);
     assert!(
-        took >= Duration::from_millis(IO_TIMEOUT_MS) && took < Duration::from_secs(3),
-        "a stalled block should cost about the io timeout, took {took:?}"
+        took >= io && took < io * 2,
+        "a stalled block should cost one io timeout ({io:?}) of the real reader, took {took:?}"
     );
-    assert_eq!(p.held(3).await, vec![false; 3]);
-    assert_eq!(p.reserved(), 0);
+    let leased = dst.store.lease(ns, &keys).await.unwrap();
+    assert!(leased.iter().all(Option::is_none), "nothing committed");
+    assert_eq!(dst.store.snapshot().0.tier.reserved, 0);
+    silent.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +340,7 @@ async fn sent_and_pulled_blocks_keep_their_verified_checksum() {
     );
     assert_eq!(p.pull(2).await.state, OpState::Done);
     let want: Vec<Option<u64>> = (0..3)
-        .map(|i| (i < 2).then(|| twox_hash::XxHash3_64::oneshot(&bytes(i))))
+        .map(|i| (i < 2).then(|| super::hashes::fingerprint(blake3::hash(&bytes(i)).as_bytes())))
         .collect();
     assert_eq!(
         Pair::checksums(&p.src, p.sns, 3).await,
@@ -297,4 +352,54 @@ async fn sent_and_pulled_blocks_keep_their_verified_checksum() {
         want[..2].to_vec(),
         "the destination kept what it verified"
     );
+    assert_eq!(
+        p.src.peers.hashes.len(),
+        2,
+        "the source remembers both hashes"
+    );
+    assert_eq!(
+        p.dst.peers.hashes.len(),
+        2,
+        "the destination remembers what it verified"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_changed_on_the_source_after_they_were_hashed_are_never_committed() {
+    let p = pair(2, FaultPlan::default()).await;
+    assert_eq!(
+        p.pull(2).await.state,
+        OpState::Done,
+        "the source hashed both"
+    );
+    // Scribble on the source's copy of key 0, as a client holding the arena mapping could.
+    let keys: Vec<Key> = (0..2).map(key).collect();
+    let at = p.src.store.lease(p.sns, &keys[..1]).await.unwrap()[0]
+        .as_ref()
+        .unwrap()
+        .extent();
+    // SAFETY: a test writing one byte of a block it owns; no one else touches it now.
+    unsafe { p.src.store.arena().slice_mut(at.offset, at.len)[10] ^= 0xff };
+    // With the hash remembered, the source sends the changed bytes under the old hash and
+    // the destination refuses them.
+    p.dst.store.delete(p.ns, &keys).unwrap();
+    let r = p.pull(2).await;
+    assert!(failed_with(&r.results[0], "checksum mismatch"), "{r:?}");
+    assert_eq!(r.results[1], KeyOutcome::Pulled, "{r:?}");
+    assert_eq!(p.held(2).await, vec![false, true]);
+    // With the hash forgotten, the source hashes again, sees that the bytes no longer match
+    // the fingerprint its slot kept, and answers Miss.
+    p.src.peers.hashes.clear();
+    let r = p.pull(2).await;
+    assert_eq!(r.results[0], KeyOutcome::Missed, "{r:?}");
+    assert_eq!(
+        p.src
+            .peers
+            .counters
+            .changed_blocks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(p.held(2).await, vec![false, true]);
+    assert_eq!(p.reserved(), 0);
 }

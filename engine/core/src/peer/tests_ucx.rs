@@ -5,10 +5,11 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use kvnode_proto::Key;
 use kvnode_proto::pull::{KeyOutcome, OpState};
 
 use super::TransportKind::{Tcp, Ucx};
-use super::tests::{PAGE, Pair, bytes, failed_with, key, pair_on};
+use super::tests::{PAGE, Pair, failed_with, key, pair_on};
 
 /// Waits until the source holds no lease (the destination's `Landed` arrived).
 async fn leases_drain(p: &Pair) {
@@ -74,17 +75,25 @@ async fn re_registration_revokes_the_key_and_open_connections_get_the_new_one() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_block_changed_at_the_source_after_its_checksum_is_refused_and_not_committed() {
+async fn a_block_changed_at_the_source_after_it_was_hashed_is_refused_and_not_committed() {
     let p = pair_on(3, None, Ucx, Ucx).await;
-    // The source hashes key 1 (as a first send would), then its slot's bytes change.
-    let leased = p.src.store.lease(p.sns, &[key(1)]).await.unwrap();
-    let l = leased[0].as_ref().unwrap();
-    l.remember_checksum(twox_hash::XxHash3_64::oneshot(&bytes(1)));
-    let at = l.bytes().as_ptr() as usize - p.src.store.arena().base() as usize;
-    // SAFETY: inside the arena; the test is the only writer (a client scribbling on its
-    // mapping of the shared arena does the same).
-    unsafe { *p.src.store.arena().base().add(at + PAGE / 2) ^= 0xff };
-    drop(leased);
+    assert_eq!(
+        p.pull(3).await.state,
+        OpState::Done,
+        "the source hashed all"
+    );
+    leases_drain(&p).await;
+    // Scribble on the source's copy of key 1, as a client holding the arena mapping could.
+    let keys: Vec<Key> = (0..3).map(key).collect();
+    let at = p.src.store.lease(p.sns, &keys[1..2]).await.unwrap()[0]
+        .as_ref()
+        .unwrap()
+        .extent();
+    // SAFETY: a test writing one byte of a block it owns; no one else touches it now.
+    unsafe { p.src.store.arena().slice_mut(at.offset, at.len)[PAGE / 2] ^= 0xff };
+    // The source answers with the remembered hash; the GET lands the changed bytes, which
+    // the destination refuses before commit.
+    p.dst.store.delete(p.ns, &keys).unwrap();
     let r = p.pull(3).await;
     assert_eq!(r.state, OpState::Partial, "{r:?}");
     assert!(failed_with(&r.results[1], "checksum mismatch"), "{r:?}");

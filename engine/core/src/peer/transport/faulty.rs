@@ -1,5 +1,7 @@
-//! A fault-injecting transport for tests: TCP whose Nth received block stalls, is cut short
-//! or arrives corrupted, so the fetch path's reactions can be pinned without a real fault.
+//! A fault-injecting transport for tests: TCP whose Nth received block is cut short or
+//! arrives corrupted, so the fetch path's reactions can be pinned without a real fault. (A
+//! stall is tested against a real silent source instead, so that the reader's own timeout is
+//! what is measured.)
 
 use std::io;
 use std::net::SocketAddr;
@@ -18,8 +20,6 @@ use crate::peer::PeerError;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FaultPlan {
-    /// This block stalls: no further byte arrives on its connection (a frozen peer).
-    pub stall_block: Option<u32>,
     /// This block is cut after `cut_after` bytes and its connection closes.
     pub cut_block: Option<u32>,
     /// Bytes of the cut block delivered before the cut. Default: 0.
@@ -30,7 +30,6 @@ pub struct FaultPlan {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
-    Stall,
     Cut(usize),
     Corrupt,
 }
@@ -44,7 +43,6 @@ pub struct FaultyConn {
     /// Fault of the block being read, and bytes of it delivered so far.
     cur: Option<Fault>,
     pos: usize,
-    stalled: bool,
     dead: bool,
 }
 
@@ -57,16 +55,13 @@ impl FaultyConn {
             seen,
             cur: None,
             pos: 0,
-            stalled: false,
             dead: false,
         }
     }
 
     fn fault_of(&self, n: u32) -> Option<Fault> {
         let p = &self.plan;
-        if p.stall_block == Some(n) {
-            Some(Fault::Stall)
-        } else if p.cut_block == Some(n) {
+        if p.cut_block == Some(n) {
             Some(Fault::Cut(p.cut_after as usize))
         } else if p.corrupt_block == Some(n) {
             Some(Fault::Corrupt)
@@ -75,14 +70,10 @@ impl FaultyConn {
         }
     }
 
-    /// A stalled connection never delivers again; a cut one is closed.
-    fn gate(&self, what: &'static str, limit: Duration) -> Result<(), PeerError> {
+    /// A cut connection is closed.
+    fn gate(&self) -> Result<(), PeerError> {
         if self.dead {
             return Err(PeerError::Io(io::ErrorKind::BrokenPipe.into()));
-        }
-        if self.stalled {
-            std::thread::sleep(limit);
-            return Err(PeerError::Timeout(what, limit));
         }
         Ok(())
     }
@@ -94,12 +85,12 @@ impl PullConn for FaultyConn {
     }
 
     fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
-        self.gate("peer send", Duration::ZERO)?;
+        self.gate()?;
         self.inner.send_all(msgs, limit)
     }
 
     fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
-        self.gate("peer answer", limit)?;
+        self.gate()?;
         let f = self.inner.recv(limit)?;
         if matches!(f.0, PeerMsg::Block { .. }) {
             let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
@@ -110,12 +101,8 @@ impl PullConn for FaultyConn {
     }
 
     fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
-        self.gate("peer block bytes", limit)?;
+        self.gate()?;
         match self.cur {
-            Some(Fault::Stall) => {
-                self.stalled = true;
-                self.gate("peer block bytes", limit)
-            }
             Some(Fault::Cut(at)) if self.pos + dst.len() > at => {
                 let k = at.saturating_sub(self.pos);
                 self.inner.read_payload(&mut dst[..k], limit)?;
@@ -134,5 +121,17 @@ impl PullConn for FaultyConn {
                 Ok(())
             }
         }
+    }
+
+    fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {
+        self.inner.open_payload(body, seal)
+    }
+
+    fn encrypted(&self) -> bool {
+        self.inner.encrypted()
+    }
+
+    fn key_id(&self) -> Option<u64> {
+        self.inner.key_id()
     }
 }

@@ -1,5 +1,8 @@
 //! Peer transports: how frames and block bodies move between daemons (TCP; RDMA can follow).
 //!
+//! Every frame after the handshake is sealed by the session's [`channel::Channel`] (a keyed
+//! tag per frame and direction, or AES-256-GCM when encrypted), whatever the transport.
+//!
 //! A dialled connection lives twice. It is connected and authenticated on the runtime as a
 //! [`TcpConn`] (the source's end stays one: it answers pulls with async sends). The
 //! destination's end then becomes a [`PullWire`], a blocking connection owned by the one
@@ -17,6 +20,7 @@
 //! RDMA hardware is reached through UCX (verbs on InfiniBand/RoCE); only UCX's TCP and
 //! shared-memory transports were exercised here (docs/peer-protocol.md).
 
+pub mod channel;
 #[cfg(feature = "test-seams")]
 mod faulty;
 mod tcp;
@@ -61,6 +65,13 @@ pub trait PullConn: Send {
     fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError>;
     /// Fills `dst` with the next payload bytes; each receive call waits at most `limit`.
     fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError>;
+    /// Decrypts and checks, in place, the whole body of the last `Block` received, against
+    /// the tag its header carried (`seal`). A no-op when the session only authenticates.
+    fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError>;
+    /// Whether bodies arrive encrypted (then they are opened whole, after the last byte).
+    fn encrypted(&self) -> bool;
+    /// Id of the cluster key the session was derived from (`None`: keyless).
+    fn key_id(&self) -> Option<u64>;
 }
 
 /// Bounds an I/O future by `limit`.
@@ -115,6 +126,36 @@ impl PullWire {
             Self::Ucx(c) => c.recv(limit),
             #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.recv(limit),
+        }
+    }
+
+    /// See [`PullConn::open_payload`].
+    pub fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {
+        match self {
+            Self::Tcp(c) => c.open_payload(body, seal),
+            Self::Ucx(c) => c.open_payload(body, seal),
+            #[cfg(feature = "test-seams")]
+            Self::Faulty(c) => c.open_payload(body, seal),
+        }
+    }
+
+    /// See [`PullConn::encrypted`].
+    pub fn encrypted(&self) -> bool {
+        match self {
+            Self::Tcp(c) => c.encrypted(),
+            Self::Ucx(c) => c.encrypted(),
+            #[cfg(feature = "test-seams")]
+            Self::Faulty(c) => c.encrypted(),
+        }
+    }
+
+    /// See [`PullConn::key_id`].
+    pub fn key_id(&self) -> Option<u64> {
+        match self {
+            Self::Tcp(c) => c.key_id(),
+            Self::Ucx(c) => c.key_id(),
+            #[cfg(feature = "test-seams")]
+            Self::Faulty(c) => c.key_id(),
         }
     }
 
@@ -201,9 +242,22 @@ impl Transport {
         }
     }
 
-    /// Connects to `host:port` (the caller bounds the wait and runs the handshake).
-    pub async fn dial(&self, host: &str, port: u16) -> io::Result<TcpConn> {
-        TcpConn::new(TcpStream::connect((host, port)).await?)
+    /// Resolves `host:port` and connects to it, unless `refuse` says no to any address it
+    /// resolves to (this daemon itself): then nothing is dialled. The caller bounds the
+    /// wait and runs the handshake.
+    pub async fn dial(
+        &self,
+        host: &str,
+        port: u16,
+        refuse: impl Fn(SocketAddr) -> bool,
+    ) -> Result<TcpConn, PeerError> {
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
+        if let Some(a) = addrs.iter().find(|a| refuse(**a)) {
+            return Err(PeerError::Auth(format!(
+                "{host}:{port} resolves to {a}, this daemon's own peer listener: not dialling itself"
+            )));
+        }
+        Ok(TcpConn::new(TcpStream::connect(&addrs[..]).await?)?)
     }
 
     /// Whether UCX may be negotiated on dialled connections (not with injected faults,

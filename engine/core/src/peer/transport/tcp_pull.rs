@@ -1,13 +1,15 @@
-//! The destination's blocking TCP receiver: frame headers come through a small buffer, block
-//! bodies are received by the kernel straight into the caller's slot.
+//! The destination's blocking TCP receiver: frame headers come through a small buffer and are
+//! opened by the session, block bodies are received by the kernel straight into the caller's
+//! slot.
 
 use std::io::{self, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
-use kvnode_proto::peer::{PeerMsg, check_prefix, decode_peer};
+use kvnode_proto::frame::PREFIX_LEN;
+use kvnode_proto::peer::PeerMsg;
 
+use super::channel::Channel;
 use super::{Frame, PullConn};
 use crate::peer::PeerError;
 
@@ -24,13 +26,18 @@ pub struct TcpPull {
     pos: usize,
     end: usize,
     header: Vec<u8>,
+    tag: Vec<u8>,
     /// The `SO_RCVTIMEO`/`SO_SNDTIMEO` in force (set only when it changes).
     limit: Option<Duration>,
+    chan: Box<Channel>,
+    /// Sequence number of the last frame received (its body is opened under it).
+    last: u64,
 }
 
 impl TcpPull {
-    /// Takes over `s` (switched to blocking) with `pending`, bytes already read from it.
-    pub fn new(s: TcpStream, pending: &[u8]) -> io::Result<Self> {
+    /// Takes over `s` (switched to blocking) with `pending`, bytes already read from it, and
+    /// the session `chan` its handshake established.
+    pub fn new(s: TcpStream, pending: &[u8], chan: Channel) -> io::Result<Self> {
         s.set_nonblocking(false)?;
         let addr = s.peer_addr()?;
         let mut buf = vec![0u8; HEADER_BUF.max(pending.len())].into_boxed_slice();
@@ -42,7 +49,10 @@ impl TcpPull {
             pos: 0,
             end: pending.len(),
             header: Vec::new(),
+            tag: Vec::new(),
             limit: None,
+            chan: Box::new(chan),
+            last: 0,
         })
     }
 
@@ -118,7 +128,7 @@ impl PullConn for TcpPull {
     fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
         let mut out = Vec::new();
         for m in msgs {
-            out.extend(encode_frame(m, 0).map_err(|e| PeerError::Protocol(e.to_string()))?);
+            out.extend(self.chan.send.seal(m, 0)?);
         }
         self.bound(limit)?;
         self.s.write_all(&out).map_err(|e| {
@@ -134,21 +144,39 @@ impl PullConn for TcpPull {
         let mut p = [0u8; PREFIX_LEN];
         self.read_exact(&mut p, limit, "peer answer")
             .map_err(frame_eof)?;
-        let prefix = FramePrefix::decode(p)
+        let prefix = kvnode_proto::frame::FramePrefix::decode(p)
             .map_err(|e| PeerError::Frame(e.into()))
-            .and_then(|p| check_prefix(p).map_err(PeerError::Frame))?;
+            .and_then(|p| kvnode_proto::peer::check_prefix(p).map_err(PeerError::Frame))?;
         let mut header = std::mem::take(&mut self.header);
+        let mut tag = std::mem::take(&mut self.tag);
         header.resize(prefix.header_len as usize, 0);
+        tag.resize(self.chan.recv.tag_len(), 0);
         let r = self
             .read_exact(&mut header, limit, "peer frame header")
+            .and_then(|()| self.read_exact(&mut tag, limit, "peer frame tag"))
             .map_err(frame_eof)
-            .and_then(|()| decode_peer(prefix, &header).map_err(PeerError::Frame));
+            .and_then(|()| self.chan.recv.open(&p, &mut header, &tag));
         self.header = header;
-        Ok((r?, prefix.payload_len))
+        self.tag = tag;
+        let (msg, seq) = r?;
+        self.last = seq;
+        Ok((msg, prefix.payload_len))
     }
 
     fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
         self.read_exact(dst, limit, "peer block bytes")
+    }
+
+    fn key_id(&self) -> Option<u64> {
+        self.chan.key_id
+    }
+
+    fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {
+        self.chan.recv.open_body(self.last, body, seal)
+    }
+
+    fn encrypted(&self) -> bool {
+        self.chan.recv.encrypts()
     }
 }
 
@@ -158,6 +186,8 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::peer::transport::channel::Side;
+    use kvnode_proto::peer::HASH_LEN;
 
     /// A connected pair: (writer, reader).
     fn pair() -> (TcpStream, TcpStream) {
@@ -167,14 +197,23 @@ mod tests {
         (a, b)
     }
 
-    fn block(len: u32) -> Vec<u8> {
+    /// Both ends of a session: the source's half seals what the reader opens.
+    fn session() -> (Channel, Channel) {
+        (
+            Channel::new(b"test", false, Side::Source),
+            Channel::new(b"test", false, Side::Destination),
+        )
+    }
+
+    fn block(src: &mut Channel, len: u32) -> Vec<u8> {
         let msg = PeerMsg::Block {
             req: 7,
             idx: 0,
             len,
-            xxh3: 1,
+            hash: vec![1; HASH_LEN],
+            seal: vec![],
         };
-        let mut f = encode_frame(&msg, u64::from(len)).unwrap();
+        let mut f = src.send.seal(&msg, u64::from(len)).unwrap();
         f.extend((0..len).map(|i| (i % 251) as u8));
         f
     }
@@ -182,10 +221,11 @@ mod tests {
     #[test]
     fn bytes_read_before_the_switch_and_bodies_larger_than_the_buffer_arrive_intact() {
         let (mut w, r) = pair();
-        let mut wire = block(100 << 10);
-        wire.extend(block(3));
+        let (mut src, dst) = session();
+        let mut wire = block(&mut src, 100 << 10);
+        wire.extend(block(&mut src, 3));
         // The first 5 bytes were already buffered by the async side.
-        let mut p = TcpPull::new(r, &wire[..5]).unwrap();
+        let mut p = TcpPull::new(r, &wire[..5], dst).unwrap();
         let rest = wire[5..].to_vec();
         let t = std::thread::spawn(move || w.write_all(&rest).unwrap());
         let limit = Duration::from_secs(5);
@@ -203,10 +243,11 @@ mod tests {
     #[test]
     fn a_stall_mid_body_times_out_after_one_limit_and_a_close_reports_the_bytes_got() {
         let (mut w, r) = pair();
-        let wire = block(1 << 20);
+        let (mut src, dst) = session();
+        let wire = block(&mut src, 1 << 20);
         let head = wire.len() - (1 << 20);
         w.write_all(&wire[..head + (300 << 10)]).unwrap();
-        let mut p = TcpPull::new(r, &[]).unwrap();
+        let mut p = TcpPull::new(r, &[], dst).unwrap();
         let limit = Duration::from_millis(300);
         p.recv(limit).unwrap();
         let mut body = vec![0u8; 1 << 20];
@@ -219,7 +260,7 @@ mod tests {
         let took = t.elapsed();
         assert!(took >= limit && took < limit * 2, "stall cost {took:?}");
         // 1000 more bytes, then the peer closes inside the next read.
-        let mut p = TcpPull::new(p.s, &[]).unwrap();
+        let mut p = TcpPull::new(p.s, &[], *p.chan).unwrap();
         w.write_all(&wire[head..head + 1000]).unwrap();
         drop(w);
         let e = p.read_payload(&mut body[..4096], limit).unwrap_err();

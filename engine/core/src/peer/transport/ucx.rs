@@ -5,9 +5,12 @@
 //! exercised here, the source's UCX progress thread serves the GET from the registered
 //! memory (no copy by kvnode's own code, but a socket send by UCX).
 //!
-//! Frames (pulls, answers, `Landed`) stay on the authenticated TCP connection; only block
-//! bytes move through UCX. The worker address and remote key travel in
-//! [`PeerMsg::UcxOffer`], only after the handshake's `Ready`, and are never logged.
+//! Frames (pulls, answers, `Landed`) stay on the TCP connection, sealed by its session
+//! (a keyed tag with an implicit sequence number on every frame); only block bytes move
+//! through UCX, and each landed block is checked against the BLAKE3 hash its sealed `Slot`
+//! carried before it is committed. The worker address and remote key travel in a sealed
+//! [`PeerMsg::UcxOffer`], only after the handshake, and are never logged. An encrypted
+//! session (`--peer-encrypt`) is never offered UCX: GETs would move the bytes in the clear.
 //!
 //! What the key exposes: it lets the holder read the source's whole arena (every block of
 //! every namespace), not just the leased slots. Only authenticated members get it, and
@@ -219,5 +222,17 @@ impl PullConn for UcxPull {
         Err(PeerError::Protocol(
             "a block body arrived on a UCX connection (answers must be Slots)".into(),
         ))
+    }
+
+    fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {
+        self.tcp.open_payload(body, seal)
+    }
+
+    fn encrypted(&self) -> bool {
+        self.tcp.encrypted()
+    }
+
+    fn key_id(&self) -> Option<u64> {
+        self.tcp.key_id()
     }
 }

@@ -1,0 +1,81 @@
+//! Content hashes (BLAKE3) of the blocks this daemon sends or pulled, so a block is hashed at
+//! most once however often it is served.
+//!
+//! The tier slot keeps a 64-bit fingerprint of the block (the first 8 bytes of its hash, in
+//! the slot's checksum field) from the moment it is first hashed or verified; this table keeps
+//! the full hash next to it, keyed by the slot's place and that fingerprint. A lookup whose
+//! fingerprint differs (a new block in a reused slot) misses. When the table has lost an
+//! entry, the block is hashed again and the new hash is checked against the slot's
+//! fingerprint: bytes that changed since they were first hashed (a client scribbling on the
+//! shared arena) are refused, never sent under a fresh hash. The hash is unkeyed: it is made
+//! authentic by the session tag of the frame header that carries it, so a key roll needs no
+//! invalidation here.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kvnode_proto::peer::HASH_LEN;
+use kvnode_proto::{Digest, NamespaceId};
+
+/// Entries kept before the table starts over (each about 130 bytes with the map's own: at
+/// most ~17 MiB). Entries of evicted blocks linger until then; a lost entry costs one hash.
+const CAP: usize = 1 << 17;
+
+/// Where a block lives and what it was when first hashed.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct SlotId {
+    /// Namespace.
+    pub ns: NamespaceId,
+    /// Page digest.
+    pub digest: Digest,
+    /// Segment.
+    pub segment: u16,
+    /// Arena offset of the slot.
+    pub offset: u64,
+    /// Block length.
+    pub len: u64,
+    /// The fingerprint the slot keeps.
+    pub fingerprint: u64,
+}
+
+/// The first 8 bytes of a hash, as kept in the tier slot.
+pub fn fingerprint(h: &[u8; HASH_LEN]) -> u64 {
+    u64::from_le_bytes(h[..8].try_into().expect("8 bytes"))
+}
+
+/// Full hashes by slot.
+#[derive(Debug, Default)]
+pub struct HashCache {
+    map: Mutex<HashMap<SlotId, [u8; HASH_LEN]>>,
+}
+
+impl HashCache {
+    /// The hash remembered for `s`.
+    pub fn get(&self, s: &SlotId) -> Option<[u8; HASH_LEN]> {
+        self.map.lock().expect("hash cache lock").get(s).copied()
+    }
+
+    /// Remembers `h` for `s` (the table starts over when full).
+    pub fn put(&self, s: SlotId, h: [u8; HASH_LEN]) {
+        let mut m = self.map.lock().expect("hash cache lock");
+        if m.len() >= CAP {
+            m.clear();
+        }
+        m.insert(s, h);
+    }
+
+    /// Forgets every hash (the next send of each block hashes it again).
+    pub fn clear(&self) {
+        self.map.lock().expect("hash cache lock").clear();
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.map.lock().expect("hash cache lock").len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
