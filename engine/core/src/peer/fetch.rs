@@ -332,57 +332,32 @@ impl Chunk {
                         PeerError::Protocol(format!("answer for unknown key {req}/{idx}"))
                     })
             };
-            match msg {
+            let got = match msg {
                 PeerMsg::Block {
                     req,
                     idx,
                     len,
                     hash,
                     seal,
-                } => {
-                    let i = at(req, idx)?;
-                    // Stays open until received, so a failure mid-block fails this key too.
-                    let pos = self.position(i)?;
-                    let hash: [u8; HASH_LEN] = hash
-                        .try_into()
-                        .map_err(|_| PeerError::Protocol("block hash of a bad length".into()))?;
-                    self.receive(w, ns, i, len, Body::Inline(&seal), &hash)?;
-                    self.open.swap_remove(pos);
-                    first.get_or_insert(sent.elapsed());
-                    last = sent.elapsed();
-                    blocks += 1;
-                    page = u64::from(len);
-                }
+                } => Some(self.block(w, ns, at(req, idx)?, len, Body::Inline(&seal), hash)?),
                 PeerMsg::Slot {
                     req,
                     idx,
                     len,
                     addr,
                     hash,
-                } => {
-                    let i = at(req, idx)?;
-                    // Stays open until received, so a failure mid-GET fails this key too.
-                    let pos = self.position(i)?;
-                    let hash: [u8; HASH_LEN] = hash
-                        .try_into()
-                        .map_err(|_| PeerError::Protocol("block hash of a bad length".into()))?;
-                    self.receive(w, ns, i, len, Body::Remote(addr), &hash)?;
-                    self.open.swap_remove(pos);
-                    first.get_or_insert(sent.elapsed());
-                    last = sent.elapsed();
-                    blocks += 1;
-                    page = u64::from(len);
-                }
+                } => Some(self.block(w, ns, at(req, idx)?, len, Body::Remote(addr), hash)?),
                 PeerMsg::UcxOffer {
                     worker,
                     rkey,
                     base,
                     len,
-                } => w.rekey(&worker, &rkey, base, len)?,
+                } => w.rekey(&worker, &rkey, base, len).map(|()| None)?,
                 PeerMsg::Miss { req, idx } => {
                     let i = at(req, idx)?;
                     self.answered(i)?;
                     self.op.set(i, KeyOutcome::Missed);
+                    None
                 }
                 PeerMsg::Done { req } => {
                     let keys = reqs.remove(&req).ok_or_else(|| {
@@ -398,14 +373,21 @@ impl Chunk {
                         // the source may release its leases.
                         w.send_all(&[PeerMsg::Landed { req }], io)?;
                     }
+                    None
                 }
-                PeerMsg::Pong { .. } => {}
+                PeerMsg::Pong { .. } => None,
                 PeerMsg::Refused { reason } => return Err(PeerError::Refused(reason)),
                 other => {
                     return Err(PeerError::Protocol(format!(
                         "unexpected {other:?} from a source"
                     )));
                 }
+            };
+            if let Some(len) = got {
+                first.get_or_insert(sent.elapsed());
+                last = sent.elapsed();
+                blocks += 1;
+                page = u64::from(len);
             }
         }
         if let Some(f) = first {
@@ -413,6 +395,26 @@ impl Chunk {
             p.stats.record(&self.link.name, page, f, per);
         }
         Ok(())
+    }
+
+    /// Receives key `i`'s block (a `Block` body or a `Slot` to GET); returns its length.
+    fn block(
+        &mut self,
+        w: &mut PullWire,
+        ns: NamespaceId,
+        i: usize,
+        len: u32,
+        body: Body<'_>,
+        hash: Vec<u8>,
+    ) -> Result<u32, PeerError> {
+        // Stays open until received, so a failure mid-block fails this key too.
+        let pos = self.position(i)?;
+        let hash: [u8; HASH_LEN] = hash
+            .try_into()
+            .map_err(|_| PeerError::Protocol("block hash of a bad length".into()))?;
+        self.receive(w, ns, i, len, body, &hash)?;
+        self.open.swap_remove(pos);
+        Ok(len)
     }
 
     fn position(&self, i: usize) -> Result<usize, PeerError> {
