@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # CPU cost per GB of peer pulls (both daemons) next to iperf3's (client + server), a figure
 # that other processes' load moves much less than throughput. Needs perf, iperf3, python3.
-# Usage: scripts/bench-pull-cpu.sh [BIN] [CONNECTIONS]   (default target/release/kvnode, 2)
+# Usage: scripts/bench-pull-cpu.sh [BIN] [CONNECTIONS] [SERVE_FLAG...]   (default target/release/kvnode, 2;
+#        each SERVE_FLAG goes to both daemons, e.g. --cluster-key=/etc/kvnode/key --peer-encrypt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$(realpath "${1:-target/release/kvnode}")
 conns=${2:-2}
+shift $(( $# < 2 ? $# : 2 ))
+dargs=()
+for f in "$@"; do dargs+=("--daemon-arg=$f"); done
 tmp=$(mktemp -d /tmp/kvnode-pull-cpu.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 inserts() { "$bin" stats --socket "$1" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["stats"]["tiers"][0]["inserts"])'; }
 
 # 600 pulls of 64 x 1 MiB; measure a 6 s window in the middle of them.
-"$bin" bench pull --rounds 1 --iterations 600 --latency-samples 1 --iperf-seconds 0 --connections "$conns" >"$tmp/bench.txt" 2>&1 &
+"$bin" bench pull --rounds 1 --iterations 600 --latency-samples 1 --iperf-seconds 0 --connections "$conns" ${dargs[@]+"${dargs[@]}"} >"$tmp/bench.txt" 2>&1 &
 bench=$!
 sleep 4
 src=$(pgrep -P "$bench" -f 'serve.*--peer-listen')

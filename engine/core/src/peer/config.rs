@@ -199,6 +199,12 @@ impl PeerConfig {
         if self.batch_keys == 0 || self.batch_keys as usize > kvnode_proto::peer::MAX_PULL_KEYS {
             return Err("peer batch_keys must be 1..=4096".into());
         }
+        if self.encrypt && self.cluster_key.is_none() {
+            return Err(
+                "peer encryption needs a cluster key (without one the session keys are public)"
+                    .into(),
+            );
+        }
         if self.connect_timeout_ms == 0 || self.io_timeout_ms == 0 {
             return Err("peer timeouts must be positive".into());
         }
@@ -238,5 +244,10 @@ mod tests {
         assert!(c.validate().unwrap_err().contains("only loopback"));
         c.cluster_key = Some("/k".into());
         assert!(c.validate().is_ok());
+        c.encrypt = true;
+        assert!(c.validate().is_ok());
+        c.cluster_key = None;
+        c.peers.pop();
+        assert!(c.validate().unwrap_err().contains("needs a cluster key"));
     }
 }

@@ -426,9 +426,7 @@ impl Peers {
                 "cluster key ids {}: peers prove the key in a handshake bound to both daemons; {sealing}",
                 r.describe()
             ),
-            None => {
-                format!("no cluster key: only loopback peers are served and dialled; {sealing}")
-            }
+            None => "no cluster key: only loopback peers are served and dialled; frames carry integrity tags, which authenticate nothing without a key".to_owned(),
         };
         let transport = match (&self.ucx, &self.ucx_off) {
             (Some(u), _) => format!("transport ucx ({})", u.describe()),
