@@ -15,6 +15,8 @@ command -v cc >/dev/null || need+=(gcc)
 for pkg in libucx-dev ucx-utils; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
+# The etcd client (kvnode-cluster) compiles etcd's .proto files at build time.
+command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [ "$MODE" = serve ]; then
   if ((${#need[@]})); then
     echo "install-deps: installing ${need[*]}" >&2
@@ -24,6 +26,9 @@ if [ "$MODE" = serve ]; then
   exit 0
 fi
 command -v fio >/dev/null || need+=(fio)
+# tests/tests/cluster*.rs start a real etcd (docs/cluster.md) and make TLS certificates.
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v openssl >/dev/null || need+=(openssl)
 command -v iperf3 >/dev/null || need+=(iperf3)
 # kvtrace: clang compiles the BPF programs, bpftool generates vmlinux.h, libbpf (vendored by
 # libbpf-sys) links against the system libelf and zlib found through pkg-config; asm/ headers

@@ -3,6 +3,7 @@
 //! The `kvnode` binary is found next to the test executable (`target/<profile>/kvnode`);
 //! `cargo test --workspace` builds it before running these tests.
 
+pub mod fabric;
 pub mod peerwire;
 pub mod raw;
 pub mod shm;
@@ -41,7 +42,7 @@ pub fn kvtrace_bin() -> PathBuf {
 }
 
 /// Environment variable that lets a test skip when a prerequisite is missing: a comma list
-/// of the prerequisites that may be missing (`root`, `ip`, `gpu-driver`) or `all`. Unset,
+/// of the prerequisites that may be missing (`root`, `ip`, `gpu-driver`, `etcd`) or `all`. Unset,
 /// as in CI, a missing prerequisite fails the test: nothing passes by skipping.
 pub const ALLOW_SKIP_ENV: &str = "KVNODE_TEST_ALLOW_SKIP";
 
@@ -331,12 +332,37 @@ pub fn stats_text(socket: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A spill directory removed with everything in it when dropped (a test's spill files are
+/// often a GiB: left behind, repeated runs fill the disk). Declare it before the daemons
+/// that use it, so they stop first.
+#[derive(Debug)]
+pub struct SpillDir(PathBuf);
+
+impl std::ops::Deref for SpillDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for SpillDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for SpillDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A fresh, empty spill directory under /var/tmp (real disk, not tmpfs: O_DIRECT needs it).
-pub fn spill_dir(tag: &str) -> PathBuf {
+pub fn spill_dir(tag: &str) -> SpillDir {
     let d = PathBuf::from(format!("/var/tmp/kvnode-e2e-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("spill dir");
-    d
+    SpillDir(d)
 }
 
 /// The stats of tier `name` (`"dram"`, `"nvme"`) from a live daemon.

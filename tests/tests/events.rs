@@ -9,7 +9,6 @@
 //! Run: `cargo test --release -p kvnode-e2e --test events`.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -20,7 +19,7 @@ use dynamo_kv_router::zmq_wire::{RawKvEvent, ZmqEventNormalizer, decode_event_ba
 use dynamo_kv_router::{LocalBlockHash, compute_block_hash_for_seq};
 use kvnode_client::Client;
 use kvnode_client::kvnode_proto::client::BlockMeta;
-use kvnode_e2e::{Daemon, block, key};
+use kvnode_e2e::{Daemon, SpillDir, block, key, spill_dir};
 use kvnode_proto::{Key, NamespaceSpec};
 use proptest::prelude::*;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
@@ -84,16 +83,12 @@ struct Fixture {
     daemon: Daemon,
     events: String,
     replay: String,
-    dir: PathBuf,
+    /// Kept only to remove the spill files when the fixture (daemon first) is dropped.
+    _dir: SpillDir,
 }
 
 fn start() -> Fixture {
-    let dir = PathBuf::from(format!(
-        "/var/tmp/kvnode-e2e-events-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = spill_dir(&format!("events-{}", free_port()));
     let events = format!("tcp://127.0.0.1:{}", free_port());
     let replay = format!("tcp://127.0.0.1:{}", free_port());
     let daemon = Daemon::start_spilling(
@@ -112,7 +107,7 @@ fn start() -> Fixture {
         daemon,
         events,
         replay,
-        dir,
+        _dir: dir,
     }
 }
 
@@ -387,8 +382,7 @@ fn run_case(steps: &[Step]) {
         );
     }
     drop(c);
-    drop(fx.daemon);
-    let _ = std::fs::remove_dir_all(&fx.dir);
+    drop(fx);
 }
 
 proptest! {

@@ -444,6 +444,15 @@ impl Client {
         }
     }
 
+    /// Cluster membership: health and the live members (daemons started with `--cluster`;
+    /// others answer with an `Unsupported` error).
+    pub fn cluster(&mut self) -> Result<kvnode_proto::cluster::ClusterReport> {
+        match self.call(Op::Cluster)? {
+            Reply::Cluster(r) => Ok(*r),
+            r => Err(unexpected(&r)),
+        }
+    }
+
     /// The daemon's live latency histograms (per op and tier) and throughput over time.
     pub fn histograms(&mut self) -> Result<LatencyReport> {
         match self.call(Op::Histograms)? {

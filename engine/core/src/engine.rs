@@ -197,7 +197,24 @@ impl Engine {
             namespaces: snap.namespaces,
             gpu: self.gpu.stats(),
             regions: self.regions.report(),
+            cluster: self.cluster_summary(),
         }
+    }
+
+    /// Cluster health for `stats` and `/metrics`, when the daemon runs with a membership.
+    fn cluster_summary(&self) -> Option<kvnode_proto::cluster::ClusterSummary> {
+        let m = self.peers.membership()?;
+        let mut s = m.summary();
+        s.refused_hints = self.peers.counters.refused_members.load(Ordering::Relaxed);
+        Some(s)
+    }
+
+    /// The `cluster` op's answer: `None` when the daemon runs without a membership.
+    pub fn cluster_report(&self) -> Option<kvnode_proto::cluster::ClusterReport> {
+        let m = self.peers.membership()?;
+        let mut r = m.report();
+        r.summary.refused_hints = self.peers.counters.refused_members.load(Ordering::Relaxed);
+        Some(r)
     }
 
     /// The Prometheus exporter (`--metrics`): reads [`Engine::stats`] and the metrics on each

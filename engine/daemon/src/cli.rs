@@ -31,6 +31,27 @@ pub enum Command {
     Bench(kvnode_bench::BenchCmd),
     /// Latency report (percentile tables, SVG) from the live daemon or a `kvtrace record` file.
     Report(ReportArgs),
+    /// Cluster membership as the daemon sees it (daemons started with --cluster).
+    Cluster(ClusterCmdArgs),
+}
+
+/// `kvnode cluster members|status`.
+#[derive(Debug, Args)]
+pub struct ClusterCmdArgs {
+    /// `members`: every live member; `status`: health in one table.
+    #[arg(value_enum)]
+    pub what: ClusterWhat,
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ClusterWhat {
+    Members,
+    Status,
 }
 
 #[derive(Debug, Args)]
@@ -118,6 +139,8 @@ pub struct ServeArgs {
     pub dp_rank: Option<u32>,
     #[command(flatten)]
     pub peer: crate::serve_peer::PeerArgs,
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

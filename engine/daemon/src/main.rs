@@ -10,9 +10,12 @@
 //! kvnode bench gpu        GPU offload/onload next to plain pinned cuMemcpy
 //! kvnode bench pull       two daemons on loopback: peer pulls next to iperf3
 //! kvnode report           latency percentile tables and SVG (live daemon or kvtrace file)
+//! kvnode cluster members|status   cluster membership as the daemon sees it (--cluster)
 //! ```
 
 mod cli;
+mod cluster;
+mod cluster_cmd;
 mod crash;
 mod host_mem;
 mod keys;
@@ -43,6 +46,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Stats(a) => ops::stats(&a),
         cli::Command::Clear(a) => ops::clear(&a),
         cli::Command::Report(a) => report::run(&a),
+        cli::Command::Cluster(a) => cluster_cmd::run(&a),
         cli::Command::Bench(b) => kvnode_bench::run(&b),
     };
     match result {

@@ -10,16 +10,18 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::cli::{Eviction, RegionCopyArg, ServeArgs, SpillAdmission, SpillEngineArg};
 use kvnode_engine::nvme::config::{Admission, SpillDirSetting, SpillEngine};
 
-/// Builds the effective configuration.
-pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
-    let mut cfg = match &a.config {
+/// Builds the effective configuration: the engine's, and the cluster's when one is named.
+pub fn effective_config(
+    a: &ServeArgs,
+) -> anyhow::Result<(EngineConfig, Option<kvnode_cluster::ClusterConfig>)> {
+    let (mut cfg, cluster) = match &a.config {
         Some(p) => {
             let text = std::fs::read_to_string(p)
                 .with_context(|| format!("reading config {}", p.display()))?;
-            toml::from_str::<EngineConfig>(&text)
+            crate::cluster::split_config(&text)
                 .with_context(|| format!("parsing config {}", p.display()))?
         }
-        None => EngineConfig::default(),
+        None => (EngineConfig::default(), None),
     };
     if let Some(s) = &a.socket {
         cfg.socket.clone_from(s);
@@ -59,7 +61,11 @@ pub fn effective_config(a: &ServeArgs) -> anyhow::Result<EngineConfig> {
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
-    Ok(cfg)
+    let cluster = crate::cluster::effective(cluster, &a.cluster)?;
+    if let Some(c) = &cluster {
+        crate::cluster::check(&cfg, c).context("invalid configuration")?;
+    }
+    Ok((cfg, cluster))
 }
 
 /// `--spill-*` and `--events*` flags over the config file.
@@ -133,8 +139,11 @@ fn init_logging() {
 
 /// Runs the daemon until SIGTERM or SIGINT, then drains and returns.
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
-    let cfg = effective_config(a)?;
-    let shown = toml::to_string(&cfg).context("rendering config")?;
+    let (cfg, cluster) = effective_config(a)?;
+    let mut shown = toml::to_string(&cfg).context("rendering config")?;
+    if let Some(c) = &cluster {
+        shown.push_str(&crate::cluster::render(c).context("rendering [cluster]")?);
+    }
     if a.print_config {
         print!("{shown}");
         return Ok(());
@@ -178,6 +187,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         }
         let peer_server = crate::serve_peer::start(&engine, stop_rx.clone()).await?;
         crate::serve_peer::revoke_on_sigusr2(&engine)?;
+        let cluster_agent = match &cluster {
+            Some(c) => Some(crate::cluster::start(&engine, c, stop_rx.clone())?),
+            None => None,
+        };
         let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), listener, stop_rx));
         let sig = tokio::select! {
             _ = term.recv() => "SIGTERM",
@@ -192,6 +205,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         }
         if let Some(p) = peer_server {
             let _ = p.await;
+        }
+        // Bounded: the agent revokes its lease (at most 1 s) so peers drop this node now.
+        if let Some(c) = cluster_agent {
+            let _ = c.await;
         }
         // The exporter holds the engine: its task ends (bounded) before the engine is dropped.
         if let Some(m) = metrics {

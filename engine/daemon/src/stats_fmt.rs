@@ -14,7 +14,25 @@ fn rate(h: u64, m: u64) -> String {
 }
 
 /// Renders the report as aligned tables.
-pub fn render(s: &StatsReport) -> String {
+/// One line of cluster health (daemons started with `--cluster`).
+fn cluster_line(c: &kvnode_proto::cluster::ClusterSummary) -> String {
+    format!(
+        "cluster {} as {}: {}  members {}  membership age {:.1}s  in force {}  refused hints {}{}\n",
+        c.name,
+        c.node_id,
+        c.state.as_str(),
+        c.members,
+        c.membership_age_s,
+        c.in_force,
+        c.refused_hints,
+        c.last_error
+            .as_deref()
+            .map_or_else(String::new, |e| format!("  last error: {e}"))
+    )
+}
+
+/// The lines above the tables: daemon, GPU, client regions, cluster.
+fn header(s: &StatsReport) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -37,6 +55,14 @@ pub fn render(s: &StatsReport) -> String {
         "client regions attached: sealed {}  guarded {}  pread {}  faults {}",
         r.attached_sealed, r.attached_guarded, r.attached_pread, r.faults
     );
+    if let Some(c) = &s.cluster {
+        o.push_str(&cluster_line(c));
+    }
+    o
+}
+
+pub fn render(s: &StatsReport) -> String {
+    let mut o = header(s);
     let _ = writeln!(
         o,
         "\n{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>10}",

@@ -159,6 +159,8 @@ pub enum Op {
     Timeouts,
     /// Live latency histograms per op and tier, and throughput over time.
     Histograms,
+    /// Cluster membership: health and the live members (`kvnode cluster`).
+    Cluster,
     /// Maps client memory: this frame carries a memfd (SCM_RIGHTS) of at least `len` bytes,
     /// which the daemon maps shared until `DetachRegion` or until the connection closes.
     AttachRegion {
@@ -419,6 +421,8 @@ pub enum Reply {
     Timeouts(Box<TimeoutReport>),
     /// Latency histograms.
     Histograms(Box<LatencyReport>),
+    /// Cluster membership (`Cluster`).
+    Cluster(Box<crate::cluster::ClusterReport>),
     /// Client memory mapped.
     RegionAttached {
         /// Id for `GetToRegion` / `PutFromRegion` (valid on this connection only).
@@ -483,7 +487,7 @@ impl Op {
             Op::Clear { .. } => OpKind::Clear,
             Op::Stats => OpKind::Stats,
             Op::Histograms => OpKind::Histograms,
-            Op::Hello { .. } => OpKind::Other,
+            Op::Hello { .. } | Op::Cluster => OpKind::Other,
             Op::AttachRegion { .. } | Op::DetachRegion { .. } => OpKind::Region,
             Op::GetToRegion { .. } => OpKind::GetToRegion,
             Op::PutFromRegion { .. } => OpKind::PutFromRegion,

@@ -24,6 +24,8 @@ pub struct StatsReport {
     pub gpu: crate::gpu::GpuStats,
     /// Client regions (`AttachRegion`) by copy mode, and faults absorbed.
     pub regions: RegionStats,
+    /// Cluster membership health, when the daemon runs with `--cluster`.
+    pub cluster: Option<crate::cluster::ClusterSummary>,
 }
 
 /// Counters of one tier.

@@ -2,9 +2,9 @@
 
 use std::io;
 
-use kvnode_proto::client::{Op, Reply, Request};
+use kvnode_proto::client::{ErrorCode, Op, Reply, Request};
 
-use super::errors::invalid;
+use super::errors::{error, invalid};
 use super::session::Session;
 
 impl Session {
@@ -40,6 +40,15 @@ impl Session {
             Op::Stats => Reply::Stats(Box::new(self.engine.stats())),
             Op::Timeouts => Reply::Timeouts(Box::new(self.engine.peers.stats.report())),
             Op::Histograms => Reply::Histograms(Box::new(self.engine.metrics.report())),
+            Op::Cluster => self.engine.cluster_report().map_or_else(
+                || {
+                    error(
+                        ErrorCode::Unsupported,
+                        "this daemon runs without cluster membership (start it with --cluster etcd://HOST:PORT/NAME)",
+                    )
+                },
+                |r| Reply::Cluster(Box::new(r)),
+            ),
             op @ (Op::Pull { .. } | Op::Wait { .. } | Op::Cancel { .. }) => self.peer_op(op).await,
             op @ (Op::AttachRegion { .. }
             | Op::DetachRegion { .. }

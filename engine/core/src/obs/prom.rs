@@ -16,6 +16,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use kvnode_proto::cluster::ClusterSummary;
 use kvnode_proto::obs::{OpKind, OpStatus, StallKind};
 use kvnode_proto::stats::{RegionStats, StatsReport, TierStats};
 use prometheus_client::collector::Collector;
@@ -85,6 +86,9 @@ impl Collector for Kvnode {
         let mut o = Out(d);
         daemon(&mut o, &s)?;
         regions(&mut o, &s.regions)?;
+        if let Some(c) = &s.cluster {
+            cluster(&mut o, c)?;
+        }
         ops(&mut o, &self.metrics)?;
         counters(&mut o, &self.metrics)
     }
@@ -276,6 +280,51 @@ fn regions(o: &mut Out<'_>, r: &RegionStats) -> fmt::Result {
     )
 }
 
+/// Cluster membership (only when the daemon runs with `--cluster`; docs/cluster.md).
+fn cluster(o: &mut Out<'_>, c: &ClusterSummary) -> fmt::Result {
+    let flag = |b: bool| i64::from(b);
+    o.gauge(
+        "cluster_members",
+        "Live cluster members known (this daemon included).",
+        c.members,
+    )?;
+    o.gauge(
+        "cluster_incompatible_members",
+        "Live members whose peer protocol differs from this daemon's (hints to them are refused).",
+        c.incompatible_members,
+    )?;
+    o.gauge(
+        "cluster_etcd_healthy",
+        "1 while etcd answers (lease kept alive, watch running).",
+        flag(c.etcd_healthy),
+    )?;
+    o.gauge(
+        "cluster_registered",
+        "1 while this daemon's record is registered under a live lease.",
+        flag(c.registered),
+    )?;
+    o.gauge(
+        "cluster_membership_in_force",
+        "1 while membership authorizes hints (healthy, or within the grace after etcd stopped answering).",
+        flag(c.in_force),
+    )?;
+    o.gauge(
+        "cluster_membership_age_seconds",
+        "Seconds since etcd last confirmed the membership.",
+        c.membership_age_s,
+    )?;
+    o.counter(
+        "cluster_reconnects",
+        "etcd sessions started after the first (reconnects, re-registrations).",
+        c.reconnects,
+    )?;
+    o.counter(
+        "cluster_refused_hints",
+        "Hints refused by cluster membership (not a live member, incompatible, membership expired).",
+        c.refused_hints,
+    )
+}
+
 /// A snapshot of a name → histogram map (the lock is not held while encoding).
 fn named(
     m: &std::sync::Mutex<std::collections::BTreeMap<String, Arc<Hist>>>,
@@ -432,6 +481,15 @@ mod tests {
                 faults: 1,
                 ..RegionStats::default()
             },
+            cluster: Some(ClusterSummary {
+                members: 3,
+                etcd_healthy: true,
+                registered: true,
+                in_force: true,
+                membership_age_s: 0.5,
+                refused_hints: 2,
+                ..ClusterSummary::default()
+            }),
             ..StatsReport::default()
         };
         Exporter::new(move || stats.clone(), m).render().unwrap()
@@ -477,6 +535,11 @@ mod tests {
             "kvnode_tier_latency_seconds_count{tier=\"nvme\",dir=\"read\"} 1",
             "kvnode_peer_latency_seconds_count{peer=\"10.0.0.2:7100\"} 1",
             "kvnode_peer_latency_seconds_count{peer=\"odd\\\"peer\"} 1",
+            "kvnode_cluster_members 3",
+            "kvnode_cluster_etcd_healthy 1",
+            "kvnode_cluster_membership_in_force 1",
+            "kvnode_cluster_membership_age_seconds 0.5",
+            "kvnode_cluster_refused_hints_total 2",
         ] {
             assert!(lines.contains(want), "missing {want}:\n{text}");
         }

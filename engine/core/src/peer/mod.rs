@@ -7,6 +7,7 @@
 //! ```
 //!
 //! - [`config`]: `[peer]` settings and the allowlist.
+//! - [`membership`]: the seam through which cluster membership authorizes endpoints too.
 //! - [`auth`]: cluster keys (two during a roll) and the handshake bound to both daemons.
 //! - [`transport`]: the transport seam (TCP, fault-injecting), the sealed channel, and
 //!   framed, time-bounded I/O.
@@ -20,6 +21,7 @@ pub mod auth;
 pub mod config;
 pub mod fetch;
 pub mod hashes;
+pub mod membership;
 pub mod op;
 pub mod source;
 mod start;
@@ -44,6 +46,7 @@ use kvnode_proto::pull::{FailCode, Failure};
 
 pub use auth::{ClusterKey, Identity, KeyRing};
 pub use config::{Allowed, PeerConfig, TransportKind};
+pub use membership::Membership;
 pub use op::{OpTable, PullOp};
 pub use timeouts::PullStats;
 
@@ -133,6 +136,9 @@ pub struct PeerCounters {
     pub failures: AtomicU64,
     /// Hints refused before any connection.
     pub refused_hints: AtomicU64,
+    /// Of those, hints that cluster membership refused (not a live member, incompatible,
+    /// membership expired).
+    pub refused_members: AtomicU64,
     /// Blocks a source did not send because their bytes changed after they were hashed.
     pub changed_blocks: AtomicU64,
     /// Blocks this source answered with a UCX `Slot` (read by the destination's GET).
@@ -153,6 +159,8 @@ pub struct Peers {
     /// Content hashes of blocks sent and pulled.
     pub hashes: hashes::HashCache,
     links: Mutex<HashMap<Endpoint, Arc<fetch::PeerLink>>>,
+    /// Cluster membership, when the daemon runs with one (set once at start-up).
+    membership: OnceLock<Arc<dyn Membership>>,
     /// Operations.
     pub ops: OpTable,
     /// Latency measurements.
@@ -231,6 +239,7 @@ impl Peers {
             listening: OnceLock::new(),
             hashes: hashes::HashCache::default(),
             links: Mutex::new(HashMap::new()),
+            membership: OnceLock::new(),
             ops: OpTable::default(),
             stats: PullStats::default(),
             counters: PeerCounters::default(),
@@ -384,8 +393,20 @@ impl Peers {
             .fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// Checks a hinted endpoint against the allowlist (and loopback when keyless). Nothing
-    /// is dialled before this says yes.
+    /// Installs the cluster membership view (once; a second call is refused and returns the
+    /// view back).
+    pub fn set_membership(&self, m: Arc<dyn Membership>) -> Result<(), Arc<dyn Membership>> {
+        self.membership.set(m)
+    }
+
+    /// The cluster membership view, if the daemon runs with one.
+    pub fn membership(&self) -> Option<&Arc<dyn Membership>> {
+        self.membership.get()
+    }
+
+    /// Checks a hinted endpoint against the allowlist, then cluster membership (and
+    /// loopback when keyless). Nothing is dialled before this says yes; membership answers
+    /// from memory (never waits on etcd).
     pub fn authorize(&self, e: &Endpoint) -> Result<(), Failure> {
         let refuse = |m: String| Err(Failure::new(FailCode::NotAuthorized, m));
         if self.me.as_ref() == Some(e)
@@ -400,9 +421,15 @@ impl Peers {
             ));
         }
         if self.allow.iter().any(|a| a.admits(e)) {
-            Ok(())
-        } else {
-            refuse(format!("{e} is not an authorized peer (not in --peers)"))
+            return Ok(());
+        }
+        match self.membership.get() {
+            Some(m) => m.authorize(e).inspect_err(|_| {
+                self.counters
+                    .refused_members
+                    .fetch_add(1, Ordering::Relaxed);
+            }),
+            None => refuse(format!("{e} is not an authorized peer (not in --peers)")),
         }
     }
 
