@@ -9,6 +9,12 @@ if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
 need=()
 command -v cargo >/dev/null || { echo "install-deps: cargo (Rust >= 1.95) is required and missing" >&2; exit 1; }
 command -v cc >/dev/null || need+=(gcc)
+# UCX (the peer transport `ucx`): the daemon links libucp/libucs, so building needs the
+# headers' package and running needs its library (libucx0, pulled in by libucx-dev);
+# ucx-utils brings `ucx_info`, which lists the transports UCX found (docs/peer-protocol.md).
+for pkg in libucx-dev ucx-utils; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
 # The etcd client (kvnode-cluster) compiles etcd's .proto files at build time.
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [ "$MODE" = serve ]; then

@@ -37,6 +37,11 @@ pub struct PullArgs {
     /// Connections per peer.
     #[arg(long, default_value_t = 2)]
     pub connections: u32,
+    /// Peer transport of both daemons (`--peer-transport`): tcp, ucx or auto. With ucx the
+    /// daemons inherit `UCX_*` from this process (e.g. `UCX_TLS=tcp` or `UCX_TLS=sm`), and the
+    /// run fails unless the destination really pulled with UCX GETs.
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "ucx", "auto"])]
+    pub transport: String,
     /// Seconds of each iperf3 run (0 skips it).
     #[arg(long, default_value_t = 3)]
     pub iperf_seconds: u32,
@@ -183,6 +188,20 @@ fn iperf3(secs: u32) -> anyhow::Result<f64> {
     }
 }
 
+/// The `UCX_*` settings the daemons inherit, for the report.
+fn ucx_env() -> String {
+    let mut v: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("UCX_"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    v.sort();
+    if v.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", v.join(" "))
+    }
+}
+
 fn put_all(c: &mut Client, ns: u32, keys: &[Key], page: u64) -> anyhow::Result<()> {
     let buf: Vec<u8> = (0..page).map(|i| (i * 31 % 251) as u8).collect();
     for part in keys.chunks(32) {
@@ -303,6 +322,8 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         listen.clone(),
         "--advertise".into(),
         format!("tcp://{listen}"),
+        "--peer-transport".into(),
+        a.transport.clone(),
     ];
     src_args.extend(a.daemon_args.iter().cloned());
     let (_src, src_sock) = daemon("src", &src_args)?;
@@ -311,9 +332,11 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         format!("tcp://{listen}"),
         "--peer-connections".into(),
         a.connections.to_string(),
+        "--peer-transport".into(),
+        a.transport.clone(),
     ];
     dst_args.extend(a.daemon_args.iter().cloned());
-    let (_dst, dst_sock) = daemon("dst", &dst_args)?;
+    let (dst_proc, dst_sock) = daemon("dst", &dst_args)?;
     let (mut s, mut d) = (Client::connect(&src_sock)?, Client::connect(&dst_sock)?);
     let (sb, db) = (s.register(&spec(page))?.ns, d.register(&spec(page))?.ns);
     let (ss, ds) = (s.register(&spec(small))?.ns, d.register(&spec(small))?.ns);
@@ -322,14 +345,16 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
     put_all(&mut s, sb, &big, page)?;
     put_all(&mut s, ss, &lat, small)?;
     println!(
-        "kvnode bench pull: {} x {} pages, {} rounds of {} pulls; {} latency samples of {}; {} connections",
+        "kvnode bench pull: {} x {} pages, {} rounds of {} pulls; {} latency samples of {}; {} connections; transport {}{}",
         a.pages,
         ByteSize(page),
         a.rounds,
         a.iterations,
         a.latency_samples,
         ByteSize(small),
-        a.connections
+        a.connections,
+        a.transport,
+        ucx_env()
     );
     settle(&mut s)?;
     settle(&mut d)?;
@@ -358,6 +383,15 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
             pulls,
         });
     }
+    let log = std::fs::read_to_string(dst_proc.1.join("log")).unwrap_or_default();
+    let used_ucx = log.contains("pulling from this peer with UCX GETs");
+    if a.transport == "ucx" && !used_ucx {
+        bail!("--transport ucx, but the destination did not pull with UCX; its log:\n{log}");
+    }
+    println!(
+        "blocks moved by: {}",
+        if used_ucx { "UCX GETs" } else { "TCP" }
+    );
     let r = Results {
         page,
         small,

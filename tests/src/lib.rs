@@ -421,6 +421,35 @@ pub fn hint(port: u16, keys: &[Key]) -> String {
     )
 }
 
+/// The peer transport the peer suites run their daemons with: `tcp` (default) or `ucx`,
+/// from `KVNODE_E2E_PEER_TRANSPORT` (CI runs the suites once per transport). With `ucx`,
+/// daemons get `--peer-transport ucx` and `UCX_TLS=tcp` unless `UCX_TLS` is set.
+pub fn peer_transport() -> &'static str {
+    match std::env::var("KVNODE_E2E_PEER_TRANSPORT").as_deref() {
+        Err(_) | Ok("" | "tcp") => "tcp",
+        Ok("ucx") => "ucx",
+        Ok(other) => panic!("KVNODE_E2E_PEER_TRANSPORT={other}: expected tcp or ucx"),
+    }
+}
+
+/// Starts a peer daemon with `args` on the suite's transport ([`peer_transport`]); with UCX
+/// it checks that the daemon really runs it.
+pub fn peer_daemon(args: &[&str]) -> Daemon {
+    if peer_transport() == "tcp" {
+        return Daemon::start(args);
+    }
+    let tls = std::env::var("UCX_TLS").unwrap_or_else(|_| "tcp".into());
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--peer-transport", "ucx"]);
+    let d = Daemon::start_env(&[("UCX_TLS", tls.as_str())], &all);
+    assert!(
+        d.log().contains("transport ucx"),
+        "daemon does not run the UCX transport:\n{}",
+        d.log()
+    );
+    d
+}
+
 /// A source daemon serving peers on `127.0.0.1:port`, plus `extra` flags.
 pub fn peer_source(port: u16, extra: &[&str]) -> Daemon {
     let listen = format!("127.0.0.1:{port}");
@@ -435,14 +464,14 @@ pub fn peer_source(port: u16, extra: &[&str]) -> Daemon {
         &adv,
     ];
     args.extend_from_slice(extra);
-    Daemon::start(&args)
+    peer_daemon(&args)
 }
 
 /// A destination daemon allowed to pull from `peers`, plus `extra` flags.
 pub fn peer_dest(peers: &str, extra: &[&str]) -> Daemon {
     let mut args = vec!["--dram", "256MiB", "--no-pin", "--peers", peers];
     args.extend_from_slice(extra);
-    Daemon::start(&args)
+    peer_daemon(&args)
 }
 
 /// Puts blocks `0..n` (of `len` bytes, [`block`] contents) four per request, every one

@@ -494,7 +494,10 @@ fn incompatible_member_is_listed_and_refused(cl: &mut Cluster, etcd: &Etcd, n: &
         },
     );
     let keys = cl.fresh(3);
-    assert_refused(&pull(&n[0], &future, &keys), &format!("peer protocol v{next}"));
+    assert_refused(
+        &pull(&n[0], &future, &keys),
+        &format!("peer protocol v{next}"),
+    );
 }
 
 /// etcd killed: degraded within the grace, expired after it.

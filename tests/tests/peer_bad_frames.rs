@@ -41,7 +41,14 @@ fn fake_source(
     let t = std::thread::spawn(move || {
         let (s, _) = l.accept().unwrap();
         let mut w = keyless_source_handshake(s);
-        let PeerMsg::Pull { req, keys, .. } = w.recv().unwrap() else {
+        let mut first = w.recv().unwrap();
+        if first == PeerMsg::UcxRequest {
+            // A UCX destination (KVNODE_E2E_PEER_TRANSPORT=ucx): this fake speaks TCP only.
+            let reason = "fake source: tcp only".to_owned();
+            w.send(&PeerMsg::UcxDecline { reason }, &[]).unwrap();
+            first = w.recv().unwrap();
+        }
+        let PeerMsg::Pull { req, keys, .. } = first else {
             panic!("no Pull")
         };
         script(&mut w, req, keys.len());

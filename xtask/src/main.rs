@@ -65,6 +65,24 @@ fn test() -> Result<(), String> {
         "test",
         cargo().args(["test", "--release", "--workspace", "--", "--test-threads=2"]),
     )?;
+    // The peer suites again with every daemon on the UCX transport (over UCX's TCP
+    // transport on loopback: no RDMA device is needed or used).
+    run(
+        "test-peer-ucx",
+        cargo()
+            .args(["test", "--release", "-p", "kvnode-e2e"])
+            .args([
+                "--test",
+                "peer",
+                "--test",
+                "peer_faults",
+                "--test",
+                "peer_bad_frames",
+            ])
+            .args(["--test", "peer_spill", "--", "--test-threads=2"])
+            .env("KVNODE_E2E_PEER_TRANSPORT", "ucx")
+            .env("UCX_TLS", "tcp"),
+    )?;
     python_tests()
 }
 

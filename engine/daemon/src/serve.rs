@@ -211,6 +211,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             });
         }
         let peer_server = crate::serve_peer::start(&engine, stop_rx.clone()).await?;
+        crate::serve_peer::revoke_on_sigusr2(&engine)?;
         let cluster_agent = match &cluster {
             Some(c) => Some(crate::cluster::start(&engine, c, stop_rx.clone())?),
             None => None,

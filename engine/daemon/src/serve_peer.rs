@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use kvnode_engine::Engine;
 use kvnode_engine::peer::PeerConfig;
+use kvnode_engine::peer::config::TransportKind;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -38,6 +39,9 @@ pub struct PeerArgs {
     /// Connections per peer.
     #[arg(long)]
     pub peer_connections: Option<u32>,
+    /// How pulled blocks move: tcp, ucx (one-sided GETs; UCX must initialize) or auto.
+    #[arg(long, value_name = "tcp|ucx|auto")]
+    pub peer_transport: Option<TransportKind>,
 }
 
 /// Applies the flags over the file's `[peer]` table.
@@ -65,6 +69,9 @@ pub fn apply(a: &PeerArgs, c: &mut PeerConfig) {
     }
     if let Some(v) = a.peer_connections {
         c.connections = v;
+    }
+    if let Some(v) = a.peer_transport {
+        c.transport = v;
     }
 }
 
@@ -109,4 +116,22 @@ pub async fn start(
         l,
         stop,
     ))))
+}
+
+/// SIGUSR2 revokes the UCX key peers hold to this daemon's arena (re-registers it and hands
+/// open connections the new key): run it after rotating the cluster key or removing a member.
+pub fn revoke_on_sigusr2(engine: &Arc<Engine>) -> anyhow::Result<()> {
+    if engine.peers.ucx().is_none() {
+        return Ok(());
+    }
+    let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())?;
+    let engine = Arc::clone(engine);
+    tokio::spawn(async move {
+        while usr2.recv().await.is_some() {
+            if let Err(e) = engine.peers.revoke_remote_access() {
+                tracing::error!(error = %e, "SIGUSR2: revoking the UCX arena key failed");
+            }
+        }
+    });
+    Ok(())
 }

@@ -6,14 +6,20 @@
 //! session (engine/core `peer::transport::channel`): a tag of [`MAC_TAG_LEN`] bytes (or
 //! [`AEAD_TAG_LEN`] when encrypted) follows the header. Only [`PeerMsg::Block`] carries a
 //! payload: the block's bytes, exactly `len` of them, whose BLAKE3 hash is `hash`.
+//! On a connection that negotiated UCX ([`PeerMsg::UcxRequest`], sealed like every frame
+//! after the handshake), blocks are answered by [`PeerMsg::Slot`] instead: where the
+//! destination reads them with a one-sided GET, and their BLAKE3 hash.
 
 use serde::{Deserialize, Serialize};
 
 use crate::frame::{FrameError, FramePrefix, decode_header};
 use crate::key::{Digest, NamespaceId};
 
-/// Version of the peer protocol spoken by this build.
-pub const PEER_PROTOCOL_VERSION: u32 = 2;
+/// Version of the peer protocol spoken by this build (2: sealed channel; 3: UCX
+/// negotiation and `Slot` answers).
+pub const PEER_PROTOCOL_VERSION: u32 = 3;
+/// Largest UCX worker address or packed remote key a peer may send.
+pub const MAX_UCX_BLOB: usize = 64 << 10;
 /// Bytes of a handshake nonce.
 pub const NONCE_LEN: usize = 32;
 /// Most keys one `Pull` may name.
@@ -126,6 +132,51 @@ pub enum PeerMsg {
         /// Request id.
         req: u64,
     },
+    /// Destination -> source, after `Ready`, before any `Pull`: answer blocks as [`PeerMsg::Slot`]s
+    /// that this destination reads with UCX GETs. Answered by `UcxOffer` or `UcxDecline`.
+    UcxRequest,
+    /// Source -> destination: how to read its arena. Sent only after authentication; the
+    /// worker address and the key are secrets of the connection (never logged).
+    UcxOffer {
+        /// The source's UCX worker address.
+        #[serde(with = "serde_bytes")]
+        worker: Vec<u8>,
+        /// The packed remote key of the source's registered arena.
+        #[serde(with = "serde_bytes")]
+        rkey: Vec<u8>,
+        /// First address of the registered arena (every `Slot` lies inside it).
+        base: u64,
+        /// Registered bytes.
+        len: u64,
+    },
+    /// Source -> destination: no UCX here; the connection goes on as plain TCP.
+    UcxDecline {
+        /// Why, for the destination's log.
+        reason: String,
+    },
+    /// Source -> destination (UCX connections): key `idx` of request `req` is leased in the
+    /// source's arena at `addr`, `len` bytes whose BLAKE3 hash is `hash`. No payload follows:
+    /// the destination GETs the bytes. The lease holds until `Landed { req }`.
+    Slot {
+        /// Request id.
+        req: u64,
+        /// Index into the request's keys.
+        idx: u32,
+        /// Block bytes.
+        len: u32,
+        /// Address of the block in the source's registered arena.
+        addr: u64,
+        /// BLAKE3 hash of the block ([`HASH_LEN`] bytes), computed once at the source; the
+        /// sealed header makes it authentic, so landed bytes that hash to it are the source's.
+        #[serde(with = "serde_bytes")]
+        hash: Vec<u8>,
+    },
+    /// Destination -> source (UCX connections): every GET of request `req` has completed or
+    /// been given back by UCX; the source may release its leases.
+    Landed {
+        /// Request id.
+        req: u64,
+    },
     /// Either side: liveness probe.
     Ping {
         /// Echoed.
@@ -201,6 +252,23 @@ pub fn decode_peer(prefix: FramePrefix, header: &[u8]) -> Result<PeerMsg, PeerFr
             return Err(PeerFrameError::Range(format!(
                 "nonce of {} bytes, expected {NONCE_LEN}",
                 nonce.len()
+            )));
+        }
+        PeerMsg::Slot { len, hash, .. }
+            if *len == 0 || *len > MAX_PEER_BLOCK || hash.len() != HASH_LEN =>
+        {
+            return Err(PeerFrameError::Range(format!(
+                "slot of {len} bytes with a {}-byte hash, expected 1..={MAX_PEER_BLOCK} and {HASH_LEN}",
+                hash.len()
+            )));
+        }
+        PeerMsg::UcxOffer { worker, rkey, .. }
+            if worker.len() > MAX_UCX_BLOB || rkey.len() > MAX_UCX_BLOB =>
+        {
+            return Err(PeerFrameError::Range(format!(
+                "UCX offer of {} + {} bytes, each at most {MAX_UCX_BLOB}",
+                worker.len(),
+                rkey.len()
             )));
         }
         PeerMsg::Hello { key_ids, .. } if key_ids.len() > MAX_KEY_IDS => {
@@ -286,6 +354,42 @@ mod tests {
         assert!(matches!(
             decode_peer_frame(&frame(&PeerMsg::Ready, b"x")),
             Err(PeerFrameError::PayloadMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn ucx_messages_round_trip_and_carry_no_payload() {
+        let offer = PeerMsg::UcxOffer {
+            worker: vec![1; 40],
+            rkey: vec![2; 20],
+            base: 1 << 40,
+            len: 1 << 30,
+        };
+        let slot = PeerMsg::Slot {
+            req: 4,
+            idx: 2,
+            len: 4096,
+            addr: (1 << 40) + 8192,
+            hash: vec![7; HASH_LEN],
+        };
+        for m in [offer, slot, PeerMsg::UcxRequest, PeerMsg::Landed { req: 4 }] {
+            let f = frame(&m, b"");
+            assert_eq!(decode_peer_frame(&f).unwrap().unwrap().0, m);
+            assert!(matches!(
+                decode_peer_frame(&frame(&m, b"x")),
+                Err(PeerFrameError::PayloadMismatch { .. })
+            ));
+        }
+        let empty = PeerMsg::Slot {
+            req: 1,
+            idx: 0,
+            len: 0,
+            addr: 0,
+            hash: vec![0; HASH_LEN],
+        };
+        assert!(matches!(
+            decode_peer_frame(&frame(&empty, b"")),
+            Err(PeerFrameError::Range(_))
         ));
     }
 

@@ -15,8 +15,8 @@
 
 pub mod config;
 mod demoter;
-mod quota;
 pub mod persist;
+mod quota;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};

@@ -39,6 +39,11 @@ pub struct PeerConfig {
     pub max_outstanding_keys: u32,
     /// Keys per `Pull` frame (requests are pipelined). Default: 16.
     pub batch_keys: u32,
+    /// How blocks move: `tcp` (bodies on the TCP connection), `ucx` (one-sided UCX GETs from
+    /// the source's registered arena; UCX must initialize at start-up), or `auto` (UCX when
+    /// it initializes, else TCP). Negotiated per connection: a peer without UCX gets TCP.
+    /// Default: `tcp`.
+    pub transport: TransportKind,
     /// Fault injection on dialled connections (test builds only, feature `test-seams`; see
     /// `transport::FaultPlan`). Default: none.
     #[cfg(feature = "test-seams")]
@@ -58,8 +63,34 @@ impl Default for PeerConfig {
             connections: 2,
             max_outstanding_keys: 8192,
             batch_keys: 16,
+            transport: TransportKind::Tcp,
             #[cfg(feature = "test-seams")]
             debug_fault: None,
+        }
+    }
+}
+
+/// The peer transport asked for (`--peer-transport`, `[peer] transport`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// Block bodies travel on the TCP connection.
+    #[default]
+    Tcp,
+    /// One-sided UCX GETs; the daemon refuses to start if UCX does not initialize.
+    Ucx,
+    /// UCX when it initializes at start-up (else TCP, with a warning).
+    Auto,
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tcp" => Ok(Self::Tcp),
+            "ucx" => Ok(Self::Ucx),
+            "auto" => Ok(Self::Auto),
+            o => Err(format!("peer transport {o:?}: expected tcp, ucx or auto")),
         }
     }
 }

@@ -22,7 +22,7 @@ use tokio::sync::Semaphore;
 use super::auth::dial_handshake;
 use super::hashes::{SlotId, fingerprint};
 use super::op::PullOp;
-use super::transport::PullWire;
+use super::transport::{PullWire, TcpConn, UcxNode, UcxPeer};
 use super::{PeerError, Peers};
 
 /// Everything this daemon keeps about one peer it pulls from.
@@ -34,6 +34,8 @@ pub struct PeerLink {
     pub name: String,
     idle: Mutex<Vec<PullWire>>,
     permits: Arc<Semaphore>,
+    /// Set when a UCX endpoint to this peer could not be opened: later dials use TCP only.
+    ucx_broken: std::sync::atomic::AtomicBool,
     /// Keys requested and not yet answered or failed.
     pub outstanding: AtomicU64,
     next_req: AtomicU64,
@@ -47,12 +49,26 @@ impl PeerLink {
             endpoint,
             idle: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(connections as usize)),
+            ucx_broken: std::sync::atomic::AtomicBool::new(false),
             outstanding: AtomicU64::new(0),
             next_req: AtomicU64::new(1),
         }
     }
 
     async fn dial(&self, p: &Peers) -> Result<PullWire, PeerError> {
+        match self.dial_once(p).await {
+            Err(PeerError::UcxConnect(why)) => {
+                // The source offered UCX but no endpoint to it could be opened (no common
+                // UCX transport): remember, and pull from it over TCP from now on.
+                tracing::warn!(peer = %self.name, error = %why, "cannot open a UCX endpoint to this peer; using TCP for it");
+                self.ucx_broken.store(true, Ordering::Relaxed);
+                self.dial_once(p).await
+            }
+            r => r,
+        }
+    }
+
+    async fn dial_once(&self, p: &Peers) -> Result<PullWire, PeerError> {
         let limit = p.connect_timeout();
         let t = Instant::now();
         let connect = p
@@ -76,8 +92,51 @@ impl PeerLink {
         tokio::time::timeout(left, shake)
             .await
             .map_err(|_| PeerError::Timeout("peer handshake", limit))??;
+        let ucx = match p.ucx() {
+            Some(u)
+                if p.transport().plain()
+                    && !p.encrypt()
+                    && !self.ucx_broken.load(Ordering::Relaxed) =>
+            {
+                let left = limit.saturating_sub(t.elapsed());
+                self.negotiate_ucx(&mut w, u, left).await?
+            }
+            _ => None,
+        };
         p.stats.record_connect(&self.name, t.elapsed());
-        Ok(p.transport().pull_end(w)?)
+        Ok(p.transport().pull_end(w, ucx)?)
+    }
+
+    /// Asks the (authenticated) source for UCX access; `None` when it declines.
+    async fn negotiate_ucx(
+        &self,
+        w: &mut TcpConn,
+        u: &Arc<UcxNode>,
+        limit: Duration,
+    ) -> Result<Option<(UcxPeer, Arc<UcxNode>)>, PeerError> {
+        w.send(&PeerMsg::UcxRequest, &[], limit).await?;
+        match w.recv(limit).await?.0 {
+            PeerMsg::UcxOffer {
+                worker,
+                rkey,
+                base,
+                len,
+            } => {
+                let peer = u
+                    .connect(&worker, &rkey, base, len)
+                    .map_err(|e| PeerError::UcxConnect(e.to_string()))?;
+                tracing::info!(peer = %self.name, "pulling from this peer with UCX GETs");
+                Ok(Some((peer, Arc::clone(u))))
+            }
+            PeerMsg::UcxDecline { reason } => {
+                tracing::info!(peer = %self.name, reason, "peer declined UCX; pulling over TCP");
+                Ok(None)
+            }
+            PeerMsg::Refused { reason } => Err(PeerError::Refused(reason)),
+            other => Err(PeerError::Protocol(format!(
+                "expected UcxOffer or UcxDecline, got {other:?}"
+            ))),
+        }
     }
 
     fn checkin(&self, w: PullWire) {
@@ -125,6 +184,15 @@ fn read_hashed(
 /// peer restarted): then one retry on a fresh connection is safe.
 fn stale(e: &PeerError) -> bool {
     matches!(e, PeerError::Io(_) | PeerError::Truncated(..))
+}
+
+/// Where a block's bytes come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body<'a> {
+    /// The payload that follows the `Block` frame, with its AEAD tag (empty unless encrypted).
+    Inline(&'a [u8]),
+    /// A UCX GET of the source's slot at this address.
+    Remote(u64),
 }
 
 struct Chunk {
@@ -264,31 +332,32 @@ impl Chunk {
                         PeerError::Protocol(format!("answer for unknown key {req}/{idx}"))
                     })
             };
-            match msg {
+            let got = match msg {
                 PeerMsg::Block {
                     req,
                     idx,
                     len,
                     hash,
                     seal,
-                } => {
-                    let i = at(req, idx)?;
-                    // Stays open until received, so a failure mid-block fails this key too.
-                    let pos = self.position(i)?;
-                    let hash: [u8; HASH_LEN] = hash
-                        .try_into()
-                        .map_err(|_| PeerError::Protocol("block hash of a bad length".into()))?;
-                    self.receive(w, ns, i, len, &hash, &seal)?;
-                    self.open.swap_remove(pos);
-                    first.get_or_insert(sent.elapsed());
-                    last = sent.elapsed();
-                    blocks += 1;
-                    page = u64::from(len);
-                }
+                } => Some(self.block(w, ns, at(req, idx)?, len, Body::Inline(&seal), hash)?),
+                PeerMsg::Slot {
+                    req,
+                    idx,
+                    len,
+                    addr,
+                    hash,
+                } => Some(self.block(w, ns, at(req, idx)?, len, Body::Remote(addr), hash)?),
+                PeerMsg::UcxOffer {
+                    worker,
+                    rkey,
+                    base,
+                    len,
+                } => w.rekey(&worker, &rkey, base, len).map(|()| None)?,
                 PeerMsg::Miss { req, idx } => {
                     let i = at(req, idx)?;
                     self.answered(i)?;
                     self.op.set(i, KeyOutcome::Missed);
+                    None
                 }
                 PeerMsg::Done { req } => {
                     let keys = reqs.remove(&req).ok_or_else(|| {
@@ -299,14 +368,26 @@ impl Chunk {
                             "request {req} ended with keys unanswered"
                         )));
                     }
+                    if w.is_ucx() {
+                        // Every GET of `req` has landed (they complete in order above):
+                        // the source may release its leases.
+                        w.send_all(&[PeerMsg::Landed { req }], io)?;
+                    }
+                    None
                 }
-                PeerMsg::Pong { .. } => {}
+                PeerMsg::Pong { .. } => None,
                 PeerMsg::Refused { reason } => return Err(PeerError::Refused(reason)),
                 other => {
                     return Err(PeerError::Protocol(format!(
                         "unexpected {other:?} from a source"
                     )));
                 }
+            };
+            if let Some(len) = got {
+                first.get_or_insert(sent.elapsed());
+                last = sent.elapsed();
+                blocks += 1;
+                page = u64::from(len);
             }
         }
         if let Some(f) = first {
@@ -314,6 +395,26 @@ impl Chunk {
             p.stats.record(&self.link.name, page, f, per);
         }
         Ok(())
+    }
+
+    /// Receives key `i`'s block (a `Block` body or a `Slot` to GET); returns its length.
+    fn block(
+        &mut self,
+        w: &mut PullWire,
+        ns: NamespaceId,
+        i: usize,
+        len: u32,
+        body: Body<'_>,
+        hash: Vec<u8>,
+    ) -> Result<u32, PeerError> {
+        // Stays open until received, so a failure mid-block fails this key too.
+        let pos = self.position(i)?;
+        let hash: [u8; HASH_LEN] = hash
+            .try_into()
+            .map_err(|_| PeerError::Protocol("block hash of a bad length".into()))?;
+        self.receive(w, ns, i, len, body, &hash)?;
+        self.open.swap_remove(pos);
+        Ok(len)
     }
 
     fn position(&self, i: usize) -> Result<usize, PeerError> {
@@ -329,15 +430,16 @@ impl Chunk {
         Ok(())
     }
 
-    /// Reads one block's payload into a reserved DRAM slot, verifies and commits it.
+    /// Reads one block's payload (off the wire, or by a GET of the source's slot) into a
+    /// reserved DRAM slot, verifies and commits it.
     fn receive(
         &mut self,
         w: &mut PullWire,
         ns: NamespaceId,
         i: usize,
         len: u32,
+        body: Body<'_>,
         hash: &[u8; HASH_LEN],
-        seal: &[u8],
     ) -> Result<(), PeerError> {
         let p = &self.peers;
         let io = p.io_timeout();
@@ -352,9 +454,12 @@ impl Chunk {
                 None => (None, None),
             },
             Err(e) => {
-                // Read the payload off the wire anyway, so the connection stays in step.
-                let mut scratch = vec![0; len as usize];
-                read_hashed(w, &mut scratch, seal, io)?;
+                // Read the payload off the wire anyway, so the connection stays in step
+                // (a Slot leaves nothing on the wire).
+                if let Body::Inline(seal) = body {
+                    let mut scratch = vec![0; len as usize];
+                    read_hashed(w, &mut scratch, seal, io)?;
+                }
                 let why = Failure::new(FailCode::LocalStore, e.to_string());
                 self.op.set(i, KeyOutcome::Failed(why));
                 return Ok(());
@@ -367,8 +472,22 @@ impl Chunk {
             scratch.resize(len as usize, 0);
             &mut scratch
         };
-        // On error `slot` drops here: the reservation is freed unpublished.
-        let sum = read_hashed(w, dst, seal, io)?;
+        // On error `slot` drops here: the reservation is freed unpublished, unless UCX
+        // could not give a GET back, when the slot is retired for the daemon's life rather
+        // than reused under a write that may still come.
+        let sum = match body {
+            Body::Inline(seal) => read_hashed(w, dst, seal, io)?,
+            Body::Remote(addr) => match w.get(dst, addr, io) {
+                Ok(()) => *blake3::hash(dst).as_bytes(),
+                Err(e @ PeerError::Stuck(_)) => {
+                    tracing::error!(peer = %self.link.name, error = %e, "retiring a slot under an uncancellable GET");
+                    std::mem::forget(slot);
+                    std::mem::forget(scratch);
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            },
+        };
         // blake3::Hash compares in constant time.
         if blake3::Hash::from(sum) != blake3::Hash::from(*hash) {
             p.count_failure();

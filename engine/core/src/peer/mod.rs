@@ -31,6 +31,8 @@ pub mod transport;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_ucx;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -43,7 +45,7 @@ use kvnode_proto::peer::PeerFrameError;
 use kvnode_proto::pull::{FailCode, Failure};
 
 pub use auth::{ClusterKey, Identity, KeyRing};
-pub use config::{Allowed, PeerConfig};
+pub use config::{Allowed, PeerConfig, TransportKind};
 pub use membership::Membership;
 pub use op::{OpTable, PullOp};
 pub use timeouts::PullStats;
@@ -85,6 +87,12 @@ pub enum PeerError {
     /// Cluster key unusable.
     #[error("cluster key: {0}")]
     Key(String),
+    /// A GET neither completed nor was given back by UCX: its destination memory is retired.
+    #[error("peer GET could not be cancelled: {0} (its slot is retired, never reused)")]
+    Stuck(String),
+    /// The source offered UCX and no endpoint to it could be opened.
+    #[error("cannot open a UCX endpoint to the peer: {0}")]
+    UcxConnect(String),
     /// Every connection to the peer is busy (it may be frozen).
     #[error("peer {0} is busy: every connection is held by pulls in flight (frozen peer?)")]
     Busy(String),
@@ -97,9 +105,11 @@ impl PeerError {
     /// The failure code a client sees for keys this error failed.
     pub fn code(&self) -> FailCode {
         match self {
-            PeerError::Io(_) | PeerError::Timeout(..) | PeerError::Truncated(..) => {
-                FailCode::PeerUnreachable
-            }
+            PeerError::Io(_)
+            | PeerError::Timeout(..)
+            | PeerError::Truncated(..)
+            | PeerError::Stuck(_)
+            | PeerError::UcxConnect(_) => FailCode::PeerUnreachable,
             PeerError::Busy(_) => FailCode::PeerBusy,
             PeerError::Refused(_) | PeerError::Auth(_) | PeerError::Key(_) => FailCode::PeerRefused,
             PeerError::Frame(_)
@@ -131,6 +141,8 @@ pub struct PeerCounters {
     pub refused_members: AtomicU64,
     /// Blocks a source did not send because their bytes changed after they were hashed.
     pub changed_blocks: AtomicU64,
+    /// Blocks this source answered with a UCX `Slot` (read by the destination's GET).
+    pub ucx_slots_served: AtomicU64,
 }
 
 /// The peer service of one daemon: authorization, links, operations, measurements.
@@ -157,6 +169,10 @@ pub struct Peers {
     pub counters: PeerCounters,
     owners: AtomicU64,
     transport: transport::Transport,
+    /// UCX, when `transport` is `ucx` or `auto` and it initialized.
+    ucx: Option<Arc<transport::UcxNode>>,
+    /// Why UCX is off under `auto` (for the start-up line).
+    ucx_off: Option<String>,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
 }
@@ -189,7 +205,27 @@ impl Peers {
                     .or_else(|_| Endpoint::parse(&format!("tcp://{a}")))
                     .ok()
             });
+        let (ucx, ucx_off) = match cfg.transport {
+            TransportKind::Tcp => (None, None),
+            TransportKind::Ucx => {
+                let n = transport::UcxNode::start(&store).map_err(|e| {
+                    PeerError::Config(format!(
+                        "peer transport ucx: {e} (is libucx0 installed and UCX_TLS valid? `ucx_info -d` lists the transports)"
+                    ))
+                })?;
+                (Some(Arc::new(n)), None)
+            }
+            TransportKind::Auto => match transport::UcxNode::start(&store) {
+                Ok(n) => (Some(Arc::new(n)), None),
+                Err(e) => {
+                    tracing::warn!(error = %e, "peer transport auto: UCX did not initialize; pulling over TCP");
+                    (None, Some(e.to_string()))
+                }
+            },
+        };
         Ok(Self {
+            ucx,
+            ucx_off,
             identity: Identity {
                 node: me
                     .as_ref()
@@ -234,6 +270,23 @@ impl Peers {
         &self.transport
     }
 
+    /// This daemon's UCX state, when UCX is in use.
+    pub fn ucx(&self) -> Option<&Arc<transport::UcxNode>> {
+        self.ucx.as_ref()
+    }
+
+    /// Revokes the UCX key every peer holds to this daemon's arena (registers the arena
+    /// afresh; open connections get the new key before their next answer). Run it when the
+    /// cluster key rotates or a member is removed. `Ok(None)` without UCX.
+    pub fn revoke_remote_access(&self) -> Result<Option<u64>, PeerError> {
+        let Some(u) = &self.ucx else { return Ok(None) };
+        let g = u
+            .reregister()
+            .map_err(|e| PeerError::Config(format!("re-registering the arena with UCX: {e}")))?;
+        tracing::info!(generation = g, "UCX arena key revoked and re-issued");
+        Ok(Some(g))
+    }
+
     /// The cluster keys in force now, if any.
     pub fn keys(&self) -> Option<Arc<KeyRing>> {
         self.keys
@@ -267,6 +320,10 @@ impl Peers {
             lock.read().expect("key lock").describe()
         );
         *lock.write().expect("key lock") = Arc::new(ring);
+        // A key rotation also revokes the UCX key every peer was given to this arena.
+        if let Some(g) = self.revoke_remote_access()? {
+            return Ok(format!("{line}; UCX arena key re-issued (generation {g})"));
+        }
         Ok(line)
     }
 
@@ -398,8 +455,13 @@ impl Peers {
             ),
             None => "no cluster key: only loopback peers are served and dialled; frames carry integrity tags, which authenticate nothing without a key".to_owned(),
         };
+        let transport = match (&self.ucx, &self.ucx_off) {
+            (Some(u), _) => format!("transport ucx ({})", u.describe()),
+            (None, Some(why)) => format!("transport tcp (auto: UCX unavailable: {why})"),
+            (None, None) => "transport tcp".to_owned(),
+        };
         format!(
-            "peer service {}; {auth}; {} allowlist entries",
+            "peer service {}; {auth}; {transport}; {} allowlist entries",
             self.identity.node,
             self.allow.len()
         )

@@ -5,7 +5,16 @@
 //! that lives only on NVMe is promoted into DRAM first (the same path as a client `get`).
 //! Each block goes out with its BLAKE3 hash in the sealed header, hashed once per block and
 //! remembered ([`super::hashes`]); a block whose bytes changed since is answered `Miss`.
+//!
+//! On a connection that negotiated UCX (`UcxRequest`, sealed like every frame after the
+//! handshake), blocks are answered with `Slot`s (where they lie in the registered arena,
+//! and their hash) and stay leased until the destination says its GETs of the request are
+//! done (`Landed`), the connection closes, or the destination stays silent for the io
+//! timeout while leases are held. At most [`UCX_WINDOW`] requests are leased at once; later
+//! `Pull`s wait in order. An encrypted session (`--peer-encrypt`) is never offered UCX:
+//! GETs would move the bytes in the clear.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +30,9 @@ use crate::store::{Lease, Store};
 
 /// Idle pooled connections are closed after this long without a request.
 const IDLE_LIMIT: Duration = Duration::from_mins(10);
+
+/// Requests a UCX destination may hold leases for at once (each up to `batch_keys` blocks).
+pub const UCX_WINDOW: usize = 4;
 
 /// Where a source finds blocks: anything that can lease them (the node store; a test seam).
 pub trait BlockSource: Send + Sync {
@@ -76,6 +88,59 @@ pub fn block_hash(
     Some(h)
 }
 
+/// The lease and hash of a leased block, or `None` (answered `Miss`) when its bytes
+/// changed after it was hashed.
+fn hashed(p: &Peers, ns: NamespaceId, k: PullKey, b: Lease) -> Option<(Lease, [u8; HASH_LEN])> {
+    let h = block_hash(&p.hashes, ns, k, &b);
+    if h.is_none() {
+        p.counters
+            .changed_blocks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            len = b.len(),
+            "a block's bytes changed after it was hashed (written through a client mapping?): answered Miss"
+        );
+    }
+    h.map(|h| (b, h))
+}
+
+/// Answers one pull on a UCX connection: `Slot`s of leased blocks, kept in `held` under
+/// `req` until the destination's `Landed`.
+async fn serve_pull_ucx<S: BlockSource>(
+    p: &Peers,
+    src: &S,
+    w: &mut TcpConn,
+    pull: (u64, NamespaceId, Vec<PullKey>),
+    limit: Duration,
+    held: &mut HashMap<u64, Vec<Lease>>,
+) -> Result<(), PeerError> {
+    let (req, ns, keys) = pull;
+    let leased = src.lease(ns, &keys).await;
+    let mut keep = Vec::with_capacity(leased.len());
+    for (i, l) in leased.into_iter().enumerate() {
+        let idx = i as u32;
+        match l.and_then(|b| hashed(p, ns, keys[i], b)) {
+            Some((b, hash)) => {
+                let msg = PeerMsg::Slot {
+                    req,
+                    idx,
+                    len: b.bytes().len() as u32,
+                    addr: b.bytes().as_ptr() as u64,
+                    hash: hash.to_vec(),
+                };
+                keep.push(b);
+                w.send(&msg, &[], limit).await?;
+            }
+            None => w.send(&PeerMsg::Miss { req, idx }, &[], limit).await?,
+        }
+    }
+    p.counters
+        .ucx_slots_served
+        .fetch_add(keep.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    held.insert(req, keep);
+    w.send(&PeerMsg::Done { req }, &[], limit).await
+}
+
 async fn serve_pull<S: BlockSource>(
     p: &Peers,
     src: &S,
@@ -90,20 +155,7 @@ async fn serve_pull<S: BlockSource>(
     let mut leased = src.lease(ns, keys).await;
     for (i, l) in leased.iter_mut().enumerate() {
         let idx = i as u32;
-        let hashed = l.take().and_then(|b| {
-            let h = block_hash(&p.hashes, ns, keys[i], &b);
-            if h.is_none() {
-                p.counters
-                    .changed_blocks
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!(
-                    len = b.len(),
-                    "a block's bytes changed after it was hashed (written through a client mapping?): answered Miss"
-                );
-            }
-            h.map(|h| (b, h))
-        });
-        match hashed {
+        match l.take().and_then(|b| hashed(p, ns, keys[i], b)) {
             Some((b, hash)) => {
                 let bytes = b.bytes();
                 let msg = PeerMsg::Block {
@@ -141,9 +193,24 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
     tracing::debug!(peer = %w.remote(), node = %dst, encrypted = w.encrypted(), "peer authenticated");
     let src = Arc::clone(p.store());
     let limit = p.io_timeout();
+    // UCX state of this connection: the key generation it was given, the leases of
+    // requests whose GETs are not confirmed, and pulls waiting for the window.
+    let mut ucx: Option<u64> = None;
+    let mut held: HashMap<u64, Vec<Lease>> = HashMap::new();
+    let mut queued: VecDeque<(u64, NamespaceId, Vec<PullKey>)> = VecDeque::new();
     loop {
+        // Serve queued pulls while the window has room.
+        while held.len() < UCX_WINDOW
+            && let Some(pull) = queued.pop_front()
+        {
+            let r = serve_ucx(&p, &src, &mut w, pull, limit, &mut ucx, &mut held).await;
+            if let Err(e) = r {
+                return closed(&mut w, e, limit).await;
+            }
+        }
+        let wait = if held.is_empty() { IDLE_LIMIT } else { limit };
         let next = tokio::select! {
-            r = w.recv(IDLE_LIMIT) => r,
+            r = w.recv(wait) => r,
             _ = stop.changed() => return,
         };
         if next.is_ok() && !p.key_held(w.key_id()) {
@@ -151,8 +218,29 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
             return;
         }
         let r = match next {
+            Ok((PeerMsg::Pull { req, ns, keys }, _)) if ucx.is_some() => {
+                queued.push_back((req, ns, keys));
+                Ok(())
+            }
             Ok((PeerMsg::Pull { req, ns, keys }, _)) => {
                 serve_pull(&p, &src, &mut w, req, ns, &keys, limit).await
+            }
+            Ok((PeerMsg::Landed { req }, _)) if ucx.is_some() => {
+                if held.remove(&req).is_some() {
+                    Ok(())
+                } else {
+                    Err(PeerError::Protocol(format!(
+                        "Landed for request {req}, which holds nothing"
+                    )))
+                }
+            }
+            Ok((PeerMsg::UcxRequest, _)) if ucx.is_none() => {
+                offer_ucx(&p, &mut w, limit, &mut ucx).await
+            }
+            Err(PeerError::Timeout(..)) if !held.is_empty() => {
+                let blocks: usize = held.values().map(Vec::len).sum();
+                tracing::warn!(peer = %w.remote(), blocks, "destination did not confirm its UCX GETs within the io timeout; closing and releasing its blocks");
+                return;
             }
             Ok((PeerMsg::Ping { t }, _)) => w.send(&PeerMsg::Pong { t }, &[], limit).await,
             Ok((PeerMsg::Pong { .. }, _)) => Ok(()),
@@ -172,29 +260,83 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
             Err(e) => Err(e),
         };
         if let Err(e) = r {
-            match e {
-                PeerError::Timeout("peer send", _) => {
-                    tracing::warn!(peer = %w.remote(), error = %e, "destination stopped reading; closing and releasing its blocks");
-                }
-                PeerError::Io(_) | PeerError::Timeout(..) => {
-                    tracing::debug!(peer = %w.remote(), error = %e, "peer connection closed");
-                }
-                PeerError::Frame(_) | PeerError::Integrity(_) => {
-                    let _ = w
-                        .send(
-                            &PeerMsg::Refused {
-                                reason: e.to_string(),
-                            },
-                            &[],
-                            limit,
-                        )
-                        .await;
-                    tracing::warn!(peer = %w.remote(), error = %e, "peer sent a bad frame; closing");
-                }
-                _ => tracing::warn!(peer = %w.remote(), error = %e, "peer connection dropped"),
-            }
-            return;
+            return closed(&mut w, e, limit).await;
         }
+    }
+}
+
+/// Answers `UcxRequest` (on a session already authenticated and sealed): an offer, or a
+/// decline without UCX or on an encrypted session.
+async fn offer_ucx(
+    p: &Peers,
+    w: &mut TcpConn,
+    limit: Duration,
+    ucx: &mut Option<u64>,
+) -> Result<(), PeerError> {
+    let reason = match p.ucx() {
+        None => "this daemon's peer transport is tcp".to_owned(),
+        Some(_) if w.encrypted() => {
+            "the session is encrypted (--peer-encrypt): UCX GETs would move blocks in the clear"
+                .to_owned()
+        }
+        Some(u) => match u.offer() {
+            Ok((offer, generation)) => {
+                w.send(&offer, &[], limit).await?;
+                *ucx = Some(generation);
+                tracing::debug!(peer = %w.remote(), "peer reads blocks with UCX GETs");
+                return Ok(());
+            }
+            Err(e) => format!("UCX key unavailable: {e}"),
+        },
+    };
+    w.send(&PeerMsg::UcxDecline { reason }, &[], limit).await
+}
+
+/// Serves one queued pull on a UCX connection, handing over a re-issued key first if the
+/// arena was re-registered since this connection got its key.
+async fn serve_ucx<S: BlockSource>(
+    p: &Peers,
+    src: &S,
+    w: &mut TcpConn,
+    pull: (u64, NamespaceId, Vec<PullKey>),
+    limit: Duration,
+    ucx: &mut Option<u64>,
+    held: &mut HashMap<u64, Vec<Lease>>,
+) -> Result<(), PeerError> {
+    if let (Some(u), Some(given)) = (p.ucx(), ucx.as_mut())
+        && u.generation() != *given
+    {
+        let (offer, generation) = u
+            .offer()
+            .map_err(|e| PeerError::Protocol(format!("UCX key unavailable: {e}")))?;
+        w.send(&offer, &[], limit).await?;
+        *given = generation;
+    }
+    serve_pull_ucx(p, src, w, pull, limit, held).await
+}
+
+/// Logs why a connection ends (telling the peer when it sent a bad frame).
+async fn closed(w: &mut TcpConn, e: PeerError, limit: Duration) {
+    match e {
+        PeerError::Timeout("peer send", _) => {
+            tracing::warn!(peer = %w.remote(), error = %e, "destination stopped reading; closing and releasing its blocks");
+        }
+        PeerError::Io(_) | PeerError::Timeout(..) => {
+            tracing::debug!(peer = %w.remote(), error = %e, "peer connection closed");
+        }
+        PeerError::Frame(_) | PeerError::Integrity(_) => {
+            let _ = w
+                .send(
+                    &PeerMsg::Refused {
+                        reason: e.to_string(),
+                    },
+                    &[],
+                    limit,
+                )
+                .await;
+            tracing::warn!(peer = %w.remote(), error = %e, "peer sent a bad frame; closing");
+        }
+        _ => tracing::warn!(peer = %w.remote(), error = %e, "peer connection dropped"),
     }
 }
 

@@ -11,8 +11,8 @@ use kvnode_proto::pull::{KeyOutcome, OpReport, OpState};
 use kvnode_proto::{Digest, Key, NamespaceSpec};
 use tokio::sync::watch;
 
-use super::Peers;
 use super::transport::FaultPlan;
+use super::{Peers, TransportKind};
 use crate::arena::Arena;
 use crate::dram::{DramTier, TierConfig};
 use crate::obs::Metrics;
@@ -21,7 +21,7 @@ use crate::residency::Announcer;
 use crate::store::Store;
 
 /// Larger than two hash pieces, so a block is read and hashed in several pieces.
-const PAGE: usize = 300 << 10;
+pub(super) const PAGE: usize = 300 << 10;
 const IO_TIMEOUT_MS: u64 = 300;
 
 fn spec() -> NamespaceSpec {
@@ -33,21 +33,21 @@ fn spec() -> NamespaceSpec {
     }
 }
 
-fn key(i: u8) -> Key {
+pub(super) fn key(i: u8) -> Key {
     let mut d = [0u8; 32];
     d[0] = i;
     d[31] = 0xf7;
     Key::page(Digest(d))
 }
 
-fn bytes(i: u8) -> Vec<u8> {
+pub(super) fn bytes(i: u8) -> Vec<u8> {
     (0..PAGE).map(|j| (j as u8).wrapping_mul(31) ^ i).collect()
 }
 
 /// One node: a 32 MiB store (DRAM only) and its peer service.
-struct Node {
-    store: Arc<Store>,
-    peers: Arc<Peers>,
+pub(super) struct Node {
+    pub(super) store: Arc<Store>,
+    pub(super) peers: Arc<Peers>,
 }
 
 fn node(peer: &crate::peer::PeerConfig) -> Node {
@@ -69,22 +69,28 @@ fn node(peer: &crate::peer::PeerConfig) -> Node {
     }
 }
 
-struct Pair {
-    src: Node,
-    sns: u32,
-    dst: Node,
-    ns: u32,
+pub(super) struct Pair {
+    pub(super) src: Node,
+    pub(super) sns: u32,
+    pub(super) dst: Node,
+    pub(super) ns: u32,
     hint: String,
     _stop: watch::Sender<bool>,
 }
 
 /// A destination that pulls from `port` with `plan`: (node, namespace, hint for `n` keys).
 fn dest(port: u16, n: u8, plan: FaultPlan) -> (Node, u32, String) {
+    dest_on(port, n, Some(plan), TransportKind::Tcp)
+}
+
+/// A destination on transport `t` (with `plan`, if any) pulling from `port`.
+fn dest_on(port: u16, n: u8, plan: Option<FaultPlan>, t: TransportKind) -> (Node, u32, String) {
     let dst = node(&crate::peer::PeerConfig {
         peers: vec![format!("tcp://127.0.0.1:{port}")],
         connections: 1,
         io_timeout_ms: IO_TIMEOUT_MS,
-        debug_fault: Some(plan),
+        debug_fault: plan,
+        transport: t,
         ..crate::peer::PeerConfig::default()
     });
     let ns = dst.store.register(&spec()).unwrap().ns;
@@ -98,7 +104,20 @@ fn dest(port: u16, n: u8, plan: FaultPlan) -> (Node, u32, String) {
 
 /// A source holding `n` blocks, served on loopback, and a destination with `plan`.
 async fn pair(n: u8, plan: FaultPlan) -> Pair {
-    let src = node(&crate::peer::PeerConfig::default());
+    pair_on(n, Some(plan), TransportKind::Tcp, TransportKind::Tcp).await
+}
+
+/// A source holding `n` blocks on transport `st`, and a destination on `dt` with `plan`.
+pub(super) async fn pair_on(
+    n: u8,
+    plan: Option<FaultPlan>,
+    st: TransportKind,
+    dt: TransportKind,
+) -> Pair {
+    let src = node(&crate::peer::PeerConfig {
+        transport: st,
+        ..crate::peer::PeerConfig::default()
+    });
     let sns = src.store.register(&spec()).unwrap().ns;
     let keys: Vec<Key> = (0..n).map(key).collect();
     let res = src
@@ -114,7 +133,7 @@ async fn pair(n: u8, plan: FaultPlan) -> Pair {
     let port = l.local_addr().unwrap().port();
     let (stop, rx) = watch::channel(false);
     tokio::spawn(super::source::serve(Arc::clone(&src.peers), l, rx));
-    let (dst, ns, hint) = dest(port, n, plan);
+    let (dst, ns, hint) = dest_on(port, n, plan, dt);
     Pair {
         src,
         sns,
@@ -126,7 +145,7 @@ async fn pair(n: u8, plan: FaultPlan) -> Pair {
 }
 
 impl Pair {
-    async fn pull(&self, n: u8) -> OpReport {
+    pub(super) async fn pull(&self, n: u8) -> OpReport {
         let keys: Vec<Key> = (0..n).map(key).collect();
         let op = self
             .dst
@@ -145,7 +164,7 @@ impl Pair {
     }
 
     /// Which keys the destination holds, checking their bytes.
-    async fn held(&self, n: u8) -> Vec<bool> {
+    pub(super) async fn held(&self, n: u8) -> Vec<bool> {
         let keys: Vec<Key> = (0..n).map(key).collect();
         let leased = self.dst.store.lease(self.ns, &keys).await.unwrap();
         leased
@@ -174,12 +193,12 @@ impl Pair {
             .collect()
     }
 
-    fn reserved(&self) -> u64 {
+    pub(super) fn reserved(&self) -> u64 {
         self.dst.store.snapshot().0.tier.reserved
     }
 }
 
-fn failed_with(r: &KeyOutcome, want: &str) -> bool {
+pub(super) fn failed_with(r: &KeyOutcome, want: &str) -> bool {
     matches!(r, KeyOutcome::Failed(why) if why.message.contains(want))
 }
 

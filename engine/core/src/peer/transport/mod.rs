@@ -11,22 +11,24 @@
 //! the transports built from `[peer]` configuration ([`Transport`]), dispatched with a
 //! `match` on every call (no vtable on the per-block path). Each arm implements [`PullConn`]:
 //!
-//! - [`TcpPull`]: the real transport.
+//! - [`TcpPull`]: the TCP transport (block bodies on the connection).
+//! - [`UcxPull`]: frames on that TCP connection, block bytes read with one-sided UCX GETs
+//!   from the source's registered arena (`--peer-transport ucx|auto`).
 //! - [`FaultyConn`]: [`TcpPull`] with faults injected where bytes land (a stalled, cut or
 //!   corrupted block), for tests of the fetch path; enabled by `[peer] debug_fault` only.
 //!
-//! An RDMA transport is not implemented (no RDMA hardware here); docs/peer-protocol.md says
-//! what it must provide to become a third arm.
+//! RDMA hardware is reached through UCX (verbs on InfiniBand/RoCE); only UCX's TCP and
+//! shared-memory transports were exercised here (docs/peer-protocol.md).
 
 pub mod channel;
 #[cfg(feature = "test-seams")]
 mod faulty;
 mod tcp;
 mod tcp_pull;
+mod ucx;
 
 use std::io;
 use std::net::SocketAddr;
-#[cfg(feature = "test-seams")]
 use std::sync::Arc;
 #[cfg(feature = "test-seams")]
 use std::sync::atomic::AtomicU32;
@@ -39,6 +41,7 @@ use tokio::net::{TcpListener, TcpStream};
 pub use faulty::{FaultPlan, FaultyConn};
 pub use tcp::TcpConn;
 pub use tcp_pull::TcpPull;
+pub use ucx::{UcxNode, UcxPeer, UcxPull};
 
 use super::PeerError;
 
@@ -88,6 +91,8 @@ async fn bounded<T>(
 pub enum PullWire {
     /// Plain TCP.
     Tcp(TcpPull),
+    /// UCX GETs for block bytes, TCP for frames.
+    Ucx(Box<UcxPull>),
     /// TCP with injected faults (tests only).
     #[cfg(feature = "test-seams")]
     Faulty(Box<FaultyConn>),
@@ -98,6 +103,7 @@ impl PullWire {
     pub fn remote(&self) -> SocketAddr {
         match self {
             Self::Tcp(c) => c.remote(),
+            Self::Ucx(c) => c.remote(),
             #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.remote(),
         }
@@ -107,6 +113,7 @@ impl PullWire {
     pub fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
         match self {
             Self::Tcp(c) => c.send_all(msgs, limit),
+            Self::Ucx(c) => c.send_all(msgs, limit),
             #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.send_all(msgs, limit),
         }
@@ -116,6 +123,7 @@ impl PullWire {
     pub fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
         match self {
             Self::Tcp(c) => c.recv(limit),
+            Self::Ucx(c) => c.recv(limit),
             #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.recv(limit),
         }
@@ -125,6 +133,7 @@ impl PullWire {
     pub fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {
         match self {
             Self::Tcp(c) => c.open_payload(body, seal),
+            Self::Ucx(c) => c.open_payload(body, seal),
             #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.open_payload(body, seal),
         }
@@ -134,6 +143,7 @@ impl PullWire {
     pub fn encrypted(&self) -> bool {
         match self {
             Self::Tcp(c) => c.encrypted(),
+            Self::Ucx(c) => c.encrypted(),
             #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.encrypted(),
         }
@@ -143,6 +153,7 @@ impl PullWire {
     pub fn key_id(&self) -> Option<u64> {
         match self {
             Self::Tcp(c) => c.key_id(),
+            Self::Ucx(c) => c.key_id(),
             #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.key_id(),
         }
@@ -152,8 +163,42 @@ impl PullWire {
     pub fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
         match self {
             Self::Tcp(c) => c.read_payload(dst, limit),
+            Self::Ucx(c) => c.read_payload(dst, limit),
             #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.read_payload(dst, limit),
+        }
+    }
+}
+
+impl PullWire {
+    /// Whether blocks arrive as `Slot`s to GET (a UCX connection).
+    pub fn is_ucx(&self) -> bool {
+        matches!(self, Self::Ucx(_))
+    }
+
+    /// See [`UcxPull::get`]; a protocol error on other transports.
+    pub fn get(&mut self, dst: &mut [u8], addr: u64, limit: Duration) -> Result<(), PeerError> {
+        match self {
+            Self::Ucx(c) => c.get(dst, addr, limit),
+            _ => Err(PeerError::Protocol(
+                "a Slot answer on a connection that did not negotiate UCX".into(),
+            )),
+        }
+    }
+
+    /// See [`UcxPull::rekey`]; a protocol error on other transports.
+    pub fn rekey(
+        &mut self,
+        worker: &[u8],
+        rkey: &[u8],
+        base: u64,
+        len: u64,
+    ) -> Result<(), PeerError> {
+        match self {
+            Self::Ucx(c) => c.rekey(worker, rkey, base, len),
+            _ => Err(PeerError::Protocol(
+                "a UCX offer on a connection that did not ask for UCX".into(),
+            )),
         }
     }
 }
@@ -215,9 +260,23 @@ impl Transport {
         Ok(TcpConn::new(TcpStream::connect(&addrs[..]).await?)?)
     }
 
-    /// The destination's end of an authenticated connection, ready to pull on.
-    pub fn pull_end(&self, c: TcpConn) -> io::Result<PullWire> {
+    /// Whether UCX may be negotiated on dialled connections (not with injected faults,
+    /// which act on TCP bodies).
+    pub fn plain(&self) -> bool {
+        matches!(self, Self::Tcp)
+    }
+
+    /// The destination's end of an authenticated connection, ready to pull on: a UCX one
+    /// when `ucx` holds the endpoint negotiated on it.
+    pub fn pull_end(
+        &self,
+        c: TcpConn,
+        ucx: Option<(UcxPeer, Arc<UcxNode>)>,
+    ) -> io::Result<PullWire> {
         let tcp = c.into_pull()?;
+        if let Some((peer, node)) = ucx {
+            return Ok(PullWire::Ucx(Box::new(UcxPull::new(tcp, peer, node))));
+        }
         Ok(match self {
             Self::Tcp => PullWire::Tcp(tcp),
             #[cfg(feature = "test-seams")]

@@ -1,0 +1,238 @@
+//! The UCX transport: the source registers its whole DRAM arena with UCX once and answers
+//! pulls with where each leased block lies ([`PeerMsg::Slot`]); the destination reads it
+//! with a one-sided `ucp_get_nbx` into a slot it reserved. Over InfiniBand/RoCE UCX does
+//! that with an RDMA READ (the source's CPU is not involved); over UCX's TCP transport, as
+//! exercised here, the source's UCX progress thread serves the GET from the registered
+//! memory (no copy by kvnode's own code, but a socket send by UCX).
+//!
+//! Frames (pulls, answers, `Landed`) stay on the TCP connection, sealed by its session
+//! (a keyed tag with an implicit sequence number on every frame); only block bytes move
+//! through UCX, and each landed block is checked against the BLAKE3 hash its sealed `Slot`
+//! carried before it is committed. The worker address and remote key travel in a sealed
+//! [`PeerMsg::UcxOffer`], only after the handshake, and are never logged. An encrypted
+//! session (`--peer-encrypt`) is never offered UCX: GETs would move the bytes in the clear.
+//!
+//! What the key exposes: it lets the holder read the source's whole arena (every block of
+//! every namespace), not just the leased slots. Only authenticated members get it, and
+//! [`UcxNode::reregister`] revokes it (unmap, map again, new key) on demand; connections
+//! receive the new key in band before their next answer.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use kvnode_proto::peer::PeerMsg;
+use kvnode_ucx::{
+    Context, MemoryKind, PackedRkey, Progress, Region, Remote, UcxError, WorkerAddress,
+};
+
+use super::{Frame, PullConn, TcpPull};
+use crate::peer::PeerError;
+use crate::store::Store;
+
+/// This daemon's UCX state: context, two registrations of the arena and the worker peers
+/// read through (driven by its own thread).
+///
+/// The arena is registered twice: `exposed` is the one whose key peers get (re-registered to
+/// revoke it), `landing` is the local registration GETs land in (its key is never packed),
+/// so revoking does not wait for this daemon's own pooled connections to go away.
+#[derive(Debug)]
+pub struct UcxNode {
+    /// Dropped before `store` (field order): no registration outlives the arena.
+    serving: Progress,
+    exposed: RwLock<Region>,
+    landing: Arc<Region>,
+    generation: AtomicU64,
+    ctx: Context,
+    store: Arc<Store>,
+}
+
+impl UcxNode {
+    /// Initializes UCX (reading `UCX_*` from the environment), registers `store`'s arena
+    /// and starts the progress thread.
+    pub fn start(store: &Arc<Store>) -> Result<Self, UcxError> {
+        let ctx = Context::new()?;
+        let exposed = Self::map(&ctx, store)?;
+        let landing = Self::map(&ctx, store)?;
+        let serving = Progress::start(&ctx, "kvnode-ucx")?;
+        Ok(Self {
+            serving,
+            exposed: RwLock::new(exposed),
+            landing: Arc::new(landing),
+            generation: AtomicU64::new(1),
+            ctx,
+            store: Arc::clone(store),
+        })
+    }
+
+    fn map(ctx: &Context, store: &Arc<Store>) -> Result<Region, UcxError> {
+        let arena = store.arena();
+        // SAFETY: the arena stays mapped while `store` lives, and every holder of the
+        // region (this node, each UCX connection) also holds the store.
+        unsafe { Region::map(ctx, arena.base(), arena.len() as usize, MemoryKind::Host) }
+    }
+
+    /// The key generation now in force (raised by [`UcxNode::reregister`]).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// What a destination needs to read this arena, and the generation it belongs to.
+    pub fn offer(&self) -> Result<(PeerMsg, u64), UcxError> {
+        let g = self.exposed.read().expect("ucx region lock");
+        let gen_now = self.generation();
+        let rkey = g.pack_rkey()?;
+        Ok((
+            PeerMsg::UcxOffer {
+                worker: self.serving.address().0.clone(),
+                rkey: rkey.0,
+                base: g.base(),
+                len: g.len() as u64,
+            },
+            gen_now,
+        ))
+    }
+
+    /// Revokes every key handed out: registers the arena afresh (new key) and unmaps the old
+    /// registration at once. On verbs the old key stops working then (a GET with it fails);
+    /// UCX's TCP transport does not check keys (see docs/peer-protocol.md). Open
+    /// connections receive the new key before their next answer. Returns the new generation.
+    pub fn reregister(&self) -> Result<u64, UcxError> {
+        let fresh = Self::map(&self.ctx, &self.store)?;
+        let mut g = self.exposed.write().expect("ucx region lock");
+        let old = std::mem::replace(&mut *g, fresh);
+        let gen_now = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        drop(g);
+        drop(old); // ucp_mem_unmap: the revocation
+        Ok(gen_now)
+    }
+
+    /// A reading end to a source that sent `offer` (fields of [`PeerMsg::UcxOffer`]).
+    pub fn connect(
+        &self,
+        worker: &[u8],
+        rkey: &[u8],
+        base: u64,
+        len: u64,
+    ) -> Result<UcxPeer, UcxError> {
+        let remote = Remote::connect(
+            &self.ctx,
+            &WorkerAddress(worker.to_vec()),
+            &PackedRkey(rkey.to_vec()),
+            Arc::clone(&self.landing),
+        )?;
+        Ok(UcxPeer {
+            remote,
+            base,
+            len,
+            _store: Arc::clone(&self.store),
+        })
+    }
+
+    /// One line for the start-up log (no key material).
+    pub fn describe(&self) -> String {
+        let r = &self.landing;
+        format!(
+            "UCX {} ready: {} arena bytes registered for one-sided reads",
+            Context::version(),
+            r.len()
+        )
+    }
+}
+
+/// The destination's UCX endpoint to one source and the bounds of the source's arena.
+#[derive(Debug)]
+pub struct UcxPeer {
+    /// Declared before `_store`: dropped (endpoint closed, local region released) first.
+    remote: Remote,
+    base: u64,
+    len: u64,
+    _store: Arc<Store>,
+}
+
+/// The destination's end of a UCX connection: frames on TCP, block bytes by GET.
+#[derive(Debug)]
+pub struct UcxPull {
+    tcp: TcpPull,
+    peer: UcxPeer,
+    /// Connect arguments for a key handed over mid-connection.
+    node: Arc<UcxNode>,
+}
+
+impl UcxPull {
+    /// Pairs an authenticated TCP pulling end with its UCX endpoint.
+    pub fn new(tcp: TcpPull, peer: UcxPeer, node: Arc<UcxNode>) -> Self {
+        Self { tcp, peer, node }
+    }
+
+    /// Reads `dst.len()` bytes at the source's `addr` into `dst`; returns once they have
+    /// landed. `limit` bounds the whole GET; on expiry the GET is cancelled and the
+    /// endpoint closed ([`PeerError::Timeout`]), or, if UCX does not even give the request
+    /// back, [`PeerError::Stuck`]: then `dst` must never be reused.
+    pub fn get(&mut self, dst: &mut [u8], addr: u64, limit: Duration) -> Result<(), PeerError> {
+        let p = &mut self.peer;
+        let inside = addr >= p.base
+            && addr
+                .checked_add(dst.len() as u64)
+                .is_some_and(|end| end <= p.base + p.len);
+        if !inside {
+            return Err(PeerError::Protocol(format!(
+                "slot of {} bytes at an address outside the source's registered arena",
+                dst.len()
+            )));
+        }
+        p.remote.get(dst, addr, limit).map_err(|e| match e {
+            UcxError::Timeout { limit, .. } => PeerError::Timeout("peer GET", limit),
+            UcxError::Stuck { .. } => PeerError::Stuck(e.to_string()),
+            e => PeerError::Io(std::io::Error::other(e.to_string())),
+        })
+    }
+
+    /// Takes a new key (and worker address) the source sent after re-registering.
+    pub fn rekey(
+        &mut self,
+        worker: &[u8],
+        rkey: &[u8],
+        base: u64,
+        len: u64,
+    ) -> Result<(), PeerError> {
+        self.peer = self
+            .node
+            .connect(worker, rkey, base, len)
+            .map_err(|e| PeerError::Io(std::io::Error::other(e.to_string())))?;
+        Ok(())
+    }
+}
+
+impl PullConn for UcxPull {
+    fn remote(&self) -> SocketAddr {
+        self.tcp.remote()
+    }
+
+    fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
+        self.tcp.send_all(msgs, limit)
+    }
+
+    fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
+        self.tcp.recv(limit)
+    }
+
+    fn read_payload(&mut self, _dst: &mut [u8], _limit: Duration) -> Result<(), PeerError> {
+        Err(PeerError::Protocol(
+            "a block body arrived on a UCX connection (answers must be Slots)".into(),
+        ))
+    }
+
+    fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {
+        self.tcp.open_payload(body, seal)
+    }
+
+    fn encrypted(&self) -> bool {
+        self.tcp.encrypted()
+    }
+
+    fn key_id(&self) -> Option<u64> {
+        self.tcp.key_id()
+    }
+}

@@ -1,0 +1,139 @@
+//! Two UCX contexts in one process stand in for two daemons; UCX's TCP transport over
+//! loopback carries the GETs (as CI and the e2e tests run it).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::{Context, MemoryKind, Progress, Region, Remote, UcxError, Worker};
+
+const MIB: usize = 1 << 20;
+
+fn tcp() -> Context {
+    Context::with_settings(&[("TLS", "tcp")]).expect("UCX over TCP initializes")
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
+}
+
+fn register(ctx: &Context, buf: &mut [u8]) -> Region {
+    // SAFETY: each test keeps `buf` alive (and unmoved) longer than the region.
+    unsafe { Region::map(ctx, buf.as_mut_ptr(), buf.len(), MemoryKind::Host) }.unwrap()
+}
+
+#[test]
+fn gets_land_byte_identical_from_a_registered_peer_region() {
+    let (src_ctx, dst_ctx) = (tcp(), tcp());
+    let mut src = pattern(4 * MIB, 7);
+    let src_reg = register(&src_ctx, &mut src);
+    let serving = Progress::start(&src_ctx, "ucx-test-src").unwrap();
+    let mut dst = vec![0u8; 4 * MIB];
+    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let key = src_reg.pack_rkey().unwrap();
+    let mut r = Remote::connect(&dst_ctx, serving.address(), &key, dst_reg).unwrap();
+    // Out of order, and one piece not at a block boundary.
+    for (at, len) in [(3 * MIB, MIB), (0, MIB), (MIB + 5, 2 * MIB - 5), (MIB, 5)] {
+        r.get(
+            &mut dst[at..at + len],
+            src_reg.base() + at as u64,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    }
+    assert!(dst == src, "landed bytes differ from the source's");
+    assert!(r.failed().is_none());
+}
+
+#[test]
+fn a_peer_that_stops_progressing_costs_about_one_limit_and_the_get_is_given_back() {
+    let (src_ctx, dst_ctx) = (tcp(), tcp());
+    let mut src = pattern(MIB, 1);
+    let src_reg = register(&src_ctx, &mut src);
+    // A worker nobody progresses: a frozen (SIGSTOPped) source.
+    let frozen = Worker::new(&src_ctx).unwrap();
+    let mut dst = vec![0u8; MIB];
+    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let key = src_reg.pack_rkey().unwrap();
+    let mut r = Remote::connect(&dst_ctx, &frozen.address().unwrap(), &key, dst_reg).unwrap();
+    let limit = Duration::from_millis(300);
+    let t = Instant::now();
+    let e = r.get(&mut dst, src_reg.base(), limit).unwrap_err();
+    let took = t.elapsed();
+    assert!(
+        matches!(e, UcxError::Timeout { .. }),
+        "expected a cancelled timeout, got {e}"
+    );
+    assert!(took >= limit && took < limit * 3, "took {took:?}");
+    // The endpoint is closed: later GETs fail at once.
+    let e = r.get(&mut dst, src_reg.base(), limit).unwrap_err();
+    assert!(matches!(e, UcxError::Closed(_)), "{e}");
+}
+
+#[test]
+fn a_peer_that_goes_away_fails_the_get_within_the_limit() {
+    let (src_ctx, dst_ctx) = (tcp(), tcp());
+    let mut src = pattern(MIB, 2);
+    let src_reg = register(&src_ctx, &mut src);
+    let serving = Progress::start(&src_ctx, "ucx-test-gone").unwrap();
+    let mut dst = vec![0u8; MIB];
+    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let key = src_reg.pack_rkey().unwrap();
+    let mut r = Remote::connect(&dst_ctx, serving.address(), &key, dst_reg).unwrap();
+    r.get(&mut dst, src_reg.base(), Duration::from_secs(5))
+        .unwrap();
+    drop(serving); // its worker (and connections) are destroyed
+    let limit = Duration::from_millis(500);
+    let t = Instant::now();
+    let r2 = r.get(&mut dst, src_reg.base(), limit);
+    assert!(r2.is_err(), "a GET from a destroyed worker succeeded");
+    assert!(t.elapsed() < limit * 3, "took {:?}", t.elapsed());
+}
+
+#[test]
+fn re_registration_gives_a_fresh_key_that_reads_the_same_memory() {
+    let (src_ctx, dst_ctx) = (tcp(), tcp());
+    let mut src = pattern(2 * MIB, 3);
+    let first = register(&src_ctx, &mut src);
+    let old_key = first.pack_rkey().unwrap();
+    drop(first); // unmapped: the old key is revoked where the transport enforces keys
+    let second = register(&src_ctx, &mut src);
+    let new_key = second.pack_rkey().unwrap();
+    assert!(!new_key.0.is_empty() && !old_key.0.is_empty());
+    let serving = Progress::start(&src_ctx, "ucx-test-remap").unwrap();
+    let mut dst = vec![0u8; 2 * MIB];
+    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let mut r = Remote::connect(&dst_ctx, serving.address(), &new_key, dst_reg).unwrap();
+    r.get(&mut dst, second.base(), Duration::from_secs(5))
+        .unwrap();
+    assert!(dst == src);
+}
+
+#[test]
+fn keys_and_addresses_never_print_and_cuda_memory_is_refused_as_not_built() {
+    let ctx = tcp();
+    let mut buf = vec![0u8; 4096];
+    let reg = register(&ctx, &mut buf);
+    let key = reg.pack_rkey().unwrap();
+    assert_eq!(
+        format!("{key:?}"),
+        format!("PackedRkey(<{} bytes>)", key.0.len())
+    );
+    let w = Worker::new(&ctx).unwrap();
+    let a = w.address().unwrap();
+    assert_eq!(
+        format!("{a:?}"),
+        format!("WorkerAddress(<{} bytes>)", a.0.len())
+    );
+    assert!(reg.contains(reg.base(), 4096) && !reg.contains(reg.base() + 1, 4096));
+    // SAFETY: refused before anything is registered.
+    let e = unsafe { Region::map(&ctx, buf.as_mut_ptr(), 4096, MemoryKind::Cuda { device: 0 }) }
+        .unwrap_err();
+    assert!(e.to_string().contains("not built"), "{e}");
+    assert!(
+        Context::version().starts_with("1."),
+        "{}",
+        Context::version()
+    );
+}

@@ -1,0 +1,304 @@
+//! The UCX peer transport between real daemons over UCX's TCP transport (`UCX_TLS=tcp` on
+//! loopback): what only UCX has. The whole peer suite also runs over UCX with
+//! `KVNODE_E2E_PEER_TRANSPORT=ucx` (byte-identical pulls, SIGSTOP/SIGKILL/restart of the
+//! source, the cancel fence, keys): `cargo xtask test` does both.
+//! Run: `cargo test --release -p kvnode-e2e --test peer_ucx`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use kvnode_client::kvnode_proto::client::Extent;
+use kvnode_e2e::{Daemon, block, free_port, hint, key, spec};
+use kvnode_proto::Key;
+use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
+use kvnode_proto::peer::{PeerMsg, decode_peer};
+use kvnode_proto::pull::{FailCode, KeyOutcome, OpState};
+
+const PAGE: usize = 1 << 20;
+const UCX: [&str; 2] = ["--peer-transport", "ucx"];
+
+fn tls() -> [(&'static str, &'static str); 1] {
+    [("UCX_TLS", "tcp")]
+}
+
+fn source(port: u16, extra: &[&str]) -> Daemon {
+    let listen = format!("127.0.0.1:{port}");
+    let adv = format!("tcp://{listen}");
+    let mut args = vec![
+        "--dram",
+        "256MiB",
+        "--no-pin",
+        "--peer-listen",
+        &listen,
+        "--advertise",
+        &adv,
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start_env(&tls(), &args)
+}
+
+fn dest(port: u16, extra: &[&str]) -> Daemon {
+    let peers = format!("tcp://127.0.0.1:{port}");
+    let mut args = vec!["--dram", "256MiB", "--no-pin", "--peers", &peers];
+    args.extend_from_slice(extra);
+    Daemon::start_env(&tls(), &args)
+}
+
+fn fill(d: &Daemon, keys: &[Key]) -> u32 {
+    let mut c = d.client();
+    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
+    for (i, k) in keys.iter().enumerate() {
+        c.put(ns, &[*k], &[&block(i as u64, PAGE)]).unwrap();
+    }
+    ns
+}
+
+/// Pulls `keys` from the source on `port` into `d` with a hinted get; the op and the pages.
+fn pull(
+    d: &Daemon,
+    port: u16,
+    keys: &[Key],
+) -> (kvnode_proto::pull::OpReport, Vec<Option<Vec<u8>>>) {
+    let mut c = d.client();
+    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
+    let (pages, op) = c
+        .get_hinted(ns, keys, Some(&hint(port, keys)), Some(10_000))
+        .unwrap();
+    (op.unwrap(), pages)
+}
+
+fn leases_drain(d: &Daemon) {
+    let t = Instant::now();
+    while d.client().stats().unwrap().tiers[0].leases != 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "source leases outlive the pull"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn blocks_move_by_ucx_get_byte_identical_and_the_source_releases_its_leases() {
+    let port = free_port();
+    let src = source(port, &UCX);
+    let dst = dest(port, &UCX);
+    assert!(src.log().contains("transport ucx (UCX 1."), "{}", src.log());
+    let keys: Vec<Key> = (0..24).map(key).collect();
+    fill(&src, &keys);
+    let (op, pages) = pull(&dst, port, &keys);
+    assert_eq!(op.state, OpState::Done, "{op:?}");
+    for (i, p) in pages.iter().enumerate() {
+        assert!(
+            p.as_deref() == Some(block(i as u64, PAGE).as_slice()),
+            "page {i} differs"
+        );
+    }
+    assert!(
+        dst.log().contains("pulling from this peer with UCX GETs"),
+        "{}",
+        dst.log()
+    );
+    leases_drain(&src);
+}
+
+#[test]
+fn a_block_changed_in_the_source_arena_after_its_checksum_is_refused_and_not_committed() {
+    let port = free_port();
+    let src = source(port, &UCX);
+    let keys: Vec<Key> = (0..3).map(key).collect();
+    let ns = fill(&src, &keys);
+    // A first pull makes the source hash (and keep the checksum of) every block.
+    let first = dest(port, &UCX);
+    assert_eq!(pull(&first, port, &keys).0.state, OpState::Done);
+    leases_drain(&src);
+    // Then a client of the source scribbles on key 1's slot through its arena mapping.
+    let mut c = src.client();
+    let lease = c.get_lease(ns, &keys[1..2]).unwrap();
+    let e: Extent = lease.extents[0].expect("key 1 is held");
+    c.arena().write(Extent {
+        offset: e.offset + 4096,
+        len: 1,
+    })[0] ^= 0x5a;
+    c.release(lease.id).unwrap();
+    let second = dest(port, &UCX);
+    let (op, _) = pull(&second, port, &keys);
+    assert_eq!(op.state, OpState::Partial, "{op:?}");
+    assert!(
+        matches!(&op.results[1], KeyOutcome::Failed(r)
+            if r.code == FailCode::Checksum && r.message.contains("checksum mismatch")),
+        "{op:?}"
+    );
+    assert_eq!(op.results[0], KeyOutcome::Pulled);
+    let mut d = second.client();
+    let dns = d.register(&spec("m", PAGE as u64)).unwrap().ns;
+    assert_eq!(
+        d.exists(dns, &keys[1..2]).unwrap(),
+        0,
+        "the changed block was committed"
+    );
+    assert_eq!(d.stats().unwrap().tiers[0].reserved, 0);
+}
+
+fn send(s: &mut TcpStream, m: &PeerMsg) {
+    s.write_all(&encode_frame(m, 0).unwrap()).unwrap();
+}
+
+fn recv(s: &mut TcpStream) -> Option<PeerMsg> {
+    let mut p = [0u8; PREFIX_LEN];
+    s.read_exact(&mut p).ok()?;
+    let prefix = FramePrefix::decode(p).unwrap();
+    let mut h = vec![0u8; prefix.header_len as usize];
+    s.read_exact(&mut h).ok()?;
+    decode_peer(prefix, &h).ok()
+}
+
+#[test]
+fn ucx_access_is_never_offered_before_authentication_and_wrong_keys_get_nothing() {
+    let dir = kvnode_e2e::temp_dir("ucx-keys");
+    let (ka, kb) = (dir.join("a.key"), dir.join("b.key"));
+    std::fs::write(&ka, "cluster-key-aaaaaaaaaaaaaaaaaaaaaaaa\n").unwrap();
+    std::fs::write(&kb, "cluster-key-bbbbbbbbbbbbbbbbbbbbbbbb\n").unwrap();
+    let port = free_port();
+    let src = source(
+        port,
+        &[
+            "--peer-transport",
+            "ucx",
+            "--cluster-key",
+            ka.to_str().unwrap(),
+        ],
+    );
+    let keys: Vec<Key> = (0..2).map(key).collect();
+    fill(&src, &keys);
+    // A raw client asking for UCX as its first frame is refused, with no offer.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    send(&mut s, &PeerMsg::UcxRequest);
+    let got = recv(&mut s);
+    assert!(matches!(got, Some(PeerMsg::Refused { .. })), "{got:?}");
+    assert!(
+        recv(&mut s).is_none(),
+        "the source kept talking after refusing"
+    );
+    // A destination with the wrong key is refused at the handshake: nothing pulled.
+    let wrong = dest(
+        port,
+        &[
+            "--peer-transport",
+            "ucx",
+            "--cluster-key",
+            kb.to_str().unwrap(),
+        ],
+    );
+    let (op, _) = pull(&wrong, port, &keys);
+    assert_eq!(op.state, OpState::Failed, "{op:?}");
+    assert!(
+        matches!(&op.results[0], KeyOutcome::Failed(r) if r.code == FailCode::PeerRefused),
+        "{op:?}"
+    );
+    assert!(!wrong.log().contains("UCX GETs"), "{}", wrong.log());
+    // The right key gets UCX.
+    let right = dest(
+        port,
+        &[
+            "--peer-transport",
+            "ucx",
+            "--cluster-key",
+            ka.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(pull(&right, port, &keys).0.state, OpState::Done);
+    assert!(
+        right.log().contains("pulling from this peer with UCX GETs"),
+        "{}",
+        right.log()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_source_without_ucx_serves_a_ucx_destination_over_tcp() {
+    let port = free_port();
+    let src = source(port, &[]);
+    let dst = dest(port, &UCX);
+    let keys: Vec<Key> = (0..4).map(key).collect();
+    fill(&src, &keys);
+    let (op, pages) = pull(&dst, port, &keys);
+    assert_eq!(op.state, OpState::Done, "{op:?}");
+    assert!(pages[3].as_deref() == Some(block(3, PAGE).as_slice()));
+    assert!(
+        dst.log().contains("peer declined UCX; pulling over TCP"),
+        "{}",
+        dst.log()
+    );
+}
+
+#[test]
+fn auto_falls_back_to_tcp_when_ucx_cannot_start_and_ucx_refuses_to_start() {
+    // No transport of this name exists, so UCX finds no resources.
+    let bad = [("UCX_TLS", "no_such_transport")];
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let src = Daemon::start_env(
+        &bad,
+        &[
+            "--dram",
+            "256MiB",
+            "--no-pin",
+            "--peer-listen",
+            &listen,
+            "--peer-transport",
+            "auto",
+        ],
+    );
+    assert!(src.log().contains("auto: UCX unavailable"), "{}", src.log());
+    let keys: Vec<Key> = (0..2).map(key).collect();
+    fill(&src, &keys);
+    let dst = dest(port, &["--peer-transport", "auto"]);
+    assert_eq!(pull(&dst, port, &keys).0.state, OpState::Done);
+    let dir = kvnode_e2e::temp_dir("ucx-refuse");
+    let sock = dir.join("k.sock");
+    let out = std::process::Command::new(kvnode_e2e::kvnode_bin())
+        .args([
+            "serve",
+            "--dram",
+            "64MiB",
+            "--no-pin",
+            "--peer-transport",
+            "ucx",
+            "--socket",
+        ])
+        .arg(&sock)
+        .envs(bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started without UCX: {err}");
+    assert!(
+        err.contains("peer transport ucx") && err.contains("ucx_info"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn sigusr2_revokes_the_arena_key_and_open_connections_carry_on_with_the_new_one() {
+    let port = free_port();
+    let src = source(port, &UCX);
+    let dst = dest(port, &UCX);
+    let keys: Vec<Key> = (0..8).map(key).collect();
+    fill(&src, &keys);
+    assert_eq!(pull(&dst, port, &keys[..4]).0.state, OpState::Done);
+    src.signal(libc::SIGUSR2);
+    let t = Instant::now();
+    while !src.log().contains("UCX arena key revoked and re-issued") {
+        assert!(t.elapsed() < Duration::from_secs(5), "{}", src.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (op, pages) = pull(&dst, port, &keys);
+    assert_eq!(op.state, OpState::Done, "{op:?}");
+    assert!(pages[7].as_deref() == Some(block(7, PAGE).as_slice()));
+    leases_drain(&src);
+}
