@@ -144,6 +144,65 @@ fn init_logging() {
         .init();
 }
 
+/// The tasks that serve beside the client socket: `/metrics`, the watchdog, the peer
+/// listener (and its SIGUSR2 re-key), the cluster agent, and the test panic hook.
+struct SideServices {
+    metrics: Option<tokio::task::JoinHandle<()>>,
+    peer_server: Option<tokio::task::JoinHandle<()>>,
+    cluster_agent: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl SideServices {
+    async fn start(
+        engine: &std::sync::Arc<kvnode_engine::Engine>,
+        cluster: Option<&kvnode_cluster::ClusterConfig>,
+        stop_rx: &tokio::sync::watch::Receiver<bool>,
+    ) -> anyhow::Result<Self> {
+        let metrics = match &engine.config.metrics {
+            Some(addr) => Some(crate::metrics_http::spawn(engine, addr, stop_rx.clone()).await?),
+            None => None,
+        };
+        tokio::spawn(std::sync::Arc::clone(engine).watchdog(stop_rx.clone()));
+        if let Some(after) = crate::crash::test_panic_delay() {
+            tracing::warn!(
+                ?after,
+                "{} is set: this daemon will panic on purpose",
+                crate::crash::TEST_PANIC_ENV
+            );
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                panic!("test panic requested by {}", crate::crash::TEST_PANIC_ENV);
+            });
+        }
+        let peer_server = crate::serve_peer::start(engine, stop_rx.clone()).await?;
+        crate::serve_peer::revoke_on_sigusr2(engine)?;
+        let cluster_agent = match cluster {
+            Some(c) => Some(crate::cluster::start(engine, c, stop_rx.clone())?),
+            None => None,
+        };
+        Ok(Self {
+            metrics,
+            peer_server,
+            cluster_agent,
+        })
+    }
+
+    /// Waits for each to end after the stop signal.
+    async fn join(self) {
+        if let Some(p) = self.peer_server {
+            let _ = p.await;
+        }
+        // Bounded: the agent revokes its lease (at most 1 s) so peers drop this node now.
+        if let Some(c) = self.cluster_agent {
+            let _ = c.await;
+        }
+        // The exporter holds the engine: its task ends (bounded) before the engine is dropped.
+        if let Some(m) = self.metrics {
+            let _ = m.await;
+        }
+    }
+}
+
 /// Runs the daemon until SIGTERM or SIGINT (or a successor takes it over), then drains and
 /// returns.
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
@@ -198,24 +257,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         crate::serve_stop::notify_ready();
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        let metrics = match &engine.config.metrics {
-            Some(addr) => Some(crate::metrics_http::spawn(&engine, addr, stop_rx.clone()).await?),
-            None => None,
-        };
-        tokio::spawn(std::sync::Arc::clone(&engine).watchdog(stop_rx.clone()));
-        if let Some(after) = crate::crash::test_panic_delay() {
-            tracing::warn!(?after, "{} is set: this daemon will panic on purpose", crate::crash::TEST_PANIC_ENV);
-            tokio::spawn(async move {
-                tokio::time::sleep(after).await;
-                panic!("test panic requested by {}", crate::crash::TEST_PANIC_ENV);
-            });
-        }
-        let peer_server = crate::serve_peer::start(&engine, stop_rx.clone()).await?;
-        crate::serve_peer::revoke_on_sigusr2(&engine)?;
-        let cluster_agent = match &cluster {
-            Some(c) => Some(crate::cluster::start(&engine, c, stop_rx.clone())?),
-            None => None,
-        };
+        let side = SideServices::start(&engine, cluster.as_ref(), &stop_rx).await?;
         let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), listener, stop_rx));
         let successor = tokio::select! {
             _ = term.recv() => { tracing::info!(signal = "SIGTERM", "shutting down: draining in-flight requests"); None }
@@ -235,17 +277,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             let _ = w.await;
         }
         let accepted = crate::serve_stop::hand_over_or_flush(&engine, successor, &listener_fd).await;
-        if let Some(p) = peer_server {
-            let _ = p.await;
-        }
-        // Bounded: the agent revokes its lease (at most 1 s) so peers drop this node now.
-        if let Some(c) = cluster_agent {
-            let _ = c.await;
-        }
-        // The exporter holds the engine: its task ends (bounded) before the engine is dropped.
-        if let Some(m) = metrics {
-            let _ = m.await;
-        }
+        side.join().await;
         // After a takeover the arena stays mapped here until the successor was told to go:
         // unmapping a populated arena takes ~0.3 s per GiB of 4 KiB pages, which the
         // successor's first hit must not wait for.
