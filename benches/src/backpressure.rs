@@ -36,18 +36,8 @@ pub fn run(a: &BackpressureArgs) -> anyhow::Result<()> {
     let fio_w = kvnode_spill::fio::bandwidth(&spill_dir, "write", bs, a.qd, size)
         .map_err(anyhow::Error::msg)?;
     let _ = std::fs::remove_file(spill_dir.join("fio.dat"));
-    let cfg = a.dir.join("bench.toml");
-    let slab = bs.next_power_of_two().max(2 << 20);
-    std::fs::write(
-        &cfg,
-        format!(
-            "dram = \"{}\"\nslab_size = {slab}\n[spill]\nmax_in_flight = {}\ndirs = [{{ path = \"{}\", size = {} }}]\n",
-            ByteSize(dram),
-            a.qd,
-            spill_dir.display(),
-            size + size / 4 + (256 << 20)
-        ),
-    )?;
+    let cfg = crate::spill::write_config(&a.dir, dram, bs, a.qd, &spill_dir, size)?;
+
     let (d, mut c, _) = crate::spill::serve(&a.dir, &cfg)?;
     let spec = NamespaceSpec {
         model: "bench-backpressure".into(),

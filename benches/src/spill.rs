@@ -5,7 +5,7 @@
 //! `fio --ioengine=io_uring --direct=1` with the same directory, block size and queue depth
 //! (`--qd` is also the daemon's `max_in_flight`), and times recovery after SIGKILL.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,30 @@ fn key(i: u64) -> Key {
 
 fn fio(dir: &Path, rw: &str, bs: u64, qd: usize, size: u64) -> anyhow::Result<f64> {
     kvnode_spill::fio::bandwidth(dir, rw, bs, qd, size).map_err(anyhow::Error::msg)
+}
+
+/// Writes the bench daemon's config: `dram`, slabs fitting `bs`-byte blocks, one spill
+/// file in `spill_dir` with room for `size` bytes and a margin, `qd` writes in flight.
+pub(crate) fn write_config(
+    dir: &Path,
+    dram: u64,
+    bs: u64,
+    qd: usize,
+    spill_dir: &Path,
+    size: u64,
+) -> anyhow::Result<PathBuf> {
+    let cfg = dir.join("bench.toml");
+    let slab = bs.next_power_of_two().max(2 << 20);
+    std::fs::write(
+        &cfg,
+        format!(
+            "dram = \"{}\"\nslab_size = {slab}\n[spill]\nmax_in_flight = {qd}\ndirs = [{{ path = \"{}\", size = {} }}]\n",
+            ByteSize(dram),
+            spill_dir.display(),
+            size + size / 4 + (256 << 20)
+        ),
+    )?;
+    Ok(cfg)
 }
 
 pub(crate) struct Served {
@@ -76,18 +100,7 @@ pub fn spill(a: &BenchSpillArgs) -> anyhow::Result<()> {
     let spill_dir = a.dir.join("spill");
     let _ = std::fs::remove_dir_all(&spill_dir);
     std::fs::create_dir_all(&spill_dir)?;
-    let cfg = a.dir.join("bench.toml");
-    let slab = (bs.next_power_of_two()).max(2 << 20);
-    std::fs::write(
-        &cfg,
-        format!(
-            "dram = \"{}\"\nslab_size = {slab}\n[spill]\nmax_in_flight = {}\ndirs = [{{ path = \"{}\", size = {} }}]\n",
-            ByteSize(dram),
-            a.qd,
-            spill_dir.display(),
-            size + size / 4 + (256 << 20)
-        ),
-    )?;
+    let cfg = write_config(&a.dir, dram, bs, a.qd, &spill_dir, size)?;
     let (d, mut c, _) = serve(&a.dir, &cfg)?;
     let spec = NamespaceSpec {
         model: "bench-spill".into(),

@@ -294,6 +294,15 @@ impl SpillTier {
     /// `ptr..ptr+len` must stay mapped until the tier is dropped. While an operation on an
     /// arena slice is in flight, nobody may write that slice (write op) or access it (read op).
     pub unsafe fn register_arena(&self, ptr: *mut u8, len: usize) -> Result<(), SpillError> {
+        self.set_arena(Arena {
+            base: ptr as usize,
+            len,
+            registered: true,
+        })
+    }
+
+    /// Hands the workers `arena`, once per tier.
+    fn set_arena(&self, arena: Arena) -> Result<(), SpillError> {
         let mut slot = self
             .arena
             .lock()
@@ -301,11 +310,6 @@ impl SpillTier {
         if slot.is_some() {
             return Err(SpillError::ArenaAlreadyRegistered);
         }
-        let arena = Arena {
-            base: ptr as usize,
-            len,
-            registered: true,
-        };
         self.send_arena(arena)?;
         *slot = Some(arena);
         Ok(())
@@ -335,21 +339,11 @@ impl SpillTier {
     /// # Safety
     /// As for [`SpillTier::register_arena`].
     pub unsafe fn attach_arena(&self, ptr: *mut u8, len: usize) -> Result<(), SpillError> {
-        let mut slot = self
-            .arena
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if slot.is_some() {
-            return Err(SpillError::ArenaAlreadyRegistered);
-        }
-        let arena = Arena {
+        self.set_arena(Arena {
             base: ptr as usize,
             len,
             registered: false,
-        };
-        self.send_arena(arena)?;
-        *slot = Some(arena);
-        Ok(())
+        })
     }
 
     /// Registers the arena given to [`SpillTier::attach_arena`] as fixed buffers (pins it;

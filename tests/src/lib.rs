@@ -70,6 +70,26 @@ pub fn not_root(needs: &str) -> Option<String> {
     (unsafe { libc::geteuid() } != 0).then(|| format!("not running as root: {needs}"))
 }
 
+/// `Some(reason)` when `tool` cannot be run (`tool probe` fails to start).
+pub fn missing_tool(tool: &str, probe: &str, hint: &str) -> Option<String> {
+    Command::new(tool)
+        .arg(probe)
+        .output()
+        .is_err()
+        .then(|| format!("`{tool}` is not installed ({hint})"))
+}
+
+/// Whether multi-namespace tests can run: root (network namespaces need CAP_NET_ADMIN),
+/// iproute2, and each of `tools` (`(binary, probe argument, where it comes from)`); see
+/// [`prerequisite`] for what happens when one is missing.
+pub fn netns_prerequisites(tools: &[(&str, &str, &str)]) -> bool {
+    prerequisite("root", not_root("network namespaces need CAP_NET_ADMIN"))
+        && prerequisite("ip", missing_tool("ip", "-V", "Debian: iproute2"))
+        && tools
+            .iter()
+            .all(|(t, probe, hint)| prerequisite(t, missing_tool(t, probe, hint)))
+}
+
 /// Whether BPF tests can run (root); see [`prerequisite`].
 pub fn bpf_allowed() -> bool {
     prerequisite("root", not_root("kvtrace needs CAP_BPF + CAP_PERFMON"))

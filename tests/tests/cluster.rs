@@ -24,26 +24,11 @@ const HELD: u64 = 40;
 const TTL_S: u64 = 2;
 
 fn runnable() -> bool {
-    kvnode_e2e::prerequisite(
-        "root",
-        kvnode_e2e::not_root("network namespaces need CAP_NET_ADMIN"),
-    ) && kvnode_e2e::prerequisite(
-        "ip",
-        Command::new("ip")
-            .arg("-V")
-            .output()
-            .is_err()
-            .then(|| "`ip` (iproute2) is not installed".to_owned()),
-    ) && kvnode_e2e::prerequisite(
+    kvnode_e2e::netns_prerequisites(&[(
         "etcd",
-        Command::new("etcd")
-            .arg("--version")
-            .output()
-            .is_err()
-            .then(|| {
-                "`etcd` is not installed (Debian: etcd-server; scripts/install-deps.sh)".to_owned()
-            }),
-    )
+        "--version",
+        "Debian: etcd-server; scripts/install-deps.sh",
+    )])
 }
 
 /// One test's cluster: its network, etcd, key file, and the fresh-key counters.

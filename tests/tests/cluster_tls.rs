@@ -21,21 +21,14 @@ const BLOCK: usize = 64 << 10;
 const PREFIX: &str = "/kvnode/clusters/e2e-t/";
 
 fn runnable() -> bool {
-    let missing = |bin: &str, arg: &str| Command::new(bin).arg(arg).output().is_err();
-    kvnode_e2e::prerequisite(
-        "root",
-        kvnode_e2e::not_root("network namespaces need CAP_NET_ADMIN"),
-    ) && kvnode_e2e::prerequisite(
-        "ip",
-        missing("ip", "-V").then(|| "`ip` (iproute2) is not installed".to_owned()),
-    ) && kvnode_e2e::prerequisite(
-        "etcd",
-        missing("etcd", "--version")
-            .then(|| "`etcd` is not installed (Debian: etcd-server)".to_owned()),
-    ) && kvnode_e2e::prerequisite(
-        "openssl",
-        missing("openssl", "version").then(|| "`openssl` is not installed".to_owned()),
-    )
+    kvnode_e2e::netns_prerequisites(&[
+        (
+            "etcd",
+            "--version",
+            "Debian: etcd-server; scripts/install-deps.sh",
+        ),
+        ("openssl", "version", "Debian: openssl"),
+    ])
 }
 
 fn openssl(dir: &Path, args: &[&str]) {

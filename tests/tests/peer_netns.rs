@@ -91,17 +91,7 @@ impl Drop for Namespaces {
 
 /// Whether this test can run: root, and iproute2 installed (else see `prerequisite`).
 fn runnable() -> bool {
-    kvnode_e2e::prerequisite(
-        "root",
-        kvnode_e2e::not_root("creating network namespaces needs CAP_NET_ADMIN"),
-    ) && kvnode_e2e::prerequisite(
-        "ip",
-        Command::new("ip")
-            .arg("-V")
-            .output()
-            .is_err()
-            .then(|| "`ip` (iproute2) is not installed".to_owned()),
-    )
+    kvnode_e2e::netns_prerequisites(&[])
 }
 
 #[test]
