@@ -11,7 +11,8 @@
 //!   keep progressing: over UCX's TCP transport a GET is served in software by the target's
 //!   worker, and the reader stalls if that worker sleeps.
 //! - [`Remote`]: an endpoint to another process's worker with that process's unpacked remote
-//!   key, and [`Remote::get`], one bounded, cancellable `ucp_get_nbx`.
+//!   key: [`Remote::get`], one bounded, cancellable `ucp_get_nbx`, or several in flight at once
+//!   ([`Remote::post_get`], [`Remote::land_one`], [`Remote::abandon`]).
 //!
 //! Every handle is released by `Drop`, in dependency order (keys before endpoints before
 //! workers before the context). [`PackedRkey`] and [`WorkerAddress`] print only their length:

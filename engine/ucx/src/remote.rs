@@ -1,5 +1,6 @@
 //! An endpoint to another process's worker, with its remote key: one-sided GETs.
 
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::ptr::null_mut;
 use std::sync::Arc;
@@ -14,6 +15,8 @@ use crate::worker::{Worker, WorkerAddress};
 
 /// How long closing an endpoint may wait for its flush.
 const CLOSE_LIMIT: Duration = Duration::from_millis(200);
+
+const INPROGRESS: sys::ucs_status_t = sys::ucs_status_t::UCS_INPROGRESS;
 
 /// Set by UCX when the endpoint fails (peer died, connection reset): the failing status.
 extern "C" fn on_ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
@@ -32,6 +35,9 @@ pub struct Remote {
     /// Opened with UCP_ERR_HANDLING_MODE_PEER (closes may be forced).
     peer_errors: bool,
     failed: Box<AtomicI8>,
+    /// GETs posted and not yet reported, oldest first: (tag, request; null when it
+    /// completed in place).
+    flights: VecDeque<(u64, sys::ucs_status_ptr_t)>,
     /// Registration of this process's memory that GETs land in (passed as the local memh).
     local: Arc<Region>,
     worker: Worker,
@@ -68,6 +74,7 @@ impl Remote {
             peer_errors: ep.1,
             ep: ep.0,
             failed,
+            flights: VecDeque::new(),
             local,
             worker,
         };
@@ -131,7 +138,41 @@ impl Remote {
     /// endpoint closed (a frozen peer costs at most `limit`), and this waits up to `limit`
     /// more for UCX to give the request back: [`UcxError::Timeout`] then means `dst` is no
     /// longer written, [`UcxError::Stuck`] that it may still be (the caller must not reuse it).
+    /// Only with no other GET in flight ([`Remote::post_get`]).
     pub fn get(&mut self, dst: &mut [u8], remote: u64, limit: Duration) -> Result<(), UcxError> {
+        if !self.flights.is_empty() {
+            return Err(UcxError::Invalid(
+                "a blocking GET with GETs in flight".into(),
+            ));
+        }
+        let len = dst.len();
+        // SAFETY: dst is exclusively borrowed until the GET lands or is given back below;
+        // if UCX keeps it (Stuck) the caller is told never to reuse it.
+        unsafe { self.post_get(dst.as_mut_ptr(), len, remote, 0) }?;
+        if let Some((_, r)) = self.land_one(limit) {
+            return r;
+        }
+        if self.abandon(limit).is_empty() {
+            Err(UcxError::Timeout { len, limit })
+        } else {
+            Err(UcxError::Stuck { len, limit })
+        }
+    }
+
+    /// Starts a GET of `len` bytes at the peer's `remote` address into `dst`, known by
+    /// `tag` until [`Remote::land_one`] reports it. Several may be in flight at once.
+    ///
+    /// # Safety
+    /// `dst..dst + len` must stay valid and untouched by anyone else until the GET is
+    /// reported by [`Remote::land_one`], or returned by [`Remote::abandon`] as given back;
+    /// a GET [`Remote::abandon`] lists as kept by UCX may write it at any later time.
+    pub unsafe fn post_get(
+        &mut self,
+        dst: *mut u8,
+        len: usize,
+        remote: u64,
+        tag: u64,
+    ) -> Result<(), UcxError> {
         if let Some(why) = self.failed() {
             return Err(UcxError::Closed(why));
         }
@@ -139,64 +180,101 @@ impl Remote {
             return Err(UcxError::Closed("closed after an earlier timeout".into()));
         }
         let mut param = sys::ucp_request_param_t::default();
-        if self.local.contains(dst.as_ptr() as u64, dst.len()) {
+        if self.local.contains(dst as u64, len) {
             param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_MEMH;
             param.memh = self.local.memh();
         }
-        // SAFETY: dst is exclusively borrowed until the request completes or is given back
-        // (or, if stuck, the caller is told not to reuse it); ep and rkey are live.
+        // SAFETY: the caller keeps dst valid until the GET completes or is given back;
+        // ep and rkey are live.
         let req = unsafe {
             sys::ucp_get_nbx(
                 self.ep,
-                dst.as_mut_ptr().cast(),
-                dst.len(),
+                dst.cast(),
+                len,
                 remote,
                 self.rkey,
                 &raw const param,
             )
         };
-        if req.is_null() {
-            return Ok(()); // completed in place
-        }
         if let Some(st) = ptr_status(req) {
             return Err(UcxError::call("ucp_get_nbx", st));
         }
-        let status = || {
-            // SAFETY: req is a live request handle until freed below.
-            unsafe { sys::ucp_request_check_status(req) }
+        // A null request completed in place.
+        self.flights.push_back((tag, req));
+        Ok(())
+    }
+
+    /// GETs posted and not yet reported by [`Remote::land_one`] (or abandoned).
+    pub fn in_flight(&self) -> usize {
+        self.flights.len()
+    }
+
+    /// Progresses until some GET in flight has finished (the oldest finished one is taken)
+    /// and returns its tag and outcome; `None` if none has within `limit` (or none is in
+    /// flight). A reported GET no longer writes its buffer.
+    pub fn land_one(&mut self, limit: Duration) -> Option<(u64, Result<(), UcxError>)> {
+        let finished = |req: sys::ucs_status_ptr_t| {
+            // SAFETY: a live request handle of this worker (freed only when reported).
+            req.is_null() || unsafe { sys::ucp_request_check_status(req) } != INPROGRESS
         };
-        let in_progress = |s: sys::ucs_status_t| s == sys::ucs_status_t::UCS_INPROGRESS;
-        if self.worker.wait_until(limit, || !in_progress(status())) {
-            let st = status();
-            // SAFETY: completed; freed once.
-            unsafe { sys::ucp_request_free(req) };
-            return match check("ucp_get_nbx completion", st) {
-                Err(e) if self.failed().is_some() => Err(UcxError::Closed(e.to_string())),
-                r => r,
-            };
+        let flights = &self.flights;
+        if flights.is_empty()
+            || !self
+                .worker
+                .wait_until(limit, || flights.iter().any(|f| finished(f.1)))
+        {
+            return None;
         }
-        // Not landed in time: cancel, close the endpoint (flushing nothing), and wait for
-        // UCX to hand the request back so `dst` is known to be quiet.
-        // SAFETY: req is live and belongs to this worker.
-        unsafe { sys::ucp_request_cancel(self.worker.h, req) };
+        let at = self.flights.iter().position(|f| finished(f.1))?;
+        let (tag, req) = self.flights.remove(at)?;
+        if req.is_null() {
+            return Some((tag, Ok(())));
+        }
+        // SAFETY: finished; read, then freed once and never touched again.
+        let st = unsafe {
+            let st = sys::ucp_request_check_status(req);
+            sys::ucp_request_free(req);
+            st
+        };
+        let r = match check("ucp_get_nbx completion", st) {
+            Err(e) if self.failed().is_some() => Err(UcxError::Closed(e.to_string())),
+            r => r,
+        };
+        Some((tag, r))
+    }
+
+    /// Cancels every GET in flight, closes the endpoint (flushing nothing: later GETs fail)
+    /// and waits up to `limit` for UCX to hand each back. Returns the tags of those it did
+    /// not: they are released to UCX, which frees them when they complete, and their
+    /// buffers may still be written (never reuse them). The others' buffers are quiet.
+    pub fn abandon(&mut self, limit: Duration) -> Vec<u64> {
+        for &(_, req) in &self.flights {
+            if !req.is_null() {
+                // SAFETY: req is live and belongs to this worker.
+                unsafe { sys::ucp_request_cancel(self.worker.h, req) };
+            }
+        }
         self.close(true);
-        if self.worker.wait_until(limit, || !in_progress(status())) {
-            // SAFETY: completed (cancelled); freed once.
-            unsafe { sys::ucp_request_free(req) };
-            Err(UcxError::Timeout {
-                len: dst.len(),
-                limit,
-            })
-        } else {
-            // Released to UCX, which frees it when it completes (a worker must not be
-            // destroyed holding unreleased requests); `dst` may still be written until then.
-            // SAFETY: req is live; after this call it is never touched again.
-            unsafe { sys::ucp_request_free(req) };
-            Err(UcxError::Stuck {
-                len: dst.len(),
-                limit,
-            })
+        let live = |req: sys::ucs_status_ptr_t| {
+            // SAFETY: live until freed below.
+            !req.is_null() && unsafe { sys::ucp_request_check_status(req) } == INPROGRESS
+        };
+        let flights = &self.flights;
+        let _ = self
+            .worker
+            .wait_until(limit, || !flights.iter().any(|f| live(f.1)));
+        let mut kept = Vec::new();
+        for (tag, req) in std::mem::take(&mut self.flights) {
+            if live(req) {
+                kept.push(tag);
+            }
+            if !req.is_null() {
+                // SAFETY: freed once and never touched again; an unfinished one is
+                // released to UCX (a worker must not be destroyed holding requests).
+                unsafe { sys::ucp_request_free(req) };
+            }
         }
+        kept
     }
 
     /// Destroys the key and closes the endpoint (`force`: without flushing), waiting a
@@ -239,6 +317,10 @@ impl Remote {
 
 impl Drop for Remote {
     fn drop(&mut self) {
+        if !self.flights.is_empty() {
+            // Not reached by kvnode's own use (it lands or abandons every GET first).
+            let _ = self.abandon(CLOSE_LIMIT);
+        }
         let force = self.failed().is_some();
         self.close(force);
     }

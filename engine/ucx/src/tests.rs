@@ -137,3 +137,67 @@ fn keys_and_addresses_never_print_and_cuda_memory_is_refused_as_not_built() {
         Context::version()
     );
 }
+
+#[test]
+fn many_gets_in_flight_at_once_each_land_byte_identical_under_their_tag() {
+    let (src_ctx, dst_ctx) = (tcp(), tcp());
+    let mut src = pattern(16 * MIB, 5);
+    let src_reg = register(&src_ctx, &mut src);
+    let serving = Progress::start(&src_ctx, "ucx-test-many").unwrap();
+    let mut dst = vec![0u8; 16 * MIB];
+    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let key = src_reg.pack_rkey().unwrap();
+    let mut r = Remote::connect(&dst_ctx, serving.address(), &key, dst_reg).unwrap();
+    let base = dst.as_mut_ptr();
+    // Posted back to front, all before any is waited for.
+    for i in (0..16u64).rev() {
+        let at = i as usize * MIB;
+        // SAFETY: `dst` outlives every GET (all land below) and is not touched meanwhile.
+        unsafe { r.post_get(base.add(at), MIB, src_reg.base() + at as u64, i) }.unwrap();
+    }
+    assert_eq!(r.in_flight(), 16);
+    let mut seen = Vec::new();
+    while r.in_flight() > 0 {
+        let (tag, res) = r.land_one(Duration::from_secs(5)).expect("lands in time");
+        res.unwrap();
+        seen.push(tag);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..16).collect::<Vec<_>>());
+    assert!(dst == src, "landed bytes differ from the source's");
+    assert!(
+        r.land_one(Duration::from_millis(10)).is_none(),
+        "nothing left"
+    );
+}
+
+#[test]
+fn gets_in_flight_to_a_frozen_peer_are_all_given_back_by_abandon() {
+    let (src_ctx, dst_ctx) = (tcp(), tcp());
+    let mut src = pattern(4 * MIB, 6);
+    let src_reg = register(&src_ctx, &mut src);
+    let frozen = Worker::new(&src_ctx).unwrap();
+    let mut dst = vec![0u8; 4 * MIB];
+    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let key = src_reg.pack_rkey().unwrap();
+    let mut r = Remote::connect(&dst_ctx, &frozen.address().unwrap(), &key, dst_reg).unwrap();
+    let base = dst.as_mut_ptr();
+    for i in 0..4u64 {
+        let at = i as usize * MIB;
+        // SAFETY: `dst` outlives the GETs: abandon below gives every one back (asserted).
+        unsafe { r.post_get(base.add(at), MIB, src_reg.base() + at as u64, i) }.unwrap();
+    }
+    let limit = Duration::from_millis(300);
+    let t = Instant::now();
+    assert!(
+        r.land_one(limit).is_none(),
+        "a GET from a frozen peer landed"
+    );
+    let kept = r.abandon(limit);
+    assert!(kept.is_empty(), "UCX kept GETs {kept:?}");
+    assert!(t.elapsed() < limit * 3, "took {:?}", t.elapsed());
+    assert_eq!(r.in_flight(), 0);
+    // SAFETY: as above; the endpoint is closed, so this fails at once.
+    let e = unsafe { r.post_get(base, MIB, src_reg.base(), 9) }.unwrap_err();
+    assert!(matches!(e, UcxError::Closed(_)), "{e}");
+}

@@ -44,6 +44,9 @@ pub struct PeerConfig {
     /// it initializes, else TCP). Negotiated per connection: a peer without UCX gets TCP.
     /// Default: `tcp`.
     pub transport: TransportKind,
+    /// UCX GETs each connection keeps in flight at once (the destination's read window;
+    /// the source leases up to 4 requests of `batch_keys` blocks ahead). Default: 16.
+    pub ucx_gets_in_flight: u32,
     /// Fault injection on dialled connections (test builds only, feature `test-seams`; see
     /// `transport::FaultPlan`). Default: none.
     #[cfg(feature = "test-seams")]
@@ -64,6 +67,7 @@ impl Default for PeerConfig {
             max_outstanding_keys: 8192,
             batch_keys: 16,
             transport: TransportKind::Tcp,
+            ucx_gets_in_flight: 16,
             #[cfg(feature = "test-seams")]
             debug_fault: None,
         }
@@ -198,6 +202,9 @@ impl PeerConfig {
         }
         if self.batch_keys == 0 || self.batch_keys as usize > kvnode_proto::peer::MAX_PULL_KEYS {
             return Err("peer batch_keys must be 1..=4096".into());
+        }
+        if self.ucx_gets_in_flight == 0 || self.ucx_gets_in_flight > 256 {
+            return Err("peer ucx_gets_in_flight must be 1..=256".into());
         }
         if self.encrypt && self.cluster_key.is_none() {
             return Err(

@@ -25,6 +25,10 @@ use super::op::PullOp;
 use super::transport::{PullWire, TcpConn, UcxNode, UcxPeer};
 use super::{PeerError, Peers};
 
+mod gets;
+
+use gets::{Flight, Landing};
+
 /// Everything this daemon keeps about one peer it pulls from.
 #[derive(Debug)]
 pub struct PeerLink {
@@ -199,8 +203,11 @@ struct Chunk {
     peers: Arc<Peers>,
     link: Arc<PeerLink>,
     op: Arc<PullOp>,
-    /// Keys of this chunk not yet answered (op key indices).
+    /// Keys of this chunk not yet answered (op key indices); a key whose GET is in flight
+    /// stays here until it lands.
     open: Vec<usize>,
+    /// Blocks whose UCX GET is in flight, by op key index (the GET's tag).
+    flights: HashMap<usize, Flight>,
 }
 
 /// Pulls op keys `idxs` from `link`, bounded by its connection permits and timeouts.
@@ -214,6 +221,7 @@ pub async fn run_chunk(peers: Arc<Peers>, link: Arc<PeerLink>, op: Arc<PullOp>, 
         link,
         op,
         open: idxs,
+        flights: HashMap::new(),
     };
     let (c, r) = c.run().await;
     let Chunk {
@@ -300,7 +308,21 @@ impl Chunk {
         }
     }
 
+    /// Pulls the open keys over `w`; on failure, every GET still in flight is landed
+    /// (if already finished) or cancelled before its slot is freed.
     fn pull_on(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
+        let r = self.pull_frames(w);
+        if self.flights.is_empty() {
+            return r;
+        }
+        let r = r.and(Err(PeerError::Protocol(
+            "requests ended with GETs in flight".into(),
+        )));
+        self.abandon_gets(w)?;
+        r
+    }
+
+    fn pull_frames(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
         let peers = Arc::clone(&self.peers);
         let p = &peers;
         let io = p.io_timeout();
@@ -339,20 +361,24 @@ impl Chunk {
                     len,
                     hash,
                     seal,
-                } => Some(self.block(w, ns, at(req, idx)?, len, Body::Inline(&seal), hash)?),
+                } => Some(self.block(w, ns, at(req, idx)?, len, Body::Inline(&seal), hash, req)?),
                 PeerMsg::Slot {
                     req,
                     idx,
                     len,
                     addr,
                     hash,
-                } => Some(self.block(w, ns, at(req, idx)?, len, Body::Remote(addr), hash)?),
+                } => Some(self.block(w, ns, at(req, idx)?, len, Body::Remote(addr), hash, req)?),
                 PeerMsg::UcxOffer {
                     worker,
                     rkey,
                     base,
                     len,
-                } => w.rekey(&worker, &rkey, base, len).map(|()| None)?,
+                } => {
+                    // The old endpoint closes: what it is reading lands first.
+                    self.land_where(w, ns, |_| true)?;
+                    w.rekey(&worker, &rkey, base, len).map(|()| None)?
+                }
                 PeerMsg::Miss { req, idx } => {
                     let i = at(req, idx)?;
                     self.answered(i)?;
@@ -360,6 +386,8 @@ impl Chunk {
                     None
                 }
                 PeerMsg::Done { req } => {
+                    // Every Slot of `req` came before its Done: land their GETs.
+                    self.land_where(w, ns, |f| f.req == req)?;
                     let keys = reqs.remove(&req).ok_or_else(|| {
                         PeerError::Protocol(format!("Done for unknown request {req}"))
                     })?;
@@ -369,8 +397,7 @@ impl Chunk {
                         )));
                     }
                     if w.is_ucx() {
-                        // Every GET of `req` has landed (they complete in order above):
-                        // the source may release its leases.
+                        // Every GET of `req` has landed: the source may release its leases.
                         w.send_all(&[PeerMsg::Landed { req }], io)?;
                     }
                     None
@@ -397,7 +424,9 @@ impl Chunk {
         Ok(())
     }
 
-    /// Receives key `i`'s block (a `Block` body or a `Slot` to GET); returns its length.
+    /// Receives key `i`'s block (a `Block` body, or a `Slot` whose GET is started and lands
+    /// later); returns its length.
+    #[allow(clippy::too_many_arguments)]
     fn block(
         &mut self,
         w: &mut PullWire,
@@ -406,14 +435,19 @@ impl Chunk {
         len: u32,
         body: Body<'_>,
         hash: Vec<u8>,
+        req: u64,
     ) -> Result<u32, PeerError> {
-        // Stays open until received, so a failure mid-block fails this key too.
-        let pos = self.position(i)?;
+        // Stays open until received (landed), so a failure before fails this key too.
+        self.position(i)?;
+        if self.flights.contains_key(&i) {
+            return Err(PeerError::Protocol(format!("key {i} answered twice")));
+        }
         let hash: [u8; HASH_LEN] = hash
             .try_into()
             .map_err(|_| PeerError::Protocol("block hash of a bad length".into()))?;
-        self.receive(w, ns, i, len, body, &hash)?;
-        self.open.swap_remove(pos);
+        if self.receive(w, ns, i, len, body, hash, req)? {
+            self.answered(i)?;
+        }
         Ok(len)
     }
 
@@ -430,8 +464,10 @@ impl Chunk {
         Ok(())
     }
 
-    /// Reads one block's payload (off the wire, or by a GET of the source's slot) into a
-    /// reserved DRAM slot, verifies and commits it.
+    /// Reads one block's payload off the wire into a reserved DRAM slot, verifies and
+    /// commits it; or starts the GET of the source's slot into one. Whether the key is
+    /// settled (false: its GET is in flight).
+    #[allow(clippy::too_many_arguments)]
     fn receive(
         &mut self,
         w: &mut PullWire,
@@ -439,19 +475,20 @@ impl Chunk {
         i: usize,
         len: u32,
         body: Body<'_>,
-        hash: &[u8; HASH_LEN],
-    ) -> Result<(), PeerError> {
+        hash: [u8; HASH_LEN],
+        req: u64,
+    ) -> Result<bool, PeerError> {
         let p = &self.peers;
         let io = p.io_timeout();
         let key = self.op.keys[i];
         let reserved =
             p.store()
                 .reserve(p.reservation_owner(), self.op.ns, &[key], &[u64::from(len)]);
-        let (mut slot, refused) = match reserved {
+        let mut landing = match reserved {
             Ok(mut v) => match v.pop() {
-                Some(Ok(r)) => (Some(r), None),
-                Some(Err(st)) => (None, Some(st)),
-                None => (None, None),
+                Some(Ok(r)) => Landing::slot(r),
+                Some(Err(st)) => Landing::scratch(len, Some(st)),
+                None => Landing::scratch(len, None),
             },
             Err(e) => {
                 // Read the payload off the wire anyway, so the connection stays in step
@@ -462,32 +499,42 @@ impl Chunk {
                 }
                 let why = Failure::new(FailCode::LocalStore, e.to_string());
                 self.op.set(i, KeyOutcome::Failed(why));
-                return Ok(());
+                return Ok(true);
             }
         };
-        let mut scratch = Vec::new();
-        let dst: &mut [u8] = if let Some(r) = slot.as_mut() {
-            r.bytes_mut()
-        } else {
-            scratch.resize(len as usize, 0);
-            &mut scratch
-        };
-        // On error `slot` drops here: the reservation is freed unpublished, unless UCX
-        // could not give a GET back, when the slot is retired for the daemon's life rather
-        // than reused under a write that may still come.
-        let sum = match body {
-            Body::Inline(seal) => read_hashed(w, dst, seal, io)?,
-            Body::Remote(addr) => match w.get(dst, addr, io) {
-                Ok(()) => *blake3::hash(dst).as_bytes(),
-                Err(e @ PeerError::Stuck(_)) => {
-                    tracing::error!(peer = %self.link.name, error = %e, "retiring a slot under an uncancellable GET");
-                    std::mem::forget(slot);
-                    std::mem::forget(scratch);
-                    return Err(e);
-                }
-                Err(e) => return Err(e),
-            },
-        };
+        match body {
+            Body::Inline(seal) => {
+                // On error `landing` drops here: the reservation is freed unpublished.
+                let sum = read_hashed(w, landing.dst(), seal, io)?;
+                self.settle(ns, i, len, &hash, landing, sum);
+                Ok(true)
+            }
+            Body::Remote(addr) => {
+                let f = Flight {
+                    req,
+                    len,
+                    hash,
+                    landing,
+                };
+                self.post_get(w, ns, i, addr, f)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Checks landed bytes (`sum`: their BLAKE3 hash) against `hash` and commits them to
+    /// the store and the op; a mismatch fails the key and commits nothing.
+    fn settle(
+        &self,
+        ns: NamespaceId,
+        i: usize,
+        len: u32,
+        hash: &[u8; HASH_LEN],
+        mut landing: Landing,
+        sum: [u8; HASH_LEN],
+    ) {
+        let p = &self.peers;
+        let key = self.op.keys[i];
         // blake3::Hash compares in constant time.
         if blake3::Hash::from(sum) != blake3::Hash::from(*hash) {
             p.count_failure();
@@ -500,10 +547,10 @@ impl Chunk {
             );
             tracing::warn!(op = self.op.id, "{}", why.message);
             self.op.set(i, KeyOutcome::Failed(why));
-            return Ok(());
+            return;
         }
-        let copied = self.op.copy_into(i, dst);
-        let outcome = match (slot, refused) {
+        let copied = self.op.copy_into(i, landing.dst());
+        let outcome = match (landing.slot, landing.refused) {
             (Some(r), _) => {
                 let at = SlotId {
                     ns,
@@ -533,6 +580,5 @@ impl Chunk {
             Err(why) => self.op.set(i, KeyOutcome::Failed(why)),
             Ok(_) => self.op.set(i, outcome),
         }
-        Ok(())
     }
 }

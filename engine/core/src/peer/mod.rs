@@ -208,20 +208,22 @@ impl Peers {
         let (ucx, ucx_off) = match cfg.transport {
             TransportKind::Tcp => (None, None),
             TransportKind::Ucx => {
-                let n = transport::UcxNode::start(&store).map_err(|e| {
+                let n = transport::UcxNode::start(&store, cfg.ucx_gets_in_flight as usize).map_err(|e| {
                     PeerError::Config(format!(
                         "peer transport ucx: {e} (is libucx0 installed and UCX_TLS valid? `ucx_info -d` lists the transports)"
                     ))
                 })?;
                 (Some(Arc::new(n)), None)
             }
-            TransportKind::Auto => match transport::UcxNode::start(&store) {
-                Ok(n) => (Some(Arc::new(n)), None),
-                Err(e) => {
-                    tracing::warn!(error = %e, "peer transport auto: UCX did not initialize; pulling over TCP");
-                    (None, Some(e.to_string()))
+            TransportKind::Auto => {
+                match transport::UcxNode::start(&store, cfg.ucx_gets_in_flight as usize) {
+                    Ok(n) => (Some(Arc::new(n)), None),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "peer transport auto: UCX did not initialize; pulling over TCP");
+                        (None, Some(e.to_string()))
+                    }
                 }
-            },
+            }
         };
         Ok(Self {
             ucx,

@@ -80,17 +80,25 @@ pub(super) struct Pair {
 
 /// A destination that pulls from `port` with `plan`: (node, namespace, hint for `n` keys).
 fn dest(port: u16, n: u8, plan: FaultPlan) -> (Node, u32, String) {
-    dest_on(port, n, Some(plan), TransportKind::Tcp)
+    dest_on(port, n, Some(plan), TransportKind::Tcp, 16)
 }
 
-/// A destination on transport `t` (with `plan`, if any) pulling from `port`.
-fn dest_on(port: u16, n: u8, plan: Option<FaultPlan>, t: TransportKind) -> (Node, u32, String) {
+/// A destination on transport `t` (with `plan`, if any, and up to `gets` UCX GETs in
+/// flight per connection) pulling from `port`.
+fn dest_on(
+    port: u16,
+    n: u8,
+    plan: Option<FaultPlan>,
+    t: TransportKind,
+    gets: u32,
+) -> (Node, u32, String) {
     let dst = node(&crate::peer::PeerConfig {
         peers: vec![format!("tcp://127.0.0.1:{port}")],
         connections: 1,
         io_timeout_ms: IO_TIMEOUT_MS,
         debug_fault: plan,
         transport: t,
+        ucx_gets_in_flight: gets,
         ..crate::peer::PeerConfig::default()
     });
     let ns = dst.store.register(&spec()).unwrap().ns;
@@ -114,6 +122,17 @@ pub(super) async fn pair_on(
     st: TransportKind,
     dt: TransportKind,
 ) -> Pair {
+    pair_gets(n, plan, st, dt, 16).await
+}
+
+/// [`pair_on`] with a destination keeping up to `gets` UCX GETs in flight per connection.
+pub(super) async fn pair_gets(
+    n: u8,
+    plan: Option<FaultPlan>,
+    st: TransportKind,
+    dt: TransportKind,
+    gets: u32,
+) -> Pair {
     let src = node(&crate::peer::PeerConfig {
         transport: st,
         ..crate::peer::PeerConfig::default()
@@ -133,7 +152,7 @@ pub(super) async fn pair_on(
     let port = l.local_addr().unwrap().port();
     let (stop, rx) = watch::channel(false);
     tokio::spawn(super::source::serve(Arc::clone(&src.peers), l, rx));
-    let (dst, ns, hint) = dest_on(port, n, plan, dt);
+    let (dst, ns, hint) = dest_on(port, n, plan, dt, gets);
     Pair {
         src,
         sns,

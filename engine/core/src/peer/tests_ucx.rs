@@ -9,7 +9,7 @@ use kvnode_proto::Key;
 use kvnode_proto::pull::{KeyOutcome, OpState};
 
 use super::TransportKind::{Tcp, Ucx};
-use super::tests::{PAGE, Pair, failed_with, key, pair_on};
+use super::tests::{PAGE, Pair, failed_with, key, pair_gets, pair_on};
 
 /// Waits until the source holds no lease (the destination's `Landed` arrived).
 async fn leases_drain(p: &Pair) {
@@ -100,4 +100,26 @@ async fn a_block_changed_at_the_source_after_it_was_hashed_is_refused_and_not_co
     assert_eq!(p.held(3).await, vec![true, false, true]);
     assert_eq!(p.reserved(), 0);
     leases_drain(&p).await;
+}
+
+/// Pulls 40 blocks with a window of `gets` GETs; the most the destination had in flight.
+async fn most_in_flight(gets: u32) -> usize {
+    let p = pair_gets(40, None, Ucx, Ucx, gets).await;
+    let r = p.pull(40).await;
+    assert_eq!(r.state, OpState::Done, "{r:?}");
+    assert_eq!(p.held(40).await, vec![true; 40]);
+    leases_drain(&p).await;
+    assert_eq!(p.reserved(), 0);
+    p.dst.peers.ucx().unwrap().max_gets_in_flight()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_destination_keeps_a_window_of_gets_in_flight_and_every_block_lands() {
+    // 40 blocks are 3 requests of 16: the window runs across request boundaries.
+    assert_eq!(most_in_flight(8).await, 8, "GETs were not pipelined");
+    assert_eq!(
+        most_in_flight(1).await,
+        1,
+        "a window of 1 had more in flight"
+    );
 }

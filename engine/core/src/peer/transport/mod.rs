@@ -176,10 +176,10 @@ impl PullWire {
         matches!(self, Self::Ucx(_))
     }
 
-    /// See [`UcxPull::get`]; a protocol error on other transports.
-    pub fn get(&mut self, dst: &mut [u8], addr: u64, limit: Duration) -> Result<(), PeerError> {
+    /// The UCX end, for GETs of `Slot` answers; a protocol error on other transports.
+    pub fn ucx(&mut self) -> Result<&mut UcxPull, PeerError> {
         match self {
-            Self::Ucx(c) => c.get(dst, addr, limit),
+            Self::Ucx(c) => Ok(c),
             _ => Err(PeerError::Protocol(
                 "a Slot answer on a connection that did not negotiate UCX".into(),
             )),

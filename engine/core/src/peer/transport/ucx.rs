@@ -18,7 +18,7 @@
 //! receive the new key in band before their next answer.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -44,14 +44,18 @@ pub struct UcxNode {
     exposed: RwLock<Region>,
     landing: Arc<Region>,
     generation: AtomicU64,
+    /// GETs each connection keeps in flight at most (`[peer] ucx_gets_in_flight`).
+    window: usize,
+    /// The most GETs any connection had in flight at once (a statistic, and for tests).
+    max_in_flight: AtomicUsize,
     ctx: Context,
     store: Arc<Store>,
 }
 
 impl UcxNode {
     /// Initializes UCX (reading `UCX_*` from the environment), registers `store`'s arena
-    /// and starts the progress thread.
-    pub fn start(store: &Arc<Store>) -> Result<Self, UcxError> {
+    /// and starts the progress thread. Each connection keeps up to `window` GETs in flight.
+    pub fn start(store: &Arc<Store>, window: usize) -> Result<Self, UcxError> {
         let ctx = Context::new()?;
         let exposed = Self::map(&ctx, store)?;
         let landing = Self::map(&ctx, store)?;
@@ -61,6 +65,8 @@ impl UcxNode {
             exposed: RwLock::new(exposed),
             landing: Arc::new(landing),
             generation: AtomicU64::new(1),
+            window: window.max(1),
+            max_in_flight: AtomicUsize::new(0),
             ctx,
             store: Arc::clone(store),
         })
@@ -76,6 +82,11 @@ impl UcxNode {
     /// The key generation now in force (raised by [`UcxNode::reregister`]).
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// The most GETs one connection of this daemon has had in flight at once.
+    pub fn max_gets_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::Relaxed)
     }
 
     /// What a destination needs to read this arena, and the generation it belongs to.
@@ -166,27 +177,61 @@ impl UcxPull {
         Self { tcp, peer, node }
     }
 
-    /// Reads `dst.len()` bytes at the source's `addr` into `dst`; returns once they have
-    /// landed. `limit` bounds the whole GET; on expiry the GET is cancelled and the
-    /// endpoint closed ([`PeerError::Timeout`]), or, if UCX does not even give the request
-    /// back, [`PeerError::Stuck`]: then `dst` must never be reused.
-    pub fn get(&mut self, dst: &mut [u8], addr: u64, limit: Duration) -> Result<(), PeerError> {
+    /// GETs this connection may keep in flight.
+    pub fn window(&self) -> usize {
+        self.node.window
+    }
+
+    /// GETs posted and not yet landed or abandoned.
+    pub fn in_flight(&self) -> usize {
+        self.peer.remote.in_flight()
+    }
+
+    /// Starts a GET of `len` bytes at the source's `addr` into `dst`, known by `tag` until
+    /// [`UcxPull::land_one`] reports it.
+    ///
+    /// # Safety
+    /// As [`kvnode_ucx::Remote::post_get`]: `dst..dst + len` stays valid and untouched until
+    /// the GET is landed, or given back by [`UcxPull::abandon`] (never reused if kept).
+    pub unsafe fn post(
+        &mut self,
+        dst: *mut u8,
+        len: usize,
+        addr: u64,
+        tag: u64,
+    ) -> Result<(), PeerError> {
         let p = &mut self.peer;
         let inside = addr >= p.base
             && addr
-                .checked_add(dst.len() as u64)
+                .checked_add(len as u64)
                 .is_some_and(|end| end <= p.base + p.len);
         if !inside {
             return Err(PeerError::Protocol(format!(
-                "slot of {} bytes at an address outside the source's registered arena",
-                dst.len()
+                "slot of {len} bytes at an address outside the source's registered arena"
             )));
         }
-        p.remote.get(dst, addr, limit).map_err(|e| match e {
-            UcxError::Timeout { limit, .. } => PeerError::Timeout("peer GET", limit),
-            UcxError::Stuck { .. } => PeerError::Stuck(e.to_string()),
-            e => PeerError::Io(std::io::Error::other(e.to_string())),
-        })
+        // SAFETY: the caller's guarantee, passed on.
+        unsafe { p.remote.post_get(dst, len, addr, tag) }.map_err(ucx_error)?;
+        let n = p.remote.in_flight();
+        self.node.max_in_flight.fetch_max(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Waits up to `limit` for some GET in flight to finish: its tag, and its outcome (an
+    /// error there is a failed GET whose buffer is quiet). [`PeerError::Timeout`] when none
+    /// finished: the caller then abandons them all.
+    pub fn land_one(&mut self, limit: Duration) -> Result<(u64, Result<(), PeerError>), PeerError> {
+        match self.peer.remote.land_one(limit) {
+            Some((tag, r)) => Ok((tag, r.map_err(ucx_error))),
+            None => Err(PeerError::Timeout("peer GET", limit)),
+        }
+    }
+
+    /// Cancels every GET in flight and closes the endpoint; waits up to `limit` for UCX to
+    /// hand them back. Returns the tags of those it kept: their buffers may still be written
+    /// and must be retired, never reused.
+    pub fn abandon(&mut self, limit: Duration) -> Vec<u64> {
+        self.peer.remote.abandon(limit)
     }
 
     /// Takes a new key (and worker address) the source sent after re-registering.
@@ -197,11 +242,24 @@ impl UcxPull {
         base: u64,
         len: u64,
     ) -> Result<(), PeerError> {
+        if self.in_flight() != 0 {
+            return Err(PeerError::Protocol(
+                "a new UCX key while GETs are in flight".into(),
+            ));
+        }
         self.peer = self
             .node
             .connect(worker, rkey, base, len)
             .map_err(|e| PeerError::Io(std::io::Error::other(e.to_string())))?;
         Ok(())
+    }
+}
+
+fn ucx_error(e: UcxError) -> PeerError {
+    match e {
+        UcxError::Timeout { limit, .. } => PeerError::Timeout("peer GET", limit),
+        UcxError::Stuck { .. } => PeerError::Stuck(e.to_string()),
+        e => PeerError::Io(std::io::Error::other(e.to_string())),
     }
 }
 
