@@ -470,21 +470,24 @@ pub fn peer_daemon(args: &[&str]) -> Daemon {
     d
 }
 
-/// A source daemon serving peers on `127.0.0.1:port`, plus `extra` flags.
-pub fn peer_source(port: u16, extra: &[&str]) -> Daemon {
+/// The flags of a source daemon serving peers on `127.0.0.1:port` (256 MiB DRAM, not
+/// pinned, advertised as `tcp://127.0.0.1:port`), plus `extra`.
+pub fn peer_source_args(port: u16, extra: &[&str]) -> Vec<String> {
     let listen = format!("127.0.0.1:{port}");
     let adv = format!("tcp://{listen}");
-    let mut args = vec![
-        "--dram",
-        "256MiB",
-        "--no-pin",
-        "--peer-listen",
-        &listen,
-        "--advertise",
-        &adv,
-    ];
-    args.extend_from_slice(extra);
-    peer_daemon(&args)
+    let mut args: Vec<String> = ["--dram", "256MiB", "--no-pin", "--peer-listen"]
+        .map(str::to_owned)
+        .to_vec();
+    args.extend([listen, "--advertise".to_owned(), adv]);
+    args.extend(extra.iter().map(|&a| a.to_owned()));
+    args
+}
+
+/// A source daemon serving peers on `127.0.0.1:port`, plus `extra` flags.
+pub fn peer_source(port: u16, extra: &[&str]) -> Daemon {
+    let args = peer_source_args(port, extra);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    peer_daemon(&refs)
 }
 
 /// A destination daemon allowed to pull from `peers`, plus `extra` flags.

@@ -23,19 +23,9 @@ fn tls() -> [(&'static str, &'static str); 1] {
 }
 
 fn source(port: u16, extra: &[&str]) -> Daemon {
-    let listen = format!("127.0.0.1:{port}");
-    let adv = format!("tcp://{listen}");
-    let mut args = vec![
-        "--dram",
-        "256MiB",
-        "--no-pin",
-        "--peer-listen",
-        &listen,
-        "--advertise",
-        &adv,
-    ];
-    args.extend_from_slice(extra);
-    Daemon::start_env(&tls(), &args)
+    let args = kvnode_e2e::peer_source_args(port, extra);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    Daemon::start_env(&tls(), &refs)
 }
 
 fn dest(port: u16, extra: &[&str]) -> Daemon {
