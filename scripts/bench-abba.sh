@@ -3,14 +3,19 @@
 # that drift hits both equally: zero-copy `get` (bench local, vs same-run memcpy) and peer
 # pulls (bench pull, vs same-run iperf3). Each line is one run; compare the ratios.
 # Usage: scripts/bench-abba.sh OLD_BIN NEW_BIN [ROUNDS]   (ROUNDS of ABBA, default 1)
+# PULL_ARGS adds `bench pull` flags to every pull run, e.g.
+#   PULL_ARGS="--connections 1 --daemon-arg=--cluster-key=/tmp/key" scripts/bench-abba.sh A B
+# SKIP_LOCAL=1 runs the pull rounds only.
 set -euo pipefail
 A=${1:?old kvnode binary}; B=${2:?new kvnode binary}; ROUNDS=${3:-1}
 DIR=$(mktemp -d /tmp/kvnode-abba.XXXXXX)
-trap 'pkill -f "$DIR/" 2>/dev/null || true; rm -rf "$DIR"' EXIT
+PIDS=()
+trap 'for p in ${PIDS[@]+"${PIDS[@]}"}; do kill "$p" 2>/dev/null || true; done; rm -rf "$DIR"' EXIT
 local_run() { # BIN LABEL
   local sock="$DIR/$2.sock"
   "$1" serve --socket "$sock" --dram 2GiB --no-pin 2>>"$DIR/$2.log" &
   local pid=$!
+  PIDS+=("$pid")
   until "$1" stats --socket "$sock" >/dev/null 2>&1; do sleep 0.02; done
   local j
   j=$("$1" bench local --socket "$sock" --op get --mode zero-copy --page-size 1MiB --batch 16 \
@@ -25,19 +30,26 @@ PY
 }
 pull_run() { # BIN LABEL
   local j
-  j=$("$1" bench pull --iterations 10 --rounds 2 --latency-samples 100 --iperf-seconds 2 --json 2>>"$DIR/$2.log" | tail -1)
+  # shellcheck disable=SC2086
+  j=$("$1" bench pull --iterations 10 --rounds 2 --latency-samples 100 --iperf-seconds 2 ${PULL_ARGS:-} --json 2>>"$DIR/$2.log" | tail -1)
   python3 - "$2" "$j" <<'PY'
 import json, sys
 j = json.loads(sys.argv[2])
 r = j["ratio"]
-print("%-4s pull 64x1MiB: median %.2f GB/s = %s of iperf3, %.0f %% of memcpy; 64 KiB p50 %s us p99 %s us"
-      % (sys.argv[1], j["median_gbps"], "%.0f %%" % (r * 100) if r else "n/a", j["memcpy_ratio"] * 100,
-         j["lat_p50_us"], j["lat_p99_us"]))
+rp = j.get("ratio_p")
+cpu = j.get("cpu_s_per_gb")
+cr = j.get("cpu_ratio")
+print("%-4s pull 64x1MiB: median %.2f GB/s = %s of iperf3%s, %.0f %% of memcpy; 64 KiB p50 %s us p99 %s us%s"
+      % (sys.argv[1], j["median_gbps"], "%.0f %%" % (r * 100) if r else "n/a",
+         " (%.0f %% of -P %s)" % (rp * 100, j.get("connections")) if rp else "",
+         j["memcpy_ratio"] * 100, j["lat_p50_us"], j["lat_p99_us"],
+         "; %.3f CPU-s/GB%s" % (cpu, " = %.2f x iperf3" % cr if cr else "") if cpu is not None else ""))
 PY
 }
 echo "A = $A"; echo "B = $B"; echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for _ in $(seq "$ROUNDS"); do
   for x in A B B A; do
+    [ -n "${SKIP_LOCAL:-}" ] && break
     bin=$A; [ "$x" = B ] && bin=$B
     local_run "$bin" "$x"
   done

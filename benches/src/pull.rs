@@ -1,5 +1,7 @@
 //! `kvnode bench pull`: two daemons on loopback, peer pull throughput and latency, with
-//! `iperf3 -c 127.0.0.1 -l 1M` and a memcpy of the same bytes measured in the same run.
+//! `iperf3 -c 127.0.0.1 -l 1M` (one stream, and `-P N` for N connections) and a memcpy of
+//! the same bytes measured in the same run; CPU seconds per GB of both daemons against
+//! iperf3's (client + server) in the same round.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -153,7 +155,28 @@ fn pull(c: &mut Client, ns: u32, keys: &[Key], hint: &str) -> anyhow::Result<f64
     Ok(secs)
 }
 
-fn iperf3(secs: u32) -> anyhow::Result<f64> {
+/// CPU seconds (user + system, every thread) `pid` has used so far.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split(' ')
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // SAFETY: no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    f.iter().sum::<f64>() / hz.max(1.0)
+}
+
+/// One iperf3 run: bytes per second, and CPU seconds per GB of client and server together.
+struct Iperf {
+    bps: f64,
+    cpu_per_gb: f64,
+}
+
+fn iperf3(secs: u32, streams: u32) -> anyhow::Result<Iperf> {
     let port = free_port()?;
     let server = Command::new("iperf3")
         .args(["-s", "-1", "-p", &port.to_string()])
@@ -173,13 +196,21 @@ fn iperf3(secs: u32) -> anyhow::Result<f64> {
                 "-l",
                 "1M",
                 "-J",
+                "-P",
+                &streams.to_string(),
                 "-t",
             ])
             .arg(secs.to_string())
             .output()?;
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         if let Some(bps) = v["end"]["sum_received"]["bits_per_second"].as_f64() {
-            return Ok(bps / 8.0);
+            let cpu = &v["end"]["cpu_utilization_percent"];
+            let pct = cpu["host_total"].as_f64().unwrap_or(0.0) + cpu["remote_total"].as_f64().unwrap_or(0.0);
+            let bps = bps / 8.0;
+            return Ok(Iperf {
+                bps,
+                cpu_per_gb: pct / 100.0 / (bps / 1e9),
+            });
         }
         if t.elapsed() > Duration::from_secs(5) {
             bail!("iperf3 failed: {}", String::from_utf8_lossy(&out.stdout));
@@ -226,6 +257,12 @@ struct Results {
 /// (bytes per second).
 struct Round {
     iperf: Option<f64>,
+    /// `iperf3 -P connections` (only with more than one connection).
+    iperf_p: Option<f64>,
+    /// CPU-s per GB: iperf3 one stream, `-P N`, and both daemons during the pulls.
+    iperf_cpu: Option<f64>,
+    iperf_p_cpu: Option<f64>,
+    pull_cpu: f64,
     memcpy: f64,
     pulls: Vec<f64>,
 }
@@ -260,9 +297,32 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
         r.first / 1e9
     );
     let (mut ratios, mut mem) = (Vec::new(), Vec::new());
+    let (mut ratios_p, mut cpu, mut cpu_ratio) = (Vec::new(), Vec::new(), Vec::new());
     for (i, x) in r.rounds.iter().enumerate() {
         let m = median(&x.pulls);
         mem.push(m / x.memcpy);
+        cpu.push(x.pull_cpu);
+        if let Some(ic) = x.iperf_p_cpu.or(x.iperf_cpu).filter(|c| *c > 0.0) {
+            cpu_ratio.push(x.pull_cpu / ic);
+        }
+        let ip_p = x.iperf_p.map_or_else(String::new, |ip| {
+            ratios_p.push(m / ip);
+            format!(
+                "{:.0} % of iperf3 -P {} ({:.2} GB/s), ",
+                m / ip * 100.0,
+                a.connections,
+                ip / 1e9
+            )
+        });
+        println!(
+            "round {}: CPU-s per GB, both daemons {:.3}{}{}",
+            i + 1,
+            x.pull_cpu,
+            x.iperf_cpu
+                .map_or_else(String::new, |c| format!(", iperf3 one stream {c:.3}")),
+            x.iperf_p_cpu
+                .map_or_else(String::new, |c| format!(", iperf3 -P {} {c:.3}", a.connections)),
+        );
         let ip = x.iperf.map_or_else(String::new, |ip| {
             ratios.push(m / ip);
             format!(
@@ -273,7 +333,7 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
             )
         });
         println!(
-            "round {}: {} pulls, median {:.2} GB/s = {ip}{:.0} % of memcpy ({:.2} GB/s)",
+            "round {}: {} pulls, median {:.2} GB/s = {ip}{ip_p}{:.0} % of memcpy ({:.2} GB/s)",
             i + 1,
             x.pulls.len(),
             m / 1e9,
@@ -297,6 +357,20 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
             med / top * 100.0
         );
     }
+    let ratio_p = (!ratios_p.is_empty()).then(|| median(&ratios_p));
+    if let Some(q) = ratio_p {
+        println!(
+            "pull / same-round iperf3 -P {}: median {:.0} %",
+            a.connections,
+            q * 100.0
+        );
+    }
+    let cpu_ratio = (!cpu_ratio.is_empty()).then(|| median(&cpu_ratio));
+    println!(
+        "CPU-s per pulled GB (both daemons): median {:.3}{}",
+        median(&cpu),
+        cpu_ratio.map_or_else(String::new, |q| format!(" = {q:.2} x same-round iperf3's"))
+    );
     print!("{}", kvnode_client::report::render_timeouts(t));
     if a.json {
         println!(
@@ -305,7 +379,9 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
                 "pages": a.pages, "page": r.page, "median_gbps": med / 1e9, "best_gbps": best / 1e9, "first_gbps": r.first / 1e9,
                 "iperf3_gbps": ips.iter().map(|i| i / 1e9).collect::<Vec<_>>(), "ratio": ratio, "memcpy_ratio": median(&mem),
                 "cold_ms": r.cold * 1e3, "lat_p50_us": h.value_at_quantile(0.5), "lat_p99_us": h.value_at_quantile(0.99),
-                "base_s": t.base_s, "per_page_s": t.per_page_s,
+                "base_s": t.base_s, "per_page_s": t.per_page_s, "connections": a.connections,
+                "ratio_p": ratio_p, "cpu_s_per_gb": median(&cpu), "cpu_ratio": cpu_ratio,
+                "lat_p90_us": h.value_at_quantile(0.9),
             })
         );
     }
@@ -326,7 +402,7 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         a.transport.clone(),
     ];
     src_args.extend(a.daemon_args.iter().cloned());
-    let (_src, src_sock) = daemon("src", &src_args)?;
+    let (src_proc, src_sock) = daemon("src", &src_args)?;
     let mut dst_args = vec![
         "--peers".into(),
         format!("tcp://{listen}"),
@@ -368,17 +444,28 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
     let bytes = page as f64 * a.pages as f64;
     let first = bytes / pull(&mut d, db, &big, &big_hint)?;
     let mut rounds = Vec::new();
+    let pids = [src_proc.0.id(), dst_proc.0.id()];
+    let daemons_cpu = || pids.iter().map(|&p| cpu_secs(p)).sum::<f64>();
     for _ in 0..a.rounds.max(1) {
         let iperf = (a.iperf_seconds > 0)
-            .then(|| iperf3(a.iperf_seconds))
+            .then(|| iperf3(a.iperf_seconds, 1))
+            .transpose()?;
+        let iperf_p = (a.iperf_seconds > 0 && a.connections > 1)
+            .then(|| iperf3(a.iperf_seconds, a.connections))
             .transpose()?;
         let memcpy = crate::memcpy::bandwidth(page as usize, bytes as usize, bytes as usize);
         let mut pulls = Vec::new();
+        let c0 = daemons_cpu();
         for _ in 0..a.iterations.max(1) {
             pulls.push(bytes / pull(&mut d, db, &big, &big_hint)?);
         }
+        let moved_gb = bytes * pulls.len() as f64 / 1e9;
         rounds.push(Round {
-            iperf,
+            iperf: iperf.as_ref().map(|i| i.bps),
+            iperf_p: iperf_p.as_ref().map(|i| i.bps),
+            iperf_cpu: iperf.as_ref().map(|i| i.cpu_per_gb),
+            iperf_p_cpu: iperf_p.as_ref().map(|i| i.cpu_per_gb),
+            pull_cpu: (daemons_cpu() - c0) / moved_gb,
             memcpy,
             pulls,
         });

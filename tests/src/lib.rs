@@ -4,9 +4,11 @@
 //! `cargo test --workspace` builds it before running these tests.
 
 pub mod fabric;
+pub mod keyless;
 pub mod peerwire;
 pub mod raw;
 pub mod shm;
+pub mod ucxsteal;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -6,14 +6,13 @@
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kvnode_engine::peer::auth::{source_proof, transcript};
 use kvnode_engine::peer::transport::channel::{Channel, Side};
 use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
 use kvnode_proto::peer::{
-    AEAD_TAG_LEN, HASH_LEN, MAC_TAG_LEN, NONCE_LEN, PEER_PROTOCOL_VERSION, PeerMsg, decode_peer,
+    AEAD_TAG_LEN, HASH_LEN, NONCE_LEN, PEER_PROTOCOL_VERSION, PeerMsg, decode_peer,
 };
 
 /// Reads one whole frame (prefix, header, `tag` bytes, payload) as raw bytes.
@@ -173,7 +172,7 @@ fn try_to_read(a: &mut TcpStream, proof: Vec<u8>, r: &mut Report) {
         )],
     };
     let mut sealed_looking = plain(&pull, &[]);
-    sealed_looking.extend_from_slice(&[0u8; MAC_TAG_LEN]);
+    sealed_looking.extend_from_slice(&[0u8; AEAD_TAG_LEN]);
     let _ = a.write_all(&plain(&pull, &[]));
     let _ = a.write_all(&sealed_looking);
     let mut blocks = 0;
@@ -216,7 +215,7 @@ pub fn relay(l: &TcpListener, to: &str, rewrite: Option<&str>) -> Report {
         Some(PeerMsg::Auth { proof }) => {
             // Impersonate the source: a Ready and bytes of our choosing.
             let _ = b.write_all(&plain(&PeerMsg::Ready, &[]));
-            let _ = b.write_all(&[0u8; MAC_TAG_LEN]);
+            let _ = b.write_all(&[0u8; AEAD_TAG_LEN]);
             proof
         }
         _ => vec![0; HASH_LEN],
@@ -277,13 +276,12 @@ impl Tamper {
     }
 }
 
-/// Frames of one direction: `plain` handshake frames first, then sealed ones whose tag
-/// length `tag` learns from the `Challenge`.
+/// Frames of one direction: `plain` handshake frames first, then sealed ones, each with a
+/// `tag` of [`AEAD_TAG_LEN`] bytes after its header (protocol 4, both session modes).
 fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
     plain_frames: usize,
-    tag: &AtomicUsize,
     tamper: Tamper,
     record: Option<&std::sync::Mutex<Vec<u8>>>,
 ) {
@@ -292,24 +290,11 @@ fn pump(
     let mut ready: Option<Vec<u8>> = None;
     let mut done = tamper == Tamper::Pass;
     loop {
-        let t = if n < plain_frames {
-            0
-        } else {
-            tag.load(Ordering::SeqCst)
-        };
+        let t = if n < plain_frames { 0 } else { AEAD_TAG_LEN };
         let Ok(mut f) = read_frame(&mut from, t) else {
             let _ = to.shutdown(std::net::Shutdown::Both);
             return;
         };
-        if n == 0
-            && plain_frames == 1
-            && let Some(PeerMsg::Challenge { encrypt, .. }) = decode_plain(&f)
-        {
-            tag.store(
-                if encrypt { AEAD_TAG_LEN } else { MAC_TAG_LEN },
-                Ordering::SeqCst,
-            );
-        }
         n += 1;
         if let Some(r) = record {
             r.lock().unwrap().extend_from_slice(&f);
@@ -361,6 +346,27 @@ fn pump(
     }
 }
 
+/// A byte forwarder: copies `from` to `to` as it arrives, whatever the framing (so it
+/// carries any protocol version), recording every byte into `record` when given.
+fn forward(mut from: TcpStream, mut to: TcpStream, record: Option<&std::sync::Mutex<Vec<u8>>>) {
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => {
+                let _ = to.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+            Ok(n) => n,
+        };
+        if let Some(r) = record {
+            r.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
+}
+
 /// An on-path proxy: carries connections from `l` to `to` frame by frame, applying `tamper`
 /// to the first connection (source to destination), recording every byte the source sent
 /// into `record` when given. Runs until the process ends.
@@ -375,13 +381,14 @@ pub fn proxy(
         let Ok(a) = TcpStream::connect(to) else {
             continue;
         };
-        let tag = Arc::new(AtomicUsize::new(MAC_TAG_LEN));
         let t = if i == 0 { tamper } else { Tamper::Pass };
         let (b2, a2) = (b.try_clone().unwrap(), a.try_clone().unwrap());
-        let tag2 = Arc::clone(&tag);
-        std::thread::spawn(move || pump(b, a, 2, &tag2, Tamper::Pass, None));
+        std::thread::spawn(move || forward(b, a, None));
         let rec = record.cloned();
-        std::thread::spawn(move || pump(a2, b2, 1, &tag, t, rec.as_deref()));
+        std::thread::spawn(move || match t {
+            Tamper::Pass => forward(a2, b2, rec.as_deref()),
+            t => pump(a2, b2, 1, t, rec.as_deref()),
+        });
     }
     unreachable!("incoming() never ends")
 }

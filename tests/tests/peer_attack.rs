@@ -558,3 +558,141 @@ fn a_hint_naming_this_daemon_by_another_local_address_is_refused_before_dialling
         d.log()
     );
 }
+
+/// Issue 25, item 1. A keyed UCX session runs through an on-path byte forwarder that records
+/// what the source sends. From that recording the attacker (`peer-attacker ucx-steal`, no
+/// cluster key) looks for the source's UCX worker address, remote key and slot addresses; with
+/// any it opens its own UCP endpoint, GETs a block and the arena, and PUTs over the block.
+/// Protocol 3 (main at da60736) carried them in readable headers and registered the arena
+/// writable: the attacker read the block and the source's own `Get` then returned `0xEE`s.
+#[test]
+fn an_on_path_observer_of_a_keyed_ucx_session_can_neither_get_nor_put_the_source_arena() {
+    const MIB: usize = 1 << 20;
+    let tls = [("UCX_TLS", "tcp")];
+    let dir = temp_dir("ucx-observer");
+    let k = key_file(&dir, "k", &[OLD]);
+    let k = k.to_str().unwrap();
+    let (aport, pport) = (free_port(), free_port());
+    let (listen, plisten) = (format!("127.0.0.1:{aport}"), format!("127.0.0.1:{pport}"));
+    let adv = format!("tcp://{plisten}");
+    let ucx = ["--peer-transport", "ucx", "--cluster-key", k];
+    let mut sargs = vec!["--dram", "256MiB", "--no-pin", "--peer-listen", &listen];
+    sargs.extend_from_slice(&["--advertise", &adv]);
+    sargs.extend_from_slice(&ucx);
+    let src = Daemon::start_env(&tls, &sargs);
+    let keys: Vec<Key> = (0..4).map(key).collect();
+    let mut c = src.client();
+    let ns = c.register(&spec("m", MIB as u64)).unwrap().ns;
+    let data: Vec<Vec<u8>> = (0..4).map(|i| block(i, MIB)).collect();
+    let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    c.put(ns, &keys, &refs).unwrap();
+    let peers = format!("tcp://{plisten}");
+    let mut dargs = vec!["--dram", "256MiB", "--no-pin", "--peers", &peers];
+    dargs.extend_from_slice(&["--peer-connections", "1"]);
+    dargs.extend_from_slice(&ucx);
+    let dst = Daemon::start_env(&tls, &dargs);
+    let wire = dir.join("wire");
+    let mut proxy = attacker(&["proxy", &plisten, &listen, "pass", wire.to_str().unwrap()]);
+    let _out = listening(&mut proxy);
+    let mut d = dst.client();
+    let dns = d.register(&spec("m", MIB as u64)).unwrap().ns;
+    let (pages, op) = d
+        .get_hinted(dns, &keys, Some(&hint(pport, &keys)), Some(10_000))
+        .unwrap();
+    let op = op.unwrap();
+    assert_eq!(op.state, OpState::Done, "{op:?}");
+    assert!(pages.iter().zip(&data).all(|(p, b)| p.as_deref() == Some(b.as_slice())));
+    assert!(dst.log().contains("pulling from this peer with UCX GETs"), "{}", dst.log());
+    // The recording holds the whole session so far (flushed every 100 ms).
+    std::thread::sleep(Duration::from_millis(300));
+    let out = Command::new(env!("CARGO_BIN_EXE_peer-attacker"))
+        .args(["ucx-steal", wire.to_str().unwrap()])
+        .envs(tls)
+        .output()
+        .expect("run peer-attacker");
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    let seen = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{seen}{}", String::from_utf8_lossy(&out.stderr));
+    // What the source serves is what was put: nobody wrote its arena.
+    let now = c.get(ns, &keys).unwrap();
+    for (i, (g, b)) in now.iter().zip(&data).enumerate() {
+        assert!(g.as_deref() == Some(b.as_slice()), "source block {i} overwritten: {seen}");
+    }
+    let line = |k: &str| seen.lines().find_map(|l| l.strip_prefix(k)).map(str::to_owned);
+    let frames: usize = line("frames=").and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(frames >= 6, "the observer saw the session's frames: {seen}");
+    assert_eq!(line("offers=").as_deref(), Some("0"), "{seen}");
+    assert_eq!(line("slots=").as_deref(), Some("0"), "{seen}");
+    assert!(line("get=").is_none() && line("put=").is_none(), "{seen}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 25, item 3. A keyless peer listener authenticates nobody, so on a daemon that
+/// restricts its clients (a tenant map refusing unmapped uids, or an allowlist) any local
+/// process could derive a tenant's namespace id offline (the salt is the tenant's name),
+/// complete the keyless handshake on the loopback peer port and pull the tenant's blocks
+/// (on main at da60736 it got every one). Such a daemon must refuse to start.
+#[test]
+fn a_daemon_with_a_tenant_map_or_an_allowlist_opens_no_keyless_peer_port() {
+    // SAFETY: no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let tenants = format!(
+        "socket_mode = 0o666\n[tenants]\nunmapped = \"refuse\"\n[[tenants.tenant]]\nname = \"a\"\nuids = [{uid}]\n"
+    );
+    let allow = format!("socket_mode = 0o666\nallow_uids = [{uid}]\n");
+    for (what, cfg, salt) in [("tenant map", tenants, "kvnode-tenant:a"), ("allowlist", allow, "")] {
+        let dir = temp_dir("keyless-restricted");
+        let file = dir.join("kvnode.toml");
+        std::fs::write(&file, cfg).unwrap();
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let sock = dir.join("kvnode.sock");
+        let args = ["--dram", "64MiB", "--no-pin", "--config", file.to_str().unwrap()];
+        let mut d = Daemon::spawn_at(&sock, &[&args[..], &["--peer-listen", &listen]].concat());
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = d.wait_exit(Duration::from_millis(20)) {
+                break Some(s);
+            }
+            if kvnode_client::Client::connect(&sock).is_ok()
+                && std::net::TcpStream::connect(&listen).is_ok()
+            {
+                break None;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "{what}: {}", d.log());
+        };
+        let Some(status) = status else {
+            // It serves: the attack. Tenant a's client puts blocks; a keyless intruder pulls.
+            let keys: Vec<Key> = (0..4).map(key).collect();
+            let mut c = d.client();
+            let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
+            let data: Vec<Vec<u8>> = (0..4).map(|i| block(i, PAGE)).collect();
+            let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+            c.put(ns, &keys, &refs).unwrap();
+            let mut s = spec("m", PAGE as u64);
+            salt.clone_into(&mut s.tenant_salt);
+            let pk: Vec<_> = keys
+                .iter()
+                .map(|k| kvnode_proto::peer::PullKey(k.0, k.1))
+                .collect();
+            let got = kvnode_e2e::keyless::keyless_pull(&listen, &format!("tcp://{listen}"), s.id(), &pk);
+            panic!("{what}: the daemon opened a keyless peer port; an intruder pulled {got:?} of 4 blocks");
+        };
+        let log = d.log();
+        assert!(!status.success(), "{what}: {log}");
+        assert!(
+            log.contains("keyless peer listener") && log.contains("--cluster-key"),
+            "{what}: {log}"
+        );
+        assert!(std::net::TcpStream::connect(&listen).is_err(), "{what}: port open");
+        // With a key the same daemon starts (and its peer port authenticates everyone).
+        let k = key_file(&dir, "k", &[OLD]);
+        let keyed = Daemon::start(
+            &[&args[..], &["--peer-listen", &listen, "--cluster-key", k.to_str().unwrap()]].concat(),
+        );
+        assert!(keyed.client().stats().is_ok(), "{what}");
+        drop(keyed);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -69,11 +69,29 @@ fn leases_drain(d: &Daemon) {
     }
 }
 
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    r
+}
+
+/// `stats.peer`'s entry for `name` (the default, all zeros, when absent).
+fn peer_stats(d: &Daemon, name: &str) -> kvnode_proto::stats::PeerStats {
+    let s = d.client().stats().unwrap();
+    s.peer.into_iter().find(|p| p.peer == name).unwrap_or_default()
+}
+
 #[test]
 fn blocks_move_by_ucx_get_byte_identical_and_the_source_releases_its_leases() {
     let port = free_port();
     let src = source(port, &UCX);
-    let dst = dest(port, &UCX);
+    let mport = free_port();
+    let metrics = format!("127.0.0.1:{mport}");
+    let dst = dest(port, &[&UCX[..], &["--metrics", &metrics]].concat());
     assert!(src.log().contains("transport ucx (UCX 1."), "{}", src.log());
     let keys: Vec<Key> = (0..24).map(key).collect();
     fill(&src, &keys);
@@ -91,6 +109,16 @@ fn blocks_move_by_ucx_get_byte_identical_and_the_source_releases_its_leases() {
         dst.log()
     );
     leases_drain(&src);
+    // Every block came by GET, and each daemon counts it per peer (stats and /metrics).
+    let name = format!("tcp://127.0.0.1:{port}");
+    let got = peer_stats(&dst, &name);
+    assert_eq!((got.peer_ucx_gets_total, got.peer_ucx_fallbacks_total), (24, 0), "{got:?}");
+    let served: u64 = src.client().stats().unwrap().peer.iter().map(|p| p.peer_ucx_slots_served_total).sum();
+    assert_eq!(served, 24);
+    let m = scrape(mport);
+    assert!(m.contains(&format!("kvnode_peer_ucx_gets_total{{peer=\"{name}\"}} 24")), "{m}");
+    assert!(m.contains(&format!("kvnode_peer_ucx_fallbacks_total{{peer=\"{name}\"}} 0")), "{m}");
+    assert!(m.contains("# TYPE kvnode_peer_ucx_slots_served_total counter"), "{m}");
 }
 
 #[test]
@@ -223,6 +251,9 @@ fn a_source_without_ucx_serves_a_ucx_destination_over_tcp() {
         "{}",
         dst.log()
     );
+    let got = peer_stats(&dst, &format!("tcp://127.0.0.1:{port}"));
+    assert_eq!(got.peer_ucx_gets_total, 0, "{got:?}");
+    assert!(got.peer_ucx_fallbacks_total >= 1, "{got:?}");
 }
 
 #[test]

@@ -308,8 +308,17 @@ fn a_peer_pull_hits_within_a_tenant_and_misses_across_tenants() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let adv = format!("tcp://{listen}");
-    let src = daemon("", "", &["--peer-listen", &listen, "--advertise", &adv]);
-    let dst = daemon("", "", &["--peers", "127.0.0.0/8"]);
+    // A daemon with a tenant map opens a peer port only with a cluster key (issue 25, item 3).
+    let kdir = temp_dir("tenants-key");
+    let k = kdir.join("k");
+    std::fs::write(&k, "tenants-cluster-key-cccccccccccccccc\n").unwrap();
+    let k = k.to_str().unwrap();
+    let src = daemon(
+        "",
+        "",
+        &["--peer-listen", &listen, "--advertise", &adv, "--cluster-key", k],
+    );
+    let dst = daemon("", "", &["--peers", "127.0.0.0/8", "--cluster-key", k]);
     let put = probe(UID_A, &src.socket, &["put", "p", "4", &LEN.to_string()]);
     assert_eq!(get(&put, "stored"), "4", "{put:?}");
     let keys: Vec<Key> = (0..4).map(key).collect();

@@ -154,7 +154,26 @@ impl EngineConfig {
         }
         self.tenants.validate().map_err(|e| e.to_string())?;
         self.spill.validate()?;
-        self.peer.validate()
+        self.peer.validate()?;
+        self.check_keyless_peer_listener()
+    }
+
+    /// A keyless peer listener authenticates nobody: any local user completes its handshake
+    /// and pulls every block it can name, past the socket's mode, the allowlist and the tenant
+    /// map (issue 25, item 3). A daemon that restricts its clients must require the key.
+    fn check_keyless_peer_listener(&self) -> Result<(), String> {
+        let restricted = self.tenants.enabled()
+            || !self.allow_uids.is_empty()
+            || !self.allow_gids.is_empty();
+        if self.peer.listen.is_some() && self.peer.cluster_key.is_none() && restricted {
+            return Err(
+                "a keyless peer listener (--peer-listen without --cluster-key) serves every block to every local user, \
+                 so it cannot be combined with a tenant map or allow_uids/allow_gids: give the daemon a --cluster-key \
+                 (or drop --peer-listen)"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 }
 

@@ -276,6 +276,7 @@ impl Engine {
             cluster: self.cluster_summary(),
             tenants,
             refused: self.metrics.refused(),
+            peer: self.peers.peer_stats(),
         }
     }
 

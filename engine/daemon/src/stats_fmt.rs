@@ -147,6 +147,29 @@ fn render_namespaces(o: &mut String, s: &StatsReport) {
         );
     }
     render_tenants(o, s);
+    render_peers(o, s);
+}
+
+/// Per peer: UCX GETs, slots served and fallbacks to TCP (only peers seen).
+fn render_peers(o: &mut String, s: &StatsReport) {
+    if s.peer.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\n{:<32} {:>12} {:>12} {:>10}",
+        "peer", "ucx gets", "slots served", "fallbacks"
+    );
+    for p in &s.peer {
+        let _ = writeln!(
+            o,
+            "{:<32} {:>12} {:>12} {:>10}",
+            p.peer,
+            p.peer_ucx_gets_total,
+            p.peer_ucx_slots_served_total,
+            p.peer_ucx_fallbacks_total
+        );
+    }
 }
 
 /// Per tenant: usage against quota in each tier, quota evictions and refusals, and the

@@ -3,8 +3,9 @@
 //! Frames use the client frame layout ([`crate::frame`]): an 8-byte prefix, a msgpack header
 //! (one [`PeerMsg`]) and a raw payload. The handshake (`Hello`, `Challenge`, `Auth`, and a
 //! `Refused` before `Ready`) travels as plain frames; every later frame is sealed by the
-//! session (engine/core `peer::transport::channel`): a tag of [`MAC_TAG_LEN`] bytes (or
-//! [`AEAD_TAG_LEN`] when encrypted) follows the header. Only [`PeerMsg::Block`] carries a
+//! session (engine/core `peer::transport::channel`): the header is AES-256-GCM ciphertext
+//! and its tag of [`AEAD_TAG_LEN`] bytes follows it (bodies are encrypted too only in an
+//! encrypted session). Only [`PeerMsg::Block`] carries a
 //! payload: the block's bytes, exactly `len` of them, whose BLAKE3 hash is `hash`.
 //! On a connection that negotiated UCX ([`PeerMsg::UcxRequest`], sealed like every frame
 //! after the handshake), blocks are answered by [`PeerMsg::Slot`] instead: where the
@@ -16,8 +17,9 @@ use crate::frame::{FrameError, FramePrefix, decode_header};
 use crate::key::{Digest, NamespaceId};
 
 /// Version of the peer protocol spoken by this build (2: sealed channel; 3: UCX
-/// negotiation and `Slot` answers).
-pub const PEER_PROTOCOL_VERSION: u32 = 3;
+/// negotiation and `Slot` answers; 4: every sealed header encrypted, so UCX offers and
+/// slot addresses never cross the wire readable).
+pub const PEER_PROTOCOL_VERSION: u32 = 4;
 /// Largest UCX worker address or packed remote key a peer may send.
 pub const MAX_UCX_BLOB: usize = 64 << 10;
 /// Bytes of a handshake nonce.
@@ -32,9 +34,8 @@ pub const MAX_PEER_BLOCK: u32 = 256 << 20;
 
 /// Bytes of a handshake proof and of a block's content hash (BLAKE3 output).
 pub const HASH_LEN: usize = 32;
-/// Bytes of the keyed-BLAKE3 tag that follows each sealed header (authentication only).
-pub const MAC_TAG_LEN: usize = 32;
-/// Bytes of an AES-256-GCM tag (sealed headers and block bodies of an encrypted session).
+/// Bytes of an AES-256-GCM tag (after every sealed header, and of each block body of an
+/// encrypted session).
 pub const AEAD_TAG_LEN: usize = 16;
 /// Most cluster keys a daemon accepts at once (the current one and the next, during a roll).
 pub const MAX_KEY_IDS: usize = 2;

@@ -31,6 +31,25 @@ pub struct StatsReport {
     pub tenants: Vec<TenantStats>,
     /// Client connections refused at accept.
     pub refused: RefusedStats,
+    /// Peer transport counters, one entry per peer seen (pulled from, or served).
+    pub peer: Vec<PeerStats>,
+}
+
+/// UCX counters of one peer (`/metrics`: the same names with a `kvnode_` prefix and a
+/// `peer` label). A peer this daemon pulls from is named as dialled (`tcp://host:port`); a
+/// destination it serves, by the identity its handshake gave (its advertised endpoint).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PeerStats {
+    /// The peer.
+    pub peer: String,
+    /// Blocks this daemon read from the peer with UCX GETs (landed and settled).
+    pub peer_ucx_gets_total: u64,
+    /// Blocks this daemon answered the peer with a UCX `Slot` (for the peer's GET).
+    pub peer_ucx_slots_served_total: u64,
+    /// Connections to the peer that this daemon wanted on UCX and that pull over TCP
+    /// instead (the peer declined, or no UCX endpoint to it could be opened).
+    pub peer_ucx_fallbacks_total: u64,
 }
 
 /// Usage and quota of one tenant (`[[tenants.tenant]]`, docs/operations.md).

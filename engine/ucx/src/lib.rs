@@ -4,7 +4,8 @@
 //! - [`Context`]: `ucp_init_version` (the UCP API's `ucp_init` is a static inline) with the
 //!   RMA and WAKEUP features, reading `UCX_*` environment settings (`UCX_TLS`, ...).
 //! - [`Region`]: `ucp_mem_map` of caller memory (the daemon maps its whole DRAM arena once)
-//!   and its packed remote key ([`PackedRkey`]); unmapped on drop, which revokes the key on
+//!   with explicit protection ([`Access`]: remote-read-only for what peers GET, local-only
+//!   for where GETs land) and its packed remote key ([`PackedRkey`]); unmapped on drop, which revokes the key on
 //!   transports that enforce it (verbs). [`MemoryKind`] is the seam for CUDA memory.
 //! - [`Worker`]: a progress engine with its event fd (arm, then poll the fd).
 //! - [`Progress`]: a worker driven by its own thread. The side whose memory is read must
@@ -29,7 +30,7 @@ mod worker;
 pub use context::Context;
 pub use error::UcxError;
 pub use progress::Progress;
-pub use region::{MemoryKind, PackedRkey, Region};
+pub use region::{Access, MemoryKind, PackedRkey, Region};
 pub use remote::Remote;
 pub use worker::{Worker, WorkerAddress};
 

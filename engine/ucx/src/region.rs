@@ -27,6 +27,29 @@ pub enum MemoryKind {
     },
 }
 
+/// Who may touch a registration (`ucp_mem_map_params_t::prot`). Without the field UCX
+/// registers memory remote-readable **and remote-writable**; kvnode always sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Local read and write, remote read only: what a source offers peers (GETs). On verbs
+    /// the memory region is registered without `IBV_ACCESS_REMOTE_WRITE`, so the NIC refuses
+    /// an RDMA WRITE (PUT) naming its key.
+    RemoteRead,
+    /// Local read and write only: memory one-sided reads land in; its key is never packed.
+    Local,
+}
+
+impl Access {
+    /// The UCP protection flags.
+    pub fn prot(self) -> u32 {
+        let local = sys::UCP_MEM_MAP_PROT_LOCAL_READ | sys::UCP_MEM_MAP_PROT_LOCAL_WRITE;
+        match self {
+            Self::RemoteRead => local | sys::UCP_MEM_MAP_PROT_REMOTE_READ,
+            Self::Local => local,
+        }
+    }
+}
+
 /// A remote key packed for another process (`ucp_rkey_pack`). It lets whoever holds it read
 /// the whole region it was packed from: send it only over an authenticated connection, and
 /// never log it (`Debug` prints its length only).
@@ -47,6 +70,7 @@ pub struct Region {
     memh: sys::ucp_mem_h,
     base: u64,
     len: usize,
+    access: Access,
 }
 
 // SAFETY: a memory handle is an immutable description of a registration; UCP accepts it in
@@ -56,16 +80,18 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    /// Registers `len` bytes at `base`.
+    /// Registers `len` bytes at `base` with `access`.
     ///
     /// # Safety
     /// The memory must stay mapped for the region's life, and remote peers holding its key
-    /// may read it (or write it, if it is ever used as a GET/PUT target) until then.
+    /// may read it until then (where the transport enforces keys and protection: verbs;
+    /// UCX's TCP and shared-memory transports enforce neither).
     pub unsafe fn map(
         ctx: &Context,
         base: *mut u8,
         len: usize,
         kind: MemoryKind,
+        access: Access,
     ) -> Result<Self, UcxError> {
         if let MemoryKind::Cuda { device } = kind {
             return Err(UcxError::Invalid(format!(
@@ -77,10 +103,13 @@ impl Region {
         }
         let params = sys::ucp_mem_map_params_t {
             field_mask: u64::from(
-                sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
+                    | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
+                    | sys::UCP_MEM_MAP_PARAM_FIELD_PROT,
             ),
             address: base.cast(),
             length: len,
+            prot: access.prot(),
             ..Default::default()
         };
         let mut memh: sys::ucp_mem_h = null_mut();
@@ -93,7 +122,13 @@ impl Region {
             memh,
             base: base as u64,
             len,
+            access,
         })
+    }
+
+    /// The access it was registered with.
+    pub fn access(&self) -> Access {
+        self.access
     }
 
     /// The first registered address.
@@ -119,8 +154,14 @@ impl Region {
                 .is_some_and(|end| end <= self.base + self.len as u64)
     }
 
-    /// A key other processes unpack to read this region (`ucp_rkey_pack`).
+    /// A key other processes unpack to read this region (`ucp_rkey_pack`). Refused for a
+    /// [`Access::Local`] region.
     pub fn pack_rkey(&self) -> Result<PackedRkey, UcxError> {
+        if self.access == Access::Local {
+            return Err(UcxError::Invalid(
+                "a local-only registration has no remote key".into(),
+            ));
+        }
         let mut buf: *mut std::ffi::c_void = null_mut();
         let mut len = 0usize;
         // SAFETY: out-pointers to locals; memh is live.

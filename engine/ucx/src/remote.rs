@@ -204,6 +204,46 @@ impl Remote {
         Ok(())
     }
 
+    /// Tests only (attacks): writes `src` at the peer's `remote` address with one PUT and
+    /// waits up to `limit` for it to complete locally. kvnode itself never writes a peer's
+    /// memory; the attack tests use this to show a key or address they saw is worthless.
+    #[cfg(feature = "test-seams")]
+    pub fn put(&mut self, src: &[u8], remote: u64, limit: Duration) -> Result<(), UcxError> {
+        if !self.flights.is_empty() {
+            return Err(UcxError::Invalid("a PUT with GETs in flight".into()));
+        }
+        if let Some(why) = self.failed() {
+            return Err(UcxError::Closed(why));
+        }
+        let param = sys::ucp_request_param_t::default();
+        // SAFETY: src is borrowed until the PUT is reported or abandoned below; ep and rkey
+        // are live.
+        let req = unsafe {
+            sys::ucp_put_nbx(
+                self.ep,
+                src.as_ptr().cast(),
+                src.len(),
+                remote,
+                self.rkey,
+                &raw const param,
+            )
+        };
+        if let Some(st) = ptr_status(req) {
+            return Err(UcxError::call("ucp_put_nbx", st));
+        }
+        self.flights.push_back((0, req));
+        match self.land_one(limit) {
+            Some((_, r)) => r,
+            None => {
+                let _ = self.abandon(limit);
+                Err(UcxError::Timeout {
+                    len: src.len(),
+                    limit,
+                })
+            }
+        }
+    }
+
     /// GETs posted and not yet reported by [`Remote::land_one`] (or abandoned).
     pub fn in_flight(&self) -> usize {
         self.flights.len()

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::{Context, MemoryKind, Progress, Region, Remote, UcxError, Worker};
+use crate::{Access, Context, MemoryKind, Progress, Region, Remote, UcxError, Worker};
 
 const MIB: usize = 1 << 20;
 
@@ -20,7 +20,22 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn register(ctx: &Context, buf: &mut [u8]) -> Region {
     // SAFETY: each test keeps `buf` alive (and unmoved) longer than the region.
-    unsafe { Region::map(ctx, buf.as_mut_ptr(), buf.len(), MemoryKind::Host) }.unwrap()
+    unsafe {
+        Region::map(
+            ctx,
+            buf.as_mut_ptr(),
+            buf.len(),
+            MemoryKind::Host,
+            Access::RemoteRead,
+        )
+    }
+    .unwrap()
+}
+
+fn landing(ctx: &Context, buf: &mut [u8]) -> Region {
+    // SAFETY: as in `register`.
+    unsafe { Region::map(ctx, buf.as_mut_ptr(), buf.len(), MemoryKind::Host, Access::Local) }
+        .unwrap()
 }
 
 #[test]
@@ -30,7 +45,7 @@ fn gets_land_byte_identical_from_a_registered_peer_region() {
     let src_reg = register(&src_ctx, &mut src);
     let serving = Progress::start(&src_ctx, "ucx-test-src").unwrap();
     let mut dst = vec![0u8; 4 * MIB];
-    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let dst_reg = Arc::new(landing(&dst_ctx, &mut dst));
     let key = src_reg.pack_rkey().unwrap();
     let mut r = Remote::connect(&dst_ctx, serving.address(), &key, dst_reg).unwrap();
     // Out of order, and one piece not at a block boundary.
@@ -54,7 +69,7 @@ fn a_peer_that_stops_progressing_costs_about_one_limit_and_the_get_is_given_back
     // A worker nobody progresses: a frozen (SIGSTOPped) source.
     let frozen = Worker::new(&src_ctx).unwrap();
     let mut dst = vec![0u8; MIB];
-    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let dst_reg = Arc::new(landing(&dst_ctx, &mut dst));
     let key = src_reg.pack_rkey().unwrap();
     let mut r = Remote::connect(&dst_ctx, &frozen.address().unwrap(), &key, dst_reg).unwrap();
     let limit = Duration::from_millis(300);
@@ -78,7 +93,7 @@ fn a_peer_that_goes_away_fails_the_get_within_the_limit() {
     let src_reg = register(&src_ctx, &mut src);
     let serving = Progress::start(&src_ctx, "ucx-test-gone").unwrap();
     let mut dst = vec![0u8; MIB];
-    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let dst_reg = Arc::new(landing(&dst_ctx, &mut dst));
     let key = src_reg.pack_rkey().unwrap();
     let mut r = Remote::connect(&dst_ctx, serving.address(), &key, dst_reg).unwrap();
     r.get(&mut dst, src_reg.base(), Duration::from_secs(5))
@@ -103,7 +118,7 @@ fn re_registration_gives_a_fresh_key_that_reads_the_same_memory() {
     assert!(!new_key.0.is_empty() && !old_key.0.is_empty());
     let serving = Progress::start(&src_ctx, "ucx-test-remap").unwrap();
     let mut dst = vec![0u8; 2 * MIB];
-    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let dst_reg = Arc::new(landing(&dst_ctx, &mut dst));
     let mut r = Remote::connect(&dst_ctx, serving.address(), &new_key, dst_reg).unwrap();
     r.get(&mut dst, second.base(), Duration::from_secs(5))
         .unwrap();
@@ -128,7 +143,13 @@ fn keys_and_addresses_never_print_and_cuda_memory_is_refused_as_not_built() {
     );
     assert!(reg.contains(reg.base(), 4096) && !reg.contains(reg.base() + 1, 4096));
     // SAFETY: refused before anything is registered.
-    let e = unsafe { Region::map(&ctx, buf.as_mut_ptr(), 4096, MemoryKind::Cuda { device: 0 }) }
+    let e = unsafe { Region::map(
+            &ctx,
+            buf.as_mut_ptr(),
+            4096,
+            MemoryKind::Cuda { device: 0 },
+            Access::RemoteRead,
+        ) }
         .unwrap_err();
     assert!(e.to_string().contains("not built"), "{e}");
     assert!(
@@ -145,7 +166,7 @@ fn many_gets_in_flight_at_once_each_land_byte_identical_under_their_tag() {
     let src_reg = register(&src_ctx, &mut src);
     let serving = Progress::start(&src_ctx, "ucx-test-many").unwrap();
     let mut dst = vec![0u8; 16 * MIB];
-    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let dst_reg = Arc::new(landing(&dst_ctx, &mut dst));
     let key = src_reg.pack_rkey().unwrap();
     let mut r = Remote::connect(&dst_ctx, serving.address(), &key, dst_reg).unwrap();
     let base = dst.as_mut_ptr();
@@ -178,7 +199,7 @@ fn gets_in_flight_to_a_frozen_peer_are_all_given_back_by_abandon() {
     let src_reg = register(&src_ctx, &mut src);
     let frozen = Worker::new(&src_ctx).unwrap();
     let mut dst = vec![0u8; 4 * MIB];
-    let dst_reg = Arc::new(register(&dst_ctx, &mut dst));
+    let dst_reg = Arc::new(landing(&dst_ctx, &mut dst));
     let key = src_reg.pack_rkey().unwrap();
     let mut r = Remote::connect(&dst_ctx, &frozen.address().unwrap(), &key, dst_reg).unwrap();
     let base = dst.as_mut_ptr();
@@ -200,4 +221,32 @@ fn gets_in_flight_to_a_frozen_peer_are_all_given_back_by_abandon() {
     // SAFETY: as above; the endpoint is closed, so this fails at once.
     let e = unsafe { r.post_get(base, MIB, src_reg.base(), 9) }.unwrap_err();
     assert!(matches!(e, UcxError::Closed(_)), "{e}");
+}
+
+#[test]
+fn registrations_are_never_remote_writable_and_local_ones_pack_no_key() {
+    use crate::sys;
+    assert_eq!(
+        Access::RemoteRead.prot(),
+        sys::UCP_MEM_MAP_PROT_LOCAL_READ
+            | sys::UCP_MEM_MAP_PROT_LOCAL_WRITE
+            | sys::UCP_MEM_MAP_PROT_REMOTE_READ
+    );
+    assert_eq!(
+        Access::Local.prot(),
+        sys::UCP_MEM_MAP_PROT_LOCAL_READ | sys::UCP_MEM_MAP_PROT_LOCAL_WRITE
+    );
+    for a in [Access::RemoteRead, Access::Local] {
+        assert_eq!(a.prot() & sys::UCP_MEM_MAP_PROT_REMOTE_WRITE, 0, "{a:?}");
+    }
+    let ctx = tcp();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` outlives the region.
+    let local = unsafe {
+        Region::map(&ctx, buf.as_mut_ptr(), buf.len(), MemoryKind::Host, Access::Local)
+    }
+    .unwrap();
+    assert_eq!(local.access(), Access::Local);
+    assert!(matches!(local.pack_rkey(), Err(UcxError::Invalid(_))));
+    assert!(register(&ctx, &mut buf).pack_rkey().is_ok());
 }

@@ -6,6 +6,8 @@
 //! peer-attacker forge  TO DIALLED KEY_ID_HEX         a forged proof sent to a keyed source
 //! peer-attacker proxy  LISTEN TO MODE [RECORD_FILE]  on-path proxy (pass, flip-payload,
 //!                                                    flip-header, drop, swap, replay)
+//! peer-attacker ucx-steal RECORD_FILE                what a UCX offer and slots read from a
+//!                                                    recording give: GET, PUT (ucxsteal.rs)
 //! ```
 //! `relay` and `proxy` print `listening` once bound.
 
@@ -20,7 +22,7 @@ fn main() {
     let arg = |i: usize| a.get(i).map(String::as_str);
     let usage = || -> ! {
         eprintln!(
-            "usage: peer-attacker relay LISTEN TO [DIALLED] | forge TO DIALLED KEY_ID | proxy LISTEN TO MODE [FILE]"
+            "usage: peer-attacker relay LISTEN TO [DIALLED] | forge TO DIALLED KEY_ID | proxy LISTEN TO MODE [FILE] | ucx-steal FILE"
         );
         std::process::exit(2)
     };
@@ -61,6 +63,14 @@ fn main() {
             println!("listening");
             std::io::stdout().flush().unwrap();
             proxy(&l, to, mode, rec.as_ref().map(|r| &r.1))
+        }
+        Some("ucx-steal") => {
+            let Some(file) = arg(1) else { usage() };
+            let r = kvnode_e2e::ucxsteal::steal(&std::fs::read(file).expect("read the recording"));
+            for line in r.0 {
+                println!("{line}");
+            }
+            return;
         }
         _ => usage(),
     };

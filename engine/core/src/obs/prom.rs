@@ -90,11 +90,13 @@ impl Collector for Kvnode {
             cluster(&mut o, c)?;
         }
         tenants::tenants(&mut o, &s)?;
+        peers::peers(&mut o, &s)?;
         ops(&mut o, &self.metrics)?;
         counters(&mut o, &self.metrics)
     }
 }
 
+mod peers;
 mod tenants;
 
 /// A descriptor encoder with one method per metric shape.

@@ -43,6 +43,10 @@ pub struct PeerLink {
     /// Keys requested and not yet answered or failed.
     pub outstanding: AtomicU64,
     next_req: AtomicU64,
+    /// Blocks read from this peer with UCX GETs (`stats.peer`).
+    pub ucx_gets: AtomicU64,
+    /// Connections to this peer wanted on UCX that went over TCP (`stats.peer`).
+    pub ucx_fallbacks: AtomicU64,
 }
 
 impl PeerLink {
@@ -56,6 +60,8 @@ impl PeerLink {
             ucx_broken: std::sync::atomic::AtomicBool::new(false),
             outstanding: AtomicU64::new(0),
             next_req: AtomicU64::new(1),
+            ucx_gets: AtomicU64::new(0),
+            ucx_fallbacks: AtomicU64::new(0),
         }
     }
 
@@ -96,14 +102,20 @@ impl PeerLink {
         tokio::time::timeout(left, shake)
             .await
             .map_err(|_| PeerError::Timeout("peer handshake", limit))??;
+        // Encrypted sessions never use UCX (GETs would move the bytes in the clear): not a
+        // fallback. A peer that declines, or whose endpoint could not be opened, is one.
         let ucx = match p.ucx() {
-            Some(u)
-                if p.transport().plain()
-                    && !p.encrypt()
-                    && !self.ucx_broken.load(Ordering::Relaxed) =>
-            {
-                let left = limit.saturating_sub(t.elapsed());
-                self.negotiate_ucx(&mut w, u, left).await?
+            Some(u) if p.transport().plain() && !p.encrypt() => {
+                let got = if self.ucx_broken.load(Ordering::Relaxed) {
+                    None
+                } else {
+                    let left = limit.saturating_sub(t.elapsed());
+                    self.negotiate_ucx(&mut w, u, left).await?
+                };
+                if got.is_none() {
+                    self.ucx_fallbacks.fetch_add(1, Ordering::Relaxed);
+                }
+                got
             }
             _ => None,
         };

@@ -23,6 +23,7 @@ pub mod fetch;
 pub mod hashes;
 pub mod membership;
 pub mod op;
+mod report;
 pub mod source;
 mod start;
 pub use start::PullRequest;
@@ -143,6 +144,8 @@ pub struct PeerCounters {
     pub changed_blocks: AtomicU64,
     /// Blocks this source answered with a UCX `Slot` (read by the destination's GET).
     pub ucx_slots_served: AtomicU64,
+    /// The same, by destination identity (`stats.peer`).
+    pub ucx_served_by: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 /// The peer service of one daemon: authorization, links, operations, measurements.
@@ -448,7 +451,7 @@ impl Peers {
         let sealing = if self.cfg.encrypt {
             "every frame encrypted (AES-256-GCM)"
         } else {
-            "every frame authenticated (BLAKE3 keyed)"
+            "every header encrypted (AES-256-GCM), block bodies in the clear and authenticated by their BLAKE3 hash"
         };
         let auth = match self.keys() {
             Some(r) => format!(

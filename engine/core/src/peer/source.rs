@@ -110,7 +110,7 @@ async fn serve_pull_ucx<S: BlockSource>(
     p: &Peers,
     src: &S,
     w: &mut TcpConn,
-    pull: (u64, NamespaceId, Vec<PullKey>),
+    (dst, pull): (&str, (u64, NamespaceId, Vec<PullKey>)),
     limit: Duration,
     held: &mut HashMap<u64, Vec<Lease>>,
 ) -> Result<(), PeerError> {
@@ -134,9 +134,7 @@ async fn serve_pull_ucx<S: BlockSource>(
             None => w.send(&PeerMsg::Miss { req, idx }, &[], limit).await?,
         }
     }
-    p.counters
-        .ucx_slots_served
-        .fetch_add(keep.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    p.count_slots_served(dst, keep.len() as u64);
     held.insert(req, keep);
     w.send(&PeerMsg::Done { req }, &[], limit).await
 }
@@ -203,7 +201,7 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
         while held.len() < UCX_WINDOW
             && let Some(pull) = queued.pop_front()
         {
-            let r = serve_ucx(&p, &src, &mut w, pull, limit, &mut ucx, &mut held).await;
+            let r = serve_ucx(&p, &src, &mut w, (&dst, pull), limit, &mut ucx, &mut held).await;
             if let Err(e) = r {
                 return closed(&mut w, e, limit).await;
             }
@@ -298,7 +296,7 @@ async fn serve_ucx<S: BlockSource>(
     p: &Peers,
     src: &S,
     w: &mut TcpConn,
-    pull: (u64, NamespaceId, Vec<PullKey>),
+    (dst, pull): (&str, (u64, NamespaceId, Vec<PullKey>)),
     limit: Duration,
     ucx: &mut Option<u64>,
     held: &mut HashMap<u64, Vec<Lease>>,
@@ -312,7 +310,7 @@ async fn serve_ucx<S: BlockSource>(
         w.send(&offer, &[], limit).await?;
         *given = generation;
     }
-    serve_pull_ucx(p, src, w, pull, limit, held).await
+    serve_pull_ucx(p, src, w, (dst, pull), limit, held).await
 }
 
 /// Logs why a connection ends (telling the peer when it sent a bad frame).

@@ -108,6 +108,9 @@ impl Chunk {
             )));
         };
         r?; // the buffer is quiet: dropping `f` frees its slot
+        self.link
+            .ucx_gets
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let sum = *blake3::hash(f.landing.dst()).as_bytes();
         self.settle(ns, i, f.len, &f.hash, f.landing, sum);
         self.answered(i)

@@ -1,25 +1,29 @@
 //! The sealed peer channel: what every frame after the handshake carries, in each direction.
 //!
 //! A session has two halves, destination -> source and source -> destination, each with its
-//! own keys (derived from the cluster key and the handshake transcript, `peer::auth`) and its
+//! own key (derived from the cluster key and the handshake transcript, `peer::auth`) and its
 //! own frame counter. Each frame is sealed under the next counter value, which is never sent:
 //! a dropped, replayed, reordered or injected frame fails the next check, and so does any
 //! changed byte of prefix or header.
 //!
-//! - Authentication only (default): `prefix | header | tag`, tag = BLAKE3-keyed(mac key,
-//!   le64 seq || prefix || header). The header of a `Block` carries the BLAKE3 hash of its
-//!   bytes, so the tag makes the payload authentic too: the destination hashes the body as it
-//!   lands (one pass) and commits only if the hash matches.
-//! - Encrypted (`[peer] encrypt`): the header is AES-256-GCM ciphertext (nonce = 0 || seq,
-//!   associated data = prefix) followed by its 16-byte tag; a `Block` body is encrypted as
-//!   its own message (nonce = 1 || seq) whose tag travels in the sealed header (`seal`).
+//! Every header is AES-256-GCM ciphertext (nonce = 0 || seq, associated data = the prefix)
+//! followed by its 16-byte tag, in every session: headers name keys and namespaces, and on a
+//! UCX connection they carry the source's worker address, remote key and slot addresses,
+//! which must never cross the wire readable (an observer holding them could GET the arena).
+//! The header of a `Block` carries the BLAKE3 hash of its bytes, so the header's tag makes
+//! the payload authentic too: the destination hashes the body as it lands (one pass) and
+//! commits only if the hash matches.
+//!
+//! Bodies are encrypted only in an encrypted session (`[peer] encrypt`): a `Block` body is
+//! then its own AES-256-GCM message (nonce = 1 || seq) whose tag travels in the sealed
+//! header (`seal`). Otherwise bodies cross in the clear, authenticated by that hash.
 
 use aes_gcm::aead::AeadInPlace;
 use aes_gcm::{Aes256Gcm, KeyInit, Tag};
 
 type Nonce = aes_gcm::aead::Nonce<Aes256Gcm>;
 use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
-use kvnode_proto::peer::{AEAD_TAG_LEN, MAC_TAG_LEN, PeerMsg, check_prefix, decode_peer};
+use kvnode_proto::peer::{AEAD_TAG_LEN, PeerMsg, check_prefix, decode_peer};
 
 use crate::peer::PeerError;
 
@@ -32,20 +36,17 @@ pub enum Side {
     Source,
 }
 
-/// Key-derivation contexts of the session keys (BLAKE3 `derive_key`).
-const D2S_MAC: &str = "kvnode 2026-12 peer v2 destination-to-source frame mac";
-const S2D_MAC: &str = "kvnode 2026-12 peer v2 source-to-destination frame mac";
-const D2S_AEAD: &str = "kvnode 2026-12 peer v2 destination-to-source aes-256-gcm";
-const S2D_AEAD: &str = "kvnode 2026-12 peer v2 source-to-destination aes-256-gcm";
-
-enum Protect {
-    Mac([u8; 32]),
-    Aead(Box<Aes256Gcm>),
-}
+/// Key-derivation contexts of the session keys (BLAKE3 `derive_key`), one per direction.
+/// The session mode (bodies encrypted or not) is in the transcript, so the two modes never
+/// share a key.
+const D2S_AEAD: &str = "kvnode 2026-12 peer v4 destination-to-source aes-256-gcm";
+const S2D_AEAD: &str = "kvnode 2026-12 peer v4 source-to-destination aes-256-gcm";
 
 /// One direction of a session: its key and its frame counter.
 pub struct Half {
-    protect: Protect,
+    aead: Box<Aes256Gcm>,
+    /// Whether `Block` bodies are encrypted too (headers always are).
+    bodies: bool,
     /// Sequence number of the next frame.
     seq: u64,
 }
@@ -71,27 +72,23 @@ fn integrity(what: &str) -> PeerError {
 }
 
 impl Half {
-    fn new(secret: &[u8], mac_ctx: &str, aead_ctx: &str, encrypt: bool) -> Self {
-        let protect = if encrypt {
-            let k = blake3::derive_key(aead_ctx, secret);
-            Protect::Aead(Box::new(Aes256Gcm::new(&k.into())))
-        } else {
-            Protect::Mac(blake3::derive_key(mac_ctx, secret))
-        };
-        Self { protect, seq: 0 }
+    fn new(secret: &[u8], ctx: &str, encrypt: bool) -> Self {
+        let k = blake3::derive_key(ctx, secret);
+        Self {
+            aead: Box::new(Aes256Gcm::new(&k.into())),
+            bodies: encrypt,
+            seq: 0,
+        }
     }
 
-    /// Whether bodies are encrypted.
+    /// Whether bodies are encrypted (headers always are).
     pub fn encrypts(&self) -> bool {
-        matches!(self.protect, Protect::Aead(_))
+        self.bodies
     }
 
     /// Bytes of the tag after each header.
     pub fn tag_len(&self) -> usize {
-        match self.protect {
-            Protect::Mac(_) => MAC_TAG_LEN,
-            Protect::Aead(_) => AEAD_TAG_LEN,
-        }
+        AEAD_TAG_LEN
     }
 
     /// The sequence number of the next frame.
@@ -99,21 +96,14 @@ impl Half {
         self.seq
     }
 
-    fn mac(k: &[u8; 32], seq: u64, prefix: &[u8], header: &[u8]) -> blake3::Hash {
-        let mut h = blake3::Hasher::new_keyed(k);
-        h.update(&seq.to_le_bytes());
-        h.update(prefix);
-        h.update(header);
-        h.finalize()
-    }
-
     /// Encrypts a `Block` body in place for the frame about to be sealed; returns its tag
-    /// (for the header's `seal`), or `None` when this half only authenticates.
+    /// (for the header's `seal`), or `None` when this half leaves bodies in the clear.
     pub fn seal_body(&self, body: &mut [u8]) -> Option<[u8; AEAD_TAG_LEN]> {
-        let Protect::Aead(c) = &self.protect else {
+        if !self.bodies {
             return None;
-        };
-        let tag = c
+        }
+        let tag = self
+            .aead
             .encrypt_in_place_detached(&nonce(1, self.seq), &[], body)
             .expect("a block is far below the AES-GCM message limit");
         Some(tag.into())
@@ -130,18 +120,11 @@ impl Half {
     /// frame. Only [`Half::seal`] and tests of a key holder sending garbage use it.
     pub fn seal_encoded(&mut self, mut f: Vec<u8>) -> Vec<u8> {
         let (prefix, header) = f.split_at_mut(PREFIX_LEN);
-        match &self.protect {
-            Protect::Mac(k) => {
-                let t = Self::mac(k, self.seq, prefix, header);
-                f.extend_from_slice(t.as_bytes());
-            }
-            Protect::Aead(c) => {
-                let t = c
-                    .encrypt_in_place_detached(&nonce(0, self.seq), prefix, header)
-                    .expect("a header is far below the AES-GCM message limit");
-                f.extend_from_slice(&t);
-            }
-        }
+        let t = self
+            .aead
+            .encrypt_in_place_detached(&nonce(0, self.seq), prefix, header)
+            .expect("a header is far below the AES-GCM message limit");
+        f.extend_from_slice(&t);
         self.seq += 1;
         f
     }
@@ -158,41 +141,27 @@ impl Half {
             .map_err(|e| PeerError::Frame(e.into()))
             .and_then(|p| check_prefix(p).map_err(PeerError::Frame))?;
         let seq = self.seq;
-        match &self.protect {
-            Protect::Mac(k) => {
-                let want = Self::mac(k, seq, prefix, header);
-                let got: [u8; MAC_TAG_LEN] = tag.try_into().map_err(|_| integrity("short tag"))?;
-                // blake3::Hash compares in constant time.
-                if want != blake3::Hash::from(got) {
-                    return Err(integrity(
-                        "frame tag mismatch (altered, injected, dropped or reordered frame)",
-                    ));
-                }
-            }
-            Protect::Aead(c) => {
-                let t = Tag::from_exact_iter(tag.iter().copied())
-                    .ok_or_else(|| integrity("short tag"))?;
-                c.decrypt_in_place_detached(&nonce(0, seq), prefix, header, &t)
-                    .map_err(|_| {
-                        integrity(
-                            "frame failed to decrypt (altered, injected, dropped or reordered frame)",
-                        )
-                    })?;
-            }
-        }
+        let t = Tag::from_exact_iter(tag.iter().copied()).ok_or_else(|| integrity("short tag"))?;
+        // The GCM tag is checked (in constant time) before anything is decrypted.
+        self.aead
+            .decrypt_in_place_detached(&nonce(0, seq), prefix, header, &t)
+            .map_err(|_| {
+                integrity("frame failed to decrypt (altered, injected, dropped or reordered frame)")
+            })?;
         self.seq += 1;
         Ok((decode_peer(p, header).map_err(PeerError::Frame)?, seq))
     }
 
     /// Decrypts a `Block` body in place, received in the frame sealed under `seq`, against the
-    /// tag from its header. Authentication-only halves leave `body` alone.
+    /// tag from its header. Halves that leave bodies in the clear leave `body` alone.
     pub fn open_body(&self, seq: u64, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {
-        let Protect::Aead(c) = &self.protect else {
+        if !self.bodies {
             return Ok(());
-        };
+        }
         let t = Tag::from_exact_iter(seal.iter().copied())
             .ok_or_else(|| integrity("block without its encryption tag"))?;
-        c.decrypt_in_place_detached(&nonce(1, seq), &[], body, &t)
+        self.aead
+            .decrypt_in_place_detached(&nonce(1, seq), &[], body, &t)
             .map_err(|_| integrity("block body failed to decrypt (altered in transit)"))
     }
 }
@@ -212,8 +181,8 @@ pub struct Channel {
 impl Channel {
     /// The session keys from `secret` (cluster key and transcript, see `peer::auth`).
     pub fn new(secret: &[u8], encrypt: bool, side: Side) -> Self {
-        let d2s = Half::new(secret, D2S_MAC, D2S_AEAD, encrypt);
-        let s2d = Half::new(secret, S2D_MAC, S2D_AEAD, encrypt);
+        let d2s = Half::new(secret, D2S_AEAD, encrypt);
+        let s2d = Half::new(secret, S2D_AEAD, encrypt);
         let (send, recv) = match side {
             Side::Destination => (d2s, s2d),
             Side::Source => (s2d, d2s),
@@ -281,9 +250,8 @@ mod tests {
             );
             // Replayed: the counter moved on.
             assert!(open_frame(&mut s.recv, &f1).is_err());
-            if !encrypt {
-                assert!(f0.windows(4).any(|w| w == b"Ping"), "plain header");
-            }
+            // Headers are ciphertext in both modes.
+            assert!(!f0.windows(4).any(|w| w == b"Ping"), "readable header");
         }
     }
 
@@ -312,5 +280,40 @@ mod tests {
         assert!(d.recv.open_body(seq + 1, &mut body.clone(), &seal).is_err());
         d.recv.open_body(seq, &mut body, &seal).unwrap();
         assert_eq!(body, plain);
+    }
+
+    #[test]
+    fn ucx_offers_and_slots_are_unreadable_on_the_wire_without_body_encryption() {
+        let mut s = Channel::new(b"k", false, Side::Source);
+        let mut d = Channel::new(b"k", false, Side::Destination);
+        let worker = vec![0xa7u8; 200];
+        let rkey = vec![0x3cu8; 90];
+        let base = 0x7f12_3456_7000_u64;
+        let offer = PeerMsg::UcxOffer {
+            worker: worker.clone(),
+            rkey: rkey.clone(),
+            base,
+            len: 1 << 30,
+        };
+        let slot = PeerMsg::Slot {
+            req: 1,
+            idx: 0,
+            len: 4096,
+            addr: base + 8192,
+            hash: vec![0x11; HASH_LEN],
+        };
+        for m in [offer, slot] {
+            let f = s.send.seal(&m, 0).unwrap();
+            let h = &f[PREFIX_LEN..];
+            assert!(!h.windows(8).any(|w| w == &worker[..8]), "worker address");
+            assert!(!h.windows(8).any(|w| w == &rkey[..8]), "rkey");
+            for a in [base, base + 8192] {
+                for enc in [a.to_be_bytes(), a.to_le_bytes()] {
+                    assert!(!h.windows(8).any(|w| w == enc), "address {a:#x}");
+                }
+            }
+            assert!(decode_peer(FramePrefix::decode(f[..PREFIX_LEN].try_into().unwrap()).unwrap(), &f[PREFIX_LEN..f.len() - AEAD_TAG_LEN]).is_err());
+            assert_eq!(open_frame(&mut d.recv, &f).unwrap(), m);
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
-use kvnode_proto::peer::{MAC_TAG_LEN, PeerMsg, check_prefix, decode_peer};
+use kvnode_proto::peer::{AEAD_TAG_LEN, PeerMsg, check_prefix, decode_peer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -160,7 +160,7 @@ impl TcpConn {
 
     async fn open(&mut self, p: [u8; PREFIX_LEN], limit: Duration) -> Result<PeerMsg, PeerError> {
         let n = self.chan.as_ref().map_or(0, |c| c.recv.tag_len());
-        let mut tag = [0u8; MAC_TAG_LEN];
+        let mut tag = [0u8; AEAD_TAG_LEN];
         let tag = &mut tag[..n];
         bounded(limit, "peer frame tag", self.io.read_exact(tag)).await?;
         let c = self

@@ -6,14 +6,17 @@
 //! memory (no copy by kvnode's own code, but a socket send by UCX).
 //!
 //! Frames (pulls, answers, `Landed`) stay on the TCP connection, sealed by its session
-//! (a keyed tag with an implicit sequence number on every frame); only block bytes move
-//! through UCX, and each landed block is checked against the BLAKE3 hash its sealed `Slot`
-//! carried before it is committed. The worker address and remote key travel in a sealed
-//! [`PeerMsg::UcxOffer`], only after the handshake, and are never logged. An encrypted
-//! session (`--peer-encrypt`) is never offered UCX: GETs would move the bytes in the clear.
+//! (every header AES-256-GCM ciphertext under an implicit sequence number); only block bytes
+//! move through UCX, and each landed block is checked against the BLAKE3 hash its sealed
+//! `Slot` carried before it is committed. The worker address, remote key and arena bounds
+//! travel in a sealed (so encrypted) [`PeerMsg::UcxOffer`], only after the handshake, and are
+//! never logged; slot addresses only in sealed `Slot`s. An encrypted session
+//! (`--peer-encrypt`) is never offered UCX: GETs would move the bytes in the clear.
 //!
 //! What the key exposes: it lets the holder read the source's whole arena (every block of
-//! every namespace), not just the leased slots. Only authenticated members get it, and
+//! every namespace), not just the leased slots, and never write it (the offered
+//! registration is remote-read-only, the landing one local-only; enforced by verbs NICs,
+//! not by UCX's TCP transport). Only authenticated members get it, and
 //! [`UcxNode::reregister`] revokes it (unmap, map again, new key) on demand; connections
 //! receive the new key in band before their next answer.
 
@@ -24,7 +27,7 @@ use std::time::Duration;
 
 use kvnode_proto::peer::PeerMsg;
 use kvnode_ucx::{
-    Context, MemoryKind, PackedRkey, Progress, Region, Remote, UcxError, WorkerAddress,
+    Access, Context, MemoryKind, PackedRkey, Progress, Region, Remote, UcxError, WorkerAddress,
 };
 
 use super::{Frame, PullConn, TcpPull};
@@ -57,8 +60,8 @@ impl UcxNode {
     /// and starts the progress thread. Each connection keeps up to `window` GETs in flight.
     pub fn start(store: &Arc<Store>, window: usize) -> Result<Self, UcxError> {
         let ctx = Context::new()?;
-        let exposed = Self::map(&ctx, store)?;
-        let landing = Self::map(&ctx, store)?;
+        let exposed = Self::map(&ctx, store, Access::RemoteRead)?;
+        let landing = Self::map(&ctx, store, Access::Local)?;
         let serving = Progress::start(&ctx, "kvnode-ucx")?;
         Ok(Self {
             serving,
@@ -72,11 +75,21 @@ impl UcxNode {
         })
     }
 
-    fn map(ctx: &Context, store: &Arc<Store>) -> Result<Region, UcxError> {
+    /// Registers the arena: `RemoteRead` for the registration whose key peers get (never
+    /// remote-writable), `Local` for the one GETs land in (no key is ever packed from it).
+    fn map(ctx: &Context, store: &Arc<Store>, access: Access) -> Result<Region, UcxError> {
         let arena = store.arena();
         // SAFETY: the arena stays mapped while `store` lives, and every holder of the
         // region (this node, each UCX connection) also holds the store.
-        unsafe { Region::map(ctx, arena.base(), arena.len() as usize, MemoryKind::Host) }
+        unsafe {
+            Region::map(
+                ctx,
+                arena.base(),
+                arena.len() as usize,
+                MemoryKind::Host,
+                access,
+            )
+        }
     }
 
     /// The key generation now in force (raised by [`UcxNode::reregister`]).
@@ -110,7 +123,7 @@ impl UcxNode {
     /// UCX's TCP transport does not check keys (see docs/peer-protocol.md). Open
     /// connections receive the new key before their next answer. Returns the new generation.
     pub fn reregister(&self) -> Result<u64, UcxError> {
-        let fresh = Self::map(&self.ctx, &self.store)?;
+        let fresh = Self::map(&self.ctx, &self.store, Access::RemoteRead)?;
         let mut g = self.exposed.write().expect("ucx region lock");
         let old = std::mem::replace(&mut *g, fresh);
         let gen_now = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
@@ -145,7 +158,7 @@ impl UcxNode {
     pub fn describe(&self) -> String {
         let r = &self.landing;
         format!(
-            "UCX {} ready: {} arena bytes registered for one-sided reads",
+            "UCX {} ready: {} arena bytes registered for one-sided reads (remote read only)",
             Context::version(),
             r.len()
         )
