@@ -81,7 +81,8 @@ fn a_forged_own_record_is_undone_and_members_outside_the_cidrs_are_refused() {
         r#"{{"record":1,"node_id":"n1","instance":"forged","endpoints":["{forged}"],"transports":["tcp"],"version":"9.0.0","peer_protocol":{}}}"#,
         kvnode_proto::peer::PEER_PROTOCOL_VERSION
     );
-    etcd.put("/kvnode/clusters/e2e-ac/members/n1", &rec).unwrap();
+    etcd.put("/kvnode/clusters/e2e-ac/members/n1", &rec)
+        .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     wait_for(&d, "own record restored", |r| {
         r.summary.registered
@@ -97,7 +98,8 @@ fn a_forged_own_record_is_undone_and_members_outside_the_cidrs_are_refused() {
         r#"{{"record":1,"node_id":"rogue","instance":"x","endpoints":["{rogue}"],"transports":["tcp"],"version":"0.0.0","peer_protocol":{}}}"#,
         kvnode_proto::peer::PEER_PROTOCOL_VERSION
     );
-    etcd.put("/kvnode/clusters/e2e-ac/members/rogue", &rec).unwrap();
+    etcd.put("/kvnode/clusters/e2e-ac/members/rogue", &rec)
+        .unwrap();
     wait_for(&d, "rogue listed", |r| {
         r.members.iter().any(|m| m.node_id == "rogue")
     });

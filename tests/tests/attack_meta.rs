@@ -24,16 +24,23 @@ fn anon_kib(pid: u32) -> u64 {
 
 fn with_events(extra: &[&str]) -> Daemon {
     let events = format!("tcp://127.0.0.1:{}", free_port());
-    let mut args = vec!["--dram", "64MiB", "--no-pin", "--no-populate", "--events", &events];
+    let mut args = vec![
+        "--dram",
+        "64MiB",
+        "--no-pin",
+        "--no-populate",
+        "--events",
+        &events,
+    ];
     args.extend_from_slice(extra);
     Daemon::start(&args)
 }
 
-fn meta(n: usize) -> Option<BlockMeta> {
-    Some(BlockMeta {
+fn meta(n: usize) -> BlockMeta {
+    BlockMeta {
         tokens: vec![7; n],
         parent: None,
-    })
+    }
 }
 
 #[test]
@@ -50,10 +57,17 @@ fn page_size_and_metadata_per_request_are_bounded() {
     let keys: Vec<_> = (0..65).map(key).collect();
     let b = vec![1u8; LEN];
     let blocks: Vec<&[u8]> = keys.iter().map(|_| b.as_slice()).collect();
-    let metas = keys.iter().map(|_| meta(PAGE as usize)).collect();
-    let e = c.put_with_meta(ns, &keys, &blocks, metas).unwrap_err().to_string();
+    let metas = keys.iter().map(|_| Some(meta(PAGE as usize))).collect();
+    let e = c
+        .put_with_meta(ns, &keys, &blocks, metas)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("metadata tokens in one request"), "{e}");
-    assert_eq!(c.exists(ns, &keys).unwrap(), 0, "nothing stored by the refused put");
+    assert_eq!(
+        c.exists(ns, &keys).unwrap(),
+        0,
+        "nothing stored by the refused put"
+    );
 }
 
 #[test]
@@ -72,14 +86,15 @@ fn a_flood_of_maximal_metadata_is_charged_and_capped() {
     for batch in 0..100u64 {
         let keys: Vec<_> = (batch * 40..batch * 40 + 40).map(key).collect();
         let blocks: Vec<&[u8]> = keys.iter().map(|_| b.as_slice()).collect();
-        let metas = keys.iter().map(|_| meta(PAGE as usize)).collect();
+        let metas = keys.iter().map(|_| Some(meta(PAGE as usize))).collect();
         let r = c.put_with_meta(ns, &keys, &blocks, metas).unwrap();
         assert!(r.iter().all(|s| *s == PutStatus::Stored), "{r:?}");
     }
     let grown = anon_kib(d.child.id()).saturating_sub(before);
     assert!(grown < 64 << 10, "daemon RSS grew by {} MiB", grown >> 10);
     let mut h = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    h.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    h.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     let mut m = String::new();
     h.read_to_string(&mut m).unwrap();
     let dropped: u64 = m

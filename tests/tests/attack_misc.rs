@@ -59,7 +59,11 @@ fn a_key_file_others_can_read_is_used_with_a_loud_warning() {
     let args = peer_args(&key);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let d = Daemon::start(&refs);
-    assert!(d.log().contains("CLUSTER KEY FILE IS READABLE"), "{}", d.log());
+    assert!(
+        d.log().contains("CLUSTER KEY FILE IS READABLE"),
+        "{}",
+        d.log()
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -90,11 +94,16 @@ fn trickling_heads_do_not_blind_a_metrics_scrape() {
         let t = Instant::now();
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
         let mut r = String::new();
         let _ = s.read_to_string(&mut r);
         assert!(r.starts_with("HTTP/1.1 200 OK"), "scrape blinded: {r:?}");
-        assert!(t.elapsed() < Duration::from_secs(3), "scrape took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "scrape took {:?}",
+            t.elapsed()
+        );
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     trickle.join().unwrap();
@@ -109,7 +118,11 @@ fn probe(uid: u32, socket: &Path, args: &[&str]) -> HashMap<String, String> {
         .gid(uid)
         .output()
         .expect("run tenant_probe");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_once(' '))
@@ -130,7 +143,13 @@ fn a_tenant_sees_only_its_own_figures_in_stats_and_no_histograms() {
          [[tenants.tenant]]\nname = \"b\"\nuids = [64002]\n",
     )
     .unwrap();
-    let d = Daemon::start(&["--dram", "64MiB", "--no-pin", "--config", cfg.to_str().unwrap()]);
+    let d = Daemon::start(&[
+        "--dram",
+        "64MiB",
+        "--no-pin",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
     // The operator (root, the default tenant) stores 20 blocks and reads them.
     let mut c = d.client();
     let ns = c.register(&spec("operator", 4096)).unwrap().ns;
@@ -149,7 +168,10 @@ fn a_tenant_sees_only_its_own_figures_in_stats_and_no_histograms() {
     assert_eq!(get("tier_hits.dram"), "0", "{s:?}");
     assert_eq!(get("pools"), "0");
     assert_eq!(get("clients"), "0");
-    assert!(get("histograms_error").contains("only the operator"), "{s:?}");
+    assert!(
+        get("histograms_error").contains("only the operator"),
+        "{s:?}"
+    );
     // The operator still sees everything.
     let all = c.stats().unwrap();
     assert_eq!(all.tiers[0].blocks, 23);

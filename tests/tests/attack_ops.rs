@@ -27,7 +27,14 @@ fn keys(from: u64, n: u64) -> Vec<Key> {
 /// A daemon allowed to pull only from `tcp://127.0.0.1:<allowed>`.
 fn dest(allowed: u16, extra: &[&str]) -> Daemon {
     let peers = format!("tcp://127.0.0.1:{allowed}");
-    let mut args = vec!["--dram", "64MiB", "--no-pin", "--no-populate", "--peers", &peers];
+    let mut args = vec![
+        "--dram",
+        "64MiB",
+        "--no-pin",
+        "--no-populate",
+        "--peers",
+        &peers,
+    ];
     args.extend_from_slice(extra);
     Daemon::start(&args)
 }
@@ -121,7 +128,10 @@ fn one_connection_cannot_keep_more_than_its_cap_of_op_keys() {
     assert_eq!(i, 5, "refused after 5 x 50 000 keys (cap 256 Ki)");
     let why = op.reason.unwrap();
     assert_eq!(why.code, FailCode::PeerBusy);
-    assert!(why.message.contains("this connection already has"), "{why:?}");
+    assert!(
+        why.message.contains("this connection already has"),
+        "{why:?}"
+    );
     // Another connection is not affected.
     let mut c2 = d.client();
     let ks = keys(1 << 30, KEYS);

@@ -46,7 +46,8 @@ fn config(extra: &str) -> std::path::PathBuf {
 
 fn scrape(port: u16) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     let mut r = String::new();
     s.read_to_string(&mut r).unwrap();
     r
@@ -76,7 +77,11 @@ fn a_stalled_put_is_cut_off_and_its_reservations_freed() {
     std::thread::sleep(Duration::from_millis(300));
     let b = vec![5u8; MIB as usize];
     let r = c.put(ns, &[key(1)], &[&b]).unwrap();
-    assert_eq!(r, vec![PutStatus::NoSpace], "the attack must fill the tier first");
+    assert_eq!(
+        r,
+        vec![PutStatus::NoSpace],
+        "the attack must fill the tier first"
+    );
     // Each stalled put is cut off within its deadline (1 s + 8 MiB / 64 MiB/s), plus slack.
     for s in &mut stalled {
         s.0.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -96,9 +101,7 @@ fn the_default_tenant_cannot_starve_a_mapped_tenant_with_stalled_puts() {
     if !prerequisite("root", not_root("the victim client runs as uid 64001")) {
         return;
     }
-    let cfg = config(
-        "socket_mode = 0o666\n[[tenants.tenant]]\nname = \"a\"\nuids = [64001]\n",
-    );
+    let cfg = config("socket_mode = 0o666\n[[tenants.tenant]]\nname = \"a\"\nuids = [64001]\n");
     let d = Daemon::start(&[
         "--dram",
         "64MiB",

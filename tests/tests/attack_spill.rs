@@ -71,7 +71,10 @@ fn other_uid_can_read(p: &Path) -> bool {
 }
 
 fn can_switch_uids() -> bool {
-    prerequisite("root", not_root("the attack reads the spill file as uid 64003"))
+    prerequisite(
+        "root",
+        not_root("the attack reads the spill file as uid 64003"),
+    )
 }
 
 #[test]
@@ -108,7 +111,10 @@ fn a_world_readable_spill_file_is_made_private_with_a_loud_warning() {
     }
     // An older kvnode (or a copy) left the file 0644 and the directory 0755.
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    assert!(other_uid_can_read(&file), "the attack setup must be readable");
+    assert!(
+        other_uid_can_read(&file),
+        "the attack setup must be readable"
+    );
     let d = spilling_under_umask_022(&root);
     assert_eq!(mode(&file), 0o600, "spill file mode after start");
     assert!(!other_uid_can_read(&file));
@@ -165,7 +171,10 @@ fn a_planted_spill_file_or_symlink_is_refused() {
         Duration::from_secs(10),
     );
     assert!(!status.success());
-    assert!(log.contains(&format!("belongs to uid {OTHER_UID}")), "{log}");
+    assert!(
+        log.contains(&format!("belongs to uid {OTHER_UID}")),
+        "{log}"
+    );
     assert_eq!(std::fs::metadata(&file).unwrap().len(), 0, "file untouched");
 
     // A symlink to a file the attacker can read.

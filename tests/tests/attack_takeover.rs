@@ -40,7 +40,10 @@ fn run_to_exit(socket: &Path, args: &[&str], limit: Duration) -> (bool, String) 
     let t = Instant::now();
     loop {
         if let Some(s) = child.try_wait().unwrap() {
-            return (s.success(), std::fs::read_to_string(&out).unwrap_or_default());
+            return (
+                s.success(),
+                std::fs::read_to_string(&out).unwrap_or_default(),
+            );
         }
         if t.elapsed() > limit {
             let _ = child.kill();
@@ -192,7 +195,11 @@ fn a_successor_that_vanishes_mid_handover_leaves_the_donor_serving() {
             "donor did not resume:\n{}",
             d.log()
         );
-        assert!(d.child.try_wait().unwrap().is_none(), "donor exited:\n{}", d.log());
+        assert!(
+            d.child.try_wait().unwrap().is_none(),
+            "donor exited:\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     d.wait_ready(Duration::from_secs(5));

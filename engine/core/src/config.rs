@@ -19,6 +19,10 @@ pub const DEFAULT_DRAM_CAP: u64 = 32 << 30;
 /// The engine's configuration (the `[engine]`-less top level of the TOML file).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent on/off switches, each one TOML key"
+)]
 pub struct EngineConfig {
     /// Unix socket path. Default: `$XDG_RUNTIME_DIR/kvnode/kvnode.sock`, else
     /// `/run/kvnode/kvnode.sock`.

@@ -204,6 +204,30 @@ impl SideServices {
     }
 }
 
+/// Logs that the daemon serves (round 1: ready, notified to systemd; later rounds: again,
+/// after a successor went away mid-hand-over).
+fn say_serving(
+    engine: &kvnode_engine::Engine,
+    socket: &std::path::Path,
+    round: u32,
+    took_over: bool,
+) {
+    let blocks = engine.store.dram().snapshot().tier.blocks;
+    if round == 1 {
+        tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks, took_over, spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
+        crate::serve_stop::notify_ready();
+    } else {
+        tracing::info!(socket = %socket.display(), blocks, "kvnode serving again after a takeover that did not happen");
+    }
+}
+
+/// The listening socket again, from its descriptor (a later serving round).
+fn relisten(fd: &std::os::fd::OwnedFd) -> anyhow::Result<tokio::net::UnixListener> {
+    let l = std::os::unix::net::UnixListener::from(fd.try_clone()?);
+    l.set_nonblocking(true)?;
+    Ok(tokio::net::UnixListener::from_std(l)?)
+}
+
 /// Runs the daemon until SIGTERM or SIGINT (or a successor takes it over), then drains and
 /// returns.
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
@@ -262,21 +286,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             let write_behind = crate::serve_stop::spawn_write_behind(&engine, stop_rx.clone());
             let (takeover_tx, mut takeover_rx) = tokio::sync::mpsc::channel(1);
             let takeover_path = crate::serve_stop::listen_for_takeover(&engine.config, takeover_tx);
-            if round == 1 {
-                tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks = engine.store.dram().snapshot().tier.blocks, took_over, spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
-                crate::serve_stop::notify_ready();
-            } else {
-                tracing::info!(socket = %socket.display(), blocks = engine.store.dram().snapshot().tier.blocks, "kvnode serving again after a takeover that did not happen");
-            }
+            say_serving(&engine, &socket, round, took_over);
             let side = SideServices::start(&engine, cluster.as_ref(), &stop_rx).await?;
-            let l = match listener.take() {
-                Some(l) => l,
-                None => {
-                    let l = std::os::unix::net::UnixListener::from(listener_fd.try_clone()?);
-                    l.set_nonblocking(true)?;
-                    tokio::net::UnixListener::from_std(l)?
-                }
-            };
+            let l = listener.take().map_or_else(|| relisten(&listener_fd), Ok)?;
             let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), l, stop_rx));
             let successor = tokio::select! {
                 _ = term.recv() => { tracing::info!(signal = "SIGTERM", "shutting down: draining in-flight requests"); None }

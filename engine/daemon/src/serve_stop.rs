@@ -183,12 +183,18 @@ enum HandOver {
     Stop(String),
 }
 
-async fn hand_over(engine: &Arc<Engine>, p: Pending, listener: &OwnedFd) -> Result<Accepted, HandOver> {
+async fn hand_over(
+    engine: &Arc<Engine>,
+    p: Pending,
+    listener: &OwnedFd,
+) -> Result<Accepted, HandOver> {
     if let Some(t) = engine.store.nvme()
         && !t.wait_idle(Duration::from_secs(10)).await
     {
         p.fail("spill IO still in flight after 10 s");
-        return Err(HandOver::Resume("spill IO still in flight after 10 s".into()));
+        return Err(HandOver::Resume(
+            "spill IO still in flight after 10 s".into(),
+        ));
     }
     let h = match engine.handover() {
         Ok(h) => h,
@@ -200,10 +206,12 @@ async fn hand_over(engine: &Arc<Engine>, p: Pending, listener: &OwnedFd) -> Resu
     let blocks = engine.store.dram().snapshot().tier.blocks;
     let limit = takeover_limit(&engine.config);
     let t = Instant::now();
-    let a = tokio::task::block_in_place(|| p.send(&h, listener, blocks, limit)).map_err(|e| match e {
-        SendError::Refused(_) => HandOver::Stop(e.to_string()),
-        SendError::Gone(_) => HandOver::Resume(e.to_string()),
-    })?;
+    let a = tokio::task::block_in_place(|| p.send(&h, listener, blocks, limit)).map_err(
+        |e| match e {
+            SendError::Refused(_) => HandOver::Stop(e.to_string()),
+            SendError::Gone(_) => HandOver::Resume(e.to_string()),
+        },
+    )?;
     tracing::info!(
         blocks,
         image_bytes = h.image.len(),

@@ -68,6 +68,28 @@ fn reads(c: &mut Client, ns: u32, keys: &[Key], len: usize, hint: Option<&str>) 
     }
 }
 
+/// The stats (and histograms) as this client sees them.
+fn stats(c: &mut Client) {
+    let s = c.stats().expect("stats");
+    let names: Vec<&str> = s.tenants.iter().map(|t| t.name.as_str()).collect();
+    out("tenants", names.join(","));
+    out("namespaces", s.namespaces.len());
+    for t in &s.tenants {
+        out(&format!("dram_bytes.{}", t.name), t.dram_bytes);
+        out(&format!("refusals.{}", t.name), t.quota_refusals);
+    }
+    for t in &s.tiers {
+        out(&format!("tier_blocks.{}", t.tier), t.blocks);
+        out(&format!("tier_hits.{}", t.tier), t.hits);
+    }
+    out("pools", s.pools.len());
+    out("clients", s.clients);
+    match c.histograms() {
+        Ok(h) => out("histograms", h.histograms.len()),
+        Err(e) => out("histograms_error", one_line(e)),
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let socket = &args[1];
@@ -157,26 +179,7 @@ fn main() {
                 Err(e) => out("clear_error", one_line(e)),
             }
         }
-        "stats" => {
-            let s = c.stats().expect("stats");
-            let names: Vec<&str> = s.tenants.iter().map(|t| t.name.as_str()).collect();
-            out("tenants", names.join(","));
-            out("namespaces", s.namespaces.len());
-            for t in &s.tenants {
-                out(&format!("dram_bytes.{}", t.name), t.dram_bytes);
-                out(&format!("refusals.{}", t.name), t.quota_refusals);
-            }
-            for t in &s.tiers {
-                out(&format!("tier_blocks.{}", t.tier), t.blocks);
-                out(&format!("tier_hits.{}", t.tier), t.hits);
-            }
-            out("pools", s.pools.len());
-            out("clients", s.clients);
-            match c.histograms() {
-                Ok(h) => out("histograms", h.histograms.len()),
-                Err(e) => out("histograms_error", one_line(e)),
-            }
-        }
+        "stats" => stats(&mut c),
         other => panic!("unknown action {other}"),
     }
 }

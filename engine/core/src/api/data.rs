@@ -169,7 +169,9 @@ impl Session {
                 let read = match r {
                     Ok(res) => {
                         let read = self.io.read_exact(res.bytes_mut());
-                        tokio::time::timeout_at(deadline, read).await.map(|r| r.map(|_| ()))
+                        tokio::time::timeout_at(deadline, read)
+                            .await
+                            .map(|r| r.map(|_| ()))
                     }
                     Err(_) => tokio::time::timeout_at(deadline, self.io.skip(len)).await,
                 };

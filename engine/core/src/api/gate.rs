@@ -42,7 +42,11 @@ pub struct PreHelloSlot {
 
 impl Drop for PreHelloSlot {
     fn drop(&mut self) {
-        let mut m = self.table.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut m = self
+            .table
+            .by_uid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(n) = m.get_mut(&self.uid) {
             *n -= 1;
             if *n == 0 {
@@ -81,13 +85,20 @@ pub struct Admitted {
     pub slot: PreHelloSlot,
 }
 
-/// Decides about a just-accepted connection: let through, or refused (the returned future
-/// answers and closes it).
+/// A connection turned away at accept: [`Refused::answer`] tells it why and closes it.
+#[derive(Debug)]
+pub struct Refused {
+    stream: UnixStream,
+    msg: String,
+}
+
+/// Decides about a just-accepted connection: let through, or refused (logged and counted
+/// here; the caller runs [`Refused::answer`]).
 pub fn screen(
     engine: &Arc<Engine>,
     pre_hello: &Arc<PreHello>,
     stream: UnixStream,
-) -> Result<Admitted, impl Future<Output = ()> + use<>> {
+) -> Result<Admitted, Refused> {
     let got = kvnode_fdpass::peer_cred(stream.as_raw_fd());
     let admission = admit(&engine.config, engine.tenants(), &got);
     let cred: PeerCred = got.unwrap_or_default();
@@ -100,57 +111,58 @@ pub fn screen(
             reason = %msg,
             "client refused at accept (see kvnode_clients_refused_total)"
         );
-        refuse(stream, msg)
+        Refused { stream, msg }
     };
     let tenant = match admission {
         Ok(t) => t,
         Err((why, msg)) => return Err(refused(stream, why, msg)),
     };
     let cap = engine.config.max_pre_hello_per_uid;
-    match pre_hello.enter(cred.uid, cap) {
-        Some(slot) => Ok(Admitted {
-            stream,
-            cred,
-            tenant,
-            slot,
-        }),
-        None => {
-            let msg = format!(
-                "uid {} already has {cap} connections that have not sent Hello (max_pre_hello_per_uid)",
-                cred.uid
-            );
-            Err(refused(stream, Refusal::PreHelloCap, msg))
-        }
-    }
+    let Some(slot) = pre_hello.enter(cred.uid, cap) else {
+        let msg = format!(
+            "uid {} already has {cap} connections that have not sent Hello (max_pre_hello_per_uid)",
+            cred.uid
+        );
+        return Err(refused(stream, Refusal::PreHelloCap, msg));
+    };
+    Ok(Admitted {
+        stream,
+        cred,
+        tenant,
+        slot,
+    })
 }
 
-/// Sends `Error { Handshake, msg }` at once, then closes once the client has closed or
-/// [`REFUSED_LINGER`] passed, reading (and dropping) at most 4 KiB meanwhile.
-async fn refuse(mut stream: UnixStream, msg: String) {
-    let reply = Response {
-        id: 0,
-        reply: Reply::Error {
-            code: ErrorCode::Handshake,
-            message: msg,
-        },
-    };
-    let Ok(frame) = encode_frame(&reply, 0) else {
-        return;
-    };
-    let sent = tokio::time::timeout(REFUSED_LINGER, stream.write_all(&frame)).await;
-    if !matches!(sent, Ok(Ok(()))) {
-        return;
-    }
-    let _ = stream.shutdown().await;
-    let mut sink = [0u8; 4096];
-    let _ = tokio::time::timeout(REFUSED_LINGER, async {
-        let mut left = sink.len();
-        while left > 0 {
-            match stream.read(&mut sink[..left]).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => left -= n,
-            }
+impl Refused {
+    /// Sends `Error { Handshake, msg }` at once, then closes once the client has closed or
+    /// [`REFUSED_LINGER`] passed, reading (and dropping) at most 4 KiB meanwhile.
+    pub async fn answer(self) {
+        let Self { mut stream, msg } = self;
+        let reply = Response {
+            id: 0,
+            reply: Reply::Error {
+                code: ErrorCode::Handshake,
+                message: msg,
+            },
+        };
+        let Ok(frame) = encode_frame(&reply, 0) else {
+            return;
+        };
+        let sent = tokio::time::timeout(REFUSED_LINGER, stream.write_all(&frame)).await;
+        if !matches!(sent, Ok(Ok(()))) {
+            return;
         }
-    })
-    .await;
+        let _ = stream.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let _ = tokio::time::timeout(REFUSED_LINGER, async {
+            let mut left = sink.len();
+            while left > 0 {
+                match stream.read(&mut sink[..left]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left -= n,
+                }
+            }
+        })
+        .await;
+    }
 }

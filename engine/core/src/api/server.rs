@@ -131,8 +131,8 @@ pub async fn serve(engine: Arc<Engine>, listener: UnixListener, mut stop: watch:
                             let c = Connection::new(Arc::clone(&engine), a, stop.clone());
                             conns.spawn(c.run());
                         }
-                        Err(refusal) => {
-                            conns.spawn(refusal);
+                        Err(refused) => {
+                            conns.spawn(refused.answer());
                         }
                     }
                 }

@@ -166,7 +166,9 @@ impl Session {
         s.namespaces.retain(|n| mine.contains(&n.ns));
         let name = &tenants.get(self.tenant).name;
         s.tenants.retain(|t| &t.name == name);
-        let sum = |f: fn(&kvnode_proto::stats::NamespaceStats) -> u64| s.namespaces.iter().map(f).sum::<u64>();
+        let sum = |f: fn(&kvnode_proto::stats::NamespaceStats) -> u64| {
+            s.namespaces.iter().map(f).sum::<u64>()
+        };
         let own = (
             sum(|n| n.blocks),
             sum(|n| n.bytes),

@@ -428,7 +428,10 @@ impl Peers {
         // Configured CIDRs bound the cluster's members too: a record in etcd naming an
         // address outside them (another service on the network) is never dialled.
         if self.membership.get().is_some()
-            && self.allow.iter().any(|a| matches!(a, config::Allowed::Cidr(..)))
+            && self
+                .allow
+                .iter()
+                .any(|a| matches!(a, config::Allowed::Cidr(..)))
         {
             self.counters
                 .refused_members

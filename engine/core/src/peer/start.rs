@@ -52,7 +52,10 @@ impl Peers {
         // Keys past the hint's hashes are NotCovered; when the whole op is refused they
         // carry the refusal's code (its message is given once, as the op's reason).
         let (covered, beyond) = match &plan {
-            Ok(p) => (p.covered, Failure::new(FailCode::NotCovered, "not covered by the hint")),
+            Ok(p) => (
+                p.covered,
+                Failure::new(FailCode::NotCovered, "not covered by the hint"),
+            ),
             Err(why) => (0, Failure::new(why.code, "")),
         };
         for r in results.iter_mut().skip(covered) {
