@@ -127,6 +127,18 @@ pub(crate) fn open_spill_file(
     region_size: u64,
     direct: bool,
 ) -> Result<SpillFile, SpillError> {
+    let f = open_checked(path, index, file_size, region_size, direct)?;
+    crate::perms::tighten(&f.file, path)?;
+    Ok(f)
+}
+
+fn open_checked(
+    path: &Path,
+    index: u32,
+    file_size: u64,
+    region_size: u64,
+    direct: bool,
+) -> Result<SpillFile, SpillError> {
     if let Some(dir) = path.parent() {
         crate::perms::private_dir(dir)?;
     }

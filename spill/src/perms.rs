@@ -71,7 +71,7 @@ pub(crate) fn private_dir(dir: &Path) -> Result<(), SpillError> {
 }
 
 /// Checks the spill file just opened (with `O_NOFOLLOW`, created `0600`): a regular file
-/// owned by this daemon's uid; group or other permissions are removed with a warning.
+/// owned by this daemon's uid.
 pub(crate) fn private_file(file: &File, path: &Path) -> Result<(), SpillError> {
     let md = file
         .metadata()
@@ -89,6 +89,15 @@ pub(crate) fn private_file(file: &File, path: &Path) -> Result<(), SpillError> {
             ),
         ));
     }
+    Ok(())
+}
+
+/// Removes group and other permissions from a spill file kvnode has accepted as its own
+/// (a foreign file it refuses is left as it is), with a loud warning.
+pub(crate) fn tighten(file: &File, path: &Path) -> Result<(), SpillError> {
+    let md = file
+        .metadata()
+        .map_err(|e| SpillError::io("stat", path, e))?;
     let mode = md.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
         file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))
