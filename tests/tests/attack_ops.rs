@@ -73,18 +73,29 @@ fn floods_of_huge_refused_hinted_exists_do_not_grow_the_daemon() {
     let d = dest(allowed, &[]);
     let ks = keys(0, KEYS);
     let h = hint(other, &ks);
-    let before = anon_kib(d.child.id());
+    // One request per connection first, so that the allocator's arenas have grown to what
+    // one request needs; then 30 more.
+    let warm = std::sync::Barrier::new(4);
+    let measured = std::sync::Barrier::new(4);
+    let mut before = 0;
     std::thread::scope(|s| {
         for _ in 0..3 {
             s.spawn(|| {
                 let mut c = d.client();
                 let ns = c.register(&spec("ops", 4096)).unwrap().ns;
-                for _ in 0..10 {
+                for i in 0..11 {
                     let (_, op) = c.exists_hinted(ns, &ks, Some(&h)).unwrap();
                     assert_eq!(op.unwrap().state, OpState::Failed);
+                    if i == 0 {
+                        warm.wait();
+                        measured.wait();
+                    }
                 }
             });
         }
+        warm.wait();
+        before = anon_kib(d.child.id());
+        measured.wait();
     });
     let grown = anon_kib(d.child.id()).saturating_sub(before);
     // 30 ops of 100 000 keys kept for a minute were ~350 MiB; transient buffers are a few
