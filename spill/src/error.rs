@@ -88,6 +88,17 @@ pub enum SpillError {
         #[source]
         source: DecodeError,
     },
+    /// A spill directory or file that other users could write, replace or that is not ours:
+    /// blocks written there could be read or swapped by someone else (see `perms.rs`).
+    #[error(
+        "{path}: {why}; spill files hold every demoted block of every tenant, so kvnode refuses it: fix the owner or mode (spill dirs are created 0700, files 0600) or point --spill-dir elsewhere"
+    )]
+    Insecure {
+        /// The directory or file concerned.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// Another open holds the spill file's lock: a second daemon on the same directory, or
     /// the same file reached twice in one configuration.
     #[error("{path} is locked by {}", locked_by(*.holder))]

@@ -127,16 +127,32 @@ pub(crate) fn open_spill_file(
     region_size: u64,
     direct: bool,
 ) -> Result<SpillFile, SpillError> {
+    let f = open_checked(path, index, file_size, region_size, direct)?;
+    crate::perms::tighten(&f.file, path)?;
+    Ok(f)
+}
+
+fn open_checked(
+    path: &Path,
+    index: u32,
+    file_size: u64,
+    region_size: u64,
+    direct: bool,
+) -> Result<SpillFile, SpillError> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| SpillError::io("creating spill dir", dir, e))?;
+        crate::perms::private_dir(dir)?;
     }
     let mut opts = OpenOptions::new();
-    opts.read(true).write(true).create(true);
-    if direct {
-        opts.custom_flags(libc::O_DIRECT);
-    }
+    // O_NOFOLLOW: a symlink planted at the path is refused (ELOOP), never followed.
+    opts.read(true)
+        .write(true)
+        .create(true)
+        .mode(crate::perms::FILE_MODE);
+    let flags = if direct { libc::O_DIRECT } else { 0 } | libc::O_NOFOLLOW;
+    opts.custom_flags(flags);
     let file = match opts.open(path) {
         Ok(f) => {
+            crate::perms::private_file(&f, path)?;
             crate::lock::lock_exclusive(&f, path)?;
             f
         }
@@ -144,6 +160,12 @@ pub(crate) fn open_spill_file(
             return Err(SpillError::DirectIoUnsupported {
                 path: path.into(),
                 source: e,
+            });
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(SpillError::Insecure {
+                path: path.into(),
+                why: "it is a symbolic link".into(),
             });
         }
         Err(e) => return Err(SpillError::io("opening spill file", path, e)),

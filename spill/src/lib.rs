@@ -44,6 +44,7 @@ mod format;
 mod key;
 mod lock;
 mod ops;
+mod perms;
 mod recovery;
 mod region;
 mod stats;

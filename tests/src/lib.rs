@@ -222,7 +222,9 @@ impl Daemon {
         d
     }
 
-    fn spawn(mut cmd: Command, args: &[&str]) -> Self {
+    /// Starts `cmd serve --socket <dir>/kvnode.sock <args>` (a prepared command: its own
+    /// environment, umask or uid) and waits until it answers.
+    pub fn spawn(mut cmd: Command, args: &[&str]) -> Self {
         let dir = temp_dir("daemon");
         let socket = dir.join("kvnode.sock");
         let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");

@@ -400,6 +400,24 @@ impl Ctx {
     fn apply(&self, ev: &etcd_client::Event) -> Result<(), ClusterError> {
         let Some(kv) = ev.kv() else { return Ok(()) };
         match ev.event_type() {
+            EventType::Put if self.node_of(kv.key()).as_deref() == Some(&self.record.node_id) => {
+                // Our own key, written by someone else (our own put precedes the watch):
+                // register again at once, so peers never follow another's endpoints for us.
+                let ours = MemberRecord::parse(kv.value()).is_some_and(|r| {
+                    r.instance == self.record.instance && r.endpoints == self.record.endpoints
+                });
+                if !ours {
+                    let other = MemberRecord::parse(kv.value()).map(|r| (r.instance, r.endpoints));
+                    tracing::error!(
+                        node = %self.record.node_id,
+                        written = ?other,
+                        "cluster: this daemon's record was overwritten in etcd (another daemon with this node_id, or a writer that should not have access); registering again"
+                    );
+                    return Err(ClusterError::Config(
+                        "this daemon's record was overwritten in etcd: registering again".into(),
+                    ));
+                }
+            }
             EventType::Put => {
                 let Some(r) = self.parse(kv.key(), kv.value()) else {
                     return Ok(());

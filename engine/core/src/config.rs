@@ -19,6 +19,10 @@ pub const DEFAULT_DRAM_CAP: u64 = 32 << 30;
 /// The engine's configuration (the `[engine]`-less top level of the TOML file).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent on/off switches, each one TOML key"
+)]
 pub struct EngineConfig {
     /// Unix socket path. Default: `$XDG_RUNTIME_DIR/kvnode/kvnode.sock`, else
     /// `/run/kvnode/kvnode.sock`.
@@ -44,6 +48,10 @@ pub struct EngineConfig {
     pub drain_timeout_s: f64,
     /// Socket file permissions. Default: 0o660 (owner and group may connect).
     pub socket_mode: u32,
+    /// Serve although the socket's directory is writable by group or others (flag
+    /// `--allow-shared-socket-dir`). Default: false, and such a directory is refused at
+    /// start-up: another user could replace the socket or bind its takeover socket first.
+    pub allow_shared_socket_dir: bool,
     /// Client uids allowed to connect, checked with `SO_PEERCRED` at accept (with
     /// `allow_gids`: a client matching either list is allowed). Default: empty, and with both
     /// lists empty the socket's file mode alone decides who may connect.
@@ -55,6 +63,14 @@ pub struct EngineConfig {
     /// A connection that has not completed its `Hello` within this many seconds is closed.
     /// Default: 10.
     pub hello_timeout_s: f64,
+    /// Connections one uid may have open that have not sent their `Hello` yet; more are
+    /// refused at accept. Default: 256.
+    pub max_pre_hello_per_uid: u32,
+    /// The payload of one `Put` must arrive within this many seconds plus one second per
+    /// 64 MiB (time the daemon itself waits for DRAM room does not count); else the
+    /// connection is closed and its reservations freed (`kvnode_put_payload_timeouts_total`).
+    /// Default: 10.
+    pub put_payload_timeout_s: f64,
     /// NVMe spill tier (`[spill]`); off by default.
     pub spill: SpillSettings,
     /// KV events (`[events]`); off by default.
@@ -98,10 +114,13 @@ impl Default for EngineConfig {
             hugetlb: false,
             drain_timeout_s: 5.0,
             socket_mode: 0o660,
+            allow_shared_socket_dir: false,
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
             tenants: TenantsConfig::default(),
             hello_timeout_s: 10.0,
+            max_pre_hello_per_uid: 256,
+            put_payload_timeout_s: 10.0,
             spill: SpillSettings::default(),
             events: EventsSettings::default(),
             lease_age_limit_s: 60.0,
@@ -141,6 +160,12 @@ impl EngineConfig {
         }
         if !(0.01..=3600.0).contains(&self.hello_timeout_s) {
             return Err("hello_timeout_s must be between 0.01 and 3600".into());
+        }
+        if !(0.01..=3600.0).contains(&self.put_payload_timeout_s) {
+            return Err("put_payload_timeout_s must be between 0.01 and 3600".into());
+        }
+        if self.max_pre_hello_per_uid == 0 {
+            return Err("max_pre_hello_per_uid must be at least 1".into());
         }
         if !(0.0..=3600.0).contains(&self.drain_timeout_s) {
             return Err("drain_timeout_s must be between 0 and 3600".into());

@@ -136,7 +136,9 @@ impl Engine {
                 Arc::clone(&metrics),
             )?))
         };
-        let tenants = Arc::new(Tenants::new(&config.tenants));
+        let tenants = Arc::new(Tenants::new(
+            &config.tenants.with_default_quota(config.dram),
+        ));
         if let Some(n) = &nvme {
             n.set_tenants(Arc::clone(&tenants));
         }

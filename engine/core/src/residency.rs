@@ -13,6 +13,7 @@
 //! writing. So every store or removal lands entirely before or entirely after a clear on
 //! the wire, and a router never sees a removal whose store a clear already wiped.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use kvnode_events::{BlockStored, EventSink, Medium};
@@ -32,26 +33,89 @@ pub struct RouterMeta {
     pub block_size: u32,
     /// Tenant salt, if the namespace has one.
     pub salt: Option<String>,
+    /// The bytes this metadata holds, charged to its tenant's metadata ledger while it
+    /// lives (`None`: charged to nobody, e.g. metadata taken over from a previous daemon).
+    pub charge: Option<MetaCharge>,
 }
 
+/// Bytes of router metadata held against a ledger (a tenant's), given back on drop.
+#[derive(Debug)]
+pub struct MetaCharge {
+    ledger: Arc<AtomicU64>,
+    bytes: u64,
+}
+
+impl MetaCharge {
+    /// Charges `bytes` to `ledger` if it stays within `limit`; `None` (nothing charged)
+    /// otherwise.
+    pub fn try_new(ledger: &Arc<AtomicU64>, bytes: u64, limit: u64) -> Option<Self> {
+        let before = ledger.fetch_add(bytes, Relaxed);
+        if before + bytes > limit {
+            ledger.fetch_sub(bytes, Relaxed);
+            return None;
+        }
+        Some(Self {
+            ledger: Arc::clone(ledger),
+            bytes,
+        })
+    }
+}
+
+impl Clone for MetaCharge {
+    /// A copy is charged again (each copy gives its bytes back when dropped).
+    fn clone(&self) -> Self {
+        self.ledger.fetch_add(self.bytes, Relaxed);
+        Self {
+            ledger: Arc::clone(&self.ledger),
+            bytes: self.bytes,
+        }
+    }
+}
+
+impl Drop for MetaCharge {
+    fn drop(&mut self) {
+        self.ledger.fetch_sub(self.bytes, Relaxed);
+    }
+}
+
+impl PartialEq for MetaCharge {
+    /// Charges say nothing about the metadata itself: metadata compares by content.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for MetaCharge {}
+
 impl RouterMeta {
+    /// Heap and inline bytes this metadata takes (what its tenant is charged).
+    pub fn footprint(tokens: usize, salt: Option<&str>) -> u64 {
+        (std::mem::size_of::<Self>() + 4 * tokens + salt.map_or(0, str::len)) as u64
+    }
+
     /// Builds the metadata of a block of namespace `spec`; `None` when the client gave no
     /// tokens or their count is not the page size (such a block would be rejected anyway).
+    /// With a `charge`, the metadata is charged to it (`None` when that fails: the block
+    /// is then stored without metadata).
     pub fn from_client(
         spec: &NamespaceSpec,
         hash: u64,
         meta: Option<&BlockMeta>,
+        charge: impl FnOnce(u64) -> Option<MetaCharge>,
     ) -> Option<Arc<Self>> {
         let m = meta?;
         if m.tokens.is_empty() || m.tokens.len() != spec.page_size as usize {
             return None;
         }
+        let salt = (!spec.tenant_salt.is_empty()).then_some(spec.tenant_salt.as_str());
+        let charge = Some(charge(Self::footprint(m.tokens.len(), salt))?);
         Some(Arc::new(Self {
             hash,
             parent: m.parent.map(|d| d.router_hash()),
             tokens: m.tokens.clone(),
             block_size: spec.page_size,
-            salt: (!spec.tenant_salt.is_empty()).then(|| spec.tenant_salt.clone()),
+            salt: salt.map(str::to_owned),
+            charge,
         }))
     }
 }

@@ -137,6 +137,11 @@ pub struct ServeArgs {
     /// runs there; fails, with the reason, if it refuses (e.g. another --dram).
     #[arg(long)]
     pub takeover: bool,
+    /// Serve even though the socket's directory may be written by other users (group- or
+    /// world-writable, e.g. /tmp): someone else could then replace the socket or answer on
+    /// its takeover socket. Off by default (the daemon refuses to start there).
+    #[arg(long)]
+    pub allow_shared_socket_dir: bool,
     /// Publish KV events on a ZMQ PUB socket bound here (tcp://HOST:PORT).
     #[arg(long)]
     pub events: Option<String>,

@@ -2,9 +2,9 @@
 //!
 //! - `GET`/`HEAD /metrics`: 200, `text/plain; version=0.0.4; charset=utf-8`, the exporter's
 //!   render; `/`: a one-line pointer; any other path 404; any other method 405.
-//! - Bounds: request head at most 8 KiB (431 beyond), read within 5 s; one request per
+//! - Bounds: request head at most 8 KiB (431 beyond), read within 1 s; one request per
 //!   connection (keep-alive off, as a scraper needs nothing more); every connection closed
-//!   after 10 s whatever it does; at most 32 connections at once (more wait in the backlog).
+//!   after 10 s whatever it does; at most 512 connections at once (more wait in the backlog).
 //! - Stop: on the daemon's stop signal the listener closes; connections in flight finish their
 //!   response (hyper's graceful shutdown) within the same 10 s, and [`spawn`]'s task ends
 //!   only then, so the engine the exporter holds is released before the daemon drops it.
@@ -44,10 +44,13 @@ struct Limits {
     max_conns: usize,
 }
 
+/// A scrape's head is a few hundred bytes sent at once: 1 s is plenty, and trickling
+/// connections give their slot back quickly; 512 connections at once (8 KiB of head
+/// buffer each) leave room for scrapes next to hundreds of slow or hostile ones.
 const LIMITS: Limits = Limits {
-    head_timeout: Duration::from_secs(5),
+    head_timeout: Duration::from_secs(1),
     conn_timeout: Duration::from_secs(10),
-    max_conns: 32,
+    max_conns: 512,
 };
 
 /// Largest request head (request line and headers); hyper's minimum read buffer.

@@ -41,6 +41,7 @@ pub fn effective_config(
     cfg.pin &= !a.no_pin;
     cfg.populate &= !a.no_populate;
     cfg.hugetlb |= a.hugetlb;
+    cfg.allow_shared_socket_dir |= a.allow_shared_socket_dir;
     if let Some(r) = a.region_copy {
         cfg.region_copy = match r {
             RegionCopyArg::Guarded => RegionCopy::Guarded,
@@ -203,6 +204,30 @@ impl SideServices {
     }
 }
 
+/// Logs that the daemon serves (round 1: ready, notified to systemd; later rounds: again,
+/// after a successor went away mid-hand-over).
+fn say_serving(
+    engine: &kvnode_engine::Engine,
+    socket: &std::path::Path,
+    round: u32,
+    took_over: bool,
+) {
+    let blocks = engine.store.dram().snapshot().tier.blocks;
+    if round == 1 {
+        tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks, took_over, spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
+        crate::serve_stop::notify_ready();
+    } else {
+        tracing::info!(socket = %socket.display(), blocks, "kvnode serving again after a takeover that did not happen");
+    }
+}
+
+/// The listening socket again, from its descriptor (a later serving round).
+fn relisten(fd: &std::os::fd::OwnedFd) -> anyhow::Result<tokio::net::UnixListener> {
+    let l = std::os::unix::net::UnixListener::from(fd.try_clone()?);
+    l.set_nonblocking(true)?;
+    Ok(tokio::net::UnixListener::from_std(l)?)
+}
+
 /// Runs the daemon until SIGTERM or SIGINT (or a successor takes it over), then drains and
 /// returns.
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
@@ -240,7 +265,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 l.set_nonblocking(true)?;
                 (tokio::net::UnixListener::from_std(l)?, Some(h))
             }
-            None => (kvnode_engine::api::bind(&cfg.socket, cfg.socket_mode)?, None),
+            None => (kvnode_engine::api::bind(&cfg.socket, cfg.socket_mode, cfg.allow_shared_socket_dir)?, None),
         };
         let listener_fd = std::os::fd::AsFd::as_fd(&listener).try_clone_to_owned()?;
         let socket = cfg.socket.clone();
@@ -248,36 +273,48 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let announcer = kvnode_engine::residency::Announcer::new(publisher.as_ref().map(kvnode_events::Publisher::sink));
         let took_over = handover.is_some();
         let engine = kvnode_engine::Engine::start_from(cfg, announcer, handover).context("starting the engine")?;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let demoter = engine.spawn_background(stop_rx.clone());
-        let write_behind = crate::serve_stop::spawn_write_behind(&engine, stop_rx.clone());
-        let (takeover_tx, mut takeover_rx) = tokio::sync::mpsc::channel(1);
-        let takeover_path = crate::serve_stop::listen_for_takeover(&engine.config, takeover_tx);
-        tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks = engine.store.dram().snapshot().tier.blocks, took_over, spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
-        crate::serve_stop::notify_ready();
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        let side = SideServices::start(&engine, cluster.as_ref(), &stop_rx).await?;
-        let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), listener, stop_rx));
-        let successor = tokio::select! {
-            _ = term.recv() => { tracing::info!(signal = "SIGTERM", "shutting down: draining in-flight requests"); None }
-            _ = int.recv() => { tracing::info!(signal = "SIGINT", "shutting down: draining in-flight requests"); None }
-            Some(p) = takeover_rx.recv() => { tracing::info!(successor = p.pid(), "takeover: draining in-flight requests"); Some(p) }
+        let mut listener = Some(listener);
+        // One round per serving period: a successor that goes away mid-hand-over leaves
+        // this daemon serving again (a new round on the same listening socket).
+        let mut round = 0u32;
+        let (accepted, takeover_path) = loop {
+            round += 1;
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let demoter = engine.spawn_background(stop_rx.clone());
+            let write_behind = crate::serve_stop::spawn_write_behind(&engine, stop_rx.clone());
+            let (takeover_tx, mut takeover_rx) = tokio::sync::mpsc::channel(1);
+            let takeover_path = crate::serve_stop::listen_for_takeover(&engine.config, takeover_tx);
+            say_serving(&engine, &socket, round, took_over);
+            let side = SideServices::start(&engine, cluster.as_ref(), &stop_rx).await?;
+            let l = listener.take().map_or_else(|| relisten(&listener_fd), Ok)?;
+            let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), l, stop_rx));
+            let successor = tokio::select! {
+                _ = term.recv() => { tracing::info!(signal = "SIGTERM", "shutting down: draining in-flight requests"); None }
+                _ = int.recv() => { tracing::info!(signal = "SIGINT", "shutting down: draining in-flight requests"); None }
+                Some(p) = takeover_rx.recv() => { tracing::info!(successor = p.pid(), "takeover: draining in-flight requests"); Some(p) }
+            };
+            if successor.is_none() {
+                crate::sd_notify::notify("STOPPING=1");
+            }
+            let _ = stop_tx.send(true);
+            engine.stop_background();
+            server.await.context("server task")?;
+            if let Some(d) = demoter {
+                let _ = d.await;
+            }
+            if let Some(w) = write_behind {
+                let _ = w.await;
+            }
+            let stopped = crate::serve_stop::hand_over_or_flush(&engine, successor, &listener_fd).await;
+            side.join().await;
+            match stopped {
+                crate::serve_stop::Stopped::Resume => {}
+                crate::serve_stop::Stopped::HandedOver(a) => break (Some(a), takeover_path),
+                crate::serve_stop::Stopped::Flushed => break (None, takeover_path),
+            }
         };
-        if successor.is_none() {
-            crate::sd_notify::notify("STOPPING=1");
-        }
-        let _ = stop_tx.send(true);
-        engine.stop_background();
-        server.await.context("server task")?;
-        if let Some(d) = demoter {
-            let _ = d.await;
-        }
-        if let Some(w) = write_behind {
-            let _ = w.await;
-        }
-        let accepted = crate::serve_stop::hand_over_or_flush(&engine, successor, &listener_fd).await;
-        side.join().await;
         // After a takeover the arena stays mapped here until the successor was told to go:
         // unmapping a populated arena takes ~0.3 s per GiB of 4 KiB pages, which the
         // successor's first hit must not wait for.

@@ -7,13 +7,12 @@ use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use kvnode_engine::dram::{DramTier, TierConfig};
 use kvnode_engine::engine::Handover;
 use kvnode_engine::residency::Announcer;
 use kvnode_engine::{Engine, EngineConfig};
 
-use crate::takeover::{Accepted, Pending};
+use crate::takeover::{Accepted, Pending, SendError};
 
 /// How long a successor waits for the running daemon (its drain, then its exit).
 fn takeover_limit(cfg: &EngineConfig) -> Duration {
@@ -25,6 +24,7 @@ fn takeover_limit(cfg: &EngineConfig) -> Duration {
 pub fn take_over(cfg: &EngineConfig) -> anyhow::Result<Option<(Handover, UnixListener)>> {
     let limit = takeover_limit(cfg);
     let t = Instant::now();
+    kvnode_engine::api::check_socket_dir(&cfg.socket, cfg.allow_shared_socket_dir)?;
     let Some(got) = crate::takeover::request(cfg, limit)? else {
         tracing::info!(socket = %cfg.socket.display(), "--takeover: no daemon listens for a takeover there; starting cold");
         return Ok(None);
@@ -139,48 +139,79 @@ pub fn spawn_write_behind(
     ))
 }
 
+/// How a serving round ended.
+#[derive(Debug)]
+pub enum Stopped {
+    /// A successor took the tier (keep this until the spill files are closed).
+    HandedOver(Accepted),
+    /// Stopped for good (signal, or a successor that starts cold in this one's place):
+    /// DRAM-only blocks were flushed.
+    Flushed,
+    /// A successor went away mid-hand-over (or this daemon could not hand over and told it
+    /// so): nobody replaces this daemon, so it serves again.
+    Resume,
+}
+
 /// After the last request: hands the DRAM tier to `successor` if there is one and it takes
-/// it; otherwise writes DRAM-only blocks to the spill tier within `flush_on_stop_s`.
+/// it; otherwise writes DRAM-only blocks to the spill tier within `flush_on_stop_s` — except
+/// when the successor went away, or was told this daemon cannot hand over: then nobody
+/// takes this daemon's place and it resumes serving.
 pub async fn hand_over_or_flush(
     engine: &Arc<Engine>,
     successor: Option<Pending>,
     listener: &OwnedFd,
-) -> Option<Accepted> {
+) -> Stopped {
     if let Some(p) = successor {
         match hand_over(engine, p, listener).await {
-            Ok(a) => return Some(a),
-            Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "takeover failed; stopping normally");
+            Ok(a) => return Stopped::HandedOver(a),
+            Err(HandOver::Resume(why)) => {
+                tracing::error!(reason = %why, "takeover did not happen; serving again");
+                return Stopped::Resume;
+            }
+            Err(HandOver::Stop(why)) => {
+                tracing::error!(reason = %why, "takeover failed; the successor starts cold: stopping normally");
             }
         }
     }
     flush(engine).await;
-    None
+    Stopped::Flushed
+}
+
+/// Why a hand-over did not happen, and what this daemon does then.
+enum HandOver {
+    Resume(String),
+    Stop(String),
 }
 
 async fn hand_over(
     engine: &Arc<Engine>,
     p: Pending,
     listener: &OwnedFd,
-) -> anyhow::Result<Accepted> {
+) -> Result<Accepted, HandOver> {
     if let Some(t) = engine.store.nvme()
         && !t.wait_idle(Duration::from_secs(10)).await
     {
         p.fail("spill IO still in flight after 10 s");
-        anyhow::bail!("spill IO still in flight after 10 s");
+        return Err(HandOver::Resume(
+            "spill IO still in flight after 10 s".into(),
+        ));
     }
     let h = match engine.handover() {
         Ok(h) => h,
         Err(e) => {
             p.fail(&e);
-            anyhow::bail!(e);
+            return Err(HandOver::Resume(e));
         }
     };
     let blocks = engine.store.dram().snapshot().tier.blocks;
     let limit = takeover_limit(&engine.config);
     let t = Instant::now();
-    let a = tokio::task::block_in_place(|| p.send(&h, listener, blocks, limit))
-        .context("handing the DRAM tier over")?;
+    let a = tokio::task::block_in_place(|| p.send(&h, listener, blocks, limit)).map_err(
+        |e| match e {
+            SendError::Refused(_) => HandOver::Stop(e.to_string()),
+            SendError::Gone(_) => HandOver::Resume(e.to_string()),
+        },
+    )?;
     tracing::info!(
         blocks,
         image_bytes = h.image.len(),

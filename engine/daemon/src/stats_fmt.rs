@@ -215,8 +215,8 @@ fn render_tenants(o: &mut String, s: &StatsReport) {
     let r = &s.refused;
     let _ = writeln!(
         o,
-        "clients refused at accept: allowlist {}, unmapped {}, no credentials {}",
-        r.allowlist, r.unmapped, r.no_credentials
+        "clients refused at accept: allowlist {}, unmapped {}, no credentials {}, pre-Hello cap {}",
+        r.allowlist, r.unmapped, r.no_credentials, r.pre_hello
     );
 }
 

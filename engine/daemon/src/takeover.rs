@@ -26,6 +26,8 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -172,6 +174,20 @@ pub fn request(cfg: &EngineConfig, limit: Duration) -> anyhow::Result<Option<Rec
         }
         Err(e) => return Err(e).with_context(|| format!("connecting to {}", path.display())),
     };
+    // Whoever answers must be a kvnode of this uid (or root): in a directory others can
+    // write, another user could have bound the takeover socket and would hand us its tier.
+    let cred = kvnode_fdpass::peer_cred(stream.as_raw_fd())
+        .with_context(|| format!("reading SO_PEERCRED of {}", path.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if cred.uid != me && cred.uid != 0 {
+        bail!(
+            "the process answering on {} (pid {}) runs as uid {}, not as this daemon's uid {me} or root: refusing its DRAM tier",
+            path.display(),
+            cred.pid,
+            cred.uid
+        );
+    }
     stream.set_read_timeout(Some(limit))?;
     let mut w = stream.try_clone()?;
     let mut line = serde_json::to_vec(&ask_of(cfg))?;
@@ -212,6 +228,16 @@ pub fn request(cfg: &EngineConfig, limit: Duration) -> anyhow::Result<Option<Rec
     }
     let arena = std::fs::File::from(fds.pop_front().expect("two descriptors"));
     let listener = UnixListener::from(fds.pop_front().expect("two descriptors"));
+    let bound = listener
+        .local_addr()
+        .context("reading the address of the handed-over listener")?;
+    if bound.as_pathname() != Some(cfg.socket.as_path()) {
+        bail!(
+            "the listener handed over is bound to {:?}, not to --socket {}: refusing it",
+            bound.as_pathname(),
+            cfg.socket.display()
+        );
+    }
     let mut image = vec![0u8; usize::try_from(a.image_len)?];
     (&stream)
         .read_exact(&mut image)
@@ -263,24 +289,61 @@ pub fn listen(
     let l = UnixListener::bind(&path)
         .with_context(|| format!("binding the takeover socket {}", path.display()))?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    let cfg = cfg.clone();
+    let cfg = Arc::new(cfg.clone());
     std::thread::Builder::new()
         .name("kvnode-takeover".into())
-        .spawn(move || {
-            for s in l.incoming() {
-                let Ok(s) = s else { continue };
+        .spawn(move || accept_successors(&l, &cfg, &tx))?;
+    Ok(path)
+}
+
+/// Screens each connection on its own thread (at most [`MAX_SCREENING`] at once; a silent
+/// one holds only its own thread, for at most [`SCREEN_TIMEOUT`]); the first request that
+/// fits is sent on `tx`, and no later one is.
+fn accept_successors(
+    l: &UnixListener,
+    cfg: &Arc<EngineConfig>,
+    tx: &tokio::sync::mpsc::Sender<Pending>,
+) {
+    let screening = Arc::new(AtomicUsize::new(0));
+    let taken = Arc::new(AtomicBool::new(false));
+    for s in l.incoming() {
+        if taken.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(s) = s else { continue };
+        if screening.fetch_add(1, Ordering::AcqRel) >= MAX_SCREENING {
+            screening.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("takeover request dropped: {MAX_SCREENING} are being screened already");
+            continue;
+        }
+        let (cfg, tx) = (Arc::clone(cfg), tx.clone());
+        let (screening, taken) = (Arc::clone(&screening), Arc::clone(&taken));
+        let spawned = std::thread::Builder::new()
+            .name("kvnode-takeover-screen".into())
+            .spawn(move || {
                 match screen(s, &cfg) {
                     Ok(Some(p)) => {
-                        let _ = tx.blocking_send(p);
-                        return;
+                        if taken.swap(true, Ordering::AcqRel) {
+                            p.fail("another successor is taking this daemon over");
+                        } else {
+                            let _ = tx.blocking_send(p);
+                        }
                     }
                     Ok(None) => {}
                     Err(e) => tracing::warn!(error = %e, "takeover request dropped"),
                 }
-            }
-        })?;
-    Ok(path)
+                screening.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "takeover request dropped: cannot start a thread");
+        }
+    }
 }
+
+/// Takeover connections screened at once.
+const MAX_SCREENING: usize = 8;
+/// How long a takeover connection may take to send its request.
+const SCREEN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Reads one request; answers a refusal itself.
 fn screen(s: UnixStream, cfg: &EngineConfig) -> anyhow::Result<Option<Pending>> {
@@ -290,7 +353,7 @@ fn screen(s: UnixStream, cfg: &EngineConfig) -> anyhow::Result<Option<Pending>> 
     if cred.uid != me && cred.uid != 0 {
         bail!("uid {} may not take this daemon over", cred.uid);
     }
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_read_timeout(Some(SCREEN_TIMEOUT))?;
     let mut r = BufReader::new(s.try_clone()?);
     let ask: Ask = serde_json::from_str(&read_line(&mut r, "takeover request")?)
         .context("parsing the takeover request")?;
@@ -345,28 +408,40 @@ impl Pending {
         listener: &impl AsFd,
         blocks: u64,
         limit: Duration,
-    ) -> anyhow::Result<Accepted> {
+    ) -> Result<Accepted, SendError> {
         let s = self.stream;
-        answer(&s, true, None, h.image.len() as u64, blocks)?;
-        for fd in [h.arena.as_fd(), listener.as_fd()] {
-            let n = kvnode_fdpass::send_with_fd(s.as_raw_fd(), b"F", fd)?;
-            if n != 1 {
-                bail!("short write passing a descriptor");
+        let sent = (|| {
+            answer(&s, true, None, h.image.len() as u64, blocks)?;
+            for fd in [h.arena.as_fd(), listener.as_fd()] {
+                let n = kvnode_fdpass::send_with_fd(s.as_raw_fd(), b"F", fd)?;
+                if n != 1 {
+                    bail!("short write passing a descriptor");
+                }
             }
-        }
-        (&s).write_all(&h.image)?;
-        s.set_read_timeout(Some(limit))?;
-        let mut r = BufReader::new(s.try_clone()?);
-        let verdict = read_line(&mut r, "successor's verdict")?;
-        if verdict.trim() == "ok" {
-            Ok(Accepted { _stream: s })
-        } else {
-            bail!(
-                "the successor could not use the DRAM tier: {}",
-                verdict.trim()
-            )
+            (&s).write_all(&h.image)?;
+            s.set_read_timeout(Some(limit))?;
+            let mut r = BufReader::new(s.try_clone()?);
+            read_line(&mut r, "successor's verdict")
+        })();
+        let verdict = sent.map_err(SendError::Gone)?;
+        match verdict.trim() {
+            "ok" => Ok(Accepted { _stream: s }),
+            v => Err(SendError::Refused(v.to_owned())),
         }
     }
+}
+
+/// Why a hand-over did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The successor looked and cannot use the tier: it starts cold in this daemon's
+    /// place, so this one must flush and exit.
+    #[error("the successor could not use the DRAM tier: {0}")]
+    Refused(String),
+    /// The successor vanished (closed, died, timed out) before its verdict: nobody takes
+    /// this daemon's place, so it resumes serving.
+    #[error("the successor went away during the hand-over: {0:#}")]
+    Gone(anyhow::Error),
 }
 
 /// The successor holds the tier; dropping this tells it this daemon is gone.

@@ -10,6 +10,9 @@ use crate::key::NamespaceId;
 
 /// Largest number of segments one namespace may declare.
 pub const MAX_SEGMENTS: usize = 1024;
+/// Largest `page_size` (tokens per page) a namespace may declare: a block's router metadata
+/// holds one token id per token, so this bounds it (64 KiB a block).
+pub const MAX_PAGE_SIZE: u32 = 16 << 10;
 
 /// Largest slot size a segment may declare (1 TiB). Far above any slab a daemon can have,
 /// and far enough below `u64::MAX` that rounding a slot up to its class never overflows.
@@ -80,6 +83,9 @@ pub enum SpecError {
     /// `page_size` is zero.
     #[error("page_size must be at least 1 token")]
     ZeroPageSize,
+    /// `page_size` above [`MAX_PAGE_SIZE`].
+    #[error("page_size {0} is above the largest accepted, {MAX_PAGE_SIZE} tokens per page")]
+    PageSizeTooLarge(u32),
     /// A rank outside its size.
     #[error("{what} rank {rank} is not below its size {size}")]
     RankOutOfRange {
@@ -112,6 +118,9 @@ impl NamespaceSpec {
         }
         if self.page_size == 0 {
             return Err(SpecError::ZeroPageSize);
+        }
+        if self.page_size > MAX_PAGE_SIZE {
+            return Err(SpecError::PageSizeTooLarge(self.page_size));
         }
         for (what, rank, size) in [
             ("tp", self.tp_rank, self.tp_size),

@@ -89,6 +89,8 @@ pub struct RefusedStats {
     pub unmapped: u64,
     /// `SO_PEERCRED` could not be read while an allowlist or tenant map is in force.
     pub no_credentials: u64,
+    /// The uid already had `max_pre_hello_per_uid` connections waiting for their `Hello`.
+    pub pre_hello: u64,
 }
 
 /// Counters of one tier.

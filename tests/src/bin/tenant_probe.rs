@@ -6,7 +6,7 @@
 //! `tenant_probe SOCKET read SALT N LEN [HINT]`  register, then exists / inline get / lease get
 //! `tenant_probe SOCKET put_meta SALT N`        put a chain of N 4-token pages with router metadata
 //! `tenant_probe SOCKET handle H N`              use handle H without registering it
-//! `tenant_probe SOCKET stats`                   the stats as this client sees them
+//! `tenant_probe SOCKET stats`                   the stats (and histograms) as this client sees them
 //! A SALT of `-` means none.
 
 use kvnode_client::Client;
@@ -65,6 +65,28 @@ fn reads(c: &mut Client, ns: u32, keys: &[Key], len: usize, hint: Option<&str>) 
             }
         }
         Err(e) => out("lease_error", one_line(e)),
+    }
+}
+
+/// The stats (and histograms) as this client sees them.
+fn stats(c: &mut Client) {
+    let s = c.stats().expect("stats");
+    let names: Vec<&str> = s.tenants.iter().map(|t| t.name.as_str()).collect();
+    out("tenants", names.join(","));
+    out("namespaces", s.namespaces.len());
+    for t in &s.tenants {
+        out(&format!("dram_bytes.{}", t.name), t.dram_bytes);
+        out(&format!("refusals.{}", t.name), t.quota_refusals);
+    }
+    for t in &s.tiers {
+        out(&format!("tier_blocks.{}", t.tier), t.blocks);
+        out(&format!("tier_hits.{}", t.tier), t.hits);
+    }
+    out("pools", s.pools.len());
+    out("clients", s.clients);
+    match c.histograms() {
+        Ok(h) => out("histograms", h.histograms.len()),
+        Err(e) => out("histograms_error", one_line(e)),
     }
 }
 
@@ -157,16 +179,7 @@ fn main() {
                 Err(e) => out("clear_error", one_line(e)),
             }
         }
-        "stats" => {
-            let s = c.stats().expect("stats");
-            let names: Vec<&str> = s.tenants.iter().map(|t| t.name.as_str()).collect();
-            out("tenants", names.join(","));
-            out("namespaces", s.namespaces.len());
-            for t in &s.tenants {
-                out(&format!("dram_bytes.{}", t.name), t.dram_bytes);
-                out(&format!("refusals.{}", t.name), t.quota_refusals);
-            }
-        }
+        "stats" => stats(&mut c),
         other => panic!("unknown action {other}"),
     }
 }

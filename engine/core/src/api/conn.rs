@@ -1,29 +1,26 @@
 //! One client connection: handshake, the request loop, and its end.
 
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use kvnode_fdpass::PeerCred;
 use kvnode_proto::PROTOCOL_VERSION;
 use kvnode_proto::client::{ErrorCode, Op, Reply, Request, Response};
 use kvnode_proto::frame::{FramePrefix, decode_header, encode_frame};
 use kvnode_proto::obs::{OpKind, OpStatus};
-use tokio::net::UnixStream;
 use tokio::sync::watch;
 
+use super::gate::{Admitted, PreHelloSlot};
 use super::io::{Incoming, SockIo};
 use super::session::Session;
-use super::tenancy::admit;
 use crate::engine::Engine;
 use crate::obs;
 use crate::obs::ReplyInfo;
 
-/// A connection: its session, whether it was admitted, and the daemon's stop signal.
+/// A connection the accept gate let through: its session, its pre-`Hello` slot (until the
+/// handshake ends), and the daemon's stop signal.
 #[derive(Debug)]
 pub(super) struct Connection {
     s: Session,
-    /// Why the client is refused (decided at accept, answered to its `Hello`).
-    refused: Option<String>,
+    slot: Option<PreHelloSlot>,
     stop: watch::Receiver<bool>,
 }
 
@@ -35,27 +32,10 @@ enum End {
 }
 
 impl Connection {
-    pub fn new(engine: Arc<Engine>, stream: UnixStream, stop: watch::Receiver<bool>) -> Self {
-        let got = kvnode_fdpass::peer_cred(stream.as_raw_fd());
-        let admission = admit(&engine.config, engine.tenants(), &got);
-        let cred: PeerCred = got.unwrap_or_default();
-        let (tenant, refused) = match admission {
-            Ok(t) => (t, None),
-            Err((why, msg)) => {
-                engine.metrics.client_refused(why);
-                tracing::warn!(
-                    pid = cred.pid,
-                    uid = cred.uid,
-                    gid = cred.gid,
-                    reason = %msg,
-                    "client refused at accept (see kvnode_clients_refused_total)"
-                );
-                (0, Some(msg))
-            }
-        };
+    pub fn new(engine: Arc<Engine>, a: Admitted, stop: watch::Receiver<bool>) -> Self {
         Self {
-            s: Session::new(engine, SockIo::new(stream), cred, tenant),
-            refused,
+            s: Session::new(engine, SockIo::new(a.stream), a.cred, a.tenant),
+            slot: Some(a.slot),
             stop,
         }
     }
@@ -69,8 +49,13 @@ impl Connection {
             gid = cred.gid,
             "client connected"
         );
-        let end = match self.handshake().await {
-            Ok(()) => self.serve().await,
+        let shook = self.handshake().await;
+        self.slot = None;
+        let end = match shook {
+            Ok(()) => {
+                self.s.io.ready();
+                self.serve().await
+            }
             Err(e) => e,
         };
         match end {
@@ -110,9 +95,6 @@ impl Connection {
                 "protocol version {version} not supported; this daemon speaks {PROTOCOL_VERSION}"
             );
             return Err(self.fail(req.id, ErrorCode::Handshake, &msg).await);
-        }
-        if let Some(why) = self.refused.take() {
-            return Err(self.fail(req.id, ErrorCode::Handshake, &why).await);
         }
         tracing::debug!(conn = self.s.id, client = %client, "handshake");
         let arena = Arc::clone(self.s.engine.store.arena());

@@ -138,7 +138,7 @@ impl Session {
             return self.send(id, invalid(msg), &[]).await;
         }
         let store = Arc::clone(&self.engine.store);
-        let metas = match router_metas(&store, ns, keys, meta) {
+        let metas = match router_metas(&self.engine, ns, keys, meta) {
             Ok(m) => m,
             Err(msg) => {
                 self.io.skip(payload_len).await?;
@@ -147,12 +147,16 @@ impl Session {
         };
         // Run by run: each waits for DRAM room (demotion to NVMe paces a put larger than
         // DRAM), then bytes go straight from the socket into the reserved slots. An error
-        // drops the reservations, which frees their slots.
+        // drops the reservations, which frees their slots. The payload has a deadline
+        // (`payload_deadline`): a client that stalls holding reservations is cut off.
         let mut results = Vec::with_capacity(keys.len());
         let mut metas = metas.into_iter();
+        let mut deadline = self.payload_deadline(payload_len);
         for run in store.put_runs(lens) {
             let (ks, ls) = (&keys[run.clone()], &lens[run.clone()]);
+            let waited = tokio::time::Instant::now();
             store.make_room(ls.iter().sum()).await;
+            deadline += waited.elapsed();
             let mut reserved = match store.reserve(self.id, ns, ks, ls) {
                 Ok(r) => r,
                 Err(e) => {
@@ -162,9 +166,18 @@ impl Session {
                 }
             };
             for (r, &len) in reserved.iter_mut().zip(ls) {
-                match r {
-                    Ok(res) => self.io.read_exact(res.bytes_mut()).await.map(|_| ())?,
-                    Err(_) => self.io.skip(len).await?,
+                let read = match r {
+                    Ok(res) => {
+                        let read = self.io.read_exact(res.bytes_mut());
+                        tokio::time::timeout_at(deadline, read)
+                            .await
+                            .map(|r| r.map(|_| ()))
+                    }
+                    Err(_) => tokio::time::timeout_at(deadline, self.io.skip(len)).await,
+                };
+                match read {
+                    Ok(r) => r?,
+                    Err(_) => return Err(self.payload_timed_out(payload_len)),
                 }
             }
             results.extend(
@@ -183,9 +196,39 @@ impl Session {
         self.send(id, Reply::Put { results }, &[]).await
     }
 
+    /// When a put's payload of `len` bytes must have arrived: `put_payload_timeout_s` plus
+    /// one second per 64 MiB from now (pushed back by the daemon's own waits for room).
+    fn payload_deadline(&self, len: u64) -> tokio::time::Instant {
+        let base = self.engine.config.put_payload_timeout_s;
+        let per_byte = 1.0 / f64::from(64u32 << 20);
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a deadline: a rounding of the payload length does not matter"
+        )]
+        let secs = base + len as f64 * per_byte;
+        tokio::time::Instant::now() + std::time::Duration::from_secs_f64(secs)
+    }
+
+    /// A put's payload missed its deadline: counted, logged; the error closes the
+    /// connection, whose drop frees the reservations still held.
+    fn payload_timed_out(&self, len: u64) -> io::Error {
+        self.engine.metrics.put_payload_timed_out();
+        tracing::warn!(
+            conn = self.id,
+            pid = self.cred.pid,
+            uid = self.cred.uid,
+            payload = len,
+            "put payload did not arrive in time; closing the connection and freeing its reservations (kvnode_put_payload_timeouts_total)"
+        );
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "put payload did not arrive within put_payload_timeout_s",
+        )
+    }
+
     fn alloc(&mut self, ns: u32, keys: &[Key], lens: &[u64], meta: &[Option<BlockMeta>]) -> Reply {
         let store = Arc::clone(&self.engine.store);
-        let metas = match router_metas(&store, ns, keys, meta) {
+        let metas = match router_metas(&self.engine, ns, keys, meta) {
             Ok(m) => m,
             Err(msg) => return invalid(msg),
         };

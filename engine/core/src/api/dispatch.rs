@@ -46,7 +46,7 @@ impl Session {
             | Op::Clear { .. }) => self.data_op(op).await,
             Op::Stats => Reply::Stats(Box::new(self.stats_for_caller())),
             Op::Timeouts => Reply::Timeouts(Box::new(self.engine.peers.stats.report())),
-            Op::Histograms => Reply::Histograms(Box::new(self.engine.metrics.report())),
+            Op::Histograms => self.histograms_for_caller(),
             Op::Cluster => self.engine.cluster_report().map_or_else(
                 || {
                     error(

@@ -84,7 +84,12 @@ impl Session {
     pub(super) async fn exists_pull(&mut self, ns: u32, keys: &[Key], hint: &str) -> OpReport {
         let peers = Arc::clone(&self.engine.peers);
         let op = peers.start(self.request(ns, keys, hint)).await;
-        op.report()
+        let r = op.report();
+        if r.state.is_terminal() {
+            // This reply is its final report: nothing is left to `Wait` for.
+            peers.ops.remove(op.id);
+        }
+        r
     }
 
     /// `Pull`: an async op, optionally filling the client's Alloc'd slots.

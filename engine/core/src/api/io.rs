@@ -14,12 +14,17 @@ const READ_BUF: usize = 64 << 10;
 const MAX_QUEUED_FDS: usize = 2;
 /// Socket buffer size asked for (inline payloads of MiB-sized pages).
 const SOCKET_BUF: usize = 4 << 20;
+/// Largest frame header accepted before the `Hello` (a `Hello` is a few dozen bytes).
+pub const PRE_HELLO_MAX_HEADER: u32 = 4 << 10;
 
-/// A socket with a read buffer and a queue of received descriptors.
+/// A socket with a read buffer and a queue of received descriptors. Until [`SockIo::ready`]
+/// (the `Hello` was accepted) it has no read buffer, default socket buffers and a small
+/// header limit: a connection that never says `Hello` costs the daemon almost nothing.
 #[derive(Debug)]
 pub struct SockIo {
     stream: UnixStream,
     buf: Box<[u8]>,
+    max_header: u32,
     start: usize,
     end: usize,
     fds: VecDeque<OwnedFd>,
@@ -37,14 +42,23 @@ pub enum Incoming {
 impl SockIo {
     /// Wraps a connected stream.
     pub fn new(stream: UnixStream) -> Self {
-        kvnode_fdpass::set_buffers(stream.as_raw_fd(), SOCKET_BUF);
         Self {
             stream,
-            buf: vec![0u8; READ_BUF].into_boxed_slice(),
+            buf: Box::default(),
+            max_header: PRE_HELLO_MAX_HEADER,
             start: 0,
             end: 0,
             fds: VecDeque::new(),
         }
+    }
+
+    /// The handshake is done: read buffer, large socket buffers, any header size.
+    pub fn ready(&mut self) {
+        kvnode_fdpass::set_buffers(self.stream.as_raw_fd(), SOCKET_BUF);
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; READ_BUF].into_boxed_slice();
+        }
+        self.max_header = u32::MAX;
     }
 
     /// The underlying stream.
@@ -108,7 +122,9 @@ impl SockIo {
                 continue;
             }
             let want = dst.len() - got;
-            let n = if want >= READ_BUF / 2 {
+            // Without a buffer (before the handshake) every read lands in `dst`.
+            let direct = want >= self.buf.len() / 2;
+            let n = if direct {
                 self.recv_direct(&mut dst[got..]).await?
             } else {
                 let n = self.recv_into_buf().await?;
@@ -125,7 +141,7 @@ impl SockIo {
                     "peer closed mid-frame",
                 ));
             }
-            if want >= READ_BUF / 2 {
+            if direct {
                 got += n;
             }
         }
@@ -157,6 +173,15 @@ impl SockIo {
         }
         let prefix =
             FramePrefix::decode(p).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if prefix.header_len > self.max_header {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "a {}-byte header before Hello; at most {} bytes until the handshake",
+                    prefix.header_len, self.max_header
+                ),
+            ));
+        }
         let mut header = vec![0u8; prefix.header_len as usize];
         if !self.read_exact(&mut header).await? {
             return Err(io::Error::new(

@@ -17,6 +17,7 @@ mod conn;
 mod data;
 mod dispatch;
 mod errors;
+mod gate;
 mod gpu;
 mod gpu_conn;
 mod hinted;
@@ -28,4 +29,4 @@ mod server;
 mod session;
 mod tenancy;
 
-pub use server::{ServeError, bind, raise_fd_limit, serve};
+pub use server::{ServeError, bind, check_socket_dir, raise_fd_limit, serve};

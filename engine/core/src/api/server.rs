@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::conn::Connection;
+use super::gate::{PreHello, screen};
 use crate::engine::Engine;
 
 /// Failure to bind or serve.
@@ -24,6 +25,16 @@ pub enum ServeError {
         "{0} exists and is not a socket: refusing to replace it; remove it or pass another --socket"
     )]
     NotASocket(PathBuf),
+    /// Other users may write the socket's directory.
+    #[error(
+        "{dir} (mode {mode:04o}) may be written by other users, who could replace the socket or answer on its takeover socket: use a private directory (e.g. $XDG_RUNTIME_DIR or /run/kvnode), or pass --allow-shared-socket-dir"
+    )]
+    SharedDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Its mode.
+        mode: u32,
+    },
     /// I/O on the socket path.
     #[error("cannot bind {path}: {err}")]
     Bind {
@@ -34,9 +45,33 @@ pub enum ServeError {
     },
 }
 
-/// Binds the Unix socket, creating its directory and replacing only a stale socket (never a
-/// regular file or anything else that happens to sit at the path).
-pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
+/// Refuses a socket directory that group or others may write (unless `allow`): there,
+/// another user could replace the socket, or bind `<socket>.takeover` before this daemon.
+pub fn check_socket_dir(path: &Path, allow: bool) -> Result<(), ServeError> {
+    let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    let Ok(md) = std::fs::metadata(dir) else {
+        return Ok(());
+    };
+    let mode = md.permissions().mode() & 0o7777;
+    if mode & 0o022 == 0 {
+        return Ok(());
+    }
+    if allow {
+        tracing::warn!(dir = %dir.display(), mode = format!("{mode:04o}"), "the socket directory may be written by other users (--allow-shared-socket-dir)");
+        return Ok(());
+    }
+    Err(ServeError::SharedDir {
+        dir: dir.to_owned(),
+        mode,
+    })
+}
+
+/// Binds the Unix socket, creating its directory (0755 at most) and replacing only a
+/// stale socket (never a regular file or anything else that happens to sit at the path).
+/// A directory others may write is refused first ([`check_socket_dir`]) unless `allow`.
+pub fn bind(path: &Path, mode: u32, allow_shared_dir: bool) -> Result<UnixListener, ServeError> {
     let err = |err| ServeError::Bind {
         path: path.to_owned(),
         err,
@@ -44,6 +79,7 @@ pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(err)?;
     }
+    check_socket_dir(path, allow_shared_dir)?;
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
             return Err(ServeError::NotASocket(path.to_owned()));
@@ -84,13 +120,21 @@ pub fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
 pub async fn serve(engine: Arc<Engine>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
     let mut conns = JoinSet::new();
     let mut failures = 0u32;
+    let pre_hello = Arc::new(PreHello::default());
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     failures = 0u32;
-                    let c = Connection::new(Arc::clone(&engine), stream, stop.clone());
-                    conns.spawn(c.run());
+                    match screen(&engine, &pre_hello, stream) {
+                        Ok(a) => {
+                            let c = Connection::new(Arc::clone(&engine), a, stop.clone());
+                            conns.spawn(c.run());
+                        }
+                        Err(refused) => {
+                            conns.spawn(refused.answer());
+                        }
+                    }
                 }
                 Err(e) => {
                     // Out of descriptors (EMFILE/ENFILE) or memory: back off, exponentially

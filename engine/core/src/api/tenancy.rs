@@ -151,8 +151,11 @@ impl Session {
         self.cred.uid == 0 || self.cred.uid == own_uid
     }
 
-    /// The stats report as this client may see it: under a tenant map, other tenants'
-    /// namespaces and rows only for the operator.
+    /// The stats report as this client may see it: under a tenant map, a tenant other than
+    /// the operator sees only its own figures: its namespaces and tenant row, the DRAM
+    /// tier's blocks/bytes/hits/misses/inserts/evictions summed over its namespaces, each
+    /// tier's capacity and health; node-wide activity (other tiers' counters, slot classes,
+    /// clients, regions, refusals) is left out, since it shows what others do.
     pub(super) fn stats_for_caller(&self) -> StatsReport {
         let mut s = self.engine.stats();
         let tenants = self.engine.tenants();
@@ -163,7 +166,49 @@ impl Session {
         s.namespaces.retain(|n| mine.contains(&n.ns));
         let name = &tenants.get(self.tenant).name;
         s.tenants.retain(|t| &t.name == name);
+        let sum = |f: fn(&kvnode_proto::stats::NamespaceStats) -> u64| {
+            s.namespaces.iter().map(f).sum::<u64>()
+        };
+        let own = (
+            sum(|n| n.blocks),
+            sum(|n| n.bytes),
+            sum(|n| n.hits),
+            sum(|n| n.misses),
+            sum(|n| n.inserts),
+            sum(|n| n.evictions),
+        );
+        for t in &mut s.tiers {
+            let dram = t.tier == "dram";
+            *t = kvnode_proto::stats::TierStats {
+                tier: std::mem::take(&mut t.tier),
+                capacity_bytes: t.capacity_bytes,
+                pinned_bytes: t.pinned_bytes,
+                populated_bytes: t.populated_bytes,
+                pin_refused: t.pin_refused,
+                poisoned: t.poisoned.take(),
+                ..Default::default()
+            };
+            if dram {
+                (t.blocks, t.bytes, t.hits, t.misses, t.inserts, t.evictions) = own;
+            }
+        }
+        s.pools.clear();
+        s.clients = 0;
+        s.regions = kvnode_proto::stats::RegionStats::default();
+        s.refused = kvnode_proto::stats::RefusedStats::default();
         s
+    }
+
+    /// `Histograms`: node-wide latencies of every tenant's ops, so under a tenant map only
+    /// the operator reads them.
+    pub(super) fn histograms_for_caller(&self) -> Reply {
+        if self.engine.tenants().enabled() && !self.is_operator() {
+            return error(
+                ErrorCode::Unsupported,
+                "latency histograms are node-wide (every tenant's ops): under a tenant map only the operator (root or the daemon's uid) may read them",
+            );
+        }
+        Reply::Histograms(Box::new(self.engine.metrics.report()))
     }
 }
 

@@ -115,6 +115,7 @@ fn get_meta(r: &mut Reader<'_>) -> Result<RouterMeta, ImageError> {
         tokens,
         block_size,
         salt: has_salt.then_some(salt),
+        charge: None,
     })
 }
 

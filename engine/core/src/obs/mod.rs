@@ -78,6 +78,8 @@ pub enum Refusal {
     Unmapped = 1,
     /// `SO_PEERCRED` failed while access control is configured.
     NoCredentials = 2,
+    /// Its uid already has `max_pre_hello_per_uid` connections that have not sent `Hello`.
+    PreHelloCap = 3,
 }
 
 /// Every counter and histogram of one daemon.
@@ -95,7 +97,11 @@ pub struct Metrics {
     /// Client connections the listener failed to accept (out of descriptors or memory).
     pub accept_failures_total: AtomicU64,
     /// Client connections refused at accept, by [`Refusal`].
-    clients_refused: [AtomicU64; 3],
+    clients_refused: [AtomicU64; 4],
+    /// Puts whose payload did not arrive within its deadline (connection closed).
+    pub put_payload_timeouts_total: AtomicU64,
+    /// Blocks stored without their router metadata: the tenant's metadata budget was full.
+    pub meta_dropped_total: AtomicU64,
     /// Leases past the age limit still held (set by the watchdog).
     pub leases_overdue_now: AtomicU64,
     /// Ops past their deadline still in flight (set by the watchdog).
@@ -119,6 +125,8 @@ impl Default for Metrics {
             leases_overdue_total: AtomicU64::new(0),
             accept_failures_total: AtomicU64::new(0),
             clients_refused: Default::default(),
+            put_payload_timeouts_total: AtomicU64::new(0),
+            meta_dropped_total: AtomicU64::new(0),
             leases_overdue_now: AtomicU64::new(0),
             ops_overdue_now: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
@@ -290,6 +298,17 @@ impl Metrics {
         self.accept_failures_total.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a put whose payload missed its deadline.
+    pub fn put_payload_timed_out(&self) {
+        self.put_payload_timeouts_total
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a block stored without its router metadata (the tenant's budget was full).
+    pub fn meta_dropped(&self, n: u64) {
+        self.meta_dropped_total.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Counts a client connection refused at accept.
     pub fn client_refused(&self, why: Refusal) {
         self.clients_refused[why as usize].fetch_add(1, Ordering::Relaxed);
@@ -302,6 +321,7 @@ impl Metrics {
             allowlist: n(Refusal::Allowlist),
             unmapped: n(Refusal::Unmapped),
             no_credentials: n(Refusal::NoCredentials),
+            pre_hello: n(Refusal::PreHelloCap),
         }
     }
 

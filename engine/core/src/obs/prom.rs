@@ -419,6 +419,16 @@ fn counters(o: &mut Out<'_>, m: &Metrics) -> fmt::Result {
         "Client connections the listener failed to accept (out of descriptors or memory).",
         m.accept_failures_total.load(Ordering::Relaxed),
     )?;
+    o.counter(
+        "put_payload_timeouts",
+        "Puts whose payload did not arrive within put_payload_timeout_s (+1 s per 64 MiB); the connection was closed and its reservations freed.",
+        m.put_payload_timeouts_total.load(Ordering::Relaxed),
+    )?;
+    o.counter(
+        "meta_dropped",
+        "Blocks stored without router metadata (not announced as KV events): their tenant's metadata budget was full.",
+        m.meta_dropped_total.load(Ordering::Relaxed),
+    )?;
     o.gauge(
         "ops_overdue",
         "Client ops in flight past op_deadline_s right now.",

@@ -55,6 +55,44 @@ impl ClusterKey {
     }
 }
 
+/// Largest cluster key file read (two keys of any sensible length fit many times).
+pub const MAX_KEY_FILE: u64 = 64 << 10;
+
+fn read_key_file(path: &Path) -> Result<Vec<u8>, PeerError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let bad = |why: String| PeerError::Key(format!("{}: {why}", path.display()));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| bad(format!("cannot open: {e}")))?;
+    let md = f.metadata().map_err(|e| bad(format!("cannot stat: {e}")))?;
+    if !md.file_type().is_file() {
+        return Err(bad(
+            "not a regular file (a FIFO, device or directory); give a file holding the key".into(),
+        ));
+    }
+    if md.len() > MAX_KEY_FILE {
+        return Err(bad(format!(
+            "{} bytes; a cluster key file holds at most {MAX_KEY_FILE}",
+            md.len()
+        )));
+    }
+    let mode = md.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        tracing::warn!(path = %path.display(), mode = format!("{mode:03o}"), "CLUSTER KEY FILE IS READABLE BY OTHER USERS: anyone who reads it can join the cluster; chmod 0600 it");
+    }
+    let mut raw = Vec::new();
+    f.take(MAX_KEY_FILE + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| bad(format!("cannot read: {e}")))?;
+    if raw.len() as u64 > MAX_KEY_FILE {
+        return Err(bad(format!("longer than {MAX_KEY_FILE} bytes")));
+    }
+    Ok(raw)
+}
+
 /// The cluster keys a daemon accepts: the current one, and during a roll the next (or the
 /// previous) one. Read from one file, one key per line.
 #[derive(Clone, Debug)]
@@ -65,9 +103,12 @@ pub struct KeyRing {
 impl KeyRing {
     /// Reads a key file: one or two keys, one per line (blank lines ignored, surrounding
     /// whitespace trimmed), each at least 16 bytes. The first is this daemon's preferred key.
+    ///
+    /// The file must be a regular file (a FIFO or device is refused without blocking: it is
+    /// opened non-blocking) of at most [`MAX_KEY_FILE`] bytes; one that group or others may
+    /// read is used with a loud warning.
     pub fn load(path: &Path) -> Result<Self, PeerError> {
-        let raw = std::fs::read(path)
-            .map_err(|e| PeerError::Key(format!("cannot read {}: {e}", path.display())))?;
+        let raw = read_key_file(path)?;
         let lines: Vec<&[u8]> = raw
             .split(|&b| b == b'\n')
             .map(<[u8]>::trim_ascii)

@@ -428,6 +428,21 @@ impl Peers {
         if self.allow.iter().any(|a| a.admits(e)) {
             return Ok(());
         }
+        // Configured CIDRs bound the cluster's members too: a record in etcd naming an
+        // address outside them (another service on the network) is never dialled.
+        if self.membership.get().is_some()
+            && self
+                .allow
+                .iter()
+                .any(|a| matches!(a, config::Allowed::Cidr(..)))
+        {
+            self.counters
+                .refused_members
+                .fetch_add(1, Ordering::Relaxed);
+            return refuse(format!(
+                "{e} is outside every CIDR in --peers: cluster members must lie within them"
+            ));
+        }
         match self.membership.get() {
             Some(m) => m.authorize(e).inspect_err(|_| {
                 self.counters

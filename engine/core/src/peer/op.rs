@@ -191,10 +191,12 @@ impl PullOp {
         }
     }
 
-    /// Fails the whole op before any pull starts (bad hint, unauthorized peer).
+    /// Fails the whole op before any pull starts (bad hint, unauthorized peer, busy peer):
+    /// the op's `reason` says why, once; each key still pending fails with the same code and
+    /// no message of its own.
     pub fn refuse(&self, reason: &Failure) {
         self.with(|i| i.reason = Some(reason.clone()));
-        self.end(OpState::Failed, reason);
+        self.end(OpState::Failed, &Failure::new(reason.code, ""));
     }
 
     /// Ends the op at its deadline; blocks still in flight keep landing in the DRAM tier.
@@ -254,6 +256,8 @@ pub struct OpTable {
 #[derive(Debug, Default)]
 struct Ops {
     map: HashMap<u64, Arc<PullOp>>,
+    /// Keys of the ops each connection has in the table (live or ended, not yet reported).
+    keys_of_conn: HashMap<u64, usize>,
     swept: Option<Instant>,
     /// Size after the last sweep: the next sweep waits for the table to double (or a sweep
     /// interval to pass), so inserts cost O(1) amortized.
@@ -264,6 +268,36 @@ struct Ops {
 const KEEP_ENDED: Duration = Duration::from_mins(1);
 /// The op table is swept for long-ended ops at least this often.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Keys one connection may have in the op table (each costs ~100 bytes of heap: its key,
+/// its outcome); an op past it is refused `PeerBusy` after the connection's ended ops are
+/// dropped. 256 Ki keys is more than any real prefix (at >= 4 KiB a block, 1 GiB).
+pub const MAX_KEYS_PER_CONN: usize = 256 << 10;
+
+impl Ops {
+    fn forget(&mut self, id: u64) -> Option<Arc<PullOp>> {
+        let op = self.map.remove(&id)?;
+        if let Some(n) = self.keys_of_conn.get_mut(&op.conn) {
+            *n -= op.keys.len();
+            if *n == 0 {
+                self.keys_of_conn.remove(&op.conn);
+            }
+        }
+        Some(op)
+    }
+
+    /// Drops the ops that satisfy `gone` (never one still owning client buffers).
+    fn drop_where(&mut self, gone: impl Fn(&PullOp) -> bool) {
+        let ids: Vec<u64> = self
+            .map
+            .values()
+            .filter(|o| gone(o) && !o.has_into())
+            .map(|o| o.id)
+            .collect();
+        for id in ids {
+            self.forget(id);
+        }
+    }
+}
 
 impl OpTable {
     /// A fresh op id.
@@ -273,19 +307,37 @@ impl OpTable {
 
     /// Registers an op. Long-ended ops are dropped by a sweep that runs when the table has
     /// doubled since the last one or `SWEEP_EVERY` has passed: O(1) amortized per insert.
-    pub fn insert(&self, op: Arc<PullOp>) {
+    /// Refused (`PeerBusy`) when the op's connection would hold more than
+    /// [`MAX_KEYS_PER_CONN`] keys in the table even after its ended ops are dropped.
+    pub fn insert(&self, op: Arc<PullOp>) -> Result<(), Failure> {
         let mut m = self.ops.lock().expect("op table lock");
         let now = Instant::now();
         let due = m.swept.is_none_or(|t| now.duration_since(t) >= SWEEP_EVERY)
             || m.map.len() >= 2 * m.kept.max(64);
         if due {
             if let Some(cutoff) = now.checked_sub(KEEP_ENDED) {
-                m.map.retain(|_, o| !o.ended_before(cutoff) || o.has_into());
+                m.drop_where(|o| o.ended_before(cutoff));
             }
             m.swept = Some(now);
             m.kept = m.map.len();
         }
+        let held = |m: &Ops| m.keys_of_conn.get(&op.conn).copied().unwrap_or(0);
+        if held(&m) + op.keys.len() > MAX_KEYS_PER_CONN {
+            let conn = op.conn;
+            m.drop_where(|o| o.conn == conn && o.ended_before(now));
+        }
+        let held = held(&m);
+        if held + op.keys.len() > MAX_KEYS_PER_CONN {
+            return Err(Failure::new(
+                FailCode::PeerBusy,
+                format!(
+                    "this connection already has {held} keys in running or unreported ops (limit {MAX_KEYS_PER_CONN}): wait for or cancel them first"
+                ),
+            ));
+        }
+        *m.keys_of_conn.entry(op.conn).or_default() += op.keys.len();
         m.map.insert(op.id, op);
+        Ok(())
     }
 
     /// Ops in the table (live and recently ended).
@@ -310,7 +362,7 @@ impl OpTable {
 
     /// Forgets an op.
     pub fn remove(&self, id: u64) {
-        self.ops.lock().expect("op table lock").map.remove(&id);
+        self.ops.lock().expect("op table lock").forget(id);
     }
 
     /// Ops owned by a connection.

@@ -49,13 +49,18 @@ impl Peers {
             .map_err(Clone::clone)
             .and_then(|_| self.plan(&req));
         let mut results = local.unwrap_or_else(|_| vec![KeyOutcome::Pending; req.keys.len()]);
-        let covered = plan.as_ref().map_or(0, |p| p.covered);
+        // Keys past the hint's hashes are NotCovered; when the whole op is refused they
+        // carry the refusal's code (its message is given once, as the op's reason).
+        let (covered, beyond) = match &plan {
+            Ok(p) => (
+                p.covered,
+                Failure::new(FailCode::NotCovered, "not covered by the hint"),
+            ),
+            Err(why) => (0, Failure::new(why.code, "")),
+        };
         for r in results.iter_mut().skip(covered) {
             if *r == KeyOutcome::Pending {
-                *r = KeyOutcome::Failed(Failure::new(
-                    FailCode::NotCovered,
-                    "not covered by the hint",
-                ));
+                *r = KeyOutcome::Failed(beyond.clone());
             }
         }
         let pending: Vec<usize> = (0..req.keys.len())
@@ -75,7 +80,8 @@ impl Peers {
             req.into,
             deadline,
         );
-        self.ops.insert(Arc::clone(&op));
+        // Only an op still running when its reply goes out enters the op table: one that
+        // ended before (refused, or nothing to pull) is reported in that reply and forgotten.
         let plan = match plan {
             Ok(p) => p,
             Err(why) => {
@@ -88,8 +94,13 @@ impl Peers {
         if pending.is_empty() {
             return op;
         }
+        if let Err(why) = self.ops.insert(Arc::clone(&op)) {
+            op.refuse(&why);
+            return op;
+        }
         let link = self.link(&plan.endpoint);
         if let Err(why) = Self::admit(&link, pending.len() as u64, self.cfg.max_outstanding_keys) {
+            self.ops.remove(op.id);
             op.refuse(&why);
             return op;
         }

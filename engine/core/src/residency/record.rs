@@ -80,6 +80,7 @@ fn meta(hash: u64) -> Arc<RouterMeta> {
         tokens: vec![1, 2, 3, 4],
         block_size: 4,
         salt: None,
+        charge: None,
     })
 }
 

@@ -14,6 +14,10 @@ pub const MAX_NAME: usize = 64;
 /// The name of the tenant unmapped identities share (with `unmapped = "default"`).
 pub const DEFAULT_TENANT: &str = "default";
 
+/// The implicit `default` tenant of a map may hold 1/this of the DRAM tier (see
+/// [`TenantsConfig::with_default_quota`]).
+pub const DEFAULT_TENANT_DRAM_SHARE: u64 = 4;
+
 /// What happens to a client whose uid and gid no tenant lists.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -102,6 +106,31 @@ impl TenantsConfig {
     /// Whether a tenant map is configured (otherwise: one tenant, as before tenants existed).
     pub fn enabled(&self) -> bool {
         !self.tenant.is_empty() || self.unmapped == Unmapped::Refuse
+    }
+
+    /// The map in force for a DRAM tier of `dram` bytes: with a map, unmapped identities
+    /// joining `default`, and no `dram_quota` given for `default`, that tenant gets
+    /// [`DEFAULT_TENANT_DRAM_SHARE`] of the tier, so anyone who can open the socket cannot
+    /// hold every slot (stalled puts, a flood of blocks) against the mapped tenants. List
+    /// `default` with its own `dram_quota` to choose another limit.
+    #[must_use]
+    pub fn with_default_quota(&self, dram: u64) -> Self {
+        let mut cfg = self.clone();
+        if !cfg.enabled() || cfg.unmapped != Unmapped::Default {
+            return cfg;
+        }
+        let quota = Some((dram / DEFAULT_TENANT_DRAM_SHARE).max(4096));
+        match cfg.tenant.iter_mut().find(|t| t.name == DEFAULT_TENANT) {
+            Some(t) => {
+                t.dram_quota = t.dram_quota.or(quota);
+            }
+            None => cfg.tenant.push(TenantSettings {
+                name: DEFAULT_TENANT.into(),
+                dram_quota: quota,
+                ..TenantSettings::default()
+            }),
+        }
+        cfg
     }
 
     /// Checks names, duplicates and quotas.

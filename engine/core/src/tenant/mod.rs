@@ -24,7 +24,7 @@ pub mod config;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use kvnode_proto::stats::TenantStats;
 use kvnode_proto::{NamespaceId, NamespaceSpec};
@@ -68,6 +68,9 @@ pub struct Tenant {
     pub quota_refusals: AtomicU64,
     /// Bytes of this tenant's blocks on NVMe (kept by the NVMe tier's ledger).
     pub nvme_bytes: AtomicU64,
+    /// Bytes of router metadata its blocks hold outside the arena (charged by
+    /// `residency::MetaCharge`, bounded in `api/meta.rs`).
+    pub meta_bytes: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Default)]
@@ -102,6 +105,7 @@ fn tenant(s: &TenantSettings) -> Tenant {
         dram_reserved: AtomicU64::new(0),
         quota_refusals: AtomicU64::new(0),
         nvme_bytes: AtomicU64::new(0),
+        meta_bytes: Arc::new(AtomicU64::new(0)),
     }
 }
 

@@ -75,6 +75,7 @@ pub(super) fn tenants(o: &mut Out<'_>, s: &StatsReport) -> fmt::Result {
         ("allowlist", r.allowlist),
         ("unmapped", r.unmapped),
         ("no_credentials", r.no_credentials),
+        ("pre_hello", r.pre_hello),
     ] {
         counter_at(&mut f, &[("reason", reason)], n)?;
     }

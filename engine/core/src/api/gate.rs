@@ -1,0 +1,168 @@
+//! The accept gate: who is turned away before a session exists.
+//!
+//! At accept the daemon reads the client's `SO_PEERCRED` and decides at once (`admit`): a
+//! refused identity (allowlist, `unmapped = "refuse"`, unreadable credentials) gets
+//! `Error { Handshake }` with the reason right away, without waiting for its `Hello`, and
+//! the connection is closed (after at most [`REFUSED_LINGER`] so that a `Hello` already on
+//! its way does not turn the reply into a reset). An admitted uid may hold at most
+//! `max_pre_hello_per_uid` connections that have not completed their `Hello`; the next is
+//! refused the same way. Neither path allocates a session or read buffers.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kvnode_fdpass::PeerCred;
+use kvnode_proto::client::{ErrorCode, Reply, Response};
+use kvnode_proto::frame::encode_frame;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::tenancy::admit;
+use crate::engine::Engine;
+use crate::obs::Refusal;
+use crate::tenant::TenantId;
+
+/// How long a refused connection is kept to let the client read the refusal.
+pub const REFUSED_LINGER: Duration = Duration::from_secs(1);
+
+/// Connections per uid that have not completed their `Hello`.
+#[derive(Debug, Default)]
+pub struct PreHello {
+    by_uid: Mutex<HashMap<u32, u32>>,
+}
+
+/// One pre-`Hello` connection of a uid; dropped when its handshake ends either way.
+#[derive(Debug)]
+pub struct PreHelloSlot {
+    table: Arc<PreHello>,
+    uid: u32,
+}
+
+impl Drop for PreHelloSlot {
+    fn drop(&mut self) {
+        let mut m = self
+            .table
+            .by_uid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = m.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.uid);
+            }
+        }
+    }
+}
+
+impl PreHello {
+    /// A slot for one more pre-`Hello` connection of `uid`, unless it has `cap` already.
+    pub fn enter(self: &Arc<Self>, uid: u32, cap: u32) -> Option<PreHelloSlot> {
+        let mut m = self.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = m.entry(uid).or_default();
+        if *n >= cap {
+            return None;
+        }
+        *n += 1;
+        Some(PreHelloSlot {
+            table: Arc::clone(self),
+            uid,
+        })
+    }
+}
+
+/// An accepted connection the gate let through.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The stream.
+    pub stream: UnixStream,
+    /// Its credentials (default when unreadable and no access control is configured).
+    pub cred: PeerCred,
+    /// Its tenant.
+    pub tenant: TenantId,
+    /// Its pre-`Hello` slot, held until the handshake ends.
+    pub slot: PreHelloSlot,
+}
+
+/// A connection turned away at accept: [`Refused::answer`] tells it why and closes it.
+#[derive(Debug)]
+pub struct Refused {
+    stream: UnixStream,
+    msg: String,
+}
+
+/// Decides about a just-accepted connection: let through, or refused (logged and counted
+/// here; the caller runs [`Refused::answer`]).
+pub fn screen(
+    engine: &Arc<Engine>,
+    pre_hello: &Arc<PreHello>,
+    stream: UnixStream,
+) -> Result<Admitted, Refused> {
+    let got = kvnode_fdpass::peer_cred(stream.as_raw_fd());
+    let admission = admit(&engine.config, engine.tenants(), &got);
+    let cred: PeerCred = got.unwrap_or_default();
+    let refused = |stream: UnixStream, why: Refusal, msg: String| {
+        engine.metrics.client_refused(why);
+        tracing::warn!(
+            pid = cred.pid,
+            uid = cred.uid,
+            gid = cred.gid,
+            reason = %msg,
+            "client refused at accept (see kvnode_clients_refused_total)"
+        );
+        Refused { stream, msg }
+    };
+    let tenant = match admission {
+        Ok(t) => t,
+        Err((why, msg)) => return Err(refused(stream, why, msg)),
+    };
+    let cap = engine.config.max_pre_hello_per_uid;
+    let Some(slot) = pre_hello.enter(cred.uid, cap) else {
+        let msg = format!(
+            "uid {} already has {cap} connections that have not sent Hello (max_pre_hello_per_uid)",
+            cred.uid
+        );
+        return Err(refused(stream, Refusal::PreHelloCap, msg));
+    };
+    Ok(Admitted {
+        stream,
+        cred,
+        tenant,
+        slot,
+    })
+}
+
+impl Refused {
+    /// Sends `Error { Handshake, msg }` at once, then closes once the client has closed or
+    /// [`REFUSED_LINGER`] passed, reading (and dropping) at most 4 KiB meanwhile.
+    pub async fn answer(self) {
+        let Self { mut stream, msg } = self;
+        let reply = Response {
+            id: 0,
+            reply: Reply::Error {
+                code: ErrorCode::Handshake,
+                message: msg,
+            },
+        };
+        let Ok(frame) = encode_frame(&reply, 0) else {
+            return;
+        };
+        let sent = tokio::time::timeout(REFUSED_LINGER, stream.write_all(&frame)).await;
+        if !matches!(sent, Ok(Ok(()))) {
+            return;
+        }
+        let _ = stream.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let _ = tokio::time::timeout(REFUSED_LINGER, async {
+            let mut left = sink.len();
+            while left > 0 {
+                match stream.read(&mut sink[..left]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left -= n,
+                }
+            }
+        })
+        .await;
+    }
+}
