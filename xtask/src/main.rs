@@ -195,7 +195,10 @@ fn bench_smoke() -> Result<(), String> {
 }
 
 /// The daemon as `./dev serve` builds it (`cargo build --release -p kvnode`) carries no test
-/// seams: a config that asks for fault injection is refused as an unknown field.
+/// seams. Every seam a running daemon could be asked for is probed: each `debug_fault` config
+/// section (peer transport, spill IO engine) is refused as an unknown field, and the panic
+/// hook's environment variable is ignored (the daemon is still serving after it). The fake GPU
+/// has no switch at all (only the gpu crate's own tests construct it).
 fn release_has_no_seams() -> Result<(), String> {
     run(
         "release-build",
@@ -203,23 +206,50 @@ fn release_has_no_seams() -> Result<(), String> {
     )?;
     let dir = std::env::temp_dir().join(format!("kvnode-seams-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let cfg = dir.join("seams.toml");
-    std::fs::write(&cfg, "[peer]\ndebug_fault = { corrupt_block = 1 }\n")
-        .map_err(|e| e.to_string())?;
-    let out = Command::new("target/release/kvnode")
-        .args(["serve", "--print-config", "--config"])
-        .arg(&cfg)
-        .output()
-        .map_err(|e| format!("release-seams: cannot run the daemon: {e}"))?;
+    let r = probe_seams(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stderr);
-    if out.status.success() || !text.contains("debug_fault") {
+    r
+}
+
+fn probe_seams(dir: &std::path::Path) -> Result<(), String> {
+    for (seam, toml) in [
+        ("peer", "[peer]\ndebug_fault = { corrupt_block = 1 }\n"),
+        ("spill", "[spill]\ndebug_fault = { fail_write = 1 }\n"),
+    ] {
+        let cfg = dir.join(format!("{seam}.toml"));
+        std::fs::write(&cfg, toml).map_err(|e| e.to_string())?;
+        let out = Command::new("target/release/kvnode")
+            .args(["serve", "--print-config", "--config"])
+            .arg(&cfg)
+            .output()
+            .map_err(|e| format!("release-seams: cannot run the daemon: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !text.contains("debug_fault") {
+            return Err(format!(
+                "release-seams: the release daemon accepted a [{seam}] fault-injection config (status {}): {text}",
+                out.status
+            ));
+        }
+        eprintln!("xtask: release-seams: the release daemon refuses [{seam}] debug_fault: ok");
+    }
+    // The panic hook: a test build panics (exit 101) 50 ms after start; a release one serves on.
+    let mut child = Command::new("target/release/kvnode")
+        .args(["serve", "--dram", "16MiB", "--no-pin", "--socket"])
+        .arg(dir.join("kvnode.sock"))
+        .env("KVNODE_TEST_PANIC_AFTER_MS", "50")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("release-seams: cannot start the daemon: {e}"))?;
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let exited = child.try_wait().map_err(|e| e.to_string())?;
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Some(status) = exited {
         return Err(format!(
-            "release-seams: the release daemon accepted a fault-injection config (status {}): {text}",
-            out.status
+            "release-seams: the release daemon ended ({status}) with KVNODE_TEST_PANIC_AFTER_MS set: the panic hook is compiled in"
         ));
     }
-    eprintln!("xtask: release-seams: the release daemon refuses debug_fault: ok");
+    eprintln!("xtask: release-seams: the release daemon ignores KVNODE_TEST_PANIC_AFTER_MS: ok");
     Ok(())
 }
 
