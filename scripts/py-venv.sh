@@ -23,6 +23,13 @@ LOCK=scripts/locks/$ENV_NAME.lock
 [ -f "$LOCK" ] || { echo "py-venv: no lock $LOCK" >&2; exit 2; }
 PY="${PYTHON:-python3}"
 HASH=$(sha256sum "$LOCK" | cut -d' ' -f1)
+# The lock's markers were evaluated for one Python minor version: another would need other wheels.
+locked_py=$(sed -n 's/.*Resolved for CPython \([0-9]*\.[0-9]*\).*/\1/p' "$LOCK" | head -n 1)
+have_py=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ "$locked_py" != "$have_py" ]; then
+  echo "py-venv: $LOCK was resolved for CPython $locked_py, but $PY is $have_py (set PYTHON, or regenerate the lock)" >&2
+  exit 2
+fi
 case "$ENV_NAME" in
   sglang) OVERRIDE=${KVNODE_PY_VENV:-} ;;
   vllm) OVERRIDE=${KVNODE_VLLM_VENV:-} ;;

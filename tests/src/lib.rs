@@ -467,7 +467,10 @@ pub fn spilling_args(dir: &Path, spill_size: &str, extra: &[&str]) -> Vec<String
     let mut args: Vec<String> = ["--dram", "16MiB", "--slab-size", "2MiB", "--no-pin"]
         .map(str::to_owned)
         .to_vec();
-    args.extend(["--spill-dir".to_owned(), dir.to_str().expect("utf8 spill dir").to_owned()]);
+    args.extend([
+        "--spill-dir".to_owned(),
+        dir.to_str().expect("utf8 spill dir").to_owned(),
+    ]);
     args.extend(["--spill-size".to_owned(), spill_size.to_owned()]);
     args.extend(extra.iter().map(|&a| a.to_owned()));
     args

@@ -56,9 +56,8 @@ pub fn assert_pulled_over_ucx(dst: &Daemon, src: &Daemon) {
     }
     let (d, s) = (stats_json(&dst.socket), stats_json(&src.socket));
     let need = |v: &serde_json::Value, who: &str, key: &str| {
-        peer_counter(v, key).unwrap_or_else(|| {
-            panic!("{who}'s stats --json has no peer.{key}: {v:#}")
-        })
+        peer_counter(v, key)
+            .unwrap_or_else(|| panic!("{who}'s stats --json has no peer.{key}: {v:#}"))
     };
     let gets = need(&d, "destination", "ucx_gets_total");
     let served = need(&s, "source", "ucx_slots_served_total");
