@@ -45,9 +45,11 @@ if need fio; then
   echo "== bench backpressure"
   $bin bench backpressure --dir "$spill/backpressure" --size 64MiB --dram 32MiB --bs 256KiB --batch 16 --qd 4 --load 2
 fi
-for mode in takeover sigkill sigterm; do
+# sigkill keeps only what was on NVMe: its DRAM tier is a quarter of the blocks put.
+for run in "takeover 2000 64MiB" "sigterm 2000 64MiB" "sigkill 4000 16MiB"; do
+  read -r mode blocks dram <<<"$run"
   echo "== bench restart --mode $mode"
-  $bin bench restart --dir "$spill/restart-$mode" --mode $mode --blocks 2000 --block-bytes 16KiB --dram 64MiB
+  $bin bench restart --dir "$spill/restart-$mode" --mode "$mode" --blocks "$blocks" --block-bytes 16KiB --dram "$dram"
 done
 if need iperf3; then
   echo "== bench pull"

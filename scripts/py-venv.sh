@@ -45,6 +45,10 @@ have() {
     | grep -v -E '^pip==' | norm | sort
 }
 
+# One build at a time per venv (two checkouts, or CI and a developer, may ask at once).
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.build-lock"
+flock 9
 if [[ -f "$VENV/.kvnode-lock" && "$(cat "$VENV/.kvnode-lock")" == "$HASH" ]]; then
   :
 else
