@@ -3,7 +3,10 @@
 #   bench local   put, get (zero-copy and inline), exists
 #   bench events  KV events to a live subscriber
 #   bench spill   demotion/promotion next to fio (needs fio; on /var/tmp, a real disk)
-#   bench pull    two daemons on loopback next to iperf3 (needs iperf3)
+#   bench backpressure  puts offered faster than the disk, next to fio (needs fio)
+#   bench restart every mode: takeover, sigkill, sigterm (small tiers, on /var/tmp)
+#   bench pull    two daemons on loopback next to iperf3 (needs iperf3), over TCP and over
+#                 UCX (UCX_TLS=tcp; the bench fails when the pull did not use UCX GETs)
 #   report        percentile tables and SVG from the live daemon
 # Not run: bench gpu (needs a CUDA GPU; scripts/gpu-smoke.sh runs it on GPU machines).
 # A missing fio or iperf3 fails the run unless KVNODE_TEST_ALLOW_SKIP lists it (or `all`).
@@ -39,9 +42,19 @@ $bin bench events --duration 0.2
 if need fio; then
   echo "== bench spill"
   $bin bench spill --dir "$spill" --size 64MiB --dram 32MiB --bs 1MiB --qd 4
+  echo "== bench backpressure"
+  $bin bench backpressure --dir "$spill/backpressure" --size 64MiB --dram 32MiB --bs 256KiB --batch 16 --qd 4 --load 2
 fi
+# sigkill keeps only what was on NVMe: its DRAM tier is a quarter of the blocks put.
+for run in "takeover 2000 64MiB" "sigterm 2000 64MiB" "sigkill 4000 16MiB"; do
+  read -r mode blocks dram <<<"$run"
+  echo "== bench restart --mode $mode"
+  $bin bench restart --dir "$spill/restart-$mode" --mode "$mode" --blocks "$blocks" --block-bytes 16KiB --dram "$dram"
+done
 if need iperf3; then
   echo "== bench pull"
   $bin bench pull --pages 8 --iterations 2 --rounds 1 --latency-samples 20 --iperf-seconds 1
+  echo "== bench pull --transport ucx"
+  UCX_TLS=tcp $bin bench pull --transport ucx --pages 8 --iterations 2 --rounds 1 --latency-samples 20 --iperf-seconds 1
 fi
 echo "bench-smoke: every benchmark above ran (bench gpu needs a GPU: scripts/gpu-smoke.sh)"

@@ -5,6 +5,7 @@
 
 pub mod fabric;
 pub mod keyless;
+pub mod peerstats;
 pub mod peerwire;
 pub mod raw;
 pub mod shm;
@@ -170,19 +171,9 @@ impl Daemon {
     /// (`spill_size` of it), plus `extra` arguments: demotion and promotion happen after a
     /// few blocks.
     pub fn start_spilling(dir: &Path, spill_size: &str, extra: &[&str]) -> Self {
-        let mut args = vec![
-            "--dram",
-            "16MiB",
-            "--slab-size",
-            "2MiB",
-            "--no-pin",
-            "--spill-dir",
-            dir.to_str().expect("utf8 spill dir"),
-            "--spill-size",
-            spill_size,
-        ];
-        args.extend_from_slice(extra);
-        Self::start(&args)
+        let args = spilling_args(dir, spill_size, extra);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::start(&refs)
     }
 
     /// Like [`Daemon::start`], inside network namespace `netns` (`ip netns exec`, root only).
@@ -472,6 +463,28 @@ pub fn peer_daemon(args: &[&str]) -> Daemon {
         d.log()
     );
     d
+}
+
+/// The flags of [`Daemon::start_spilling`]: a 16 MiB DRAM tier of 2 MiB slabs, unpinned,
+/// spilling into `dir` (`spill_size` of it), plus `extra`.
+pub fn spilling_args(dir: &Path, spill_size: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["--dram", "16MiB", "--slab-size", "2MiB", "--no-pin"]
+        .map(str::to_owned)
+        .to_vec();
+    args.extend([
+        "--spill-dir".to_owned(),
+        dir.to_str().expect("utf8 spill dir").to_owned(),
+    ]);
+    args.extend(["--spill-size".to_owned(), spill_size.to_owned()]);
+    args.extend(extra.iter().map(|&a| a.to_owned()));
+    args
+}
+
+/// A spilling daemon ([`spilling_args`]) on the peer suites' transport ([`peer_daemon`]).
+pub fn peer_spilling(dir: &Path, spill_size: &str, extra: &[&str]) -> Daemon {
+    let args = spilling_args(dir, spill_size, extra);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    peer_daemon(&refs)
 }
 
 /// The flags of a source daemon serving peers on `127.0.0.1:port` (256 MiB DRAM, not

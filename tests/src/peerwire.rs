@@ -259,6 +259,9 @@ pub enum Tamper {
     Swap,
     /// Replay `Ready` in place of the next frame from the source.
     Replay,
+    /// Flip one byte of the first sealed header from the destination (its first request):
+    /// the other direction.
+    FlipHeaderUp,
 }
 
 impl Tamper {
@@ -271,6 +274,7 @@ impl Tamper {
             "drop" => Self::Drop,
             "swap" => Self::Swap,
             "replay" => Self::Replay,
+            "flip-header-up" => Self::FlipHeaderUp,
             _ => return None,
         })
     }
@@ -299,12 +303,14 @@ fn pump(
         if let Some(r) = record {
             r.lock().unwrap().extend_from_slice(&f);
         }
-        // Sealed frames from the source: #1 is Ready, #2.. the answers.
+        // Sealed frames from the source: #1 is Ready, #2.. the answers; from the destination
+        // (two plain frames: Hello, Proof) #1.. its requests.
         let sealed = n.saturating_sub(plain_frames);
         if sealed == 1 {
             ready = Some(f.clone());
         }
-        if !done && sealed >= 2 {
+        let first = if plain_frames == 2 { 1 } else { 2 };
+        if !done && sealed >= first {
             match tamper {
                 Tamper::FlipPayload => {
                     let p = FramePrefix::decode(f[..PREFIX_LEN].try_into().unwrap()).unwrap();
@@ -314,7 +320,7 @@ fn pump(
                         done = true;
                     }
                 }
-                Tamper::FlipHeader => {
+                Tamper::FlipHeader | Tamper::FlipHeaderUp => {
                     f[PREFIX_LEN + 1] ^= 0x01;
                     done = true;
                 }
@@ -368,7 +374,8 @@ fn forward(mut from: TcpStream, mut to: TcpStream, record: Option<&std::sync::Mu
 }
 
 /// An on-path proxy: carries connections from `l` to `to` frame by frame, applying `tamper`
-/// to the first connection (source to destination), recording every byte the source sent
+/// to the first connection (source to destination, or destination to source for
+/// `FlipHeaderUp`), recording every byte the source sent
 /// into `record` when given. Runs until the process ends.
 pub fn proxy(
     l: &TcpListener,
@@ -382,12 +389,20 @@ pub fn proxy(
             continue;
         };
         let t = if i == 0 { tamper } else { Tamper::Pass };
+        let (down, up) = if t == Tamper::FlipHeaderUp {
+            (Tamper::Pass, t)
+        } else {
+            (t, Tamper::Pass)
+        };
         let (b2, a2) = (b.try_clone().unwrap(), a.try_clone().unwrap());
-        std::thread::spawn(move || forward(b, a, None));
+        std::thread::spawn(move || match up {
+            Tamper::Pass => forward(b, a, None),
+            u => pump(b, a, 2, u, None),
+        });
         let rec = record.cloned();
-        std::thread::spawn(move || match t {
+        std::thread::spawn(move || match down {
             Tamper::Pass => forward(a2, b2, rec.as_deref()),
-            t => pump(a2, b2, 1, t, rec.as_deref()),
+            d => pump(a2, b2, 1, d, rec.as_deref()),
         });
     }
     unreachable!("incoming() never ends")

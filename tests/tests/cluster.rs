@@ -263,6 +263,7 @@ fn members_pull_without_peers_and_crashes_restarts_and_partitions_show_in_the_me
 
     crash_and_restart_at_a_new_port(&mut cl, &mut n);
     partition_and_heal(&mut cl, &n);
+    clean_stop_revokes_the_record(&mut n);
     drop(n);
     let _ = std::fs::remove_dir_all(&cl.dir);
 }
@@ -308,6 +309,32 @@ fn crash_and_restart_at_a_new_port(cl: &mut Cluster, n: &mut [Daemon]) {
     );
     let keys = cl.fresh(3);
     assert_pulled(&pull(&n[0], &new_ep, &keys), &n[2].log());
+}
+
+/// SIGTERM node 1: a clean stop revokes its etcd lease (the record goes at once, not after
+/// its ttl), and the others drop it from the membership.
+fn clean_stop_revokes_the_record(n: &mut [Daemon]) {
+    n[0].signal(libc::SIGTERM);
+    let status = n[0].wait_exit(Duration::from_secs(15));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "clean stop: {status:?}\n{}",
+        n[0].log()
+    );
+    assert!(
+        n[0].log()
+            .contains("cluster: lease revoked, left the membership"),
+        "the stopping daemon did not revoke its lease:\n{}",
+        n[0].log()
+    );
+    for d in &n[1..] {
+        wait_for(
+            d,
+            "n1 gone after a clean stop",
+            Duration::from_secs(10),
+            |r| members(r).iter().all(|(id, _)| id != "n1"),
+        );
+    }
 }
 
 /// Cut node 2 off and reconnect it.

@@ -47,6 +47,8 @@ fn hinted_get_pulls_the_missing_prefix_and_later_gets_hit_locally() {
         );
     }
     assert_eq!(c.exists(ns, &keys).unwrap(), 8);
+    // Under the UCX pass the pages came by UCX GETs, with no fallback to TCP.
+    kvnode_e2e::peerstats::assert_pulled_over_ucx(&dst, &src);
     // The source held leases only while sending (UCX: until the destination's `Landed`,
     // which may trail the answer by a moment).
     let t = std::time::Instant::now();

@@ -316,6 +316,35 @@ fn an_on_path_proxy_that_alters_drops_reorders_or_replays_a_frame_is_detected() 
     }
 }
 
+/// The other direction: a proxy that alters the destination's first sealed request on its way
+/// to the source. The source's integrity check refuses it (it serves nothing on that
+/// session); the pull commits nothing it was not sent whole, and the next pull completes.
+#[test]
+fn an_on_path_proxy_that_alters_a_frame_from_the_destination_is_detected_by_the_source() {
+    let x = through_proxy("flip-header-up", &[]);
+    let op = pull(&x.dst, x.port, &x.keys, "m", &x.data);
+    assert!(
+        x.src.log().contains("integrity check failed"),
+        "the source did not detect the altered request: {op:?}\n{}",
+        x.src.log()
+    );
+    assert!(
+        op.results
+            .iter()
+            .all(|r| matches!(r, KeyOutcome::Failed(_))),
+        "a pull over the tampered session succeeded: {op:?}"
+    );
+    let again = pull(&x.dst, x.port, &x.keys, "m", &x.data);
+    assert!(
+        again
+            .results
+            .iter()
+            .all(|r| matches!(r, KeyOutcome::Pulled | KeyOutcome::HitLocal)),
+        "{again:?}"
+    );
+    assert!(x.src.client().stats().is_ok());
+}
+
 #[test]
 fn encryption_hides_the_blocks_on_the_wire_and_pulls_stay_byte_identical() {
     for encrypt in [false, true] {

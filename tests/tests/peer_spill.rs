@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use kvnode_e2e::{Daemon, block, free_port, hint, key, peer_dest, spec, spill_dir, tier};
+use kvnode_e2e::peerstats::assert_pulled_over_ucx;
+use kvnode_e2e::{block, free_port, hint, key, peer_dest, peer_spilling, spec, spill_dir, tier};
 use kvnode_proto::Key;
 use kvnode_proto::pull::{KeyOutcome, OpState};
 
@@ -20,7 +21,7 @@ fn source_promotes_nvme_only_blocks_and_sends_them_byte_identical() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let adv = format!("tcp://{listen}");
-    let src = Daemon::start_spilling(
+    let src = peer_spilling(
         &dir,
         "96MiB",
         &["--peer-listen", &listen, "--advertise", &adv],
@@ -69,6 +70,7 @@ fn source_promotes_nvme_only_blocks_and_sends_them_byte_identical() {
         0,
         "no lease outlives the pull"
     );
+    assert_pulled_over_ucx(&dst, &src);
     drop(src);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -84,7 +86,7 @@ fn hinted_get_serves_the_destinations_own_nvme_blocks_without_waiting_for_a_froz
     let src = kvnode_e2e::peer_source(port, &[]);
     src.freeze();
     let peers = format!("tcp://127.0.0.1:{port}");
-    let dst = Daemon::start_spilling(&dir, "96MiB", &["--peers", &peers]);
+    let dst = peer_spilling(&dir, "96MiB", &["--peers", &peers]);
     let mut c = dst.client();
     let ns = c.register(&spec("m", BLOCK as u64)).unwrap().ns;
     kvnode_e2e::fill_and_settle(&mut c, ns, BLOCKS, BLOCK);

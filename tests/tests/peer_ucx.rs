@@ -323,3 +323,91 @@ fn sigusr2_revokes_the_arena_key_and_open_connections_carry_on_with_the_new_one(
     assert!(pages[7].as_deref() == Some(block(7, PAGE).as_slice()));
     leases_drain(&src);
 }
+
+/// An encrypted session (`--peer-encrypt` on the destination: a session is encrypted when
+/// either side asks) is never offered UCX, whose GETs would move the blocks in the clear: the
+/// source declines, the pull runs over sealed TCP frames and is byte-identical.
+#[test]
+fn an_encrypted_session_is_never_offered_ucx_and_pulls_over_tcp() {
+    let dir = kvnode_e2e::temp_dir("ucx-encrypt");
+    let k = dir.join("cluster.key");
+    std::fs::write(&k, "cluster-key-eeeeeeeeeeeeeeeeeeeeeeee\n").unwrap();
+    let port = free_port();
+    let src = source(
+        port,
+        &[UCX[0], UCX[1], "--cluster-key", k.to_str().unwrap()],
+    );
+    assert!(src.log().contains("transport ucx (UCX 1."), "{}", src.log());
+    let keys: Vec<Key> = (0..3).map(key).collect();
+    fill(&src, &keys);
+    let dst = dest(
+        port,
+        &[
+            UCX[0],
+            UCX[1],
+            "--cluster-key",
+            k.to_str().unwrap(),
+            "--peer-encrypt",
+        ],
+    );
+    let (op, pages) = pull(&dst, port, &keys);
+    assert_eq!(op.state, OpState::Done, "{op:?}\n{}", dst.log());
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(
+            p.as_deref(),
+            Some(block(i as u64, PAGE).as_slice()),
+            "page {i}"
+        );
+    }
+    let log = dst.log();
+    assert!(log.contains("peer declined UCX; pulling over TCP"), "{log}");
+    assert!(
+        !log.contains("pulling from this peer with UCX GETs"),
+        "{log}"
+    );
+    // With the per-peer UCX counters in stats (`peer` section), none moved.
+    let stats = kvnode_e2e::peerstats::stats_json(&dst.socket);
+    if let Some(gets) = kvnode_e2e::peerstats::peer_counter(&stats, "ucx_gets_total") {
+        assert_eq!(gets, 0, "an encrypted session used UCX GETs: {stats:#}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A cluster-key reload (SIGHUP: key rotation or member removal) also re-issues the UCX arena
+/// key, so a removed member's old remote key reads nothing; the destination's open UCX
+/// connection is handed the new key and its next pull completes byte-identical over UCX.
+#[test]
+fn sighup_reloads_the_keys_and_re_issues_the_ucx_arena_key() {
+    let dir = kvnode_e2e::temp_dir("ucx-sighup");
+    let k = dir.join("cluster.key");
+    std::fs::write(&k, "cluster-key-hhhhhhhhhhhhhhhhhhhhhhhh\n").unwrap();
+    let port = free_port();
+    let key_args = ["--cluster-key", k.to_str().unwrap()];
+    let src = source(port, &[UCX[0], UCX[1], key_args[0], key_args[1]]);
+    let dst = dest(port, &[UCX[0], UCX[1], key_args[0], key_args[1]]);
+    let keys: Vec<Key> = (0..8).map(key).collect();
+    fill(&src, &keys);
+    assert_eq!(pull(&dst, port, &keys[..4]).0.state, OpState::Done);
+    src.signal(libc::SIGHUP);
+    let t = Instant::now();
+    while !src.log().contains("UCX arena key re-issued (generation") {
+        assert!(t.elapsed() < Duration::from_secs(5), "{}", src.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (op, pages) = pull(&dst, port, &keys);
+    assert_eq!(op.state, OpState::Done, "{op:?}\n{}", dst.log());
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(
+            p.as_deref(),
+            Some(block(i as u64, PAGE).as_slice()),
+            "page {i}"
+        );
+    }
+    assert!(
+        dst.log().contains("pulling from this peer with UCX GETs"),
+        "{}",
+        dst.log()
+    );
+    leases_drain(&src);
+    let _ = std::fs::remove_dir_all(dir);
+}

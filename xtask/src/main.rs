@@ -4,7 +4,8 @@
 //! cargo xtask check        fmt --check, no import loops (scripts/check-import-cycles.py),
 //!                          clippy -D warnings (one release profile for everything)
 //! cargo xtask test         the whole test suite (unit, property, end-to-end with real daemons,
-//!                          then the Python SGLang connector's pytest suite)
+//!                          then the Python suites: SGLang and vLLM connectors, TTFT harness, each
+//!                          in the venv of its lock, scripts/locks/*.lock via scripts/py-venv.sh)
 //! cargo xtask fuzz-smoke   decoder property tests with many more cases (stable-toolchain fuzzing)
 //! cargo xtask bench-smoke  every benchmark but `bench gpu` for a short run (scripts/bench-smoke.sh)
 //! cargo xtask release-seams  `cargo build --release -p kvnode` has no test seams
@@ -86,26 +87,47 @@ fn test() -> Result<(), String> {
     python_tests()
 }
 
-/// The Python connector's tests (real sglang wheel, real daemon) in the venv that
-/// `scripts/install-deps.sh` builds; a missing venv or zero collected tests is a failure.
-fn python_tests() -> Result<(), String> {
-    let venv = std::env::var("KVNODE_PY_VENV").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/kvnode-sglang-venv",
-            std::env::var("HOME").unwrap_or_default()
-        )
-    });
-    let py = format!("{venv}/bin/python");
-    if !std::path::Path::new(&py).exists() {
-        return Err(format!(
-            "{py} missing: run scripts/install-deps.sh to build the Python test venv"
-        ));
+/// The venv built from `scripts/locks/ENV.lock` (scripts/py-venv.sh: keyed by the lock's
+/// hash, built when missing, and checked to hold exactly the lock every time): its python.
+fn locked_python(env: &str) -> Result<String, String> {
+    eprintln!("xtask: venv {env}: bash scripts/py-venv.sh {env}");
+    let out = Command::new("bash")
+        .args(["scripts/py-venv.sh", env])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("venv {env}: cannot start scripts/py-venv.sh: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.lines().last() {
+        Some(py) if out.status.success() && std::path::Path::new(py).exists() => Ok(py.to_string()),
+        _ => Err(format!(
+            "venv {env}: scripts/py-venv.sh failed ({}): {text}",
+            out.status
+        )),
     }
-    let path = format!("{venv}/bin:{}", std::env::var("PATH").unwrap_or_default());
+}
+
+/// The Python connector's tests (real sglang wheel, real daemon), the vLLM connector's and the
+/// TTFT harness's, each in the venv of its lock; zero collected tests is a failure (pytest 5).
+fn python_tests() -> Result<(), String> {
+    let py = locked_python("sglang")?;
+    let venv_bin = std::path::Path::new(&py)
+        .parent()
+        .ok_or("venv python has no directory")?
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        venv_bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     // Absolute: the TTFT harness runs its daemons from another directory.
     let bin = std::env::current_dir()
         .map_err(|e| e.to_string())?
         .join("target/release/kvnode");
+    // The seam: idempotent; refuses (exit 2) an sglang other than 0.5.23 or a tree it does not match.
+    run(
+        "sglang-seam",
+        Command::new(&py).args(["-m", "kvnode.sglang", "patch", "--apply"]),
+    )?;
     run(
         "python-tests",
         Command::new(&py)
@@ -114,20 +136,17 @@ fn python_tests() -> Result<(), String> {
             .env("KVNODE_BIN", &bin),
     )?;
     // The vLLM connector against the real vllm wheel (its own venv: vllm pins another torch).
-    let vllm_venv = std::env::var("KVNODE_VLLM_VENV").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/kvnode-vllm-venv",
-            std::env::var("HOME").unwrap_or_default()
-        )
-    });
+    let vllm_py = locked_python("vllm")?;
     run(
         "vllm-tests",
-        Command::new(format!("{vllm_venv}/bin/python"))
+        Command::new(&vllm_py)
             .args(["-m", "pytest", "-q", "clients/python/tests_vllm"])
             .env("KVNODE_BIN", &bin),
     )?;
     // The TTFT harness's CPU parts (workload, decoder, report, a tiny end-to-end run with
-    // real daemons), so the GPU benchmark does not rot (bench/ttft/README.md).
+    // real daemons), so the GPU benchmark does not rot (bench/ttft/README.md). It needs torch,
+    // pytest and the kvnode client only, all in the SGLang venv, so it shares that venv and its
+    // lock (scripts/locks/sglang.lock) rather than downloading a third torch.
     run(
         "ttft-harness",
         Command::new(&py)
@@ -176,7 +195,10 @@ fn bench_smoke() -> Result<(), String> {
 }
 
 /// The daemon as `./dev serve` builds it (`cargo build --release -p kvnode`) carries no test
-/// seams: a config that asks for fault injection is refused as an unknown field.
+/// seams. Every seam a running daemon could be asked for is probed: each `debug_fault` config
+/// section (peer transport, spill IO engine) is refused as an unknown field, and the panic
+/// hook's environment variable is ignored (the daemon is still serving after it). The fake GPU
+/// has no switch at all (only the gpu crate's own tests construct it).
 fn release_has_no_seams() -> Result<(), String> {
     run(
         "release-build",
@@ -184,23 +206,50 @@ fn release_has_no_seams() -> Result<(), String> {
     )?;
     let dir = std::env::temp_dir().join(format!("kvnode-seams-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let cfg = dir.join("seams.toml");
-    std::fs::write(&cfg, "[peer]\ndebug_fault = { corrupt_block = 1 }\n")
-        .map_err(|e| e.to_string())?;
-    let out = Command::new("target/release/kvnode")
-        .args(["serve", "--print-config", "--config"])
-        .arg(&cfg)
-        .output()
-        .map_err(|e| format!("release-seams: cannot run the daemon: {e}"))?;
+    let r = probe_seams(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stderr);
-    if out.status.success() || !text.contains("debug_fault") {
+    r
+}
+
+fn probe_seams(dir: &std::path::Path) -> Result<(), String> {
+    for (seam, toml) in [
+        ("peer", "[peer]\ndebug_fault = { corrupt_block = 1 }\n"),
+        ("spill", "[spill]\ndebug_fault = { fail_write = 1 }\n"),
+    ] {
+        let cfg = dir.join(format!("{seam}.toml"));
+        std::fs::write(&cfg, toml).map_err(|e| e.to_string())?;
+        let out = Command::new("target/release/kvnode")
+            .args(["serve", "--print-config", "--config"])
+            .arg(&cfg)
+            .output()
+            .map_err(|e| format!("release-seams: cannot run the daemon: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !text.contains("debug_fault") {
+            return Err(format!(
+                "release-seams: the release daemon accepted a [{seam}] fault-injection config (status {}): {text}",
+                out.status
+            ));
+        }
+        eprintln!("xtask: release-seams: the release daemon refuses [{seam}] debug_fault: ok");
+    }
+    // The panic hook: a test build panics (exit 101) 50 ms after start; a release one serves on.
+    let mut child = Command::new("target/release/kvnode")
+        .args(["serve", "--dram", "16MiB", "--no-pin", "--socket"])
+        .arg(dir.join("kvnode.sock"))
+        .env("KVNODE_TEST_PANIC_AFTER_MS", "50")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("release-seams: cannot start the daemon: {e}"))?;
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let exited = child.try_wait().map_err(|e| e.to_string())?;
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Some(status) = exited {
         return Err(format!(
-            "release-seams: the release daemon accepted a fault-injection config (status {}): {text}",
-            out.status
+            "release-seams: the release daemon ended ({status}) with KVNODE_TEST_PANIC_AFTER_MS set: the panic hook is compiled in"
         ));
     }
-    eprintln!("xtask: release-seams: the release daemon refuses debug_fault: ok");
+    eprintln!("xtask: release-seams: the release daemon ignores KVNODE_TEST_PANIC_AFTER_MS: ok");
     Ok(())
 }
 

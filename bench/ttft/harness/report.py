@@ -2,8 +2,10 @@
 
 Definitions (stated in the report too):
   TTFT          request arrival at the worker -> first token on the host (prefill-only requests)
-  requests/s    closed loop, one request in flight per worker: requests / sum of TTFTs; with two
-                workers in lockstep, 2 * rounds / sum over rounds of the slower worker's TTFT
+  req/s         closed loop, one request in flight per worker: requests / sum of TTFTs; with two
+                workers in lockstep, 2 * rounds / sum over rounds of the slower worker's TTFT.
+                That is 1 / mean TTFT restated, NOT throughput under concurrent load (not
+                measured here): compare arms by TTFT, never with an engine's QPS
   prefill tok/s tokens computed / time spent computing them
   hit rate      share of prompt tokens served from each place (GPU cache, local DRAM, NVMe, peer)
   fetch GB/s    bytes loaded into the pool / (staging + onload time), per request path
@@ -152,7 +154,8 @@ def _long(lp: Dict, memcpy: Optional[Dict]) -> Dict:
                         "onload_ms": v.get("onload_s", 0) * 1e3, "moved_gb": v["moved_bytes"] / 1e9,
                         "fetch_GBps": v["moved_bytes"] / t / 1e9 if t else None,
                         "fixed_overhead_s": v.get("lookup_s", 0),
-                        "pulled_tokens": v.get("pulled_tokens"), "promoted_pages": v.get("promoted_pages")})
+                        "pulled_tokens": v.get("pulled_tokens"), "promoted_pages": v.get("promoted_pages"),
+                        "promoted_pages_per_rep": v.get("promoted_pages_per_rep")})
             if memcpy and memcpy.get("h2d_GBps") and row["fetch_GBps"]:
                 row["fetch_vs_pinned_memcpy"] = row["fetch_GBps"] / memcpy["h2d_GBps"]
         out[k] = row
@@ -249,7 +252,7 @@ def markdown(s: Dict) -> str:
         if not isinstance(w, dict) or "error" in w:
             continue
         L += [f"## {title}", "",
-              "| arm | req | TTFT p50 ms | p90 | p99 | mean | req/s | vs GPU-only | prefill tok/s | "
+              "| arm | req | TTFT p50 ms | p90 | p99 | mean | req/s (= 1/mean TTFT) | vs GPU-only | prefill tok/s | "
               "hit GPU | DRAM | NVMe | peer | computed | moved GB | fetch GB/s | first token = ref |",
               "|---|" + "---|" * 16]
         for arm, r in w.items():

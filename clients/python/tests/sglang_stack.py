@@ -1,7 +1,8 @@
 """SGLang 0.5.23's request and prefetch path, driven in-process on CPU for the end-to-end tests.
 
 Every step runs SGLang's own code:
-  HTTP body -> GenerateReqInput (+ the seam's router-token gate of /generate)
+  HTTP body -> GenerateReqInput -> http_server.serve_generate_request (the seam's router-token
+     gate of /generate runs inside it)
   -> TokenizerManager._create_tokenized_object -> TokenizedGenerateReqInput
   -> Req (built with the arguments Scheduler.handle_generate_request passes)
   -> Scheduler._prefetch_kvcache -> UnifiedRadixCache.prefetch_from_storage
@@ -16,6 +17,7 @@ device side. Their attributes are the ones those methods read; this module names
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import threading
@@ -52,14 +54,31 @@ def publish_defaults() -> None:
 
 
 def request_from_http(body: bytes, headers: Optional[dict] = None) -> GenerateReqInput:
-    """What /generate does with a body before tokenizing it (FastAPI's dataclass decode, the
-    seam's kv_hints gate, then normalization, which decodes the envelope)."""
+    """What /generate does with a body before tokenizing it: FastAPI's dataclass decode, then
+    SGLang's own `serve_generate_request` (patched by the seam: it gates kv_hints on the router
+    token) with a real starlette Request carrying `headers`, up to the point where it hands the
+    request to the tokenizer manager, then normalization, which decodes the envelope. The
+    tokenizer manager is the one object stood in for: it records what it was handed."""
     from sglang.srt.entrypoints import http_server
+    from starlette.requests import Request
 
     obj = GenerateReqInput(**json.loads(body))
-    gate = getattr(http_server, "gate_kv_hints", None)  # the seam's; test_seam pins that it is there
-    if gate is not None:
-        gate(obj, headers or {})
+    scope = {"type": "http", "method": "POST", "path": "/generate", "query_string": b"",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]}
+    handed = []
+
+    class _Manager:
+        async def generate_request(self, o, request):
+            handed.append(o)
+            yield {"text": "", "meta_info": {}}
+
+    saved = http_server._global_state
+    http_server._global_state = SimpleNamespace(tokenizer_manager=_Manager())
+    try:
+        asyncio.run(http_server.serve_generate_request(obj, Request(scope)))
+    finally:
+        http_server._global_state = saved
+    assert handed == [obj], "serve_generate_request did not hand the request on"
     obj.normalize_batch_and_arguments()
     return obj
 

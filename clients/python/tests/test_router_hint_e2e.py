@@ -10,6 +10,7 @@ seam the hint never leaves the Req and these tests fail: B loads nothing.
 import json
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -18,7 +19,6 @@ from sglang.srt.mem_cache.utils import get_hash_str, hash_str_to_int64
 
 import sglang_pools as sp
 import sglang_stack as stack
-from conftest import free_port
 from test_sglang_backend import storage
 
 PAGE = 4
@@ -148,9 +148,18 @@ def test_malformed_hints_fail_closed(workers):
     other = envelope(w["pa"], keys)
     other["actions"][0]["payload"]["source_control_endpoint"] = "udp://127.0.0.1:1"
     assert w["wb"].prefetch(request(body(toks, other))) == 0
-    # Well formed, but naming an endpoint B's daemon does not authorize: never dialled.
-    assert w["wb"].prefetch(request(body(toks, envelope(free_port(), keys)))) == 0
-    assert w["b"].batch_exists(keys) == 0
+    # Well formed, but naming an endpoint B's daemon does not authorize: never dialled. A real
+    # listener holds that endpoint and counts the connections it was offered: none.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as lsn:
+        lsn.bind(("127.0.0.1", 0))
+        lsn.listen(16)
+        lsn.setblocking(False)
+        port = lsn.getsockname()[1]
+        assert w["wb"].prefetch(request(body(toks, envelope(port, keys)))) == 0
+        assert w["b"].batch_exists(keys) == 0
+        time.sleep(0.2)  # a background dial, had one started, would be queued by now
+        with pytest.raises(BlockingIOError):
+            lsn.accept()
 
 
 def _limit(b, pages):

@@ -74,3 +74,39 @@ def test_the_salt_a_client_names_is_mixed_under_its_tenant(tenant_daemon, daemon
     finally:
         mapped.close()
         plain.close()
+
+
+@pytest.fixture
+def sharing_daemon(tmp_path):
+    cfg = tmp_path / "kvnode.toml"
+    # This client (root) is mapped to a tenant trusted with the arena; another uid is not.
+    cfg.write_text('[[tenants.tenant]]\nname = "trusted"\nuids = [0]\nshare_arena = true\n\n'
+                   '[[tenants.tenant]]\nname = "other"\nuids = [64009]\n')
+    d = Daemon(tmp_path / "d", extra=("--config", str(cfg)))
+    yield d
+    d.stop()
+
+
+def test_a_share_arena_tenant_maps_the_arena_and_moves_pages_through_it(sharing_daemon):
+    import ctypes
+
+    from kvnode.transfer import copy_out
+
+    c = Connection(sharing_daemon.socket)
+    try:
+        assert c.arena is not None and c.hello["arena_bytes"] > 0
+        ns = c.register(spec("shared"))["ns"]
+        keys = [[bytes([0x40 + i]) * 32, 0] for i in range(3)]
+        blocks = [bytes([0x80 + i]) * SLOT for i in range(3)]
+        srcs = [ctypes.create_string_buffer(b, SLOT) for b in blocks]
+        # Zero-copy set: alloc slots in the arena, write them through the mapping, commit.
+        assert copy_out(c, ns, keys, [ctypes.addressof(s) for s in srcs], [SLOT] * 3) == [True] * 3
+        # Read back both ways: inline, and leased straight out of the mapped arena.
+        assert c.get(ns, keys) == blocks
+        dsts = [ctypes.create_string_buffer(SLOT) for _ in range(3)]
+        assert copy_in(c, ns, keys, [ctypes.addressof(d) for d in dsts], [SLOT] * 3) == [True] * 3
+        assert [d.raw for d in dsts] == blocks
+        # The daemon puts the tenant's salt first itself: naming it again is another namespace.
+        assert c.register(spec("kvnode-tenant:trusted/shared"))["id"] != c.register(spec("shared"))["id"]
+    finally:
+        c.close()

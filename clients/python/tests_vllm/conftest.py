@@ -1,8 +1,8 @@
 """The kvnode vLLM connector's scheduler side against the real vllm 0.33.0 wheel, on CPU.
 
 vllm is imported at module level on purpose: where it does not import, collection fails and the
-run fails (no skip). Build the venv with scripts/install-vllm-venv.sh; run with
-`$(scripts/install-vllm-venv.sh) -m pytest clients/python/tests_vllm` (KVNODE_BIN names the daemon).
+run fails (no skip). The venv is built from scripts/locks/vllm.lock; run with
+`$(bash scripts/py-venv.sh vllm | tail -1) -m pytest clients/python/tests_vllm` (KVNODE_BIN names the daemon).
 """
 
 import json

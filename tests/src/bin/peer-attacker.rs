@@ -5,7 +5,8 @@
 //! peer-attacker relay  LISTEN TO [REWRITE_DIALLED]   one destination, relayed to TO
 //! peer-attacker forge  TO DIALLED KEY_ID_HEX         a forged proof sent to a keyed source
 //! peer-attacker proxy  LISTEN TO MODE [RECORD_FILE]  on-path proxy (pass, flip-payload,
-//!                                                    flip-header, drop, swap, replay)
+//!                                                    flip-header, drop, swap, replay,
+//!                                                    flip-header-up: destination to source)
 //! peer-attacker ucx-steal RECORD_FILE                what a UCX offer and slots read from a
 //!                                                    recording give: GET, PUT (ucxsteal.rs)
 //! ```

@@ -1,0 +1,72 @@
+//! What `kvnode stats --json` says about a daemon's peer transport: under the UCX pass of the
+//! peer suites (`KVNODE_E2E_PEER_TRANSPORT=ucx`), a pull must have moved its pages with UCX
+//! GETs and never fallen back to TCP, which a log line written at negotiation cannot show.
+//!
+//! The counters are the `peer` section of `stats --json` (one entry per peer):
+//! `ucx_gets_total`, `ucx_slots_served_total` and `ucx_fallbacks_total`. They are summed over
+//! every entry, wherever the section nests them, so the check does not depend on whether the
+//! peers are a list or a map keyed by address.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::{Daemon, kvnode_bin, peer_transport};
+
+/// `kvnode stats --json` of the daemon at `socket`, parsed.
+pub fn stats_json(socket: &Path) -> serde_json::Value {
+    let out = Command::new(kvnode_bin())
+        .args(["stats", "--json", "--socket"])
+        .arg(socket)
+        .output()
+        .expect("run kvnode stats --json");
+    assert!(
+        out.status.success(),
+        "kvnode stats --json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stats --json is JSON")
+}
+
+/// The sum of counter `key` over every object under the `peer` section of `stats` (the
+/// report's own `stats` object), or `None` when no object there has the key.
+pub fn peer_counter(stats: &serde_json::Value, key: &str) -> Option<u64> {
+    fn walk(v: &serde_json::Value, key: &str, sum: &mut Option<u64>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(n) = m.get(key).and_then(serde_json::Value::as_u64) {
+                    *sum = Some(sum.unwrap_or(0) + n);
+                }
+                m.values().for_each(|x| walk(x, key, sum));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, key, sum)),
+            _ => {}
+        }
+    }
+    let mut sum = None;
+    walk(stats.get("stats")?.get("peer")?, key, &mut sum);
+    sum
+}
+
+/// Under the UCX pass: `dst` pulled with UCX GETs (its `ucx_gets_total` moved), `src` served
+/// slots for them (`ucx_slots_served_total` moved), and neither fell back to TCP
+/// (`ucx_fallbacks_total` 0). Does nothing under the TCP pass.
+pub fn assert_pulled_over_ucx(dst: &Daemon, src: &Daemon) {
+    if peer_transport() != "ucx" {
+        return;
+    }
+    let (d, s) = (stats_json(&dst.socket), stats_json(&src.socket));
+    let need = |v: &serde_json::Value, who: &str, key: &str| {
+        peer_counter(v, key)
+            .unwrap_or_else(|| panic!("{who}'s stats --json has no peer.{key}: {v:#}"))
+    };
+    let gets = need(&d, "destination", "ucx_gets_total");
+    let served = need(&s, "source", "ucx_slots_served_total");
+    let fallbacks = need(&d, "destination", "ucx_fallbacks_total")
+        + peer_counter(&s, "ucx_fallbacks_total").unwrap_or(0);
+    assert!(
+        gets > 0 && served > 0 && fallbacks == 0,
+        "the pull did not run over UCX GETs alone: destination ucx_gets_total {gets}, source \
+         ucx_slots_served_total {served}, ucx_fallbacks_total {fallbacks}\ndestination log:\n{}",
+        dst.log()
+    );
+}
