@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!  server ─> conn (handshake, frame loop) ─> Session::handle (dispatch.rs)
-//!                                               ├─ data.rs     put / get / alloc / commit / exists / delete / clear
+//!                                               ├─ data.rs     put / alloc / commit / exists / delete / clear
+//!                                               ├─ get.rs      get in prefix order (inline streamed, lease or TooLarge)
 //!                                               ├─ hinted.rs   hinted get / exists, Pull / Wait / Cancel
 //!                                               ├─ region.rs   client memfd regions (region_copy.rs)
 //!                                               └─ gpu.rs      GPU attach / offload / onload (gpu_conn.rs)
@@ -17,6 +18,7 @@ mod conn;
 mod data;
 mod dispatch;
 mod errors;
+mod get;
 mod gpu;
 mod gpu_conn;
 mod hinted;
@@ -29,3 +31,6 @@ mod session;
 mod tenancy;
 
 pub use server::{ServeError, bind, raise_fd_limit, serve};
+
+#[cfg(test)]
+mod gpu_tests;
