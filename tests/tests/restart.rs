@@ -257,19 +257,33 @@ fn takeover_with_another_dram_size_is_refused_clearly_and_loses_nothing() {
     let _ = std::fs::remove_dir_all(&sock_dir);
 }
 
+/// What `--spill-lag` guarantees (it is a target, not a bound: docs/configuration.md): every
+/// block committed to DRAM is copied to NVMe by write-behind, and a block counted as copied
+/// survives SIGKILL. The test waits for the copies the daemon reports (`copied_down`), not
+/// for a span of time; without write-behind nothing is copied and SIGKILL loses it all.
 #[test]
-fn sigkill_with_spill_lag_keeps_every_block_older_than_the_lag() {
+fn sigkill_with_spill_lag_keeps_every_block_write_behind_copied() {
     let dir = spill_dir("lag");
     let mut a = roomy(&dir, &["--spill-lag", "200ms"]);
     let mut c = a.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     put_all(&mut c, ns, 0..64);
-    let written = Instant::now();
-    // The promise: blocks older than the lag are on NVMe. Wait out the lag (200 ms), with
-    // 800 ms of headroom for a loaded machine, then kill.
-    std::thread::sleep(Duration::from_secs(1));
-    let on_nvme = tier(&mut c, "nvme").blocks;
-    assert_eq!(on_nvme, 64, "after {:?}", written.elapsed());
+    let t0 = Instant::now();
+    while tier(&mut c, "nvme").copied_down < 64 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "write-behind never copied the 64 blocks: {:?}",
+            tier(&mut c, "nvme")
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let nvme = tier(&mut c, "nvme");
+    assert_eq!(nvme.blocks, 64, "{nvme:?}");
+    eprintln!(
+        "write-behind copied 64 blocks {:?} after the last put (lag 200 ms; lag exceeded {} times)",
+        t0.elapsed(),
+        nvme.lag_exceeded
+    );
     drop(c);
     stop(&mut a, libc::SIGKILL);
     let b = roomy(&dir, &[]);
@@ -277,13 +291,15 @@ fn sigkill_with_spill_lag_keeps_every_block_older_than_the_lag() {
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     assert_eq!(count_intact(&mut c, ns, 0..64), 64, "log:\n{}", b.log());
     drop(b);
-    // The control: without the lag, SIGKILL loses DRAM-only blocks.
+    // The control: without write-behind nothing is copied (the DRAM tier is roomy, nothing
+    // is demoted), and SIGKILL loses the DRAM-only blocks.
     let dir2 = spill_dir("nolag");
     let mut a = roomy(&dir2, &[]);
     let mut c = a.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     put_all(&mut c, ns, 0..16);
-    std::thread::sleep(Duration::from_secs(1));
+    let nvme = tier(&mut c, "nvme");
+    assert_eq!((nvme.blocks, nvme.copied_down), (0, 0), "{nvme:?}");
     drop(c);
     stop(&mut a, libc::SIGKILL);
     let b = roomy(&dir2, &[]);

@@ -401,3 +401,95 @@ fn report_shows_percentiles_distributions_and_throughput() {
     assert_eq!(get.buckets.iter().map(|b| b.count).sum::<u64>(), 37);
     assert!(get.quantile(0.5) <= get.quantile(0.99) && get.quantile(0.99) <= get.max_ns.max(1));
 }
+
+/// `nvme write` samples kvtrace saw (from the `spill_complete` probe of writes).
+fn traced_nvme_writes(rec: &LatencyReport) -> u64 {
+    rec.histograms
+        .iter()
+        .filter(|h| h.group == "tier" && h.name == "nvme write")
+        .map(|h| h.count)
+        .sum()
+}
+
+/// Starts kvtrace recording into the daemon's directory; returns it with the file path.
+fn record(d: &Daemon) -> (Trace, std::path::PathBuf) {
+    let out = d.dir.join("spill-rec.json");
+    let args = ["record", "--interval", "0.2", "--out", out.to_str().unwrap()];
+    (Trace::start(&args, d.child.id()), out)
+}
+
+fn spilling(dir: &std::path::Path, extra: &[&str]) -> Daemon {
+    let mut args = vec![
+        "--dram",
+        "64MiB",
+        "--slab-size",
+        "2MiB",
+        "--no-pin",
+        "--spill-dir",
+        dir.to_str().unwrap(),
+        "--spill-size",
+        "128MiB",
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start(&args)
+}
+
+/// Write-behind copies and the stop-time flush write through the same path as demotion,
+/// so kvtrace sees every one of their writes (it saw none before: they skipped the probes).
+#[test]
+fn kvtrace_sees_write_behind_and_stop_time_flush_writes() {
+    if !bpf_allowed() {
+        return;
+    }
+    const N: u64 = 24;
+    let put = |c: &mut kvnode_client::Client, ns: u32, range: std::ops::Range<u64>| {
+        for i in range {
+            let b = block(i, 65536);
+            c.put(ns, &[key(i)], &[&b]).unwrap();
+        }
+    };
+    // Write-behind: a roomy DRAM tier (nothing is demoted), every block copied down.
+    let dir = kvnode_e2e::spill_dir("trace-wb");
+    let d = spilling(&dir, &["--spill-lag", "50ms"]);
+    let (trace, out) = record(&d);
+    let mut c = d.client();
+    let ns = c.register(&spec("m", 65536)).unwrap().ns;
+    put(&mut c, ns, 0..N);
+    let t0 = Instant::now();
+    while kvnode_e2e::tier(&mut c, "nvme").copied_down < N {
+        assert!(t0.elapsed() < Duration::from_secs(30), "write-behind never copied {N} blocks");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let daemon_writes: u64 = c
+        .histograms()
+        .unwrap()
+        .histograms
+        .iter()
+        .filter(|h| h.name == "nvme write")
+        .map(|h| h.count)
+        .sum();
+    let table = trace.stop();
+    let rec: LatencyReport = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(daemon_writes, N, "the daemon timed every copy");
+    assert_eq!(traced_nvme_writes(&rec), N, "kvtrace saw every write-behind write\n{table}");
+    drop(c);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Stop-time flush: no lag, so the blocks are DRAM-only until SIGTERM flushes them.
+    let dir = kvnode_e2e::spill_dir("trace-flush");
+    let mut d = spilling(&dir, &[]);
+    let (trace, out) = record(&d);
+    let mut c = d.client();
+    let ns = c.register(&spec("m", 65536)).unwrap().ns;
+    put(&mut c, ns, 0..N);
+    assert_eq!(kvnode_e2e::tier(&mut c, "nvme").blocks, 0, "nothing on NVMe before the stop");
+    drop(c);
+    d.signal(libc::SIGTERM);
+    assert!(d.wait_exit(Duration::from_secs(60)).is_some_and(|s| s.success()), "{}", d.log());
+    let table = trace.stop();
+    let rec: LatencyReport = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(traced_nvme_writes(&rec), N, "kvtrace saw every flush write\n{table}");
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -219,6 +219,25 @@ class GpuClient:
         """Copies DRAM blocks into GPU pages; one OnloadStatus per key (`Loaded`, `Miss`, ...)."""
         return self._move("Onload", ns, keys, page_ids, buffer)[1]["results"]
 
+    def onload_split(self, ns: int, keys: Sequence[list], page_ids: Sequence[int], buffer: int = 0
+                     ) -> List[str]:
+        """`onload` of any length: split where the daemon answers TooLarge (pages it cannot
+        lease at once), each part finished before the next is asked for."""
+        out: List[str] = []
+        at = 0
+        while at < len(keys):
+            want = len(keys) - at
+            while True:
+                try:
+                    out += self.onload(ns, keys[at:at + want], page_ids[at:at + want], buffer)
+                    break
+                except KvnodeError as e:
+                    if e.code != "TooLarge" or not e.leasable or e.leasable >= want:
+                        raise
+                    want = e.leasable
+            at += want
+        return out
+
     def onload_async(self, ns: int, keys: Sequence[list], page_ids: Sequence[int], buffer: int = 0) -> int:
         """Starts an onload; returns its ticket for onload_wait / onload_cancel."""
         return self._move("OnloadAsync", ns, keys, page_ids, buffer)[1]["ticket"]

@@ -281,11 +281,10 @@ class KvnodeStorage(_Base):
         avail = self._available(b, keys, hint)
         if avail is not None:
             return avail
-        c = self._conn()
-        lease, extents = c.get_lease(b.ns, b.keys(keys))
-        if lease:
-            c.release(lease)
-        return b.pages([e is not None for e in extents], len(keys))
+        found: List[bool] = []
+        self._conn().get_lease_each(b.ns, b.keys(keys),
+                                    lambda _at, extents: found.extend(e is not None for e in extents))
+        return b.pages(found, len(keys))
 
     # -- v1 zero-copy interface ------------------------------------------------------------
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:

@@ -71,18 +71,18 @@ def copy_in(c: Connection, ns: int, pk: list, ptrs: List[int], sizes: List[int],
         raise KvnodeError("Unsupported", "this client's tenant has no arena mapping (share_arena = "
                           "false): use shared-memory pools (\"allocator\": \"shm\") or ask for "
                           "share_arena")
-    lease, extents = c.get_lease(ns, pk, extra=hint)
-    try:
-        flags = []
-        for e, p, s in zip(extents, ptrs, sizes):
+    flags: List[bool] = []
+
+    def use(at: int, extents: List[Optional[dict]]) -> None:
+        for e, p, s in zip(extents, ptrs[at:], sizes[at:]):
             ok = e is not None and e["len"] == s
             if ok:
                 ctypes.memmove(p, c.arena_base + e["offset"], s)
             flags.append(ok)
-        return flags
-    finally:
-        if lease:
-            c.release(lease)
+
+    # Split where the daemon answers TooLarge (a get larger than it can lease at once).
+    c.get_lease_each(ns, pk, use, extra=hint)
+    return flags
 
 
 def copy_out(c: Connection, ns: int, pk: list, ptrs: List[int], sizes: List[int]) -> List[bool]:

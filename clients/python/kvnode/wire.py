@@ -7,7 +7,7 @@ import mmap
 import os
 import socket
 import struct
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import msgpack
 
@@ -18,10 +18,12 @@ _PREFIX = struct.Struct("<II")  # header_len, payload_len
 class KvnodeError(RuntimeError):
     """The daemon refused a request (`code` is its ErrorCode name) or the protocol broke."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, leasable: Optional[int] = None):
         super().__init__(f"kvnode refused the request ({code}): {message}")
         self.code = code
         self.message = message
+        # With code "TooLarge": leading keys one request can lease now (split on it).
+        self.leasable = leasable
 
 
 def key(digest: bytes, segment: int = 0) -> list:
@@ -127,6 +129,8 @@ class Connection:
         name, body, data = self._read_rest(self._recv_exact(_PREFIX.size))
         if name == "Error":
             raise KvnodeError(body["code"], body["message"])
+        if name == "TooLarge":
+            raise KvnodeError("TooLarge", body["message"], leasable=body["leasable"])
         return name, body, data
 
     def close(self) -> None:
@@ -170,6 +174,28 @@ class Connection:
                   ) -> Tuple[int, List[Optional[dict]]]:
         body = self.call({"Get": {"ns": ns, "keys": keys, "mode": "Lease", **(extra or {})}})[1]
         return body["lease"], body["extents"]
+
+    def get_lease_each(self, ns: int, keys: List[list], use: Callable[[int, List[Optional[dict]]], None],
+                       extra: Optional[dict] = None) -> None:
+        """Lease get of any length, split where the daemon answers TooLarge: `use(first, extents)`
+        runs for each leading part while it is leased; it is released before the next part."""
+        at = 0
+        while at < len(keys):
+            want = len(keys) - at
+            while True:
+                try:
+                    lease, extents = self.get_lease(ns, keys[at:at + want], extra=extra)
+                    break
+                except KvnodeError as e:
+                    if e.code != "TooLarge" or not e.leasable or e.leasable >= want:
+                        raise
+                    want = e.leasable
+            try:
+                use(at, extents)
+            finally:
+                if lease:
+                    self.release(lease)
+            at += want
 
     def release(self, lease: int) -> None:
         self.call({"Release": {"lease": lease}})

@@ -47,6 +47,15 @@ pub enum ClientError {
         /// Daemon's explanation.
         message: String,
     },
+    /// A holding get (lease mode, GPU onload) cannot have all its pages leased now; only
+    /// the leading `leasable` can. [`Client::get_lease_each`] splits the request on it.
+    #[error("kvnode: only the leading {leasable} keys can be leased now: {message}")]
+    TooLarge {
+        /// Leading keys one request can lease now.
+        leasable: u32,
+        /// Daemon's explanation.
+        message: String,
+    },
     /// The daemon sent something this client does not understand.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -97,6 +106,10 @@ pub(crate) fn unexpected(r: &Reply) -> ClientError {
     match r {
         Reply::Error { code, message } => ClientError::Server {
             code: *code,
+            message: message.clone(),
+        },
+        Reply::TooLarge { leasable, message } => ClientError::TooLarge {
+            leasable: *leasable,
             message: message.clone(),
         },
         other => ClientError::Protocol(format!("unexpected reply {other:?}")),
@@ -285,6 +298,40 @@ impl Client {
             } => Ok((Lease { id: lease, extents }, pull.map(|p| *p))),
             r => Err(unexpected(&r)),
         }
+    }
+
+    /// Lease get of any length: asks for the keys from the first not yet handed over; when
+    /// the daemon answers `TooLarge`, asks again for the leading part it can lease. Each
+    /// part's lease is given to `f` with the index of its first key, then released, before
+    /// the next is asked for. Fails with `TooLarge { leasable: 0 }` when not even one key
+    /// can be leased now.
+    pub fn get_lease_each(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        mut f: impl FnMut(usize, &Lease, &ArenaMap),
+    ) -> Result<()> {
+        let mut at = 0;
+        while at < keys.len() {
+            let mut want = keys.len() - at;
+            let lease = loop {
+                match self.get_lease(ns, &keys[at..at + want]) {
+                    Ok(l) => break l,
+                    Err(ClientError::TooLarge { leasable, .. })
+                        if leasable > 0 && (leasable as usize) < want =>
+                    {
+                        want = leasable as usize;
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            f(at, &lease, &self.arena);
+            if lease.id != 0 {
+                self.release(lease.id)?;
+            }
+            at += want;
+        }
+        Ok(())
     }
 
     /// Ends a lease.

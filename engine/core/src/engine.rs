@@ -99,6 +99,25 @@ impl Engine {
         announcer: Arc<Announcer>,
         from: Option<Handover>,
     ) -> Result<Arc<Self>, StartError> {
+        let gpu = kvnode_gpu::GpuHub::cuda(kvnode_gpu::WorkerConfig::default());
+        Self::start_full(config, announcer, from, gpu)
+    }
+
+    /// Like [`Engine::start_with`], with a GPU hub made by the caller (tests: the fake GPU).
+    #[cfg(feature = "test-seams")]
+    pub fn start_with_gpu(
+        config: EngineConfig,
+        gpu: kvnode_gpu::GpuHub,
+    ) -> Result<Arc<Self>, StartError> {
+        Self::start_full(config, Announcer::new(None), None, gpu)
+    }
+
+    fn start_full(
+        config: EngineConfig,
+        announcer: Arc<Announcer>,
+        from: Option<Handover>,
+        gpu: kvnode_gpu::GpuHub,
+    ) -> Result<Arc<Self>, StartError> {
         let metrics = Arc::new(Metrics::default());
         let tier = |capacity| TierConfig {
             capacity,
@@ -131,7 +150,6 @@ impl Engine {
                 &config.spill,
                 config.slab_bytes(),
                 &arena,
-                Arc::clone(&dram),
                 Arc::clone(&announcer),
                 Arc::clone(&metrics),
             )?))
@@ -163,7 +181,6 @@ impl Engine {
                 Arc::clone(&stop_pinning),
             );
         }
-        let gpu = kvnode_gpu::GpuHub::cuda(kvnode_gpu::WorkerConfig::default());
         gpu.start_registration(
             arena.base(),
             arena.len(),
@@ -190,8 +207,7 @@ impl Engine {
         &self,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        let t = self.store.nvme()?;
-        Some(crate::nvme::spawn_demoter(Arc::clone(t), stop))
+        crate::store::spawn_demoter(Arc::clone(&self.store), stop)
     }
 
     /// Runs the stall watchdog until `stop`; needs a tokio runtime.

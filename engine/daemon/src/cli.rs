@@ -128,8 +128,8 @@ pub struct ServeArgs {
     /// Spill IO engine (psync for file systems without O_DIRECT, e.g. tmpfs).
     #[arg(long, value_enum)]
     pub spill_engine: Option<SpillEngineArg>,
-    /// Bounded write-behind: every DRAM block is also written to the spill tier within this
-    /// lag (e.g. 500ms, 2s), so a crash loses at most the blocks of the last lag. Off by default.
+    /// Write-behind: every DRAM block is also copied to the spill tier, aiming at this lag
+    /// (e.g. 500ms, 2s; a target, not a bound: puts are not slowed). Off by default.
     #[arg(long, value_name = "DURATION")]
     pub spill_lag: Option<String>,
     /// Take over the DRAM tier (arena, index, listening socket) of the daemon running on this

@@ -155,7 +155,16 @@ pub fn get(a: &GetArgs) -> anyhow::Result<()> {
     let (mut c, ns) = connect_ns(&a.keys)?;
     let hint = a.hint.as_deref().map(hint_text).transpose()?;
     let hint = hint.as_deref();
-    let pages: Vec<Option<Vec<u8>>> = if a.zero_copy {
+    let pages: Vec<Option<Vec<u8>>> = if a.zero_copy && hint.is_none() {
+        // Split on `TooLarge`: each leading part is read and released before the next.
+        let mut v = vec![None; ks.len()];
+        c.get_lease_each(ns, &ks, |at, lease, arena| {
+            for (j, e) in lease.extents.iter().enumerate() {
+                v[at + j] = e.map(|e| arena.read(e).to_vec());
+            }
+        })?;
+        v
+    } else if a.zero_copy {
         let (lease, pull) = c.get_lease_hinted(ns, &ks, hint, a.deadline_ms)?;
         if let Some(p) = &pull {
             print_pull(p);

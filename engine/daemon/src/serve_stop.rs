@@ -127,16 +127,12 @@ pub fn spawn_write_behind(
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let lag = engine.config.spill.lag?;
-    let t = engine.store.nvme()?;
+    engine.store.nvme()?;
     tracing::info!(
         lag_ms = lag.as_millis() as u64,
-        "write-behind on: every DRAM block reaches NVMe within the lag"
+        "write-behind on: every DRAM block is copied to NVMe, aiming at the lag (a target: puts are not slowed)"
     );
-    Some(kvnode_engine::nvme::spawn_write_behind(
-        Arc::clone(t),
-        lag,
-        stop,
-    ))
+    kvnode_engine::store::spawn_write_behind(Arc::clone(&engine.store), lag, stop)
 }
 
 /// How a serving round ended.
@@ -232,7 +228,10 @@ async fn flush(engine: &Arc<Engine>) {
     }
     let _ = t.wait_idle(Duration::from_secs(5)).await;
     let t0 = Instant::now();
-    let r = t.flush_dram(Duration::from_secs_f64(budget)).await;
+    let r = engine
+        .store
+        .flush_dram(Duration::from_secs_f64(budget))
+        .await;
     let elapsed_ms = t0.elapsed().as_millis() as u64;
     if r.left > 0 || r.failed > 0 {
         tracing::warn!(

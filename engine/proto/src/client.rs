@@ -462,6 +462,15 @@ pub enum Reply {
         /// For `OnloadWait` / `OnloadCancel`.
         ticket: u64,
     },
+    /// A get that holds its pages (lease mode, GPU onload) cannot have all of them leased
+    /// now; nothing was leased. The leading `leasable` keys can be: ask for those, use
+    /// and release them, then ask for the rest (never a result with a hole at the front).
+    TooLarge {
+        /// Leading keys that can be leased by one request now (0: none; retry later).
+        leasable: u32,
+        /// Why (the limit that was hit).
+        message: String,
+    },
     /// The request failed; nothing it would have changed was changed.
     Error {
         /// Category.

@@ -144,6 +144,10 @@ pub struct TierStats {
     pub poisoned: Option<String>,
     /// Reads whose bytes failed verification and were served as misses (NVMe).
     pub corrupt: u64,
+    /// Blocks copied down while kept in DRAM: write-behind and the stop-time flush (NVMe).
+    pub copied_down: u64,
+    /// Times the oldest block waiting for write-behind was older than `spill.lag` (NVMe).
+    pub lag_exceeded: u64,
 }
 
 /// Counters of one slot class.

@@ -134,7 +134,13 @@ class WorkerSide:
         tickets = []
         for seg, buf in enumerate(self._load.buffers):
             keys = [[d, seg] for d in digests]
-            tickets.append((self._load.gpu.onload_async(self._load.ns, keys, ids, buffer=buf), ids))
+            try:
+                tickets.append((self._load.gpu.onload_async(self._load.ns, keys, ids, buffer=buf), ids))
+            except KvnodeError as e:
+                if e.code != "TooLarge":
+                    raise
+                # More than the daemon can lease at once: load it in leading parts now.
+                tickets.append((self._load.gpu.onload_split(self._load.ns, keys, ids, buffer=buf), ids))
         return tickets
 
     def finish_load(self, tickets: Sequence[Tuple[int, List[int]]], cancel: bool = False) -> int:
@@ -147,7 +153,8 @@ class WorkerSide:
         bad: Set[int] = set()
         for ticket, ids in tickets:
             op = self._load.gpu.onload_cancel if cancel else self._load.gpu.onload_wait
-            for status, b in zip(op(ticket), ids):
+            done = ticket if isinstance(ticket, list) else op(ticket)  # a split load is done
+            for status, b in zip(done, ids):
                 if status != "Loaded":
                     bad.add(b)
         self.stats["load_s"] += time.perf_counter() - t0

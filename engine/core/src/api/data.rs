@@ -6,15 +6,12 @@ use std::sync::Arc;
 
 use kvnode_proto::Key;
 use kvnode_proto::client::{
-    AllocSlot, BlockMeta, CommitStatus, ErrorCode, GetMode, Op, PutStatus, Reply,
+    AllocSlot, BlockMeta, CommitStatus, ErrorCode, Op, PutStatus, Reply,
 };
-use kvnode_proto::frame::MAX_PAYLOAD;
-use kvnode_proto::pull::OpReport;
 
 use super::errors::{error, invalid, tier_error};
 use super::meta::router_metas;
 use super::session::Session;
-use crate::store::Lease;
 
 /// Per key: the put status a commit result means for a key that got a slot.
 fn put_status(c: CommitStatus) -> PutStatus {
@@ -264,58 +261,5 @@ impl Session {
             })
             .collect();
         Reply::Commit { results }
-    }
-
-    async fn get(
-        &mut self,
-        id: u64,
-        ns: u32,
-        keys: &[Key],
-        mode: GetMode,
-        pull: Option<Box<OpReport>>,
-    ) -> io::Result<()> {
-        let store = Arc::clone(&self.engine.store);
-        let leased = match store.lease(ns, keys).await {
-            Ok(l) => l,
-            Err(e) => return self.send(id, tier_error(&e), &[]).await,
-        };
-        match mode {
-            GetMode::Lease => {
-                let extents = leased
-                    .iter()
-                    .map(|l| l.as_ref().map(Lease::extent))
-                    .collect();
-                let held: Vec<Lease> = leased.into_iter().flatten().collect();
-                let lease = if held.is_empty() {
-                    0
-                } else {
-                    let l = self.next_id();
-                    let now = self.engine.metrics.now_ns();
-                    self.watch.lease_begin(l, held.len() as u64, now);
-                    self.leases.insert(l, held);
-                    l
-                };
-                let reply = Reply::GetLease {
-                    lease,
-                    extents,
-                    pull,
-                };
-                self.send(id, reply, &[]).await
-            }
-            GetMode::Inline => {
-                let total: u64 = leased.iter().flatten().map(Lease::len).sum();
-                if total > u64::from(MAX_PAYLOAD) {
-                    let msg = format!(
-                        "{total} bytes found exceed the 1 GiB frame limit: split the batch or use Lease mode"
-                    );
-                    return self.send(id, invalid(msg), &[]).await;
-                }
-                // Every block stays leased (immutable) until `leased` drops after the send.
-                let payload: Vec<&[u8]> = leased.iter().flatten().map(Lease::bytes).collect();
-                let lens = leased.iter().map(|l| l.as_ref().map(Lease::len)).collect();
-                self.send(id, Reply::GetInline { lens, pull }, &payload)
-                    .await
-            }
-        }
     }
 }

@@ -26,3 +26,13 @@ pub(super) fn error(code: ErrorCode, message: impl Into<String>) -> Reply {
         message: message.into(),
     }
 }
+
+/// The refusal of a holding get that cannot be leased whole now.
+pub(super) fn too_large(leasable: usize, keys: usize, hold_limit: u64) -> Reply {
+    Reply::TooLarge {
+        leasable: leasable as u32,
+        message: format!(
+            "only the leading {leasable} of {keys} keys can be leased now (promotions held by one request are limited to {hold_limit} bytes, half the DRAM tier, and DRAM cannot hold more): lease those, use and release them, then ask for the rest"
+        ),
+    }
+}

@@ -9,7 +9,7 @@ use kvnode_gpu::{CopyOp, Dir, GpuError};
 use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply};
 use kvnode_proto::gpu::{AttachGpu, LayoutError, OnloadStatus, PageMove, check_handle};
 
-use super::errors::tier_error;
+use super::errors::{tier_error, too_large};
 use super::gpu_conn::{Attached, PendingOnload};
 use super::session::Session;
 use crate::store::Reservation;
@@ -190,10 +190,15 @@ impl Session {
     async fn start_onload(&mut self, m: &PageMove) -> Result<PendingOnload, Reply> {
         let store = Arc::clone(&self.engine.store);
         self.buffer(m)?;
-        let leased = store
-            .lease(m.ns, &m.keys)
+        // In prefix order; pages that cannot all be leased now are refused as a whole.
+        let got = store
+            .lease_prefix(m.ns, &m.keys, store.hold_limit())
             .await
             .map_err(|e| tier_error(&e))?;
+        if let Some(n) = got.short {
+            return Err(too_large(n, m.keys.len(), store.hold_limit()));
+        }
+        let leased = got.leases;
         let a = self.buffer(m)?;
         let page_bytes = a.layout.page_bytes();
         let arena = store.arena().base() as usize;

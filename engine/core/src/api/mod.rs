@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!  server ─> conn (handshake, frame loop) ─> Session::handle (dispatch.rs)
-//!                                               ├─ data.rs     put / get / alloc / commit / exists / delete / clear
+//!                                               ├─ data.rs     put / alloc / commit / exists / delete / clear
+//!                                               ├─ get.rs      get in prefix order (inline streamed, lease or TooLarge)
 //!                                               ├─ hinted.rs   hinted get / exists, Pull / Wait / Cancel
 //!                                               ├─ region.rs   client memfd regions (region_copy.rs)
 //!                                               └─ gpu.rs      GPU attach / offload / onload (gpu_conn.rs)
@@ -18,6 +19,7 @@ mod data;
 mod dispatch;
 mod errors;
 mod gate;
+mod get;
 mod gpu;
 mod gpu_conn;
 mod hinted;
@@ -30,3 +32,6 @@ mod session;
 mod tenancy;
 
 pub use server::{ServeError, bind, check_socket_dir, raise_fd_limit, serve};
+
+#[cfg(test)]
+mod gpu_tests;

@@ -167,7 +167,9 @@ impl Session {
             .map_err(invalid)
     }
 
-    /// `GetToRegion`: lease every hit, validate, copy all, release, answer.
+    /// `GetToRegion`: validate, then window by window in prefix order (store/get.rs): lease
+    /// (promoting from NVMe), copy into the region, release; answer after the last copy.
+    /// DRAM use is one window whatever the get's length.
     async fn get_to_region(
         &mut self,
         ns: u32,
@@ -180,36 +182,69 @@ impl Session {
             return reply;
         }
         let store = Arc::clone(&self.engine.store);
-        let leased = match store.lease(ns, keys).await {
-            Ok(l) => l,
+        let plan = match store.plan(ns, keys) {
+            Ok(p) => p,
             Err(e) => return tier_error(&e),
         };
-        let Some(r) = self.regions.get_mut(&region) else {
-            return not_owned(region);
-        };
-        let too_long = leased
+        // Checked on the plan, before a byte moves (a block's length never changes).
+        let too_long = plan
             .iter()
             .zip(lens)
             .enumerate()
-            .find(|(_, (l, room))| l.as_ref().is_some_and(|b| b.len() > **room));
-        if let Some((i, (l, room))) = too_long {
-            let have = l.as_ref().map_or(0, Lease::len);
+            .find(|(_, (p, room))| p.0.is_local() && p.1 > **room);
+        if let Some((i, (p, room))) = too_long {
             return invalid(format!(
-                "key {i}: stored block is {have} bytes but only {room} bytes of room were given; nothing was written"
+                "key {i}: stored block is {} bytes but only {room} bytes of room were given; nothing was written",
+                p.1
             ));
         }
-        // Every block stays leased (immutable) until `leased` drops after the copies.
-        let copies: Vec<(&[u8], u64)> = leased
-            .iter()
-            .zip(offsets)
-            .filter_map(|(l, &o)| l.as_ref().map(|b| (b.bytes(), o)))
-            .collect();
-        match blocking(|| r.write_all(&copies)) {
-            Ok(()) => Reply::GotToRegion {
-                lens: leased.iter().map(|l| l.as_ref().map(Lease::len)).collect(),
-                pull: None,
-            },
-            Err(e) => self.copy_failed(region, Dir::Get, &e),
+        let mut got: Vec<Option<u64>> = vec![None; keys.len()];
+        for w in store.windows(&plan) {
+            let leased = match store.lease_window(ns, &keys[w.clone()]).await {
+                Ok(l) => l,
+                Err(e) => return tier_error(&e),
+            };
+            let Some(r) = self.regions.get_mut(&region) else {
+                return not_owned(region);
+            };
+            if let Some((j, b)) = leased
+                .iter()
+                .enumerate()
+                .find_map(|(j, l)| l.as_ref().filter(|b| b.len() > lens[w.start + j]).map(|b| (j, b)))
+            {
+                // Only a key written again with a new length between plan and lease.
+                return invalid(format!(
+                    "key {}: stored block is {} bytes but only {} bytes of room were given",
+                    w.start + j,
+                    b.len(),
+                    lens[w.start + j]
+                ));
+            }
+            // Every block stays leased (immutable) until `leased` drops after the copies.
+            let copies: Vec<(&[u8], u64)> = leased
+                .iter()
+                .zip(&offsets[w.clone()])
+                .filter_map(|(l, &o)| l.as_ref().map(|b| (b.bytes(), o)))
+                .collect();
+            if let Err(e) = blocking(|| r.write_all(&copies)) {
+                return self.copy_failed(region, Dir::Get, &e);
+            }
+            let short = leased.iter().enumerate().position(|(j, l)| {
+                l.is_none() && plan[w.start + j].0.is_local() && store.still_local(ns, &keys[w.start + j])
+            });
+            for (j, l) in leased.iter().enumerate() {
+                got[w.start + j] = l.as_ref().map(Lease::len);
+            }
+            if let Some(j) = short {
+                // No room for this window's promotion (DRAM is full of leased blocks): the
+                // answer is the prefix copied so far, never a hole in front of later pages.
+                got[w.start + j..].iter_mut().for_each(|g| *g = None);
+                break;
+            }
+        }
+        Reply::GotToRegion {
+            lens: got,
+            pull: None,
         }
     }
 

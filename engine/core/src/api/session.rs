@@ -92,6 +92,15 @@ impl Session {
         self.io.write_all(&mut slices).await
     }
 
+    /// Sends a reply header whose `total` payload bytes the caller writes next with
+    /// [`SockIo::write_all`] (a streamed get).
+    pub async fn send_head(&mut self, id: u64, reply: Reply, total: u64) -> std::io::Result<()> {
+        self.reply_info = self.engine.metrics.reply(&reply, total);
+        let frame = encode_frame(&Response { id, reply }, total)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        self.io.write_all(&mut [IoSlice::new(&frame)]).await
+    }
+
     /// Releases every lease and reservation this connection still holds (ops filling its
     /// buffers are fenced first, so no byte lands in a freed slot).
     pub fn release_all(&mut self) {

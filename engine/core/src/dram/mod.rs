@@ -274,6 +274,11 @@ impl DramTier {
         self.with(|s| slots.iter().for_each(|&slot| s.release(slot)));
     }
 
+    /// Length of each key's block if resident in DRAM (nothing leased).
+    pub fn block_lens(&self, ns: u32, keys: &[Key]) -> Result<Vec<Option<u64>>, TierError> {
+        self.with(|s| s.block_lens(ns, keys))
+    }
+
     /// Number of leading keys present.
     pub fn exists(&self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
         self.with(|s| s.exists(ns, keys))

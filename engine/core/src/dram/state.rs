@@ -536,6 +536,25 @@ impl State {
         }
     }
 
+    /// Length of each key's block if resident (no lease taken, no policy touched).
+    pub fn block_lens(&self, ns: u32, keys: &[Key]) -> Result<Vec<Option<u64>>, TierError> {
+        let id = self.ns(ns)?.id;
+        Ok(keys
+            .iter()
+            .map(|k| {
+                let key = BlockKey {
+                    ns: id,
+                    digest: k.0,
+                    segment: k.1,
+                };
+                match self.index.get(&key).map(|&s| self.slot(s)) {
+                    Some(Slot::Block(r)) => Some(r.len),
+                    _ => None,
+                }
+            })
+            .collect())
+    }
+
     pub fn exists(&self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
         let id = self.ns(ns)?.id;
         let n = keys

@@ -142,9 +142,10 @@ pub struct SpillSettings {
     pub room_wait_ms: u64,
     /// Warn when the oldest queued spill operation is older than this. Default 2 s.
     pub stall_warn_s: f64,
-    /// Bounded write-behind (`--spill-lag`, e.g. `"2s"`, `"500ms"`): every block committed to
-    /// DRAM is also written to NVMe within this lag, so a crash (SIGKILL, power loss after
-    /// the periodic fsync) loses at most the blocks of the last lag. Default: off.
+    /// Write-behind (`--spill-lag`, e.g. `"2s"`, `"500ms"`): every block committed to DRAM
+    /// is also written to NVMe, picked once half this lag old, so a crash (SIGKILL, power loss
+    /// after the periodic fsync) loses only blocks not yet copied. A target, not a bound:
+    /// puts are not slowed when the disk falls behind (counted as `lag_exceeded`). Default: off.
     #[serde(
         skip_serializing_if = "Option::is_none",
         serialize_with = "ser_opt_duration",

@@ -1,22 +1,23 @@
-//! The NVMe spill tier under DRAM: opening it, promotion on `get`, `exists`/`delete`/`clear` across tiers, stats.
+//! The NVMe spill tier as the engine uses it: a plain adapter over `kvnode-spill` that knows
+//! nothing of DRAM. Reads into arena slots (`submit_read`/`finish_read`), the one write path
+//! (`write_block`, write.rs), `contains`/`delete`/`clear`, the DISK residencies announced as
+//! KV events, the per-tenant NVMe ledger (quota.rs), stats.
 //!
 //! ```text
-//!  put ──> DRAM tier ── free < low watermark ──> demoter (tokio task, demoter.rs)
-//!            ^   |        picks LRU victims; each keeps its slot (one lease) while
-//!            |   |        spill.try_write(key, Arena{offset,len}) runs on the IO thread
-//!  promote   |   v        then leaves DRAM (DISK store announced before the DRAM remove)
-//!  (get miss)|  SpillTier (kvnode-spill: io_uring O_DIRECT, fixed buffers = the arena)
-//!            └── spill.read(key, Arena{reserved slot}) ── commit as a DRAM block
+//!  store/ (demote.rs, write_behind.rs, flush.rs, promote.rs): which block moves, and when
+//!     │ write_block(key, arena offset, len)      │ submit_read / finish_read
+//!     v                                          v
+//!  NvmeTier ──> SpillTier (kvnode-spill: io_uring O_DIRECT, fixed buffers = the arena)
 //! ```
 //!
 //! Spill keys use the 128-bit [`kvnode_proto::NamespaceId`], never the per-process handle,
 //! so after a restart the rebuilt spill index serves a namespace as soon as a client
-//! registers it again. The DRAM tier never imports the spill crate; this module joins them.
+//! registers it again. The DRAM tier never imports the spill crate, and this module never
+//! imports the DRAM tier: the store joins them.
 
 pub mod config;
-mod demoter;
-pub mod persist;
 mod quota;
+mod write;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -30,13 +31,12 @@ use kvnode_spill::{
     SpillTier,
 };
 
-use crate::dram::DramTier;
 use crate::obs::Metrics;
 use crate::residency::{Announcer, Residency, RouterMeta};
 use config::{SpillEngine, SpillSettings};
 
-pub use demoter::spawn_demoter;
-pub use persist::{FlushReport, spawn_write_behind};
+pub use quota::QuotaRoom;
+pub use write::{CopyCounters, InFlight};
 
 /// Counters of the NVMe tier kept by the engine (the spill crate keeps its own IO counters).
 #[derive(Debug, Default)]
@@ -57,17 +57,15 @@ pub struct NvmeTier {
     settings: SpillSettings,
     announcer: Arc<Announcer>,
     /// DISK residencies of blocks with router metadata (lock order: DRAM tier, then this).
-    nvme: Mutex<HashMap<SpillKey, Residency>>,
+    residencies: Mutex<HashMap<SpillKey, Residency>>,
     counters: Counters,
     in_flight: AtomicUsize,
     progress: tokio::sync::Notify,
-    /// The DRAM tier above: promotions land in it, demotions leave it.
-    dram: Arc<DramTier>,
     metrics: Arc<Metrics>,
     /// Per-tenant NVMe bytes and quotas (set once by the engine when a tenant map is on).
     quota: quota::NvmeQuota,
-    /// Copies down that keep the block in DRAM (persist.rs).
-    copies: persist::CopyCounters,
+    /// Copies down that keep the block in DRAM (store/write_behind.rs, store/flush.rs).
+    copies: CopyCounters,
 }
 
 /// A spill read in flight into a reserved DRAM slot.
@@ -109,7 +107,6 @@ impl NvmeTier {
         settings: &SpillSettings,
         slab_bytes: u64,
         arena: &crate::arena::Arena,
-        dram: Arc<DramTier>,
         announcer: Arc<Announcer>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, SpillError> {
@@ -175,14 +172,13 @@ impl NvmeTier {
             spill,
             settings: settings.clone(),
             announcer,
-            nvme: Mutex::new(HashMap::new()),
+            residencies: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             in_flight: AtomicUsize::new(0),
             progress: tokio::sync::Notify::new(),
-            dram,
             metrics,
             quota: quota::NvmeQuota::default(),
-            copies: persist::CopyCounters::default(),
+            copies: CopyCounters::default(),
         })
     }
 
@@ -224,8 +220,8 @@ impl NvmeTier {
         }
     }
 
-    fn nvme(&self) -> std::sync::MutexGuard<'_, HashMap<SpillKey, Residency>> {
-        self.nvme
+    fn residencies(&self) -> std::sync::MutexGuard<'_, HashMap<SpillKey, Residency>> {
+        self.residencies
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -236,7 +232,7 @@ impl NvmeTier {
     /// the demoter takes to announce a store, so a block's NVMe removal and its next NVMe
     /// store are published in the order they happened.
     fn forget(&self, keys: &[SpillKey]) {
-        let mut m = self.nvme();
+        let mut m = self.residencies();
         for k in keys {
             if !self.spill.contains(k) {
                 drop(m.remove(k));
@@ -314,7 +310,7 @@ impl NvmeTier {
                 self.metrics.record_tier("nvme read", lat, len);
                 crate::probes::promote(ns, len, lat);
                 self.counters.hits.fetch_add(1, Relaxed);
-                Some(self.nvme().get(&sk).map(|r| Arc::clone(r.meta())))
+                Some(self.residencies().get(&sk).map(|r| Arc::clone(r.meta())))
             }
             Ok(ReadOutcome::Miss(why)) => {
                 self.counters.misses.fetch_add(1, Relaxed);
@@ -334,6 +330,11 @@ impl NvmeTier {
                 None
             }
         }
+    }
+
+    /// How long a request waits for DRAM room (`spill.room_wait_ms`).
+    pub fn room_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.settings.room_wait_ms)
     }
 
     /// Counts blocks promoted into DRAM.
@@ -362,6 +363,8 @@ impl NvmeTier {
             in_flight: self.in_flight.load(Relaxed) as u64,
             poisoned: s.poisoned,
             corrupt: s.checksum_failures,
+            copied_down: self.copies.copied.load(Relaxed),
+            lag_exceeded: self.copies.lag_exceeded.load(Relaxed),
             ..TierStats::default()
         }
     }

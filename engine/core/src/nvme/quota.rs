@@ -19,7 +19,7 @@ use crate::tenant::{TenantId, Tenants};
 
 /// What [`NvmeTier::quota_room`] decided for one block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum QuotaRoom {
+pub enum QuotaRoom {
     /// No quota applies.
     Free,
     /// The block's bytes are held in its tenant's quota until the write settles.
@@ -70,7 +70,7 @@ impl NvmeTier {
     /// Before writing a block of namespace `ns` of `len` bytes: when its tenant has an NVMe
     /// quota, holds `len` bytes of it (deleting the tenant's oldest NVMe blocks until they
     /// fit), so concurrent demotions cannot pass the quota together.
-    pub(super) fn quota_room(&self, ns: NamespaceId, len: u64) -> QuotaRoom {
+    pub(crate) fn quota_room(&self, ns: NamespaceId, len: u64) -> QuotaRoom {
         let Some(tenants) = self.quota.tenants.get() else {
             return QuotaRoom::Free;
         };
@@ -116,14 +116,14 @@ impl NvmeTier {
     }
 
     /// [`NvmeTier::quota_room`] into `room`; true when the block must not be written.
-    pub(super) fn no_quota_room(&self, room: &mut QuotaRoom, ns: NamespaceId, len: u64) -> bool {
+    pub fn no_quota_room(&self, room: &mut QuotaRoom, ns: NamespaceId, len: u64) -> bool {
         *room = self.quota_room(ns, len);
         *room == QuotaRoom::NoRoom
     }
 
     /// After a demotion: charges a block that is now on NVMe to its tenant (bytes held by
     /// [`NvmeTier::quota_room`] become the block's), or gives held bytes back.
-    pub(super) fn quota_settle(
+    pub fn quota_settle(
         &self,
         room: QuotaRoom,
         k: SpillKey,

@@ -241,6 +241,10 @@ impl Metrics {
                     0,
                 )
             }
+            Reply::TooLarge { .. } => {
+                reject(1);
+                (OpStatus::Error, 0)
+            }
             Reply::GetInline { lens, .. } => {
                 (partial_if(lens.iter().any(Option::is_none)), payload)
             }

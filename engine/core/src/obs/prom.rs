@@ -163,7 +163,7 @@ type TierMetric = (
     fn(&TierStats) -> u64,
 );
 
-const PER_TIER: [TierMetric; 9] = [
+const PER_TIER: [TierMetric; 11] = [
     (
         "tier_hits",
         MetricType::Counter,
@@ -211,6 +211,18 @@ const PER_TIER: [TierMetric; 9] = [
         MetricType::Gauge,
         "Slots reserved by alloc, not yet committed.",
         |t| t.reserved,
+    ),
+    (
+        "tier_copied_down",
+        MetricType::Counter,
+        "Blocks copied to NVMe while kept in DRAM (write-behind, stop-time flush).",
+        |t| t.copied_down,
+    ),
+    (
+        "tier_lag_exceeded",
+        MetricType::Counter,
+        "Times the oldest block waiting for write-behind was older than spill.lag.",
+        |t| t.lag_exceeded,
     ),
 ];
 

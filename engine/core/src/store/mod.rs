@@ -1,19 +1,34 @@
-//! The node store: the one owner of the lookup order DRAM → NVMe, and of every slot guard.
+//! The node store: the one owner of the lookup order DRAM → NVMe, of every slot guard, and
+//! of every move between the tiers.
 //!
 //! ```text
 //!  client api ─┐                       ┌─> DramTier (index, slot classes, leases, eviction)
-//!  peer source ├─> Store ── lookup ────┤        ^ promote (reserve, read, commit, lease)
-//!  peer fetch  │   lease / exists /    └─> NvmeTier (spill files; demoter moves blocks down)
-//!  gpu ops    ─┘   reserve / delete / clear
+//!  peer source ├─> Store ── lookup ────┤
+//!  peer fetch  │   lease / exists /    └─> NvmeTier (adapter over kvnode-spill: reads,
+//!  gpu ops    ─┘   reserve / delete /        write_block, residencies; knows no DRAM)
+//!                  clear
+//!  moves:  promote.rs       NVMe -> DRAM, one window of a get at a time (get.rs: prefix order)
+//!          demote.rs        DRAM -> NVMe ahead of need (the demoter task, make_room)
+//!          write_behind.rs  DRAM -> NVMe copies that keep the block (`spill.lag`)
+//!          flush.rs         DRAM -> NVMe copies at stop (`spill.flush_on_stop_s`)
 //! ```
 //!
-//! Every path that looks a block up goes through [`Store::lease`] or [`Store::locate`], so a
-//! block on this node's NVMe is found the same way by a plain `get`, a hinted `get`, a
-//! peer's pull and a GPU onload. Slots are handed out only as guards ([`Lease`],
-//! [`Reservation`]) that release themselves when dropped.
+//! Every path that looks a block up goes through [`Store::lease`], [`Store::lease_window`]
+//! or [`Store::locate`], so a block on this node's NVMe is found the same way by a plain
+//! `get`, a hinted `get`, a peer's pull and a GPU onload. Slots are handed out only as
+//! guards ([`Lease`], [`Reservation`]) that release themselves when dropped.
+//!
+//! Lock order: the DRAM tier's mutex, then the NVMe residency map (taken inside
+//! `finish_demotion`/`finish_copy` callbacks, and alone by `forget`), then the spill crate's
+//! own locks. No lock is held across an await; block bytes move outside every lock.
 
+mod demote;
+mod flush;
+mod get;
 mod guard;
+mod promote;
 mod quota;
+mod write_behind;
 
 use std::sync::Arc;
 
@@ -27,10 +42,31 @@ use crate::nvme::NvmeTier;
 use crate::residency::Announcer;
 use crate::tenant::Tenants;
 
+pub use demote::spawn_demoter;
+pub use flush::FlushReport;
+pub use get::PrefixLease;
+pub use write_behind::spawn_write_behind;
 pub use guard::{Lease, Reservation};
 
 /// Owner id of reservations the store makes itself (promotions from NVMe).
 const STORE_OWNER: u64 = 0;
+
+/// Splits blocks of `lens` into consecutive runs of at most `max` bytes (at least one block
+/// each), in order.
+fn runs(lens: impl Iterator<Item = u64>, max: u64) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes, mut n) = (0, 0u64, 0);
+    for (i, l) in lens.enumerate() {
+        if i > start && bytes.saturating_add(l) > max {
+            out.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes = bytes.saturating_add(l);
+        n = i + 1;
+    }
+    out.push(start..n);
+    out
+}
 
 /// Where a key lives on this node, in lookup order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,89 +195,6 @@ impl Store {
         Ok(at.iter().take_while(|l| l.is_local()).count() as u32)
     }
 
-    /// Leases every key held on this node: DRAM hits at once, NVMe-only keys promoted into
-    /// DRAM first. Misses are `None`.
-    pub async fn lease(
-        self: &Arc<Self>,
-        ns: u32,
-        keys: &[Key],
-    ) -> Result<Vec<Option<Lease>>, TierError> {
-        let mut out: Vec<Option<Lease>> = self
-            .dram
-            .lease(ns, keys)?
-            .into_iter()
-            .map(|l| l.map(|l| Lease::new(Arc::clone(self), l)))
-            .collect();
-        if self.nvme.is_some() && out.iter().any(Option::is_none) {
-            let missing: Vec<(usize, Key)> = keys
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| out[*i].is_none())
-                .map(|(i, k)| (i, *k))
-                .collect();
-            // Its own task: a dropped request cannot strand a slot under an in-flight read.
-            let s = Arc::clone(self);
-            if let Ok(got) = tokio::spawn(async move { s.promote(ns, missing).await }).await {
-                for (i, l) in got {
-                    out[i] = Some(l);
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Reads NVMe-only keys into fresh DRAM slots, commits them (announced as DRAM stores)
-    /// and leases them.
-    async fn promote(self: &Arc<Self>, ns: u32, want: Vec<(usize, Key)>) -> Vec<(usize, Lease)> {
-        let Some(nvme) = &self.nvme else {
-            return Vec::new();
-        };
-        let Ok(id) = self.dram.namespace_id(ns) else {
-            return Vec::new();
-        };
-        let want: Vec<(usize, Key, u64)> = want
-            .into_iter()
-            .filter_map(|(i, k)| nvme.block_len(id, &k).map(|l| (i, k, l)))
-            .collect();
-        let keys: Vec<Key> = want.iter().map(|w| w.1).collect();
-        let lens: Vec<u64> = want.iter().map(|w| w.2).collect();
-        // Room first, like a put: demote ahead rather than evict blocks without a copy.
-        nvme.make_room(lens.iter().sum()).await;
-        let Ok(reserved) = self.reserve(STORE_OWNER, ns, &keys, &lens) else {
-            return Vec::new();
-        };
-        let reads: Vec<_> = want
-            .iter()
-            .zip(reserved)
-            .filter_map(|(w, r)| r.ok().map(|r| (w.0, w.1, r)))
-            .map(|(i, k, r)| {
-                let pending = nvme.submit_read(id, &k, r.offset(), r.len());
-                (i, k, r, pending)
-            })
-            .collect();
-        let mut landed = Vec::new();
-        for (i, k, mut r, pending) in reads {
-            // A miss drops `r`: the slot is freed unpublished.
-            if let Some(meta) = nvme.finish_read(ns, pending).await {
-                r.set_meta(meta);
-                if r.commit_as(true, None) == CommitStatus::Committed {
-                    landed.push((i, k));
-                }
-            }
-        }
-        nvme.count_promotions(landed.len() as u64);
-        self.dram.count_promotions(landed.len() as u64);
-        let keys: Vec<Key> = landed.iter().map(|x| x.1).collect();
-        let Ok(leased) = self.dram.lease(ns, &keys) else {
-            return Vec::new();
-        };
-        landed
-            .iter()
-            .zip(leased)
-            .filter_map(|((i, _), l)| l.map(|l| (*i, Lease::new(Arc::clone(self), l))))
-            .collect()
-    }
-
     /// Reserves a DRAM slot per key for `owner` (a connection id, or a pull's owner id).
     pub fn reserve(
         self: &Arc<Self>,
@@ -270,25 +223,7 @@ impl Store {
         if self.nvme.is_none() || lens.is_empty() {
             return std::iter::once(0..lens.len()).collect();
         }
-        let max = (self.dram.free_and_capacity().1 / 8).max(1);
-        let mut runs = Vec::new();
-        let (mut start, mut bytes) = (0, 0u64);
-        for (i, &l) in lens.iter().enumerate() {
-            if i > start && bytes.saturating_add(l) > max {
-                runs.push(start..i);
-                (start, bytes) = (i, 0);
-            }
-            bytes = bytes.saturating_add(l);
-        }
-        runs.push(start..lens.len());
-        runs
-    }
-
-    /// Waits (bounded) until DRAM has `bytes` free, demoting to NVMe ahead of need.
-    pub async fn make_room(&self, bytes: u64) {
-        if let Some(n) = &self.nvme {
-            n.make_room(bytes).await;
-        }
+        runs(lens.iter().copied(), self.window_bytes())
     }
 
     /// Removes keys from every tier; returns how many were held in any.
@@ -324,6 +259,8 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+mod get_tests;
 #[cfg(test)]
 mod quota_tests;
 #[cfg(test)]

@@ -1,0 +1,198 @@
+//! GPU onload of NVMe-resident pages through the real API server (a Unix socket, real
+//! frames) with the fake GPU in the same process and a real spill file under /var/tmp: an
+//! onload larger than the DRAM tier can lease is refused as `TooLarge` with the leading pages
+//! that can be, and onloading those parts in order loads every page byte-exactly.
+//! Run: `cargo test --release -p kvnode-engine --lib api::gpu_tests`.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use kvnode_gpu::fake::{FakeBackend, FakeDevice};
+use kvnode_gpu::{DeviceWorker, GpuHub, WorkerConfig};
+use kvnode_proto::client::{Op, PutStatus, Reply, Request, Response};
+use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, decode_header, encode_frame};
+use kvnode_proto::gpu::{AttachGpu, GpuLayout, GpuObject, OnloadStatus, PageMove};
+use kvnode_proto::{Digest, Key, NamespaceSpec};
+
+use crate::config::EngineConfig;
+use crate::engine::Engine;
+use crate::nvme::config::{SpillDirSetting, SpillSettings};
+
+const PAGE: u64 = 256 << 10;
+/// 12 MiB: one and a half times the 8 MiB DRAM tier, three times its hold limit.
+const PAGES: u64 = 48;
+
+fn key(i: u64) -> Key {
+    let mut d = [0u8; 32];
+    d[..8].copy_from_slice(&i.to_be_bytes());
+    d[31] = 0x6b;
+    Key::page(Digest(d))
+}
+
+fn page(i: u64) -> Vec<u8> {
+    (0..PAGE).map(|j| (i as u8).wrapping_mul(7) ^ (j as u8)).collect()
+}
+
+/// A blocking client speaking raw frames (the arena descriptor of `HelloOk` is dropped).
+struct Raw(UnixStream, u64);
+
+impl Raw {
+    fn call(&mut self, op: Op, payload: &[&[u8]]) -> Reply {
+        self.1 += 1;
+        let total: u64 = payload.iter().map(|p| p.len() as u64).sum();
+        let f = encode_frame(&Request { id: self.1, op }, total).unwrap();
+        self.0.write_all(&f).unwrap();
+        for p in payload {
+            self.0.write_all(p).unwrap();
+        }
+        let mut pre = [0u8; PREFIX_LEN];
+        self.0.read_exact(&mut pre).unwrap();
+        let p = FramePrefix::decode(pre).unwrap();
+        let mut h = vec![0u8; p.header_len as usize];
+        self.0.read_exact(&mut h).unwrap();
+        let mut rest = vec![0u8; p.payload_len as usize];
+        self.0.read_exact(&mut rest).unwrap();
+        decode_header::<Response>(&h).unwrap().reply
+    }
+
+    fn onload(&mut self, ns: u32, from: u64, n: u64) -> Reply {
+        self.call(
+            Op::Onload(PageMove {
+                ns,
+                keys: (from..from + n).map(key).collect(),
+                page_ids: (from..from + n).collect(),
+                buffer: 0,
+            }),
+            &[],
+        )
+    }
+}
+
+#[test]
+fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in_parts() {
+    let dir = std::env::temp_dir().join(format!("kvnode-gpu-tests-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = EngineConfig {
+        socket: dir.join("kv.sock"),
+        dram: 8 << 20,
+        slab_size: Some(1 << 20),
+        pin: false,
+        populate: false,
+        spill: SpillSettings {
+            dirs: vec![SpillDirSetting {
+                path: dir.join("spill"),
+                size: 64 << 20,
+            }],
+            ..SpillSettings::default()
+        },
+        ..EngineConfig::default()
+    };
+    let dev = FakeDevice::default();
+    let d = dev.clone();
+    let hub = GpuHub::with_spawner(move |device| {
+        let d = d.clone();
+        Ok(DeviceWorker::spawn(device, WorkerConfig::default(), move || {
+            Ok(FakeBackend::new(d))
+        }))
+    });
+    let engine = Engine::start_with_gpu(config.clone(), hub).expect("engine");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let listener = {
+        let _g = rt.enter();
+        super::bind(&config.socket, 0o600).expect("bind")
+    };
+    rt.spawn(super::serve(Arc::clone(&engine), listener, stop.clone()));
+    let _demoter = rt.block_on(async { engine.spawn_background(stop.clone()) });
+
+    let mut c = Raw(UnixStream::connect(&config.socket).unwrap(), 0);
+    let hello = c.call(
+        Op::Hello {
+            version: kvnode_proto::PROTOCOL_VERSION,
+            client: "gpu-tests".into(),
+        },
+        &[],
+    );
+    assert!(matches!(hello, Reply::HelloOk { .. }), "{hello:?}");
+    let Reply::Registered { ns, .. } = c.call(
+        Op::Register {
+            spec: NamespaceSpec {
+                model: "gpu-tests".into(),
+                page_size: 16,
+                segments: vec![PAGE],
+                ..NamespaceSpec::default()
+            },
+        },
+        &[],
+    ) else {
+        panic!("register")
+    };
+    for i in 0..PAGES {
+        let b = page(i);
+        let r = c.call(
+            Op::Put {
+                ns,
+                keys: vec![key(i)],
+                lens: vec![PAGE],
+                meta: Vec::new(),
+            },
+            &[&b],
+        );
+        assert_eq!(r, Reply::Put { results: vec![PutStatus::Stored] }, "page {i}");
+    }
+    let handle = dev.alloc((PAGES * PAGE) as usize, 0);
+    let attached = c.call(
+        Op::AttachGpu(AttachGpu {
+            handle: handle.to_vec().into(),
+            device: 0,
+            len: PAGES * PAGE,
+            layout: GpuLayout {
+                base: 0,
+                page_stride: PAGE,
+                pages: PAGES,
+                objects: vec![GpuObject { offset: 0, size: PAGE }],
+            },
+        }),
+        &[],
+    );
+    assert!(matches!(attached, Reply::GpuAttached { .. }), "{attached:?}");
+
+    let leasable = match c.onload(ns, 0, PAGES) {
+        Reply::TooLarge { leasable, .. } => u64::from(leasable),
+        other => panic!("an onload of 1.5x DRAM from NVMe must be TooLarge: {other:?}"),
+    };
+    assert!(leasable > 0 && leasable < PAGES, "leasable {leasable}");
+    assert!(dev.bytes(&handle).iter().all(|&b| b == 0), "a refused onload wrote nothing");
+    // In leading parts, as the clients split it: every page lands, in order.
+    let mut at = 0;
+    while at < PAGES {
+        let mut n = PAGES - at;
+        let results = loop {
+            match c.onload(ns, at, n) {
+                Reply::Onloaded { results } => break results,
+                Reply::TooLarge { leasable, .. } if leasable > 0 && u64::from(leasable) < n => {
+                    n = u64::from(leasable);
+                }
+                other => panic!("onload of {at}..{}: {other:?}", at + n),
+            }
+        };
+        assert!(results.iter().all(|r| *r == OnloadStatus::Loaded), "{results:?}");
+        at += n;
+    }
+    let gpu = dev.bytes(&handle);
+    for i in 0..PAGES {
+        let s = (i * PAGE) as usize;
+        assert!(gpu[s..s + PAGE as usize] == page(i)[..], "GPU page {i}");
+    }
+    let t = engine.store.snapshot().0.tier;
+    assert_eq!((t.leases, t.reserved), (0, 0), "{t:?}");
+    drop(c);
+    let _ = stop_tx.send(true);
+    drop(rt);
+    let _ = std::fs::remove_dir_all(&dir);
+}
