@@ -48,6 +48,7 @@ if ((${#need[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+bash scripts/install-deploy-deps.sh  # podman, runc, mmdebstrap, dpkg-dev, kubernetes-validate venv (tests/deploy)
 
 # Python: the SGLang connector's tests run against the real sglang 0.5.23 wheel in a venv, with
 # kvnode's KV-hint seam applied to it (python -m kvnode.sglang patch --apply, reversible).
