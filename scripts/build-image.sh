@@ -38,6 +38,8 @@ ctx=$(mktemp -d /var/tmp/kvnode-image-ctx.XXXXXX)
 trap 'rm -rf "$ctx"' EXIT
 ln "$rootfs" "$ctx/rootfs.tar" 2>/dev/null || cp "$rootfs" "$ctx/rootfs.tar"
 install -m 0755 target/release/kvnode target/release/kvtrace packaging/image/kvnode-pod "$ctx/"
+# Debug info off (the USDT notes, .note.stapsdt, stay: kvtrace needs them).
+strip --strip-debug "$ctx/kvnode" "$ctx/kvtrace"
 install -m 0644 packaging/image/kvnode.toml "$ctx/"
 podman build --quiet --format docker --runtime runc \
   --build-arg VERSION="$version" --build-arg REVISION="$revision" \
@@ -45,13 +47,17 @@ podman build --quiet --format docker --runtime runc \
   -f packaging/image/Containerfile -t "$tag" -t "${tag%:*}:latest" "$ctx" >/dev/null
 
 # Every shared library the binaries need is in the image.
-missing=$(podman run --rm --runtime runc --network none --entrypoint /usr/bin/ldd "$tag" \
+nofile=$(($(ulimit -Hn) < 65536 ? $(ulimit -Hn) : 65536))
+missing=$(podman run --rm --runtime runc --ulimit "nofile=$nofile:$nofile" --ulimit nproc=4096:4096 \
+  --network none --no-healthcheck --entrypoint /usr/bin/ldd "$tag" \
   /usr/bin/kvnode /usr/bin/kvtrace | grep 'not found' || true)
 if [ -n "$missing" ]; then
   echo "build-image: libraries missing in the image (add their packages to packaging/image/packages.txt):" >&2
   echo "$missing" >&2
   exit 1
 fi
+# Earlier builds' images, now untagged, would pile up run after run.
+podman image prune -f >/dev/null
 size=$(podman image inspect --format '{{.Size}}' "$tag")
 echo "build-image: $tag (version $version, revision $revision): $((size / 1024 / 1024)) MiB ($size bytes)"
 cd "$root"
