@@ -36,37 +36,38 @@ in_ctr() { podman exec "$ctr" "$@"; }
 # The image's root file system has the image's kvnode user and directories: a bare system not.
 in_ctr sh -c 'sed -i "/^kvnode:/d" /etc/passwd /etc/group /etc/shadow && rm -rf /var/lib/kvnode /var/lib/kvnode-pod /run/kvnode'
 in_ctr dpkg -i "/deb/$(basename "$deb")" >&2 || fail "dpkg -i failed"
-in_ctr getent passwd kvnode | grep -q ':/var/lib/kvnode:' || fail "no kvnode system user"
-uid=$(in_ctr id -u kvnode)
-[ "$uid" -lt 1000 ] || fail "kvnode is not a system user (uid $uid)"
-in_ctr test -x /usr/bin/kvnode -a -x /usr/bin/kvtrace -a -f /lib/systemd/system/kvnode.service || fail "files missing"
-in_ctr grep -q '^/etc/kvnode/kvnode.toml$' /var/lib/dpkg/info/kvnode.conffiles || fail "kvnode.toml is not a conffile"
+in_ctr sh -eu -c '
+getent passwd kvnode | grep -q ":/var/lib/kvnode:" || { echo "FAIL: no kvnode system user"; exit 1; }
+[ "$(id -u kvnode)" -lt 1000 ] || { echo "FAIL: kvnode is not a system user"; exit 1; }
+[ "$(stat -c %U:%a /var/lib/kvnode)" = kvnode:750 ] || { echo "FAIL: /var/lib/kvnode"; exit 1; }
+test -x /usr/bin/kvnode -a -x /usr/bin/kvtrace -a -f /lib/systemd/system/kvnode.service || { echo "FAIL: files missing"; exit 1; }
+grep -qx /etc/kvnode/kvnode.toml /var/lib/dpkg/info/kvnode.conffiles || { echo "FAIL: kvnode.toml is not a conffile"; exit 1; }
+' >&2 || fail "the installed package (see above)"
 in_ctr /usr/bin/kvnode serve --config /etc/kvnode/kvnode.toml --print-config | grep -q '^socket = "/run/kvnode/kvnode.sock"' ||
   fail "the installed config does not parse"
 step "start the installed daemon as kvnode with the installed config"
-in_ctr install -d -o kvnode -g kvnode -m 0755 /run/kvnode
-in_ctr sh -c 'setpriv --reuid kvnode --regid kvnode --init-groups /usr/bin/kvnode serve --config /etc/kvnode/kvnode.toml --dram 32MiB --slab-size 2MiB >/tmp/kvnode.log 2>&1 & echo $! >/tmp/kvnode.pid'
-for ((i = 0; i < 100; i++)); do
-  in_ctr /usr/bin/kvnode stats --socket /run/kvnode/kvnode.sock >/dev/null 2>&1 && break
+# One script in the container (each podman exec costs a second on this machine).
+in_ctr sh -eu -c '
+install -d -o kvnode -g kvnode -m 0755 /run/kvnode   # what RuntimeDirectory=kvnode makes
+setpriv --reuid kvnode --regid kvnode --init-groups \
+  /usr/bin/kvnode serve --config /etc/kvnode/kvnode.toml --dram 32MiB --slab-size 2MiB >/tmp/kvnode.log 2>&1 &
+pid=$!
+i=0
+until /usr/bin/kvnode stats --socket /run/kvnode/kvnode.sock >/dev/null 2>&1; do
+  i=$((i + 1)); [ $i -lt 200 ] || { cat /tmp/kvnode.log; echo "FAIL: the installed daemon did not answer"; exit 1; }
   sleep 0.1
 done
-[ "$i" -lt 100 ] || { in_ctr cat /tmp/kvnode.log >&2; fail "the installed daemon did not answer"; }
-in_ctr stat -c %U /run/kvnode/kvnode.sock | grep -qx kvnode || fail "the socket is not the kvnode user's"
-in_ctr sh -c 'ps -o user= -p "$(cat /tmp/kvnode.pid)" 2>/dev/null || stat -c %U /proc/$(cat /tmp/kvnode.pid)' | grep -qx kvnode ||
-  fail "the daemon does not run as kvnode"
-keys=(--tokens "$(seq -s, 1 128)" --model deb --page-size 64 --page-bytes 64KiB)
-in_ctr /usr/bin/kvnode put --socket /run/kvnode/kvnode.sock "${keys[@]}" --seed 3 | grep -q "^stored 2" || fail "put"
-in_ctr /usr/bin/kvnode get --socket /run/kvnode/kvnode.sock "${keys[@]}" | grep -q "^2 of 2 leading pages hit" || fail "get"
-in_ctr sh -c 'kill -TERM "$(cat /tmp/kvnode.pid)"'
-for ((i = 0; i < 100; i++)); do
-  in_ctr sh -c 'kill -0 "$(cat /tmp/kvnode.pid)" 2>/dev/null' || break
-  sleep 0.1
-done
-in_ctr grep -q "kvnode stopped" /tmp/kvnode.log || { in_ctr cat /tmp/kvnode.log >&2; fail "no clean stop on SIGTERM"; }
+[ "$(stat -c %U /run/kvnode/kvnode.sock)" = kvnode ] || { echo "FAIL: the socket is not the kvnode user'"'"'s"; exit 1; }
+[ "$(stat -c %U /proc/$pid)" = kvnode ] || { echo "FAIL: the daemon does not run as kvnode"; exit 1; }
+k="--tokens $(seq -s, 1 128) --model deb --page-size 64 --page-bytes 64KiB"
+/usr/bin/kvnode put --socket /run/kvnode/kvnode.sock $k --seed 3 | grep -q "^stored 2" || { echo "FAIL: put"; exit 1; }
+/usr/bin/kvnode get --socket /run/kvnode/kvnode.sock $k | grep -q "^2 of 2 leading pages hit" || { echo "FAIL: get"; exit 1; }
+kill -TERM $pid
+wait $pid || { cat /tmp/kvnode.log; echo "FAIL: exit status $? on SIGTERM"; exit 1; }
+grep -q "kvnode stopped" /tmp/kvnode.log || { cat /tmp/kvnode.log; echo "FAIL: no clean stop on SIGTERM"; exit 1; }
+' >&2 || fail "the installed daemon (see above)"
 step "dpkg --purge"
 in_ctr dpkg --purge kvnode >&2 || fail "dpkg --purge failed"
-for p in /usr/bin/kvnode /usr/bin/kvtrace /lib/systemd/system/kvnode.service /etc/kvnode /var/lib/kvnode; do
-  if in_ctr test -e "$p"; then fail "$p left after purge"; fi
-done
-if in_ctr getent passwd kvnode >/dev/null; then fail "the kvnode user is left after purge"; fi
+left=$(in_ctr sh -c 'for p in /usr/bin/kvnode /usr/bin/kvtrace /lib/systemd/system/kvnode.service /etc/kvnode /var/lib/kvnode; do [ -e $p ] && echo $p; done; getent passwd kvnode; getent group kvnode; true')
+[ -z "$left" ] || fail "left after purge: $left"
 echo "ok: deb $(basename "$deb") ($(du -h "$deb" | cut -f1))"
