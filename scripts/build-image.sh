@@ -56,6 +56,15 @@ if [ -n "$missing" ]; then
   echo "$missing" >&2
   exit 1
 fi
+# The image's daemon carries no test seams (as `cargo xtask release-seams` checks for the
+# release build): a fault-injection setting is refused as an unknown field.
+seams=$(printf '[peer]\ndebug_fault = { corrupt_block = 1 }\n' | podman run --rm -i --runtime runc \
+  --ulimit "nofile=$nofile:$nofile" --ulimit nproc=4096:4096 --network none --no-healthcheck \
+  --entrypoint /bin/sh "$tag" -c 'cat >/tmp/s.toml; /usr/bin/kvnode serve --print-config --config /tmp/s.toml' 2>&1 || true)
+grep -q debug_fault <<<"$seams" && ! grep -q '^socket = ' <<<"$seams" || {
+  echo "build-image: the image's kvnode accepts a fault-injection config (built with test seams?): build it with cargo build --release -p kvnode -p kvtrace" >&2
+  exit 1
+}
 # Earlier builds' images, now untagged, would pile up run after run.
 podman image prune -f >/dev/null
 size=$(podman image inspect --format '{{.Size}}' "$tag")
