@@ -183,6 +183,16 @@ def violations(root: Path) -> list[str]:
     need([e["port"] for e in sm["spec"]["endpoints"]] == [sp["name"]], "ports: the ServiceMonitor does not scrape the Service's metrics port")
     need(all(svc["metadata"]["labels"].get(k) == x for k, x in sm["spec"]["selector"]["matchLabels"].items()), "labels: the ServiceMonitor selects no Service")
 
+    # Cluster: --cluster is the ConfigMap's etcd URL, --node-id the node's name.
+    envs = {e["name"]: e for e in ctr["env"]}
+    cl = [ctr["args"][i + 1] for i, a in enumerate(ctr["args"][:-1]) if a == "--cluster"]
+    ref = envs.get(cl[0][2:-1], {}).get("valueFrom", {}).get("configMapKeyRef", {}) if cl and cl[0].startswith("$(") else {}
+    need(ref.get("name") == cm["metadata"]["name"] and ref.get("key") in cm["data"] and cm["data"].get(ref.get("key"), "").startswith(("etcd://", "etcds://")),
+         f"cluster: --cluster {cl} is not the ConfigMap's etcd URL")
+    nid = [ctr["args"][i + 1] for i, a in enumerate(ctr["args"][:-1]) if a == "--node-id"]
+    need(bool(nid) and envs.get(nid[0][2:-1], {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName",
+         "cluster: --node-id is not the node's name (spec.nodeName)")
+
     # Spill: every spill dir is on a hostPath mount.
     for d in cfg.get("spill", {}).get("dirs", []):
         m = next((m for m in ctr["volumeMounts"] if Path(d["path"]) == Path(m["mountPath"]) or Path(m["mountPath"]) in Path(d["path"]).parents), None)
@@ -224,6 +234,8 @@ MUTATIONS = [
     ("deploy/base/configmap.yaml", 'path = "/var/lib/kvnode/spill"', 'path = "/var/lib/spill"', "spill: /var/lib/spill"),
     ("deploy/base/daemonset.yaml", "maxSurge: 1", "maxSurge: 0", "update: not maxSurge 1"),
     ("deploy/base/daemonset.yaml", "            - --takeover\n", "", "update: the daemon is not started with --takeover"),
+    ("deploy/base/configmap.yaml", "  etcd: ", "  etcd_url: ", "cluster: --cluster"),
+    ("deploy/base/daemonset.yaml", "fieldPath: spec.nodeName", "fieldPath: metadata.name", "cluster: --node-id"),
     ("packaging/image/kvnode.toml", 'socket = "/run/kvnode/kvnode.sock"', 'socket = "/tmp/kvnode.sock"', "socket: the image's default"),
 ]
 
