@@ -29,6 +29,8 @@ if [ ! -s "$rootfs" ]; then
   t=$(date +%s)
   bash packaging/image/mkrootfs.sh "$rootfs.part"
   mv "$rootfs.part" "$rootfs"
+  # One root file system in the cache (tests/deploy/deb.sh installs the .deb onto it).
+  find "$cache" -maxdepth 1 -name 'rootfs-*.tar*' ! -name "$(basename "$rootfs")" -delete
   echo "build-image: root file system in $(($(date +%s) - t)) s: $rootfs ($(du -h "$rootfs" | cut -f1))" >&2
 else
   echo "build-image: cached root file system $rootfs" >&2
