@@ -9,6 +9,8 @@
 //! cargo xtask fuzz-smoke   decoder property tests with many more cases (stable-toolchain fuzzing)
 //! cargo xtask bench-smoke  every benchmark but `bench gpu` for a short run (scripts/bench-smoke.sh)
 //! cargo xtask release-seams  `cargo build --release -p kvnode` has no test seams
+//! cargo xtask deploy       image (Debian packages only), container, manifest, wheel, .deb and
+//!                          dashboard tests (tests/deploy/run.sh; docs/deploy.md)
 //! cargo xtask ci           all of the above, in that order
 //! cargo xtask serve ARGS   build and run `kvnode serve ARGS`
 //! ```
@@ -253,6 +255,15 @@ fn probe_seams(dir: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The deploy stage: the release binaries, then tests/deploy/run.sh (it builds the image).
+fn deploy() -> Result<(), String> {
+    run(
+        "deploy-build",
+        cargo().args(["build", "--release", "-p", "kvnode", "-p", "kvtrace"]),
+    )?;
+    run("deploy", Command::new("bash").arg("tests/deploy/run.sh"))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
@@ -261,11 +272,13 @@ fn main() -> ExitCode {
         Some("fuzz-smoke") => fuzz_smoke(),
         Some("bench-smoke") => bench_smoke(),
         Some("release-seams") => release_has_no_seams(),
+        Some("deploy") => deploy(),
         Some("ci") => check()
             .and_then(|()| test())
             .and_then(|()| fuzz_smoke())
             .and_then(|()| bench_smoke())
-            .and_then(|()| release_has_no_seams()),
+            .and_then(|()| release_has_no_seams())
+            .and_then(|()| deploy()),
         Some("serve") => run(
             "serve",
             cargo()
