@@ -101,71 +101,84 @@ def conftest_step():
     return ScheduleEndContext((), ())
 
 
+def _rows(n, row):
+    payload = [os.urandom(row) for _ in range(min(n, 8))]
+    return [payload[i % len(payload)] for i in range(n)]
+
+
+def _load_and_misses(name, e, keys, rows):
+    """Times the load of `keys` (absent from the primary tier) and the miss pattern."""
+    ctx = ReqContext(req_id="bench-load")
+    with e.m.lock:
+        e.m.on_new_request(ctx)
+    assert not any(e.in_primary(k, ctx) for k in keys[:8]), f"{name}: keys still in the primary tier"
+    tm = Timed(e)
+    hits, load_s = tm.lookup_all(keys, ctx)
+    assert hits == len(keys), f"{name}: {hits} of {len(keys)} loaded"
+    assert e.read_loaded(keys[:4], ctx) == rows[:4], f"{name}: loaded bytes differ"
+    reqs = [(ReqContext(req_id=f"miss-{i}"), keys_and_rows(16)[0]) for i in range(16)]
+    with e.m.lock:
+        for c, _ in reqs:
+            e.m.on_new_request(c)
+    lt = Timed(e)
+    t0, open_, steps = time.monotonic(), set(range(16)), 0
+    while open_:
+        s0 = time.perf_counter()
+        with e.m.lock:
+            for i in sorted(open_):
+                c, ks = reqs[i]
+                decided = True
+                for k in ks:
+                    c0 = time.perf_counter()
+                    r = e.m.lookup(k, c)
+                    lt.calls.append(time.perf_counter() - c0)
+                    if r.name == "MISS":
+                        break
+                    decided = False
+                if decided:
+                    open_.discard(i)
+            e.m.on_schedule_end(conftest_step())
+        lt.steps.append(time.perf_counter() - s0)
+        steps += 1
+        time.sleep(0.001)
+        if time.monotonic() - t0 > 60:
+            raise RuntimeError(f"{name}: misses not decided")
+    calls = sorted(lt.calls)
+    return {"load_gbs": len(keys) * len(rows[0]) / load_s / 1e9, "load_steps": len(tm.steps),
+            "sched_ms_per_step_load": 1000 * statistics.mean(tm.steps),
+            "lookup_call_us_p50": 1e6 * calls[len(calls) // 2],
+            "lookup_call_us_p99": 1e6 * calls[int(len(calls) * 0.99)],
+            "miss_decided_ms": 1000 * (time.monotonic() - t0), "miss_steps": steps,
+            "sched_ms_per_step_lookup": 1000 * statistics.mean(lt.steps)}
+
+
 def run_tier(name, tier, socket, md, bpc, total):
+    """One engine: store n chunks (timed), store n filler chunks (evicts the first n from the
+    primary tier), then load the first n back from the tier (timed) and the miss pattern."""
     row = ROW * bpc
     n = max(1, total // row)
     keys, _, _ = keys_and_rows(n)
-    payload = [os.urandom(row) for _ in range(min(n, 8))]
-    rows = [payload[i % len(payload)] for i in range(n)]
-    extra = {"blocks_per_chunk": bpc}
-    a = Engine(md, socket, chunks=n + 4, tier=tier, extra=extra)
+    rows = _rows(n, row)
+    e = Engine(md, socket, chunks=n, tier=tier, extra={"blocks_per_chunk": bpc})
     try:
         t0 = time.perf_counter()
-        a.store(keys, rows, req_id="bench-store")
+        e.store(keys, rows, req_id="bench-store")
         store_s = time.perf_counter() - t0
-        assert all(r.success for r in a.finished), f"{name}: store jobs failed"
+        assert all(r.success for r in e.finished), f"{name}: store jobs failed"
+        filler, _, _ = keys_and_rows(n)
+        e.store(filler, _rows(n, row), req_id="bench-filler")
+        r = _load_and_misses(name, e, keys, rows)
     finally:
-        a.close()
-    b = Engine(md, socket, chunks=n + 4, tier=tier, extra=extra)
-    try:
-        ctx = ReqContext(req_id="bench-load")
-        with b.m.lock:
-            b.m.on_new_request(ctx)
-        tm = Timed(b)
-        hits, load_s = tm.lookup_all(keys, ctx)
-        assert hits == n, f"{name}: {hits} of {n} loaded"
-        got = b.read_loaded(keys[:4], ctx)
-        assert got == rows[:4], f"{name}: loaded bytes differ"
-        # lookups of absent keys, 16 requests x 16 keys, rescanned every step
-        reqs = [(ReqContext(req_id=f"miss-{i}"), keys_and_rows(16)[0]) for i in range(16)]
-        with b.m.lock:
-            for c, _ in reqs:
-                b.m.on_new_request(c)
-        lt = Timed(b)
-        t0, open_ = time.monotonic(), set(range(16))
-        steps = 0
-        while open_:
-            s0 = time.perf_counter()
-            with b.m.lock:
-                for i in sorted(open_):
-                    c, ks = reqs[i]
-                    decided = True
-                    for k in ks:
-                        c0 = time.perf_counter()
-                        r = b.m.lookup(k, c)
-                        lt.calls.append(time.perf_counter() - c0)
-                        if r.name == "MISS":
-                            break
-                        decided = False
-                    if decided:
-                        open_.discard(i)
-                b.m.on_schedule_end(conftest_step())
-            lt.steps.append(time.perf_counter() - s0)
-            steps += 1
-            time.sleep(0.001)
-        miss_s = time.monotonic() - t0
-    finally:
-        b.close()
-    calls = sorted(lt.calls)
-    return {
-        "tier": name, "row_bytes": row, "chunks": n, "bytes": n * row,
-        "store_gbs": n * row / store_s / 1e9, "load_gbs": n * row / load_s / 1e9,
-        "load_steps": len(tm.steps), "sched_ms_per_step_load": 1000 * statistics.mean(tm.steps),
-        "lookup_call_us_p50": 1e6 * calls[len(calls) // 2],
-        "lookup_call_us_p99": 1e6 * calls[int(len(calls) * 0.99)],
-        "miss_decided_ms": 1000 * miss_s, "miss_steps": steps,
-        "sched_ms_per_step_lookup": 1000 * statistics.mean(lt.steps),
-    }
+        e.close()
+    return {"tier": name, "row_bytes": row, "chunks": n, "bytes": n * row,
+            "store_gbs": n * row / store_s / 1e9, **r}
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def main():
@@ -186,8 +199,11 @@ def main():
     work.mkdir()
     spill_gib = max(1, (2 * total) >> 30)
     try:
-        d = conftest.Daemon(work / "d", extra=("--dram", f"{2 * args.total_mib + 64}MiB",
-                                               "--slab-size", "8MiB"))
+        names = args.tiers.split(",")
+        d = None
+        if any(x in ("kvnode-region", "kvnode-arena") for x in names):
+            d = conftest.Daemon(work / "d", extra=("--dram", f"{2 * args.total_mib + 64}MiB",
+                                                   "--slab-size", "8MiB"))
         print(f"memcpy ceiling ({args.total_mib} MiB): {memcpy_gbs(total):.2f} GB/s", flush=True)
         for kib in [int(x) for x in args.sizes.split(",")]:
             bpc = kib * 1024 // ROW
@@ -197,9 +213,13 @@ def main():
                     root = work / f"fs-{kib}"
                     tier = {"type": "fs", "root_dir": str(root), "n_read_threads": 4,
                             "n_write_threads": 4}
-                    sock = d.socket
+                    sock = "/nonexistent"
                 elif name == "kvcr":
-                    continue  # see docs/benchmarks.md: the in-tree kvcr tier needs a KVCR peer setup
+                    n = max(1, total // (ROW * bpc))
+                    tier = {"type": "kvcr", "router_capabilities": ["router_hint"],
+                            "control_host": "127.0.0.1", "control_advertise_host": "127.0.0.1",
+                            "control_ports": [free_port()], "secondary_g2_slots": 2 * n + 8}
+                    sock = "/nonexistent"
                 elif name == "kvnode-nvme":
                     tier, sock = {"threads": 4}, None
                 else:
@@ -212,7 +232,8 @@ def main():
                 out.append(r)
                 print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
                       flush=True)
-        d.stop()
+        if d is not None:
+            d.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
@@ -220,8 +241,9 @@ def main():
 
 
 def run_nvme(tmp: Path, md, bpc, total, spill_gib):
-    """kvnode with its blocks on the spill tier only (stored, daemon stopped with SIGTERM:
-    flushed; restarted cold): loads read the disk, like the fs tier's."""
+    """kvnode with its blocks on the spill tier only: stored, the daemon stopped with SIGTERM
+    (it flushes DRAM to the spill file), page cache dropped, restarted cold; a fresh engine
+    loads them, so every load reads the disk, like the fs tier's."""
     (tmp / "spill").mkdir(parents=True)
     flags = ("--spill-dir", str(tmp / "spill"), "--spill-size", f"{spill_gib}GiB",
              "--dram", f"{(2 * total >> 20) + 64}MiB", "--slab-size", "8MiB")
@@ -229,10 +251,9 @@ def run_nvme(tmp: Path, md, bpc, total, spill_gib):
     row = ROW * bpc
     n = max(1, total // row)
     keys, _, _ = keys_and_rows(n)
-    payload = [os.urandom(row) for _ in range(min(n, 8))]
-    rows = [payload[i % len(payload)] for i in range(n)]
+    rows = _rows(n, row)
     extra = {"blocks_per_chunk": bpc}
-    a = Engine(md, d.socket, chunks=n + 4, tier={"threads": 4}, extra=extra)
+    a = Engine(md, d.socket, chunks=n + 2, tier={"threads": 4}, extra=extra)
     t0 = time.perf_counter()
     a.store(keys, rows, req_id="bench-store")
     store_s = time.perf_counter() - t0
@@ -242,21 +263,14 @@ def run_nvme(tmp: Path, md, bpc, total, spill_gib):
     d.log.close()
     os.system("sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null")
     d = conftest.Daemon(tmp, extra=flags)
-    b = Engine(md, d.socket, chunks=n + 4, tier={"threads": 4}, extra=extra)
+    b = Engine(md, d.socket, chunks=n + 2, tier={"threads": 4}, extra=extra)
     try:
-        ctx = ReqContext(req_id="bench-load")
-        with b.m.lock:
-            b.m.on_new_request(ctx)
-        tm = Timed(b)
-        hits, load_s = tm.lookup_all(keys, ctx)
-        assert hits == n
-        assert b.read_loaded(keys[:4], ctx) == rows[:4]
+        r = _load_and_misses("kvnode-nvme", b, keys, rows)
     finally:
         b.close()
         d.stop()
     return {"tier": "kvnode-nvme", "row_bytes": row, "chunks": n, "bytes": n * row,
-            "store_gbs": n * row / store_s / 1e9, "load_gbs": n * row / load_s / 1e9,
-            "load_steps": len(tm.steps), "sched_ms_per_step_load": 1000 * statistics.mean(tm.steps)}
+            "store_gbs": n * row / store_s / 1e9, **r}
 
 
 if __name__ == "__main__":

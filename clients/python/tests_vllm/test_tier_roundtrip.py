@@ -4,6 +4,8 @@ The connector is built from a VllmConfig naming the tier by `type` and `module_p
 operator configures it; rows are written into the real primary tier (the /dev/shm region vLLM
 maps), cascaded to kvnode by the manager, evicted from the primary tier and promoted back."""
 
+import time
+
 import pytest
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
@@ -83,3 +85,37 @@ def test_two_engines_on_one_daemon_share_blocks_and_other_models_do_not(daemon, 
     finally:
         for e in (a, b, other):
             e.close()
+
+
+def test_a_request_through_vllms_scheduler_gets_its_prefix_from_kvnode(daemon, model_dir):
+    """The whole scheduler path: OffloadingConnectorScheduler's lookups (None until decided),
+    the promotion from kvnode into the primary tier, then the request scheduled with the loaded
+    prefix counted as computed and a load planned from the primary tier."""
+    from vllm.v1.kv_offload.base import make_offload_key
+
+    from conftest import BLOCK, make_request
+    from test_scheduler_side import prompt
+
+    a = Engine(model_dir, daemon.socket)
+    b = Engine(model_dir, daemon.socket)
+    try:
+        toks = prompt(7, 4)
+        req = make_request("sched", toks)
+        keys = [make_offload_key(h, 0) for h in req.block_hashes[:4]]
+        _, rows, _ = keys_and_rows(4)
+        a.store(keys, rows)
+        b.sched.add_request(req)
+        for step in range(500):
+            out = b.sched.schedule()
+            if "sched" in out.num_scheduled_tokens:
+                break
+            time.sleep(0.005)
+        else:
+            raise AssertionError("request never scheduled")
+        assert step >= 1, "the first steps wait for the tier's lookup and promotion"
+        assert out.num_scheduled_tokens["sched"] == len(toks) - 4 * BLOCK
+        check = ReqContext(req_id="check")
+        assert b.read_loaded(keys, check) == rows, "the primary tier holds kvnode's bytes"
+    finally:
+        a.close()
+        b.close()

@@ -36,7 +36,7 @@ def tier_vllm_config(model_dir: str, socket: str, chunks: int = 16, tier: Option
     ktc = KVTransferConfig(
         kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=f"kvt-{uuid.uuid4().hex[:12]}",
         kv_connector_extra_config={"spec_name": "TieringOffloadingSpec",
-                                   "cpu_bytes_to_use": chunks * ROW,
+                                   "cpu_bytes_to_use": chunks * ROW * int((extra or {}).get("blocks_per_chunk", 1)),
                                    "secondary_tiers": [tier_cfg], **(extra or {})},
         kv_load_failure_policy="recompute")
     model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", seed=0)
@@ -89,8 +89,8 @@ class Engine:
         t0 = time.monotonic()
         while True:
             self.step()
-            with self.m.lock:
-                if not self.m.has_pending_work():
+            with self.m.lock:  # every transfer job the manager registered has finished
+                if not self.m._jobs:  # (has_pending_work stays True for tiers that poll peers)
                     return
             if time.monotonic() - t0 > limit_s:
                 raise AssertionError("tier jobs still pending")

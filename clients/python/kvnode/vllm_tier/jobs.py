@@ -131,8 +131,10 @@ class Transfers:
             reason = None
             try:
                 ok = self._execute(lane, job)
-            except (KvnodeError, OSError, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 - every job must end with an outcome
                 ok, reason = [False] * len(job.keys), str(e)
+                if not isinstance(e, (KvnodeError, OSError)):
+                    logger.exception("kvnode tier: unexpected error in a transfer job")
                 logger.warning("kvnode tier %s job %d failed (%s)", "load" if job.is_load else "store",
                                job.job_id, e)
                 lane.drop()
