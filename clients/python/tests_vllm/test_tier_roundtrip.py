@@ -97,7 +97,7 @@ def test_a_request_through_vllms_scheduler_gets_its_prefix_from_kvnode(daemon, m
     from test_scheduler_side import prompt
 
     a = Engine(model_dir, daemon.socket)
-    b = Engine(model_dir, daemon.socket)
+    b = Engine(model_dir, daemon.socket, extra={"sync_load_budget_bytes": 1 << 20})  # load before the forward
     try:
         toks = prompt(7, 4)
         req = make_request("sched", toks)
@@ -114,6 +114,7 @@ def test_a_request_through_vllms_scheduler_gets_its_prefix_from_kvnode(daemon, m
             raise AssertionError("request never scheduled")
         assert step >= 1, "the first steps wait for the tier's lookup and promotion"
         assert out.num_scheduled_tokens["sched"] == len(toks) - 4 * BLOCK
+        assert out.kv_connector_metadata is not None
         check = ReqContext(req_id="check")
         assert b.read_loaded(keys, check) == rows, "the primary tier holds kvnode's bytes"
     finally:

@@ -178,3 +178,23 @@ def until_promotions_pending(e: "Engine", keys: Sequence[bytes], ctx: ReqContext
         assert time.monotonic() - t0 < limit_s, res
         e.step()
         time.sleep(0.002)
+
+
+def freeze(proc, limit_s: float = 5.0) -> None:
+    """SIGSTOP, then wait until every thread of the process is stopped: kill() returns before
+    the target's threads stop, and on a loaded machine they may serve a request meanwhile."""
+    import glob
+    import signal
+    proc.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    while True:
+        states = []
+        for t in glob.glob(f"/proc/{proc.pid}/task/*/stat"):
+            try:
+                states.append(open(t).read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass
+        if states and all(s in ("T", "t") for s in states):
+            return
+        assert time.monotonic() - t0 < limit_s, f"process {proc.pid} not stopped: {states}"
+        time.sleep(0.001)

@@ -134,13 +134,14 @@ class DaemonLookup(AsyncLookupManager):
 
     def _pull(self, wk: List[list], hint: Hint) -> None:
         body = self._exists(wk, hint.field())
-        pull = body.get("pull") or {}
-        if pull.get("state") != "Pulling":
-            return
+        report = body.get("pull") or {}
+        if not report or (report.get("state") == "Failed" and report.get("reason")):
+            return  # refused at once (not authorized, malformed, not covered): local only
         self._counters.add("hinted_pulls")
-        declared = self._timeouts["base_s"] + self._timeouts["per_page_s"] * len(wk)
-        limit_ms = max(1, int(1000 * min(declared, self._hint_wait_s)))
-        report = self._conn.call({"Wait": {"op": pull["op"], "timeout_ms": limit_ms}})[1]
+        if report.get("state") == "Pulling":
+            declared = self._timeouts["base_s"] + self._timeouts["per_page_s"] * len(wk)
+            limit_ms = max(1, int(1000 * min(declared, self._hint_wait_s)))
+            report = self._conn.call({"Wait": {"op": report["op"], "timeout_ms": limit_ms}})[1]
         outcomes = report.get("results") or []
         self._counters.add("hinted_pulled_blocks", sum(1 for o in outcomes if o == "Pulled"))
 
