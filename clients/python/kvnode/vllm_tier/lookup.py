@@ -1,0 +1,156 @@
+"""Non-blocking lookups for the kvnode tier: vLLM's own AsyncLookupManager answering from the daemon.
+
+vLLM's scheduler calls `lookup` per chunk on its own thread; vLLM's `AsyncLookupManager` returns
+None ("retry next step") for a key it has not seen, batches every key of the step and hands the
+batch to one background thread at `on_schedule_end`. Here that thread answers a request's keys
+with one `Exists` per KV cache group (the count of leading keys present); for a group with a
+sliding window, whose lookups are suffix lookups, the keys after the first gap are asked one by
+one. A daemon that is down or answers with an error makes the whole batch a miss (vLLM logs it).
+
+Router hints: a request whose `ReqContext.kv_hints` (or `kv_transfer_params`) carries a Dynamo
+`kv.fetch` goes to a second manager, so that its wait never holds plain lookups back: its first
+batch sends the hint with `Exists` (the daemon starts pulling the named peer's blocks into its
+own tier), waits on the pull (bounded by the daemon's declared timeout and `hint_wait_s`), then
+answers like a plain lookup. Pulled blocks are then ordinary local hits and load like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set
+
+from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+
+from kvnode.vllm_tier.namespace import split_key, wire_key
+from kvnode.wire import Connection, KvnodeError
+
+
+class Hint:
+    """A request's normalized router hint (`kvnode.hints.extract_router_hint`), kept in ReqContext."""
+
+    def __init__(self, hint: dict):
+        self.hint = hint
+
+    def field(self) -> Dict[str, Any]:
+        compact = {"source_control_endpoint": self.hint["source"],
+                   "block_hashes": list(self.hint["block_hashes"])}
+        return {"hint": json.dumps(compact)}
+
+
+class LookupCounters:
+    """Counters of one lookup thread (read and reset by the tier's get_stats)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.v: Dict[str, float] = {}
+        self.rtts: List[float] = []
+
+    def add(self, name: str, n: float = 1) -> None:
+        with self.lock:
+            self.v[name] = self.v.get(name, 0) + n
+
+    def rtt(self, s: float) -> None:
+        with self.lock:
+            self.rtts.append(s)
+
+    def take(self):
+        with self.lock:
+            v, r = self.v, self.rtts
+            self.v, self.rtts = {}, []
+        return v, r
+
+
+class DaemonLookup(AsyncLookupManager):
+    """batch_lookup by `Exists` on this thread's own daemon connection."""
+
+    def __init__(self, tier_type: str, connect: Callable[[], Connection],
+                 register: Callable[[Connection], int], windowed: Set[int], hinted: bool,
+                 hint_wait_s: float, counters: LookupCounters):
+        self._connect, self._register = connect, register
+        self._windowed, self._hinted, self._hint_wait_s = windowed, hinted, hint_wait_s
+        self._counters = counters
+        self._conn: Optional[Connection] = None
+        self._ns = 0
+        self._timeouts: Optional[dict] = None
+        self._pulled: Set[str] = set()
+        super().__init__(tier_type=f"{tier_type}{'-hinted' if hinted else ''}")
+
+    # -- lookup thread ---------------------------------------------------------------------
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            self._conn = self._connect()
+            self._ns = self._register(self._conn)
+            try:
+                self._timeouts = self._conn.call("Timeouts")[1]
+            except KvnodeError:
+                self._timeouts = None  # a daemon without the peer path: hints are not sent
+        return self._conn
+
+    def _exists(self, keys: List[list], extra: Optional[dict] = None) -> Dict[str, Any]:
+        t0 = time.perf_counter()
+        body = self._connection().call({"Exists": {"ns": self._ns, "keys": keys, **(extra or {})}})[1]
+        self._counters.rtt(time.perf_counter() - t0)
+        self._counters.add("lookup_calls")
+        return body
+
+    def batch_lookup(self, keys: List[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
+        try:
+            return self._lookup(keys, req_context)
+        except (KvnodeError, OSError) as e:
+            self._counters.add("lookup_errors")
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except OSError:
+                    pass
+                self._conn = None
+            raise RuntimeError(f"kvnode daemon: {e}") from e
+
+    def _lookup(self, keys: List[OffloadKey], req_context: ReqContext) -> List[bool]:
+        self._connection()
+        by_group: Dict[int, List[int]] = {}
+        for i, k in enumerate(keys):
+            by_group.setdefault(split_key(k)[1], []).append(i)
+        hint = req_context.get_state(Hint) if self._hinted else None
+        if hint is not None and self._timeouts is not None and req_context.req_id not in self._pulled:
+            self._pulled.add(req_context.req_id)
+            first = by_group[min(by_group)]
+            self._pull([wire_key(keys[i]) for i in first], hint)
+        out = [False] * len(keys)
+        for g, idxs in by_group.items():
+            wk = [wire_key(keys[i]) for i in idxs]
+            count = self._exists(wk)["count"]
+            for i in idxs[:count]:
+                out[i] = True
+            if g in self._windowed:  # suffix lookups: a gap does not end the answer
+                for i, w in zip(idxs[count + 1:], wk[count + 1:]):
+                    out[i] = self._exists([w])["count"] == 1
+        self._counters.add("lookup_keys", len(keys))
+        self._counters.add("lookup_hits", sum(out))
+        return out
+
+    def _pull(self, wk: List[list], hint: Hint) -> None:
+        body = self._exists(wk, hint.field())
+        report = body.get("pull") or {}
+        if not report or (report.get("state") == "Failed" and report.get("reason")):
+            return  # refused at once (not authorized, malformed, not covered): local only
+        self._counters.add("hinted_pulls")
+        if report.get("state") == "Pulling":
+            declared = self._timeouts["base_s"] + self._timeouts["per_page_s"] * len(wk)
+            limit_ms = max(1, int(1000 * min(declared, self._hint_wait_s)))
+            report = self._conn.call({"Wait": {"op": report["op"], "timeout_ms": limit_ms}})[1]
+        outcomes = report.get("results") or []
+        self._counters.add("hinted_pulled_blocks", sum(1 for o in outcomes if o == "Pulled"))
+
+    def cleanup(self, req_id: str) -> None:
+        super().cleanup(req_id)
+        self._pulled.discard(req_id)  # set ops are atomic under the GIL
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
