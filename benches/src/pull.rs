@@ -205,7 +205,8 @@ fn iperf3(secs: u32, streams: u32) -> anyhow::Result<Iperf> {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         if let Some(bps) = v["end"]["sum_received"]["bits_per_second"].as_f64() {
             let cpu = &v["end"]["cpu_utilization_percent"];
-            let pct = cpu["host_total"].as_f64().unwrap_or(0.0) + cpu["remote_total"].as_f64().unwrap_or(0.0);
+            let pct = cpu["host_total"].as_f64().unwrap_or(0.0)
+                + cpu["remote_total"].as_f64().unwrap_or(0.0);
             let bps = bps / 8.0;
             return Ok(Iperf {
                 bps,
@@ -320,8 +321,10 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
             x.pull_cpu,
             x.iperf_cpu
                 .map_or_else(String::new, |c| format!(", iperf3 one stream {c:.3}")),
-            x.iperf_p_cpu
-                .map_or_else(String::new, |c| format!(", iperf3 -P {} {c:.3}", a.connections)),
+            x.iperf_p_cpu.map_or_else(String::new, |c| format!(
+                ", iperf3 -P {} {c:.3}",
+                a.connections
+            )),
         );
         let ip = x.iperf.map_or_else(String::new, |ip| {
             ratios.push(m / ip);

@@ -32,7 +32,12 @@ pub fn keyless_pull(
     let challenge = w.recv()?;
     let th = transcript(&hello, &challenge).map_err(|e| io::Error::other(e.to_string()))?;
     let secret = kvnode_engine::peer::auth::secret(None, &th);
-    w.send(&PeerMsg::Auth { proof: dest_proof(&secret).to_vec() }, &[])?;
+    w.send(
+        &PeerMsg::Auth {
+            proof: dest_proof(&secret).to_vec(),
+        },
+        &[],
+    )?;
     w.chan = Some(Channel::new(&secret, false, Side::Destination));
     match w.recv()? {
         PeerMsg::Ready => {}

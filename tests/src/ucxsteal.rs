@@ -14,7 +14,6 @@ use kvnode_proto::frame::{FramePrefix, PREFIX_LEN};
 use kvnode_proto::peer::{PeerMsg, check_prefix, decode_peer};
 use kvnode_ucx::{Access, Context, MemoryKind, PackedRkey, Region, Remote, WorkerAddress};
 
-
 /// What the attack saw, one `key=value` per line.
 #[derive(Debug, Default)]
 pub struct Report(pub Vec<String>);
@@ -77,7 +76,9 @@ pub fn observe(rec: &[u8]) -> Seen {
                     base,
                     len,
                 }) => s.offers.push((worker, rkey, base, len)),
-                Ok(PeerMsg::Slot { addr, len, hash, .. }) => s.slots.push((addr, len, hash)),
+                Ok(PeerMsg::Slot {
+                    addr, len, hash, ..
+                }) => s.slots.push((addr, len, hash)),
                 _ => {}
             }
         }
@@ -113,13 +114,14 @@ pub fn steal(rec: &[u8]) -> Report {
     let n = (*slen as usize).max((*len).min(1 << 20) as usize);
     let mut buf = vec![0u8; n];
     // SAFETY: `buf` outlives the region and the endpoint (both dropped before it, below).
-    let landing = match unsafe { Region::map(&ctx, buf.as_mut_ptr(), n, MemoryKind::Host, Access::Local) } {
-        Ok(x) => Arc::new(x),
-        Err(e) => {
-            r.say("ucx", format!("failed({e})"));
-            return r;
-        }
-    };
+    let landing =
+        match unsafe { Region::map(&ctx, buf.as_mut_ptr(), n, MemoryKind::Host, Access::Local) } {
+            Ok(x) => Arc::new(x),
+            Err(e) => {
+                r.say("ucx", format!("failed({e})"));
+                return r;
+            }
+        };
     let mut remote = match Remote::connect(
         &ctx,
         &WorkerAddress(worker.clone()),
@@ -136,7 +138,10 @@ pub fn steal(rec: &[u8]) -> Report {
     match remote.get(&mut buf[..s], *addr, limit) {
         Ok(()) => {
             r.say("get", "ok");
-            r.say("get_matches_slot_hash", blake3::hash(&buf[..s]).as_bytes() == &hash[..]);
+            r.say(
+                "get_matches_slot_hash",
+                blake3::hash(&buf[..s]).as_bytes() == &hash[..],
+            );
         }
         Err(e) => r.say("get", format!("failed({e})")),
     }

@@ -630,8 +630,17 @@ fn an_on_path_observer_of_a_keyed_ucx_session_can_neither_get_nor_put_the_source
         .unwrap();
     let op = op.unwrap();
     assert_eq!(op.state, OpState::Done, "{op:?}");
-    assert!(pages.iter().zip(&data).all(|(p, b)| p.as_deref() == Some(b.as_slice())));
-    assert!(dst.log().contains("pulling from this peer with UCX GETs"), "{}", dst.log());
+    assert!(
+        pages
+            .iter()
+            .zip(&data)
+            .all(|(p, b)| p.as_deref() == Some(b.as_slice()))
+    );
+    assert!(
+        dst.log().contains("pulling from this peer with UCX GETs"),
+        "{}",
+        dst.log()
+    );
     // The recording holds the whole session so far (flushed every 100 ms).
     std::thread::sleep(Duration::from_millis(300));
     let out = Command::new(env!("CARGO_BIN_EXE_peer-attacker"))
@@ -642,13 +651,24 @@ fn an_on_path_observer_of_a_keyed_ucx_session_can_neither_get_nor_put_the_source
     let _ = proxy.kill();
     let _ = proxy.wait();
     let seen = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{seen}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{seen}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // What the source serves is what was put: nobody wrote its arena.
     let now = c.get(ns, &keys).unwrap();
     for (i, (g, b)) in now.iter().zip(&data).enumerate() {
-        assert!(g.as_deref() == Some(b.as_slice()), "source block {i} overwritten: {seen}");
+        assert!(
+            g.as_deref() == Some(b.as_slice()),
+            "source block {i} overwritten: {seen}"
+        );
     }
-    let line = |k: &str| seen.lines().find_map(|l| l.strip_prefix(k)).map(str::to_owned);
+    let line = |k: &str| {
+        seen.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(str::to_owned)
+    };
     let frames: usize = line("frames=").and_then(|v| v.parse().ok()).unwrap_or(0);
     assert!(frames >= 6, "the observer saw the session's frames: {seen}");
     assert_eq!(line("offers=").as_deref(), Some("0"), "{seen}");
@@ -670,14 +690,23 @@ fn a_daemon_with_a_tenant_map_or_an_allowlist_opens_no_keyless_peer_port() {
         "socket_mode = 0o666\n[tenants]\nunmapped = \"refuse\"\n[[tenants.tenant]]\nname = \"a\"\nuids = [{uid}]\n"
     );
     let allow = format!("socket_mode = 0o666\nallow_uids = [{uid}]\n");
-    for (what, cfg, salt) in [("tenant map", tenants, "kvnode-tenant:a"), ("allowlist", allow, "")] {
+    for (what, cfg, salt) in [
+        ("tenant map", tenants, "kvnode-tenant:a"),
+        ("allowlist", allow, ""),
+    ] {
         let dir = temp_dir("keyless-restricted");
         let file = dir.join("kvnode.toml");
         std::fs::write(&file, cfg).unwrap();
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let sock = dir.join("kvnode.sock");
-        let args = ["--dram", "64MiB", "--no-pin", "--config", file.to_str().unwrap()];
+        let args = [
+            "--dram",
+            "64MiB",
+            "--no-pin",
+            "--config",
+            file.to_str().unwrap(),
+        ];
         let mut d = Daemon::spawn_at(&sock, &[&args[..], &["--peer-listen", &listen]].concat());
         let t = Instant::now();
         let status = loop {
@@ -705,8 +734,11 @@ fn a_daemon_with_a_tenant_map_or_an_allowlist_opens_no_keyless_peer_port() {
                 .iter()
                 .map(|k| kvnode_proto::peer::PullKey(k.0, k.1))
                 .collect();
-            let got = kvnode_e2e::keyless::keyless_pull(&listen, &format!("tcp://{listen}"), s.id(), &pk);
-            panic!("{what}: the daemon opened a keyless peer port; an intruder pulled {got:?} of 4 blocks");
+            let got =
+                kvnode_e2e::keyless::keyless_pull(&listen, &format!("tcp://{listen}"), s.id(), &pk);
+            panic!(
+                "{what}: the daemon opened a keyless peer port; an intruder pulled {got:?} of 4 blocks"
+            );
         };
         let log = d.log();
         assert!(!status.success(), "{what}: {log}");
@@ -714,11 +746,23 @@ fn a_daemon_with_a_tenant_map_or_an_allowlist_opens_no_keyless_peer_port() {
             log.contains("keyless peer listener") && log.contains("--cluster-key"),
             "{what}: {log}"
         );
-        assert!(std::net::TcpStream::connect(&listen).is_err(), "{what}: port open");
+        assert!(
+            std::net::TcpStream::connect(&listen).is_err(),
+            "{what}: port open"
+        );
         // With a key the same daemon starts (and its peer port authenticates everyone).
         let k = key_file(&dir, "k", &[OLD]);
         let keyed = Daemon::start(
-            &[&args[..], &["--peer-listen", &listen, "--cluster-key", k.to_str().unwrap()]].concat(),
+            &[
+                &args[..],
+                &[
+                    "--peer-listen",
+                    &listen,
+                    "--cluster-key",
+                    k.to_str().unwrap(),
+                ],
+            ]
+            .concat(),
         );
         assert!(keyed.client().stats().is_ok(), "{what}");
         drop(keyed);

@@ -82,7 +82,10 @@ fn scrape(port: u16) -> String {
 /// `stats.peer`'s entry for `name` (the default, all zeros, when absent).
 fn peer_stats(d: &Daemon, name: &str) -> kvnode_proto::stats::PeerStats {
     let s = d.client().stats().unwrap();
-    s.peer.into_iter().find(|p| p.peer == name).unwrap_or_default()
+    s.peer
+        .into_iter()
+        .find(|p| p.peer == name)
+        .unwrap_or_default()
 }
 
 #[test]
@@ -112,13 +115,35 @@ fn blocks_move_by_ucx_get_byte_identical_and_the_source_releases_its_leases() {
     // Every block came by GET, and each daemon counts it per peer (stats and /metrics).
     let name = format!("tcp://127.0.0.1:{port}");
     let got = peer_stats(&dst, &name);
-    assert_eq!((got.peer_ucx_gets_total, got.peer_ucx_fallbacks_total), (24, 0), "{got:?}");
-    let served: u64 = src.client().stats().unwrap().peer.iter().map(|p| p.peer_ucx_slots_served_total).sum();
+    assert_eq!(
+        (got.peer_ucx_gets_total, got.peer_ucx_fallbacks_total),
+        (24, 0),
+        "{got:?}"
+    );
+    let served: u64 = src
+        .client()
+        .stats()
+        .unwrap()
+        .peer
+        .iter()
+        .map(|p| p.peer_ucx_slots_served_total)
+        .sum();
     assert_eq!(served, 24);
     let m = scrape(mport);
-    assert!(m.contains(&format!("kvnode_peer_ucx_gets_total{{peer=\"{name}\"}} 24")), "{m}");
-    assert!(m.contains(&format!("kvnode_peer_ucx_fallbacks_total{{peer=\"{name}\"}} 0")), "{m}");
-    assert!(m.contains("# TYPE kvnode_peer_ucx_slots_served_total counter"), "{m}");
+    assert!(
+        m.contains(&format!("kvnode_peer_ucx_gets_total{{peer=\"{name}\"}} 24")),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!(
+            "kvnode_peer_ucx_fallbacks_total{{peer=\"{name}\"}} 0"
+        )),
+        "{m}"
+    );
+    assert!(
+        m.contains("# TYPE kvnode_peer_ucx_slots_served_total counter"),
+        "{m}"
+    );
 }
 
 #[test]

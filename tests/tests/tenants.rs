@@ -316,7 +316,14 @@ fn a_peer_pull_hits_within_a_tenant_and_misses_across_tenants() {
     let src = daemon(
         "",
         "",
-        &["--peer-listen", &listen, "--advertise", &adv, "--cluster-key", k],
+        &[
+            "--peer-listen",
+            &listen,
+            "--advertise",
+            &adv,
+            "--cluster-key",
+            k,
+        ],
     );
     let dst = daemon("", "", &["--peers", "127.0.0.0/8", "--cluster-key", k]);
     let put = probe(UID_A, &src.socket, &["put", "p", "4", &LEN.to_string()]);

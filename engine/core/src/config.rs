@@ -187,9 +187,8 @@ impl EngineConfig {
     /// and pulls every block it can name, past the socket's mode, the allowlist and the tenant
     /// map (issue 25, item 3). A daemon that restricts its clients must require the key.
     fn check_keyless_peer_listener(&self) -> Result<(), String> {
-        let restricted = self.tenants.enabled()
-            || !self.allow_uids.is_empty()
-            || !self.allow_gids.is_empty();
+        let restricted =
+            self.tenants.enabled() || !self.allow_uids.is_empty() || !self.allow_gids.is_empty();
         if self.peer.listen.is_some() && self.peer.cluster_key.is_none() && restricted {
             return Err(
                 "a keyless peer listener (--peer-listen without --cluster-key) serves every block to every local user, \

@@ -34,8 +34,16 @@ fn register(ctx: &Context, buf: &mut [u8]) -> Region {
 
 fn landing(ctx: &Context, buf: &mut [u8]) -> Region {
     // SAFETY: as in `register`.
-    unsafe { Region::map(ctx, buf.as_mut_ptr(), buf.len(), MemoryKind::Host, Access::Local) }
-        .unwrap()
+    unsafe {
+        Region::map(
+            ctx,
+            buf.as_mut_ptr(),
+            buf.len(),
+            MemoryKind::Host,
+            Access::Local,
+        )
+    }
+    .unwrap()
 }
 
 #[test]
@@ -143,14 +151,16 @@ fn keys_and_addresses_never_print_and_cuda_memory_is_refused_as_not_built() {
     );
     assert!(reg.contains(reg.base(), 4096) && !reg.contains(reg.base() + 1, 4096));
     // SAFETY: refused before anything is registered.
-    let e = unsafe { Region::map(
+    let e = unsafe {
+        Region::map(
             &ctx,
             buf.as_mut_ptr(),
             4096,
             MemoryKind::Cuda { device: 0 },
             Access::RemoteRead,
-        ) }
-        .unwrap_err();
+        )
+    }
+    .unwrap_err();
     assert!(e.to_string().contains("not built"), "{e}");
     assert!(
         Context::version().starts_with("1."),
@@ -243,7 +253,13 @@ fn registrations_are_never_remote_writable_and_local_ones_pack_no_key() {
     let mut buf = vec![0u8; 4096];
     // SAFETY: `buf` outlives the region.
     let local = unsafe {
-        Region::map(&ctx, buf.as_mut_ptr(), buf.len(), MemoryKind::Host, Access::Local)
+        Region::map(
+            &ctx,
+            buf.as_mut_ptr(),
+            buf.len(),
+            MemoryKind::Host,
+            Access::Local,
+        )
     }
     .unwrap();
     assert_eq!(local.access(), Access::Local);

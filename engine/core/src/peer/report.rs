@@ -38,7 +38,12 @@ impl Peers {
             e.peer_ucx_gets_total += l.ucx_gets.load(Ordering::Relaxed);
             e.peer_ucx_fallbacks_total += l.ucx_fallbacks.load(Ordering::Relaxed);
         }
-        let served = self.counters.ucx_served_by.lock().expect("served lock").clone();
+        let served = self
+            .counters
+            .ucx_served_by
+            .lock()
+            .expect("served lock")
+            .clone();
         for (name, n) in served {
             at(&mut by, &name).peer_ucx_slots_served_total += n;
         }

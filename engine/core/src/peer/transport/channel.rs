@@ -312,7 +312,13 @@ mod tests {
                     assert!(!h.windows(8).any(|w| w == enc), "address {a:#x}");
                 }
             }
-            assert!(decode_peer(FramePrefix::decode(f[..PREFIX_LEN].try_into().unwrap()).unwrap(), &f[PREFIX_LEN..f.len() - AEAD_TAG_LEN]).is_err());
+            assert!(
+                decode_peer(
+                    FramePrefix::decode(f[..PREFIX_LEN].try_into().unwrap()).unwrap(),
+                    &f[PREFIX_LEN..f.len() - AEAD_TAG_LEN]
+                )
+                .is_err()
+            );
             assert_eq!(open_frame(&mut d.recv, &f).unwrap(), m);
         }
     }
