@@ -154,8 +154,7 @@ def _long(lp: Dict, memcpy: Optional[Dict]) -> Dict:
                         "onload_ms": v.get("onload_s", 0) * 1e3, "moved_gb": v["moved_bytes"] / 1e9,
                         "fetch_GBps": v["moved_bytes"] / t / 1e9 if t else None,
                         "fixed_overhead_s": v.get("lookup_s", 0),
-                        "pulled_tokens": v.get("pulled_tokens"), "promoted_pages": v.get("promoted_pages"),
-                        "promoted_pages_per_rep": v.get("promoted_pages_per_rep")})
+                        "pulled_tokens": v.get("pulled_tokens"), "promoted_pages": v.get("promoted_pages")})
             if memcpy and memcpy.get("h2d_GBps") and row["fetch_GBps"]:
                 row["fetch_vs_pinned_memcpy"] = row["fetch_GBps"] / memcpy["h2d_GBps"]
         out[k] = row
