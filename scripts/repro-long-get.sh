@@ -1,4 +1,5 @@
 #!/bin/bash
+# Issue 27 §1 with real daemons (what a new user tried). Usage: scripts/repro-long-get.sh KVNODE_BIN
 # Issue 27 §1 with real daemons: 64 MiB DRAM, 1 GiB spill, put 1024 x 256 KiB, get them.
 set -u
 BIN=${1:?kvnode binary}
