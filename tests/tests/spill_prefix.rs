@@ -9,7 +9,9 @@ use std::os::fd::AsFd;
 
 use kvnode_client::{Client, ClientError};
 use kvnode_e2e::shm::Shm;
-use kvnode_e2e::{Daemon, block, fill_and_settle, free_port, hint, key, peer_dest, spec, spill_dir, tier};
+use kvnode_e2e::{
+    Daemon, block, fill_and_settle, free_port, hint, key, peer_dest, spec, spill_dir, tier,
+};
 use kvnode_proto::Key;
 use kvnode_proto::pull::{KeyOutcome, OpState};
 
@@ -25,7 +27,10 @@ fn filled(tag: &str, extra: &[&str]) -> (std::path::PathBuf, Daemon, Client, u32
     fill_and_settle(&mut c, ns, BLOCKS, BLOCK);
     let dram = tier(&mut c, "dram");
     assert_eq!(dram.dropped, 0, "every evicted block was demoted: {dram:?}");
-    assert!(dram.blocks < BLOCKS / 2, "most pages are on NVMe only: {dram:?}");
+    assert!(
+        dram.blocks < BLOCKS / 2,
+        "most pages are on NVMe only: {dram:?}"
+    );
     (dir, d, c, ns)
 }
 
@@ -36,7 +41,10 @@ fn all_keys() -> Vec<Key> {
 fn no_lease_left(c: &mut Client) {
     let dram = tier(c, "dram");
     assert_eq!(dram.leases, 0, "no lease outlives the get: {dram:?}");
-    assert_eq!(dram.reserved, 0, "no promotion slot is left reserved: {dram:?}");
+    assert_eq!(
+        dram.reserved, 0,
+        "no promotion slot is left reserved: {dram:?}"
+    );
 }
 
 #[test]
@@ -58,7 +66,11 @@ fn inline_get_larger_than_dram_streams_every_page_in_order() {
     let lens = c.get_into(ns, &all_keys(), &mut dst).unwrap();
     assert!(lens.iter().all(|l| *l == Some(BLOCK as u64)), "{lens:?}");
     for (i, b) in bufs.iter().enumerate() {
-        assert_eq!(b.as_slice(), block(i as u64, BLOCK).as_slice(), "buffer {i}");
+        assert_eq!(
+            b.as_slice(),
+            block(i as u64, BLOCK).as_slice(),
+            "buffer {i}"
+        );
     }
     let nvme = tier(&mut c, "nvme");
     assert!(
@@ -115,7 +127,11 @@ fn lease_get_larger_than_dram_is_refused_with_the_leasable_prefix_then_split() {
     assert_eq!(part.leading_hits(), leasable, "{part:?}");
     for (i, e) in part.extents.iter().enumerate() {
         let e = e.expect("leased");
-        assert_eq!(c.arena().read(e), block(i as u64, BLOCK).as_slice(), "page {i}");
+        assert_eq!(
+            c.arena().read(e),
+            block(i as u64, BLOCK).as_slice(),
+            "page {i}"
+        );
     }
     c.release(part.id).unwrap();
     // The client's split reads every page, in order.
@@ -126,7 +142,12 @@ fn lease_get_larger_than_dram_is_refused_with_the_leasable_prefix_then_split() {
         parts += 1;
         for (j, e) in lease.extents.iter().enumerate() {
             let e = e.expect("every page of a part is leased");
-            assert_eq!(arena.read(e), block((at + j) as u64, BLOCK).as_slice(), "page {}", at + j);
+            assert_eq!(
+                arena.read(e),
+                block((at + j) as u64, BLOCK).as_slice(),
+                "page {}",
+                at + j
+            );
         }
         seen += lease.extents.len();
     })
@@ -156,13 +177,22 @@ fn peer_source_serves_a_pull_larger_than_its_dram_in_order() {
         .get_hinted(ns, &keys, Some(&hint(port, &keys)), Some(30_000))
         .unwrap();
     let op = op.expect("a hinted get reports its pull");
-    assert_eq!(op.state, OpState::Done, "{op:?}\nsource log:\n{}", src.log());
+    assert_eq!(
+        op.state,
+        OpState::Done,
+        "{op:?}\nsource log:\n{}",
+        src.log()
+    );
     assert!(
         op.results.iter().all(|r| *r == KeyOutcome::Pulled),
         "every page pulled: {op:?}"
     );
     for (i, p) in pages.iter().enumerate() {
-        assert_eq!(p.as_deref(), Some(block(i as u64, BLOCK).as_slice()), "page {i}");
+        assert_eq!(
+            p.as_deref(),
+            Some(block(i as u64, BLOCK).as_slice()),
+            "page {i}"
+        );
     }
     no_lease_left(&mut sc);
     drop(src);

@@ -414,7 +414,13 @@ fn traced_nvme_writes(rec: &LatencyReport) -> u64 {
 /// Starts kvtrace recording into the daemon's directory; returns it with the file path.
 fn record(d: &Daemon) -> (Trace, std::path::PathBuf) {
     let out = d.dir.join("spill-rec.json");
-    let args = ["record", "--interval", "0.2", "--out", out.to_str().unwrap()];
+    let args = [
+        "record",
+        "--interval",
+        "0.2",
+        "--out",
+        out.to_str().unwrap(),
+    ];
     (Trace::start(&args, d.child.id()), out)
 }
 
@@ -457,7 +463,10 @@ fn kvtrace_sees_write_behind_and_stop_time_flush_writes() {
     put(&mut c, ns, 0..N);
     let t0 = Instant::now();
     while kvnode_e2e::tier(&mut c, "nvme").copied_down < N {
-        assert!(t0.elapsed() < Duration::from_secs(30), "write-behind never copied {N} blocks");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "write-behind never copied {N} blocks"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let daemon_writes: u64 = c
@@ -471,7 +480,11 @@ fn kvtrace_sees_write_behind_and_stop_time_flush_writes() {
     let table = trace.stop();
     let rec: LatencyReport = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(daemon_writes, N, "the daemon timed every copy");
-    assert_eq!(traced_nvme_writes(&rec), N, "kvtrace saw every write-behind write\n{table}");
+    assert_eq!(
+        traced_nvme_writes(&rec),
+        N,
+        "kvtrace saw every write-behind write\n{table}"
+    );
     drop(c);
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
@@ -483,13 +496,26 @@ fn kvtrace_sees_write_behind_and_stop_time_flush_writes() {
     let mut c = d.client();
     let ns = c.register(&spec("m", 65536)).unwrap().ns;
     put(&mut c, ns, 0..N);
-    assert_eq!(kvnode_e2e::tier(&mut c, "nvme").blocks, 0, "nothing on NVMe before the stop");
+    assert_eq!(
+        kvnode_e2e::tier(&mut c, "nvme").blocks,
+        0,
+        "nothing on NVMe before the stop"
+    );
     drop(c);
     d.signal(libc::SIGTERM);
-    assert!(d.wait_exit(Duration::from_secs(60)).is_some_and(|s| s.success()), "{}", d.log());
+    assert!(
+        d.wait_exit(Duration::from_secs(60))
+            .is_some_and(|s| s.success()),
+        "{}",
+        d.log()
+    );
     let table = trace.stop();
     let rec: LatencyReport = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    assert_eq!(traced_nvme_writes(&rec), N, "kvtrace saw every flush write\n{table}");
+    assert_eq!(
+        traced_nvme_writes(&rec),
+        N,
+        "kvtrace saw every flush write\n{table}"
+    );
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }

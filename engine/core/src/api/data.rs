@@ -5,9 +5,7 @@ use std::io;
 use std::sync::Arc;
 
 use kvnode_proto::Key;
-use kvnode_proto::client::{
-    AllocSlot, BlockMeta, CommitStatus, ErrorCode, Op, PutStatus, Reply,
-};
+use kvnode_proto::client::{AllocSlot, BlockMeta, CommitStatus, ErrorCode, Op, PutStatus, Reply};
 
 use super::errors::{error, invalid, tier_error};
 use super::meta::router_metas;

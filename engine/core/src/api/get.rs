@@ -151,8 +151,15 @@ impl Session {
             }
         }
         let total: u64 = lens.iter().flatten().sum();
-        self.send_head(id, Reply::GetInline { lens: lens.clone(), pull }, total)
-            .await?;
+        self.send_head(
+            id,
+            Reply::GetInline {
+                lens: lens.clone(),
+                pull,
+            },
+            total,
+        )
+        .await?;
         let mut cur = Some(first);
         for (n, w) in windows.iter().enumerate() {
             let leased = match cur.take() {

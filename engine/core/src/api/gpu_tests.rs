@@ -31,7 +31,9 @@ fn key(i: u64) -> Key {
 }
 
 fn page(i: u64) -> Vec<u8> {
-    (0..PAGE).map(|j| (i as u8).wrapping_mul(7) ^ (j as u8)).collect()
+    (0..PAGE)
+        .map(|j| (i as u8).wrapping_mul(7) ^ (j as u8))
+        .collect()
 }
 
 /// A blocking client speaking raw frames (the arena descriptor of `HelloOk` is dropped).
@@ -92,9 +94,11 @@ fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in
     let d = dev.clone();
     let hub = GpuHub::with_spawner(move |device| {
         let d = d.clone();
-        Ok(DeviceWorker::spawn(device, WorkerConfig::default(), move || {
-            Ok(FakeBackend::new(d))
-        }))
+        Ok(DeviceWorker::spawn(
+            device,
+            WorkerConfig::default(),
+            move || Ok(FakeBackend::new(d)),
+        ))
     });
     let engine = Engine::start_with_gpu(config.clone(), hub).expect("engine");
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -143,7 +147,13 @@ fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in
             },
             &[&b],
         );
-        assert_eq!(r, Reply::Put { results: vec![PutStatus::Stored] }, "page {i}");
+        assert_eq!(
+            r,
+            Reply::Put {
+                results: vec![PutStatus::Stored]
+            },
+            "page {i}"
+        );
     }
     let handle = dev.alloc((PAGES * PAGE) as usize, 0);
     let attached = c.call(
@@ -155,19 +165,28 @@ fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in
                 base: 0,
                 page_stride: PAGE,
                 pages: PAGES,
-                objects: vec![GpuObject { offset: 0, size: PAGE }],
+                objects: vec![GpuObject {
+                    offset: 0,
+                    size: PAGE,
+                }],
             },
         }),
         &[],
     );
-    assert!(matches!(attached, Reply::GpuAttached { .. }), "{attached:?}");
+    assert!(
+        matches!(attached, Reply::GpuAttached { .. }),
+        "{attached:?}"
+    );
 
     let leasable = match c.onload(ns, 0, PAGES) {
         Reply::TooLarge { leasable, .. } => u64::from(leasable),
         other => panic!("an onload of 1.5x DRAM from NVMe must be TooLarge: {other:?}"),
     };
     assert!(leasable > 0 && leasable < PAGES, "leasable {leasable}");
-    assert!(dev.bytes(&handle).iter().all(|&b| b == 0), "a refused onload wrote nothing");
+    assert!(
+        dev.bytes(&handle).iter().all(|&b| b == 0),
+        "a refused onload wrote nothing"
+    );
     // In leading parts, as the clients split it: every page lands, in order.
     let mut at = 0;
     while at < PAGES {
@@ -181,7 +200,10 @@ fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in
                 other => panic!("onload of {at}..{}: {other:?}", at + n),
             }
         };
-        assert!(results.iter().all(|r| *r == OnloadStatus::Loaded), "{results:?}");
+        assert!(
+            results.iter().all(|r| *r == OnloadStatus::Loaded),
+            "{results:?}"
+        );
         at += n;
     }
     let gpu = dev.bytes(&handle);

@@ -207,11 +207,11 @@ impl Session {
             let Some(r) = self.regions.get_mut(&region) else {
                 return not_owned(region);
             };
-            if let Some((j, b)) = leased
-                .iter()
-                .enumerate()
-                .find_map(|(j, l)| l.as_ref().filter(|b| b.len() > lens[w.start + j]).map(|b| (j, b)))
-            {
+            if let Some((j, b)) = leased.iter().enumerate().find_map(|(j, l)| {
+                l.as_ref()
+                    .filter(|b| b.len() > lens[w.start + j])
+                    .map(|b| (j, b))
+            }) {
                 // Only a key written again with a new length between plan and lease.
                 return invalid(format!(
                     "key {}: stored block is {} bytes but only {} bytes of room were given",
@@ -230,7 +230,9 @@ impl Session {
                 return self.copy_failed(region, Dir::Get, &e);
             }
             let short = leased.iter().enumerate().position(|(j, l)| {
-                l.is_none() && plan[w.start + j].0.is_local() && store.still_local(ns, &keys[w.start + j])
+                l.is_none()
+                    && plan[w.start + j].0.is_local()
+                    && store.still_local(ns, &keys[w.start + j])
             });
             for (j, l) in leased.iter().enumerate() {
                 got[w.start + j] = l.as_ref().map(Lease::len);

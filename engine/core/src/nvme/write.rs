@@ -87,7 +87,12 @@ impl NvmeTier {
 
     /// Writes block `key` (`len` bytes at arena `offset`, a slot the caller keeps leased
     /// until this returns) to NVMe. Every write to the spill tier goes through here.
-    pub async fn write_block(&self, key: &BlockKey, offset: u64, len: u64) -> Result<(), SpillError> {
+    pub async fn write_block(
+        &self,
+        key: &BlockKey,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), SpillError> {
         let sk = spill_key(key);
         let buf = IoBuf::Arena(ArenaSlice {
             offset: offset as usize,

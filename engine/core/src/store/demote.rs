@@ -32,7 +32,10 @@ impl Store {
         if nvme.poisoned() {
             return 0;
         }
-        let room = nvme.settings().max_in_flight.saturating_sub(nvme.in_flight());
+        let room = nvme
+            .settings()
+            .max_in_flight
+            .saturating_sub(nvme.in_flight());
         if room == 0 {
             return 0;
         }

@@ -27,7 +27,9 @@ fn key(i: u64) -> Key {
 }
 
 fn page(i: u64) -> Vec<u8> {
-    (0..PAGE).map(|j| (i as u8) ^ (j as u8).rotate_left(3)).collect()
+    (0..PAGE)
+        .map(|j| (i as u8) ^ (j as u8).rotate_left(3))
+        .collect()
 }
 
 struct Fixture {
@@ -88,7 +90,13 @@ async fn filled(tag: &str) -> Fixture {
         r.commit();
     }
     // Let demotions in flight end.
-    assert!(store.nvme().unwrap().wait_idle(std::time::Duration::from_secs(20)).await);
+    assert!(
+        store
+            .nvme()
+            .unwrap()
+            .wait_idle(std::time::Duration::from_secs(20))
+            .await
+    );
     Fixture { store, ns, dir }
 }
 
@@ -103,12 +111,19 @@ async fn windows_stream_every_page_of_a_get_larger_than_dram_in_order() {
     assert_eq!(plan[0].0, Location::Nvme, "the head was demoted: {plan:?}");
     assert!(plan.iter().all(|p| p.0.is_local() && p.1 == PAGE));
     let windows = f.store.windows(&plan);
-    assert!(windows.len() >= 12, "1 MiB windows over 12 MiB: {windows:?}");
+    assert!(
+        windows.len() >= 12,
+        "1 MiB windows over 12 MiB: {windows:?}"
+    );
     let mut next = 0;
     for w in windows {
         assert_eq!(w.start, next, "windows are consecutive");
         next = w.end;
-        let got = f.store.lease_window(f.ns, &keys()[w.clone()]).await.unwrap();
+        let got = f
+            .store
+            .lease_window(f.ns, &keys()[w.clone()])
+            .await
+            .unwrap();
         for (i, l) in w.zip(got) {
             let l = l.unwrap_or_else(|| panic!("page {i} not leased"));
             assert_eq!(l.bytes(), page(i as u64).as_slice(), "page {i}");
@@ -125,11 +140,15 @@ async fn a_holding_get_larger_than_the_hold_limit_stops_short_at_a_prefix() {
     let f = filled("hold").await;
     let limit = f.store.hold_limit();
     let got = f.store.lease_prefix(f.ns, &keys(), limit).await.unwrap();
-    let short = got.short.expect("12 MiB of NVMe pages cannot be held under a 4 MiB limit");
+    let short = got
+        .short
+        .expect("12 MiB of NVMe pages cannot be held under a 4 MiB limit");
     assert!(short > 0 && short < PAGES as usize, "short at {short}");
     for (i, l) in got.leases.iter().enumerate() {
         if i < short {
-            let l = l.as_ref().unwrap_or_else(|| panic!("page {i} of the prefix"));
+            let l = l
+                .as_ref()
+                .unwrap_or_else(|| panic!("page {i} of the prefix"));
             assert_eq!(l.bytes(), page(i as u64).as_slice(), "page {i}");
         } else {
             assert!(l.is_none(), "page {i} past the stop is not leased");
@@ -137,7 +156,11 @@ async fn a_holding_get_larger_than_the_hold_limit_stops_short_at_a_prefix() {
     }
     drop(got);
     // The leading part it named is leasable whole.
-    let part = f.store.lease_prefix(f.ns, &keys()[..short], limit).await.unwrap();
+    let part = f
+        .store
+        .lease_prefix(f.ns, &keys()[..short], limit)
+        .await
+        .unwrap();
     assert_eq!(part.short, None);
     assert!(part.leases.iter().all(Option::is_some));
     drop(part);

@@ -45,8 +45,8 @@ use crate::tenant::Tenants;
 pub use demote::spawn_demoter;
 pub use flush::FlushReport;
 pub use get::PrefixLease;
-pub use write_behind::spawn_write_behind;
 pub use guard::{Lease, Reservation};
+pub use write_behind::spawn_write_behind;
 
 /// Owner id of reservations the store makes itself (promotions from NVMe).
 const STORE_OWNER: u64 = 0;
