@@ -10,8 +10,7 @@ cleanup() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 step "pip wheel clients/python"
 python3 -m venv "$dir/build"
-# The venv's own setuptools builds it (no build-isolation download).
-"$dir/build/bin/pip" wheel -q --no-deps --no-build-isolation -w "$dir/dist" "$ROOT/clients/python"
+"$dir/build/bin/pip" wheel -q --no-deps -w "$dir/dist" "$ROOT/clients/python"
 whl=$(ls "$dir"/dist/kvnode-*-py3-none-any.whl) || fail "no kvnode wheel built"
 step "install $(basename "$whl") into a clean venv"
 python3 -m venv "$dir/venv"
