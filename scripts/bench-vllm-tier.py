@@ -185,7 +185,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True, help="disk directory: fs tier root and kvnode spill dir")
     ap.add_argument("--sizes", default="64,256,1024,2048", help="row KiB (multiples of 4)")
-    ap.add_argument("--total-mib", type=int, default=128)
+    ap.add_argument("--total-mib", type=int, default=64, help="<= 100 (the daemon has 256 MiB DRAM)")
     ap.add_argument("--tiers", default="kvnode-region,kvnode-arena,kvnode-nvme,fs")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -199,11 +199,6 @@ def main():
     work.mkdir()
     spill_gib = max(1, (2 * total) >> 30)
     try:
-        names = args.tiers.split(",")
-        d = None
-        if any(x in ("kvnode-region", "kvnode-arena") for x in names):
-            d = conftest.Daemon(work / "d", extra=("--dram", f"{2 * args.total_mib + 64}MiB",
-                                                   "--slab-size", "8MiB"))
         print(f"memcpy ceiling ({args.total_mib} MiB): {memcpy_gbs(total):.2f} GB/s", flush=True)
         for kib in [int(x) for x in args.sizes.split(",")]:
             bpc = kib * 1024 // ROW
@@ -213,7 +208,7 @@ def main():
                     root = work / f"fs-{kib}"
                     tier = {"type": "fs", "root_dir": str(root), "n_read_threads": 4,
                             "n_write_threads": 4}
-                    sock = "/nonexistent"
+                    sock = "/nonexistent"  # unused by vLLM's tiers
                 elif name == "kvcr":
                     n = max(1, total // (ROW * bpc))
                     tier = {"type": "kvcr", "router_capabilities": ["router_hint"],
@@ -223,17 +218,21 @@ def main():
                 elif name == "kvnode-nvme":
                     tier, sock = {"threads": 4}, None
                 else:
-                    tier, sock = {"copy": name.split("-")[1], "threads": 4}, d.socket
+                    tier, sock = {"copy": name.split("-")[1], "threads": 4}, None
                 if name == "kvnode-nvme":
                     r = run_nvme(work / f"n-{kib}", md, bpc, total, spill_gib)
+                elif name.startswith("kvnode-"):  # a fresh daemon: sizes never compete for slabs
+                    dd = conftest.Daemon(work / f"d-{name}-{kib}")
+                    try:
+                        r = run_tier(name, tier, dd.socket, md, bpc, total)
+                    finally:
+                        dd.stop()
                 else:
                     r = run_tier(name, tier, sock, md, bpc, total)
                 r["memcpy_gbs"] = ceiling
                 out.append(r)
                 print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
                       flush=True)
-        if d is not None:
-            d.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
@@ -245,8 +244,7 @@ def run_nvme(tmp: Path, md, bpc, total, spill_gib):
     (it flushes DRAM to the spill file), page cache dropped, restarted cold; a fresh engine
     loads them, so every load reads the disk, like the fs tier's."""
     (tmp / "spill").mkdir(parents=True)
-    flags = ("--spill-dir", str(tmp / "spill"), "--spill-size", f"{spill_gib}GiB",
-             "--dram", f"{(2 * total >> 20) + 64}MiB", "--slab-size", "8MiB")
+    flags = ("--spill-dir", str(tmp / "spill"), "--spill-size", f"{spill_gib}GiB")
     d = conftest.Daemon(tmp, extra=flags)
     row = ROW * bpc
     n = max(1, total // row)

@@ -70,7 +70,7 @@ def test_a_hybrid_layout_stores_each_group_as_its_own_segment(daemon, model_dir)
 def test_a_chunk_larger_than_the_daemons_slab_is_refused_at_start_with_the_reason(daemon, model_dir):
     # 1100 blocks of 4 KiB per chunk: 4.4 MB rows, over the test daemon's 4 MiB slab.
     with pytest.raises(UnsupportedLayout, match="refuses rows of 4505600 bytes"):
-        Engine(model_dir, daemon.socket, chunks=1100, extra={"blocks_per_chunk": 1100})
+        Engine(model_dir, daemon.socket, chunks=2, extra={"blocks_per_chunk": 1100})
 
 
 def test_settings_are_checked_with_the_key_named():
