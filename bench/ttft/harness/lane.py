@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from . import layerwise
 from .model import Decoder
 from .pool import KvPool, PoolFull, PrefixCache
 from .tier import DaemonTier
@@ -70,21 +71,39 @@ class Lane:
         self.cache.pin(gpu_pages)
         loaded: List[int] = []
         dup: List[int] = []
-        ld = None
+        ld = lw = None
         if self.tier is not None and len(gpu_pages) < max_hit:
-            ld, loaded = self.tier.lookup_and_load(
-                digs[len(gpu_pages):max_hit], digs, self._alloc, self.cache.release)
-            for d, p in zip(digs[len(gpu_pages):], loaded):
-                if d in self.cache.table:  # a page left over from a broken chain
-                    dup.append(p)
-                else:
-                    self.cache.insert(d, p)
+            if self.tier.spec.layers:  # layer-wise: the onload runs under the prefill
+                lw = layerwise.start(self.tier, digs[len(gpu_pages):max_hit], self._alloc)
+                loaded = list(lw.pages)
+            else:
+                ld, loaded = self.tier.lookup_and_load(
+                    digs[len(gpu_pages):max_hit], digs, self._alloc, self.cache.release)
         t_fetch = time.perf_counter()
         have = gpu_pages + loaded
         cached = len(have) * ps
         fresh = self._alloc(-(-n_tok // ps) - len(have))
         tokens = torch.tensor(req.tokens[cached:], dtype=torch.long)
-        logits = self.model.prefill(tokens, cached, torch.tensor(have + fresh, dtype=torch.long), self.pool)
+        wait = lw.wait if lw is not None and lw.pages else None
+        logits = self.model.prefill(tokens, cached, torch.tensor(have + fresh, dtype=torch.long), self.pool, wait)
+        redo = 0
+        if wait is not None:
+            got = lw.finish()
+            if got < len(loaded):
+                # Pages that did not land hold no valid KV: recompute from the first of them
+                # (they become computed pages, written in place by this second prefill).
+                redo = len(loaded) - got
+                fresh = loaded[got:] + fresh
+                loaded = loaded[:got]
+                have = gpu_pages + loaded
+                cached = len(have) * ps
+                tokens = torch.tensor(req.tokens[cached:], dtype=torch.long)
+                logits = self.model.prefill(tokens, cached, torch.tensor(have + fresh, dtype=torch.long), self.pool)
+        for d, p in zip(digs[len(gpu_pages):], loaded):
+            if d in self.cache.table:  # a page left over from a broken chain
+                dup.append(p)
+            else:
+                self.cache.insert(d, p)
         first = int(torch.argmax(logits).item())  # host sync: the token is on the host
         t1 = time.perf_counter()
         # Publish new full pages; offload them; free the partial tail.
@@ -109,6 +128,11 @@ class Lane:
             "gpu_hit_tokens": len(gpu_pages) * ps, "tier_hit_tokens": len(loaded) * ps,
             "first_token": first,
         }
+        if lw is not None:
+            out.update({"lookup_s": lw.lookup_s, "stage_s": 0.0, "onload_s": lw.onload_s,
+                        "layerwise": True, "layer_wait_s": lw.wait_s, "onload_start_s": lw.start_s,
+                        "layerwise_redo_pages": redo, "local_tier_tokens": len(loaded) * ps,
+                        "moved_bytes": len(loaded) * self.model.cfg.page_bytes})
         if ld is not None:
             out.update({"lookup_s": ld.lookup_s, "stage_s": ld.stage_s, "onload_s": ld.onload_s,
                         "pulled_tokens": ld.pulled * ps, "local_tier_tokens": ld.local * ps,

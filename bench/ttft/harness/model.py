@@ -11,7 +11,7 @@ through the final norm and the LM head: the first generated token is its argmax.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -120,12 +120,14 @@ class Decoder:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
 
     @torch.inference_mode()
-    def prefill(self, tokens: torch.Tensor, cached: int, pages: torch.Tensor, pool) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, cached: int, pages: torch.Tensor, pool,
+                layer_wait: Optional[Callable[[int], None]] = None) -> torch.Tensor:
         """Runs `tokens` (the uncached tail) after `cached` tokens whose KV is in `pool`.
 
         `pages`: page ids covering every token 0 .. cached + n (cached is a multiple of
         page_size). Writes the new tokens' K/V into their pages; returns the last position's
-        logits (float32, [vocab]).
+        logits (float32, [vocab]). `layer_wait(l)`, if given, is called before layer l first
+        reads the cached prefix's KV (a layer-wise onload: it returns once layer l landed).
         """
         c = self.cfg
         ps = c.page_size
@@ -154,6 +156,8 @@ class Decoder:
             kc, vc = pool.k(li), pool.v(li)
             kc[slot_page, slot_off] = k
             vc[slot_page, slot_off] = v
+            if layer_wait is not None and cached:
+                layer_wait(li)
             ka = kc[pages].reshape(need * ps, c.kv_heads, c.head_dim)[:total]
             va = vc[pages].reshape(need * ps, c.kv_heads, c.head_dim)[:total]
             ka = ka.transpose(0, 1).unsqueeze(0)

@@ -32,8 +32,11 @@ class DmaMover:
     def onload(self, ns: int, keys: Sequence[list], pages: Sequence[int]) -> List[str]:
         return self.gpu.onload(ns, keys, pages, self.attached.buffer)
 
-    def onload_async(self, ns: int, keys: Sequence[list], pages: Sequence[int]) -> int:
-        return self.gpu.onload_async(ns, keys, pages, self.attached.buffer)
+    def onload_async(self, ns: int, keys: Sequence[list], pages: Sequence[int], layers: int = 0) -> int:
+        return self.gpu.onload_async(ns, keys, pages, self.attached.buffer, layers)
+
+    def onload_layer_wait(self, ticket: int, layer: int) -> bool:
+        return self.gpu.onload_layer_wait(ticket, layer)
 
     def onload_wait(self, ticket: int) -> List[str]:
         return self.gpu.onload_wait(ticket)
@@ -64,10 +67,14 @@ class CopyMover:
                 out.append("Loaded")
         return out
 
-    def onload_async(self, ns: int, keys: Sequence[list], pages: Sequence[int]) -> int:
+    def onload_async(self, ns: int, keys: Sequence[list], pages: Sequence[int], layers: int = 0) -> int:
+        # No DMA here: the copy is synchronous, so every layer has landed once this returns.
         t = len(self._pending) + 1
         self._pending[t] = self.onload(ns, keys, pages)
         return t
+
+    def onload_layer_wait(self, ticket: int, layer: int) -> bool:
+        return ticket in self._pending
 
     def onload_wait(self, ticket: int) -> List[str]:
         return self._pending.pop(ticket)
@@ -76,9 +83,29 @@ class CopyMover:
         return self.conn.put(ns, list(keys), [self.pool.read_block(p) for p in pages])
 
 
+class FileDmaMover(DmaMover):
+    """Test seam: the daemon's DMA path on a machine without CUDA, against a daemon built with
+    the test seams and started with KVNODE_TEST_FAKE_GPU (engine/gpu/src/fake.rs). The pool's
+    tensor is moved into a shared file mapping and the "IPC handle" is that file's path: the
+    daemon's copies read and write the file, so this process's pool sees them."""
+
+    kind = "file-dma"
+
+    def __init__(self, conn: Connection, pool: KvPool):
+        from .filepool import file_backed
+        path = file_backed(pool)
+        self.gpu = GpuClient(conn)
+        handle = path.encode().ljust(64, b"\0")
+        self.attached = self.gpu.attach(handle, 0, pool.t.numel() * pool.t.element_size(), pool.gpu_layout(0))
+        if self.attached.page_bytes != pool.cfg.page_bytes:
+            raise RuntimeError(f"daemon sees {self.attached.page_bytes} B pages, pool has {pool.cfg.page_bytes}")
+
+
 def make_mover(kind: str, conn: Connection, pool: KvPool):
     if kind == "dma":
         return DmaMover(conn, pool, pool.t.device.index or 0)
     if kind == "copy":
         return CopyMover(conn, pool)
-    raise ValueError(f"unknown mover {kind!r}: use dma (CUDA) or copy (no CUDA)")
+    if kind == "file-dma":
+        return FileDmaMover(conn, pool)
+    raise ValueError(f"unknown mover {kind!r}: use dma (CUDA), copy (no CUDA) or file-dma (tests, fake GPU)")

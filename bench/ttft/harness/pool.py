@@ -81,7 +81,9 @@ class PrefixCache:
 
     def __init__(self, pages: int):
         self.capacity = pages
-        self.free: List[int] = list(range(pages))
+        # Popped from the end: a fresh cache hands out ascending page ids, so a run of pages
+        # is consecutive on the device (a layer-wise onload fuses such runs into one copy).
+        self.free: List[int] = list(range(pages - 1, -1, -1))
         self.table: "OrderedDict[bytes, int]" = OrderedDict()
         self.owner: Dict[int, bytes] = {}
         self.pins: Dict[int, int] = {}

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Sequence
 
+from . import sweep_report
+
 
 def pct(xs: Sequence[float], p: float) -> float:
     if not xs:
@@ -203,6 +205,10 @@ def build(results: Dict) -> Dict:
                     row["req_per_s_gain"] = row["req_per_s"] / w[ref]["req_per_s"] - 1
                     row["ttft_p50_change"] = row["ttft_p50_ms"] / w[ref]["ttft_p50_ms"] - 1
                     row["ttft_mean_change"] = row["ttft_mean_ms"] / w[ref]["ttft_mean_ms"] - 1
+    if "openloop" in p1:
+        s["openloop"] = sweep_report.summarize(p1["openloop"])
+        if "error" in s["openloop"]:
+            s["errors"].append(f"phase1 openloop: {s['openloop']['error']}")
     s["break_even"] = break_even(s)
     s["recompute_equivalent_GBps"] = recompute_equivalent(s)
     return s
@@ -307,6 +313,8 @@ def markdown(s: Dict) -> str:
     if eq:
         L += ["Recompute-equivalent bandwidth (a path faster than this beats recomputing): " +
               ", ".join(f"{k.replace('_', ' ')} {v:.1f} GB/s" for k, v in eq.items()) + ".", ""]
+    if s.get("openloop"):
+        L.append(sweep_report.markdown(s["openloop"]))
     return "\n".join(L)
 
 

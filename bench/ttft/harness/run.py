@@ -45,6 +45,15 @@ PROFILES: Dict[str, Dict] = {
                     "d2_extra": ["--slab-size", "36MiB"]},
         "memcpy_bytes": 4 << 30,
         "chunk_pages": 64,
+        # Section openloop (harness/sweep.py): the same traffic, Poisson arrivals, a rate sweep.
+        # The pool holds 8 requests in flight (prompts up to 8k tokens + decode): 48k tokens,
+        # still 2.3x less than the 111k-token working set.
+        "openloop": {"workload": {"seed": 1, "vocab": 151936, "page_size": 64, "sys_len": 512, "docs": 6,
+                                  "doc_len": 4096, "doc_prob": 0.5, "sessions": 24, "turns": 4,
+                                  "user_len": 512, "answer_len": 512},
+                     "seed": 1, "rates": [2, 3, 4, 5, 6, 7, 8, 10, 12, 14], "bounds_ms": [500, 1000],
+                     "decode_tokens": 32, "max_running": 8, "max_prefill_tokens": 16384,
+                     "pool_pages": 768, "arm_names": ["a", "b"]},
     },
     "tiny": {
         "model": "tiny", "device": "cpu", "mover": "copy", "layout": "layer_first",
@@ -60,6 +69,11 @@ PROFILES: Dict[str, Dict] = {
                     "d2_extra": ["--slab-size", "1MiB", "--spill-engine", "psync"]},
         "chunk_pages": 8,
         "memcpy_bytes": 0,
+        "openloop": {"workload": {"seed": 1, "vocab": 512, "page_size": 16, "sys_len": 32, "docs": 2,
+                                  "doc_len": 64, "doc_prob": 0.75, "sessions": 4, "turns": 3,
+                                  "user_len": 16, "answer_len": 16},
+                     "seed": 1, "rates": [5, 5000], "bounds_ms": [2000], "decode_tokens": 2,
+                     "max_running": 4, "max_prefill_tokens": 512, "pool_pages": 64, "arm_names": ["a", "b"]},
     },
 }
 
@@ -122,7 +136,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kvnode-bin", default=None, help="daemon binary (default $KVNODE_BIN)")
     ap.add_argument("--phases", default="1,2", help="which phases to run (1, 2 or 1,2)")
     ap.add_argument("--sections", default="memcpy,correctness,long_prefix,workload",
-                    help="phase-1 sections")
+                    help="phase-1 sections (also: openloop, the open-loop rate sweep)")
     ap.add_argument("--spill-root", default=None, help="directory for the NVMe tier (not tmpfs: O_DIRECT)")
     ap.add_argument("--set", action="append", default=[], metavar="PATH=JSON",
                     help="override a profile value, e.g. workload.sessions=8 or pool_pages=64")
@@ -170,18 +184,22 @@ def main(argv=None) -> int:
                                           "endpoint": daemons[d].endpoint,
                                           "chunk_pages": prof["chunk_pages"], **kw}
         common = {k: prof[k] for k in ("model", "device", "mover", "layout", "memcpy_bytes")}
+        from .model import CONFIGS
+        nlayers = CONFIGS[prof["model"]].layers  # layer-wise onload: one run per model layer
         lp = prof["long_prefix"]
         wl = {"config": prof["workload"], "pool_pages": prof["pool_pages"]}
         if "1" in a.phases.split(","):
             spec = dict(common, sections=a.sections.split(","), workers=1, worker_index=0)
             spec["correctness"] = dict(prof["correctness"], paths=[
                 ["dram", tier("d1", "dram", "corr"), tier("d1", "dram", "corr")],
+                ["dram_layerwise", tier("d1", "dram", "corr-lw"), tier("d1", "dram", "corr-lw", layers=nlayers)],
                 ["peer", tier("ea", "peer", "corr"), tier("eb", "peer", "corr")],
             ])
             spec["long_prefix"] = {"tokens": lp["tokens"], "suffix": lp["suffix"], "reps": lp["reps"], "paths": [
                 {"name": "dram", "kind": "dram", "tier": tier("d1", "dram", "long")},
                 {"name": "dram_page_first", "kind": "dram", "layout": "page_first",
                  "tier": tier("d1", "dram", "long-pf")},
+                {"name": "dram_layerwise", "kind": "dram", "tier": tier("d1", "dram", "long-lw", layers=nlayers)},
                 {"name": "nvme", "kind": "nvme", "tier": tier("d2", "nvme", "long"),
                  "filler_prompts": lp["nvme_filler"]},
                 {"name": "peer", "kind": "peer", "reps": lp["peer_reps"],
@@ -196,6 +214,12 @@ def main(argv=None) -> int:
                 {"arm": "e", "lanes": [{"name": "eA", "tier": tier("ea", "peer", "wl-e")},
                                        {"name": "eB", "tier": tier("eb", "peer", "wl-e")}]},
             ])
+            ol = dict(prof["openloop"])
+            arm_defs = {"a": {"arm": "a"}, "b": {"arm": "b", "tier": tier("d1", "dram", "ol-b")},
+                        "b_pf": {"arm": "b_pf", "layout": "page_first", "tier": tier("d1", "dram", "ol-b-pf")},
+                        "b_lw": {"arm": "b_lw", "tier": tier("d1", "dram", "ol-b-lw", layers=nlayers)}}
+            ol["arms"] = [arm_defs[n] for n in ol.pop("arm_names")]
+            spec["openloop"] = ol
             results["phase1"] = _spawn([spec], a.out, "phase1")[0]
             results["daemon_stats_after_phase1"] = {k: _stats(d) for k, d in daemons.items()}
         if "2" in a.phases.split(","):

@@ -69,6 +69,7 @@ class TierSpec:
     chunk_pages: int = 64         # pages per staged chunk (nvme / peer)
     offload_chunk: int = 16       # nvme: pages per Offload, each after DRAM has room for it
     pull_deadline_ms: int = 30000
+    layers: int = 0               # dram: > 0 = layer-wise onload overlapped with the prefill (harness/layerwise.py)
     extra: dict = field(default_factory=dict)
 
 

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from . import sweep
 from .lane import Lane, sync
 from .model import CONFIGS, Decoder, prefill_flops
 from .pool import KvPool
@@ -198,6 +199,18 @@ class Worker:
                              for t in ln.tier.conn.stats()["tiers"]}
         self.close(ln)
         return out
+
+    def warm_up(self) -> None:
+        """Runs the kernels once outside any measurement (both attention paths)."""
+        warm = self.lane("warm-ol", 4096 // self.cfg.page_size + 2)
+        wt = _tokens("warm", 2048, self.cfg.vocab)
+        warm.serve(self.req(-1, wt))
+        warm.serve(self.req(-2, wt + _tokens("warm2", 1000, self.cfg.vocab)))
+        self.close(warm)
+
+    def openloop(self) -> Dict:
+        """Open-loop rate sweep per arm (harness/sweep.py, harness/openloop.py)."""
+        return sweep.run(self)
 
     def workload(self) -> Dict:
         """Arms interleaved request by request (rotating which arm goes first)."""

@@ -9,6 +9,11 @@ import os
 import sys
 
 import pytest
+import torch
+
+# One intra-op thread: the toy decoder's ops are tiny, and on a busy 2-core CI machine torch's
+# spinning worker threads make them 10-100x slower than one thread.
+torch.set_num_threads(int(os.environ.get("TTFT_TORCH_THREADS", "1")))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))

@@ -206,10 +206,15 @@ class GpuClient:
                                              "len": int(length), "layout": layout.to_wire()}})[1]
         return AttachedBuffer(body["buffer"], body["page_bytes"])
 
-    def _move(self, op: str, ns: int, keys: Sequence[list], page_ids: Sequence[int], buffer: int):
+    def _move(self, op: str, ns: int, keys: Sequence[list], page_ids: Sequence[int], buffer: int,
+              layers: int = 0):
         _check_move(keys, page_ids)
-        return self.conn.call({op: {"ns": ns, "keys": list(keys), "page_ids": [int(p) for p in page_ids],
-                                    "buffer": buffer}})
+        body = {"ns": ns, "keys": list(keys), "page_ids": [int(p) for p in page_ids], "buffer": buffer}
+        if layers:
+            if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+                raise LayoutError(f"layers must be a non-negative integer, got {layers!r}")
+            body["layers"] = layers
+        return self.conn.call({op: body})
 
     def offload(self, ns: int, keys: Sequence[list], page_ids: Sequence[int], buffer: int = 0) -> List[str]:
         """Copies GPU pages into new DRAM blocks; one PutStatus per key (`Stored`, `Exists`, ...)."""
@@ -238,9 +243,20 @@ class GpuClient:
             at += want
         return out
 
-    def onload_async(self, ns: int, keys: Sequence[list], page_ids: Sequence[int], buffer: int = 0) -> int:
-        """Starts an onload; returns its ticket for onload_wait / onload_cancel."""
-        return self._move("OnloadAsync", ns, keys, page_ids, buffer)[1]["ticket"]
+    def onload_async(self, ns: int, keys: Sequence[list], page_ids: Sequence[int], buffer: int = 0,
+                     layers: int = 0) -> int:
+        """Starts an onload; returns its ticket for onload_wait / onload_cancel.
+
+        `layers` > 0: layer-wise. Each block is `layers` equal runs in model order; the daemon
+        copies layer 0 of every page, then layer 1, ..., and `onload_layer_wait(ticket, l)`
+        returns once layer l has landed, so the forward pass can start on layer 0.
+        """
+        return self._move("OnloadAsync", ns, keys, page_ids, buffer, layers)[1]["ticket"]
+
+    def onload_layer_wait(self, ticket: int, layer: int) -> bool:
+        """Waits until `layer` of a layer-wise onload is in every page. False: the onload
+        stopped first (a copy failed); onload_wait then says which pages are whole."""
+        return bool(self.conn.call({"OnloadLayerWait": {"ticket": int(ticket), "layer": int(layer)}})[1]["complete"])
 
     def onload_wait(self, ticket: int) -> List[str]:
         """Waits for an async onload; one OnloadStatus per key."""

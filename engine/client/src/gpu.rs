@@ -22,6 +22,7 @@ fn page_move(buffer: GpuBuffer, ns: u32, keys: &[Key], page_ids: &[u64]) -> Page
         keys: keys.to_vec(),
         page_ids: page_ids.to_vec(),
         buffer: buffer.id,
+        layers: 0,
     }
 }
 
@@ -88,6 +89,36 @@ impl Client {
     ) -> Result<u64> {
         match self.call(Op::OnloadAsync(page_move(buffer, ns, keys, page_ids)))? {
             Reply::OnloadStarted { ticket } => Ok(ticket),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Starts a layer-wise onload: every page's layer 0 first, then layer 1, … (each block is
+    /// `layers` equal runs). Wait per layer with [`Client::onload_layer_wait`], then finish it
+    /// with [`Client::onload_wait`] or [`Client::onload_cancel`].
+    pub fn onload_layers_async(
+        &mut self,
+        buffer: GpuBuffer,
+        ns: u32,
+        keys: &[Key],
+        page_ids: &[u64],
+        layers: u32,
+    ) -> Result<u64> {
+        let m = PageMove {
+            layers,
+            ..page_move(buffer, ns, keys, page_ids)
+        };
+        match self.call(Op::OnloadAsync(m))? {
+            Reply::OnloadStarted { ticket } => Ok(ticket),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Waits until `layer` of a layer-wise onload is in every page; `false` if the onload
+    /// stopped first (cancelled or failed).
+    pub fn onload_layer_wait(&mut self, ticket: u64, layer: u32) -> Result<bool> {
+        match self.call(Op::OnloadLayerWait { ticket, layer })? {
+            Reply::LayerLoaded { complete, .. } => Ok(complete),
             r => Err(unexpected(&r)),
         }
     }

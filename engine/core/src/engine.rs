@@ -76,6 +76,25 @@ pub struct Engine {
     stop_pinning: Arc<AtomicBool>,
 }
 
+/// The GPU hub: CUDA copy threads; in test builds with `KVNODE_TEST_FAKE_GPU` set, the
+/// file-backed fake device instead (a test seam: never compiled into a release daemon).
+fn gpu_hub() -> kvnode_gpu::GpuHub {
+    #[cfg(feature = "test-seams")]
+    if let Ok(v) = std::env::var(kvnode_gpu::fake::FAKE_GPU_ENV) {
+        let us = v.trim().parse::<u64>().unwrap_or(0);
+        tracing::warn!(
+            fence_delay_us = us,
+            "fake GPU is ON ({}): IPC handles name files; for tests only",
+            kvnode_gpu::fake::FAKE_GPU_ENV
+        );
+        return kvnode_gpu::fake::file_hub(
+            std::time::Duration::from_micros(us),
+            kvnode_gpu::WorkerConfig::default(),
+        );
+    }
+    kvnode_gpu::GpuHub::cuda(kvnode_gpu::WorkerConfig::default())
+}
+
 impl Engine {
     /// Creates the arena and tiers and starts background pinning. Returns immediately.
     pub fn start(config: EngineConfig) -> Result<Arc<Self>, StartError> {
@@ -99,8 +118,7 @@ impl Engine {
         announcer: Arc<Announcer>,
         from: Option<Handover>,
     ) -> Result<Arc<Self>, StartError> {
-        let gpu = kvnode_gpu::GpuHub::cuda(kvnode_gpu::WorkerConfig::default());
-        Self::start_full(config, announcer, from, gpu)
+        Self::start_full(config, announcer, from, gpu_hub())
     }
 
     /// Like [`Engine::start_with`], with a GPU hub made by the caller (tests: the fake GPU).

@@ -12,7 +12,8 @@ pub enum Dir {
 }
 
 /// One copy between device and host memory: `rows` runs of `len` bytes, each `dev_pitch` bytes
-/// after the previous one on the device and back to back on the host. One row is a plain copy.
+/// after the previous one on the device and `host_pitch` bytes on the host (back to back,
+/// `host_pitch == len`, for a page's objects into its block). One row is a plain copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CopyOp {
     /// Device address of the first row (mapping base + extent offset).
@@ -25,6 +26,8 @@ pub struct CopyOp {
     pub rows: u64,
     /// Device bytes from one row's start to the next, at least `len`; unused for one row.
     pub dev_pitch: u64,
+    /// Host bytes from one row's start to the next, at least `len`; unused for one row.
+    pub host_pitch: u64,
     /// A fence may follow this copy: it ends a unit (a page) that a cancel must not split.
     /// The copy thread closes batches only after such copies.
     pub unit_end: bool,
@@ -39,6 +42,7 @@ impl CopyOp {
             len,
             rows: 1,
             dev_pitch: len,
+            host_pitch: len,
             unit_end: true,
         }
     }
@@ -55,6 +59,7 @@ impl CopyOp {
                 len: width,
                 rows,
                 dev_pitch: pitch,
+                host_pitch: width,
                 unit_end: true,
             }
         }
@@ -70,7 +75,7 @@ impl CopyOp {
         (0..self.rows).map(|r| {
             (
                 self.dev + r * self.dev_pitch,
-                self.host + (r * self.len) as usize,
+                self.host + (r * self.host_pitch) as usize,
             )
         })
     }
@@ -86,9 +91,42 @@ impl CopyOp {
         if fits {
             self.len += next.len;
             self.dev_pitch = self.len;
+            self.host_pitch = self.len;
             self.unit_end = next.unit_end;
         }
         fits
+    }
+
+    /// Appends `next` (one row of this op's width) as a further row when it lies one pitch
+    /// after this op's last row on both sides (the pitches are set by the second row; both
+    /// must be at least the width, so rows never overlap) and the result stays within `max`
+    /// bytes. Rows of a pitched op may be anywhere on the host: a layer's run of pages is one
+    /// op even though each page's block is a separate arena slot.
+    pub fn fuse_row(&mut self, next: &Self, max: u64) -> bool {
+        if next.rows != 1 || next.len != self.len || self.bytes() + next.len > max {
+            return false;
+        }
+        if self.rows == 1 {
+            let (Some(dp), Some(hp)) = (
+                next.dev.checked_sub(self.dev),
+                (next.host as u64).checked_sub(self.host as u64),
+            ) else {
+                return false;
+            };
+            if dp < self.len || hp < self.len {
+                return false;
+            }
+            (self.dev_pitch, self.host_pitch, self.rows) = (dp, hp, 2);
+        } else {
+            let fits = next.dev == self.dev + self.rows * self.dev_pitch
+                && next.host as u64 == self.host as u64 + self.rows * self.host_pitch;
+            if !fits {
+                return false;
+            }
+            self.rows += 1;
+        }
+        self.unit_end = next.unit_end;
+        true
     }
 }
 

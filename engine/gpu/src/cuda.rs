@@ -1,7 +1,7 @@
 //! The CUDA backend: one context per device thread, a stream per direction, pooled events.
 //! A copy of one row is a `cuMemcpy{DtoH,HtoD}Async`; a strided copy is one `cuMemcpy2DAsync`
-//! (device pitch = the op's pitch, host pitch = its width), or one copy per row when the pitch
-//! exceeds the device's `CU_DEVICE_ATTRIBUTE_MAX_PITCH`.
+//! (the op's device and host pitches), or one copy per row when a pitch exceeds the device's
+//! `CU_DEVICE_ATTRIBUTE_MAX_PITCH`.
 
 use cudarc::driver::sys;
 
@@ -109,11 +109,11 @@ impl CudaBackend {
             Dir::DeviceToHost => {
                 (p.srcDevice, p.srcPitch) = (op.dev, op.dev_pitch as usize);
                 (p.dstMemoryType, p.dstHost, p.dstPitch) =
-                    (host, op.host as *mut _, op.len as usize);
+                    (host, op.host as *mut _, op.host_pitch as usize);
             }
             Dir::HostToDevice => {
                 (p.srcMemoryType, p.srcHost, p.srcPitch) =
-                    (host, op.host as *const _, op.len as usize);
+                    (host, op.host as *const _, op.host_pitch as usize);
                 (p.dstDevice, p.dstPitch) = (op.dev, op.dev_pitch as usize);
             }
         }
@@ -174,7 +174,7 @@ impl Backend for CudaBackend {
             // SAFETY: the caller's contract covers the op's one row.
             return unsafe { self.copy_1d(dir, op.dev, op.host, op.len) };
         }
-        if op.dev_pitch <= self.max_pitch {
+        if op.dev_pitch.max(op.host_pitch) <= self.max_pitch {
             // SAFETY: the caller's contract.
             return unsafe { self.copy_2d(dir, op) };
         }

@@ -16,6 +16,7 @@
 //! - [`hub`]: the daemon's GPU state (workers, registration, counters).
 //! - [`register`]: host-memory registration in pieces.
 //! - [`plan`]: a page of a layout as copies (one strided copy per regular page, merging).
+//! - [`layered`]: a layer-wise onload's copies (layer 0 of every page first; runs of pages fused).
 //! - [`mem`]: device and pinned buffers, IPC export, plain-copy bandwidth (bench baseline).
 
 pub mod backend;
@@ -25,6 +26,7 @@ mod error;
 #[cfg(feature = "fake")]
 pub mod fake;
 pub mod hub;
+pub mod layered;
 pub mod mem;
 pub mod plan;
 pub mod register;
@@ -33,5 +35,6 @@ pub mod worker;
 pub use backend::{CopyOp, Dir};
 pub use error::GpuError;
 pub use hub::GpuHub;
+pub use layered::{LayerPlan, layer_ops};
 pub use plan::page_ops;
 pub use worker::{CopyTicket, DeviceWorker, WorkerConfig};

@@ -85,6 +85,7 @@ mod tests {
                 len: 256,
                 rows: 3,
                 dev_pitch: 2048,
+                host_pitch: 256,
                 unit_end: true,
             }]
         );

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
 use kvnode_proto::gpu::{IPC_HANDLE_LEN, LayoutError};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::GpuError;
 use crate::backend::{Backend, CopyOp, Dir};
@@ -55,7 +55,12 @@ struct Job {
     dir: Dir,
     mapping: u64,
     ops: Vec<CopyOp>,
+    /// Close a batch (fence) after every unit end, not only past `batch_bytes`: a layer-wise
+    /// onload reports each layer as soon as it landed.
+    fence_every_unit: bool,
     cancel: Arc<AtomicBool>,
+    /// Leading copies completed so far (sent after each fence).
+    progress: watch::Sender<usize>,
     reply: Reply<usize>,
 }
 
@@ -85,10 +90,17 @@ impl std::fmt::Debug for Cmd {
 pub struct CopyTicket {
     device: u32,
     cancel: Arc<AtomicBool>,
+    progress: watch::Receiver<usize>,
     rx: oneshot::Receiver<Result<usize, GpuError>>,
 }
 
 impl CopyTicket {
+    /// Leading copies completed so far, updated after each fence; the channel closes when the
+    /// job ended (its last value is then final).
+    pub fn progress(&self) -> watch::Receiver<usize> {
+        self.progress.clone()
+    }
+
     /// Stops issuing further batches (those issued still complete).
     pub fn cancel(&self) {
         self.cancel.store(true, Ordering::Release);
@@ -155,18 +167,38 @@ impl DeviceWorker {
         mapping: u64,
         ops: Vec<CopyOp>,
     ) -> Result<CopyTicket, GpuError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.submit_with(dir, mapping, ops, false) }
+    }
+
+    /// [`DeviceWorker::submit`], with `fence_every_unit`: a fence after every unit end (each
+    /// layer of a layer-wise plan), so [`CopyTicket::progress`] moves unit by unit.
+    ///
+    /// # Safety
+    /// As [`DeviceWorker::submit`].
+    pub unsafe fn submit_with(
+        &self,
+        dir: Dir,
+        mapping: u64,
+        ops: Vec<CopyOp>,
+        fence_every_unit: bool,
+    ) -> Result<CopyTicket, GpuError> {
         let cancel = Arc::new(AtomicBool::new(false));
         let (reply, rx) = oneshot::channel();
+        let (progress, progress_rx) = watch::channel(0);
         self.send(Cmd::Copy(Job {
             dir,
             mapping,
             ops,
+            fence_every_unit,
             cancel: Arc::clone(&cancel),
+            progress,
             reply,
         }))?;
         Ok(CopyTicket {
             device: self.device,
             cancel,
+            progress: progress_rx,
             rx,
         })
     }
@@ -208,7 +240,7 @@ fn issue<B: Backend>(b: &mut B, a: &mut Active<B::Fence>, cfg: WorkerConfig) {
             }
             bytes += op.bytes();
             a.next += 1;
-            if op.unit_end && bytes >= cfg.batch_bytes {
+            if op.unit_end && (a.job.fence_every_unit || bytes >= cfg.batch_bytes) {
                 break;
             }
         }
@@ -254,7 +286,10 @@ fn run<B: Backend>(mut b: B, rx: &mpsc::Receiver<Cmd>, cfg: WorkerConfig) {
         if let Some(a) = active.iter_mut().find(|a| !a.inflight.is_empty()) {
             let (f, end) = a.inflight.pop_front().expect("non-empty");
             match b.wait(f) {
-                Ok(()) => a.done = end,
+                Ok(()) => {
+                    a.done = end;
+                    a.job.progress.send_replace(end);
+                }
                 Err(e) => {
                     a.err.get_or_insert(e);
                 }

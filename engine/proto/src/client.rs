@@ -223,6 +223,15 @@ pub enum Op {
         /// Ticket from `OnloadStarted`.
         ticket: u64,
     },
+    /// Waits until layer `layer` of a started layer-wise onload (`PageMove::layers` > 0) has
+    /// landed in every page; replies `LayerLoaded`. The onload stays pending: finish it with
+    /// `OnloadWait` or `OnloadCancel`.
+    OnloadLayerWait {
+        /// Ticket from `OnloadStarted`.
+        ticket: u64,
+        /// Layer, `0..layers`.
+        layer: u32,
+    },
 }
 
 /// What the KV router needs to know about a page: its exact tokens and its parent page.
@@ -471,6 +480,16 @@ pub enum Reply {
         /// Why (the limit that was hit).
         message: String,
     },
+    /// Answer to `OnloadLayerWait`.
+    LayerLoaded {
+        /// The onload's ticket.
+        ticket: u64,
+        /// The layer waited for.
+        layer: u32,
+        /// Layers `0..=layer` of every page the onload copies are in GPU memory. `false`: the
+        /// onload stopped first (cancelled, or a copy failed); `OnloadWait` says which pages.
+        complete: bool,
+    },
     /// The request failed; nothing it would have changed was changed.
     Error {
         /// Category.
@@ -509,7 +528,8 @@ impl Op {
             Op::Onload(_)
             | Op::OnloadAsync(_)
             | Op::OnloadWait { .. }
-            | Op::OnloadCancel { .. } => OpKind::Onload,
+            | Op::OnloadCancel { .. }
+            | Op::OnloadLayerWait { .. } => OpKind::Onload,
         }
     }
 }

@@ -21,6 +21,8 @@ pub const IPC_HANDLE_LEN: usize = 64;
 pub const GPU_ALIGN: u64 = 16;
 /// Most objects (gathered extents) per page.
 pub const MAX_OBJECTS: usize = 4096;
+/// Most layers of a layer-wise onload ([`PageMove::layers`]).
+pub const MAX_LAYERS: u32 = 4096;
 
 /// One contiguous part of a page in GPU memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +85,17 @@ pub struct PageMove {
     /// Buffer id from `GpuAttached` (default 0: the first attached buffer).
     #[serde(default)]
     pub buffer: u32,
+    /// Onloads only: copy layer by layer instead of page by page. Each page's block is `layers`
+    /// equal runs in model order (layer `l` = block bytes `[l*B/layers, (l+1)*B/layers)`); the
+    /// daemon copies every page's layer 0, then every page's layer 1, …, and `OnloadLayerWait`
+    /// reports each layer as it lands. 0 (the default) = page by page.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub layers: u32,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Outcome of one key of an onload.
@@ -182,6 +195,17 @@ pub enum LayoutError {
         /// Page ids.
         pages: usize,
     },
+    /// A layer-wise move whose layer count does not split the page evenly.
+    #[error(
+        "layer-wise onload: {layers} layers do not split a {page_bytes}-byte page into equal runs \
+         (1..={MAX_LAYERS} layers dividing the page's bytes)"
+    )]
+    Layers {
+        /// Layers asked for.
+        layers: u32,
+        /// Bytes of a page's block.
+        page_bytes: u64,
+    },
 }
 
 /// Checks a raw handle and returns it as an array.
@@ -196,6 +220,16 @@ pub fn check_handle(h: &[u8]) -> Result<[u8; IPC_HANDLE_LEN], LayoutError> {
 }
 
 impl GpuLayout {
+    /// Bytes of each layer's run of a block split into `layers` equal runs.
+    pub fn layer_bytes(&self, layers: u32) -> Result<u64, LayoutError> {
+        let page_bytes = self.page_bytes();
+        let bad = LayoutError::Layers { layers, page_bytes };
+        if layers == 0 || layers > MAX_LAYERS || page_bytes % u64::from(layers) != 0 {
+            return Err(bad);
+        }
+        Ok(page_bytes / u64::from(layers))
+    }
+
     /// Bytes of one page's block.
     pub fn page_bytes(&self) -> u64 {
         self.objects.iter().map(|o| o.size).sum()

@@ -45,6 +45,12 @@ class KvnodeVllmConfig:
                        "BLNHC" (default: block-outermost, each block one contiguous run of all its
                        layers, one DMA per block), any other vLLM layout name, or "" for vLLM's
                        own choice (LBNHC by default: one DMA per layer per block, slower)
+    layerwise_load     onload layer by layer: the daemon copies layer 0 of every block first,
+                       start_load_kv returns once the copies are issued, and
+                       wait_for_layer_load(layer) waits only for that layer, so the forward pass
+                       starts when layer 0 landed. Default false (every onload completes in
+                       start_load_kv): it relies on vLLM calling wait_for_layer_load before each
+                       layer's attention, which a fully captured CUDA graph does not do
     """
 
     socket: str = ""
@@ -57,6 +63,7 @@ class KvnodeVllmConfig:
     load: bool = True
     connect_timeout_s: float = 30.0
     kv_cache_layout: str = "BLNHC"
+    layerwise_load: bool = False
 
     @classmethod
     def parse(cls, extra: Optional[Mapping[str, Any]], kv_role: str = "kv_both") -> "KvnodeVllmConfig":

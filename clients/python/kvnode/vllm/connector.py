@@ -134,7 +134,8 @@ class KvnodeConnector(KVConnectorBase_V1):
                                        self.cfg.lookup_wait_ms / 1000.0, self.cfg.load, self.cfg.save,
                                        steps_in_flight=vllm_config.max_concurrent_batches)
         else:
-            self.worker = WorkerSide(self._connect, self.spec)
+            self.worker = WorkerSide(self._connect, self.spec, layerwise=self.cfg.layerwise_load)
+        self._layer_of: Dict[str, Tuple[int, int]] = {}  # layer name -> (segment, layer in it)
         logger.info("kvnode connector (%s) on %s, namespace %s", role.name, self.cfg.socket,
                     {k: self.spec[k] for k in ("model", "dtype", "page_size", "layout", "tp_rank", "segments")})
 
@@ -174,6 +175,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                                  f"allocation, but its KVCacheTensor says {t.offset}")
             placements.append(Placement(t.offset, t.layer_stride, t.block_stride, len(t.layers), page,
                                         self._kv_cache_config.num_blocks_of(t)))
+        self._layer_of = {name: (seg, i) for seg, t in enumerate(tensors) for i, name in enumerate(t.layers)}
         self.worker.register(kv_caches[tensors[0].layers[0]], placements)
         logger.info("kvnode connector: attached %d KV tensor(s), %d bytes per block, %d blocks",
                     len(placements), sum(spec["segments"]), placements[0].num_blocks)
@@ -192,13 +194,20 @@ class KvnodeConnector(KVConnectorBase_V1):
         self.worker.run_step_loads(self._plan())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv finished every onload of the step before the forward
+        """Layer-wise loads: blocks until this layer of the step's onloads landed (the daemon
+        copies layers in model order, so the first layers compute while later ones arrive).
+        Page-by-page loads finished in start_load_kv already."""
+        assert self.worker is not None
+        where = self._layer_of.get(layer_name)
+        if where is not None:
+            self.worker.wait_step_layer(*where)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         return  # offloads are issued once per step, in wait_for_save
 
     def wait_for_save(self) -> None:
         assert self.worker is not None
+        self.worker.end_step_loads()  # layer-wise: the step's load statuses (errors -> recompute)
         if self.has_connector_metadata():
             self.worker.save(self._plan().saves)
 

@@ -17,6 +17,13 @@ zeroes new blocks on it, and freed blocks may still be read by the last step's k
 completed, so the forward can read the blocks. Any block not `Loaded` (a miss, an evicted block,
 a size mismatch, a cancelled copy) is a load error: vLLM recomputes it (never serves it).
 
+Layer-wise (`layerwise=True`): each segment's `OnloadAsync` carries `layers` = the segment's
+layers, so the daemon copies layer 0 of every block first; `start_load` returns once the copies
+are issued, `wait_layer(seg, i)` (the connector's wait_for_layer_load) blocks until that layer
+landed (`OnloadLayerWait`), and `finish_load` after the forward collects the per-block statuses
+(a block not `Loaded` is a load error as above: vLLM discards the step's output for its
+requests and recomputes them).
+
 Saves (`save`) run after the forward on a background thread with its own connection: it waits
 for a CUDA event recorded after the forward, then `Offload`s per segment (the daemon commits
 after its copies completed). A request's blocks stay allocated until all its offloads ended
@@ -70,9 +77,13 @@ class _Attached:
 class WorkerSide:
     """Onload/offload of vLLM KV blocks through the daemon for one worker (one GPU)."""
 
-    def __init__(self, connect: Callable[[], Connection], namespace_spec: Dict[str, Any]):
+    def __init__(self, connect: Callable[[], Connection], namespace_spec: Dict[str, Any],
+                 layerwise: bool = False, exporter: Callable[[Any], Any] = export_tensor):
         self._connect = connect
         self._spec = namespace_spec
+        self.layerwise = layerwise
+        self._export = exporter  # tests on the fake GPU pass a file-backed "IPC" export
+        self._pending: List[Tuple[int, List[int]]] = []  # this step's layer-wise tickets
         self._load: Optional[_Attached] = None
         self._nseg = len(namespace_spec["segments"])
         self._errors: Set[int] = set()
@@ -87,7 +98,7 @@ class WorkerSide:
         self._placements: List[Placement] = []
         # Counters (bytes, blocks, seconds) for stats and metrics.
         self.stats = {"load_blocks": 0, "load_errors": 0, "load_s": 0.0, "save_blocks": 0,
-                      "save_stored": 0, "save_s": 0.0}
+                      "save_stored": 0, "save_s": 0.0, "layer_wait_s": 0.0}
 
     # -- registration ----------------------------------------------------------------------
     def register(self, any_view: Any, placements: Sequence[Placement]) -> None:
@@ -106,7 +117,7 @@ class WorkerSide:
         self._save_thread.start()
 
     def _attach(self) -> _Attached:
-        exp = export_tensor(self._storage_tensor)
+        exp = self._export(self._storage_tensor)
         conn = self._connect()
         gpu = GpuClient(conn)
         ns = conn.register(self._spec)["ns"]
@@ -128,20 +139,33 @@ class WorkerSide:
         import torch
 
         assert self._load is not None, "register_kv_caches was not called"
-        torch.cuda.current_stream().synchronize()
+        if self._storage_tensor.is_cuda:
+            torch.cuda.current_stream().synchronize()
         digests = [d for m in loads for d in m.digests]
         ids = [b for m in loads for b in m.block_ids]
         tickets = []
         for seg, buf in enumerate(self._load.buffers):
             keys = [[d, seg] for d in digests]
+            layers = self._placements[seg].layers if self.layerwise else 0
             try:
-                tickets.append((self._load.gpu.onload_async(self._load.ns, keys, ids, buffer=buf), ids))
+                tickets.append((self._load.gpu.onload_async(self._load.ns, keys, ids, buffer=buf, layers=layers), ids))
             except KvnodeError as e:
-                if e.code != "TooLarge":
+                if e.code != "TooLarge" or layers:
                     raise
                 # More than the daemon can lease at once: load it in leading parts now.
                 tickets.append((self._load.gpu.onload_split(self._load.ns, keys, ids, buffer=buf), ids))
         return tickets
+
+    def wait_layer(self, tickets: Sequence[Tuple[int, List[int]]], seg: int, layer: int) -> bool:
+        """Layer-wise: waits until `layer` of segment `seg`'s onload landed. False when that
+        onload stopped first (its blocks then come back from finish_load as load errors)."""
+        if not tickets:
+            return True
+        assert self._load is not None
+        t0 = time.perf_counter()
+        ok = self._load.gpu.onload_layer_wait(tickets[seg][0], layer)
+        self.stats["layer_wait_s"] += time.perf_counter() - t0
+        return ok
 
     def finish_load(self, tickets: Sequence[Tuple[int, List[int]]], cancel: bool = False) -> int:
         """Waits for (or cancels) the step's onloads; records failed block ids; returns how
@@ -259,9 +283,23 @@ class WorkerSide:
 
     # -- per step --------------------------------------------------------------------------
     def run_step_loads(self, plan: StepPlan) -> None:
+        """Before the forward: page-by-page, every onload completes here; layer-wise, the
+        onloads are started and `wait_layer` / `end_step_loads` finish them."""
         if plan.preempted:
             self.drain(plan.preempted)
-        self.load(plan.loads)
+        if self.layerwise:
+            self.end_step_loads()  # a step that never reached its end (an exception) cancels
+            self._pending = self.start_load(plan.loads)
+        else:
+            self.load(plan.loads)
+
+    def wait_step_layer(self, seg: int, layer: int) -> bool:
+        return self.wait_layer(self._pending, seg, layer)
+
+    def end_step_loads(self, cancel: bool = False) -> int:
+        """After the forward (layer-wise): the step's per-block statuses; returns failures."""
+        pending, self._pending = self._pending, []
+        return self.finish_load(pending, cancel=cancel)
 
     def close(self) -> None:
         if self._save_thread is not None:
@@ -269,5 +307,7 @@ class WorkerSide:
             self._save_q.put(None)
             self._save_thread.join(timeout=10)
         if self._load is not None:
+            if self._pending:
+                self.end_step_loads(cancel=True)
             self._load.conn.close()
             self._load = None

@@ -66,7 +66,8 @@ impl Session {
             | Op::Onload(_)
             | Op::OnloadAsync(_)
             | Op::OnloadWait { .. }
-            | Op::OnloadCancel { .. }) => self.gpu_op(op).await,
+            | Op::OnloadCancel { .. }
+            | Op::OnloadLayerWait { .. }) => self.gpu_op(op).await,
         };
         self.send(id, reply, &[]).await
     }

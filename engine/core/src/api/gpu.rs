@@ -1,6 +1,7 @@
 //! GPU ops of a connection: attach an IPC-exported buffer, offload pages into reserved slots
 //! (commit after the copies complete), onload leased blocks into pages (reply after the copies
-//! complete), and close every mapping when the connection ends, after its copies finish.
+//! complete; layer-wise onloads copy layer by layer and answer `OnloadLayerWait` per layer),
+//! and close every mapping when the connection ends, after its copies finish.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -30,6 +31,15 @@ fn layout_error(e: LayoutError) -> Reply {
     gpu_error(&GpuError::Layout(e))
 }
 
+fn not_pending(ticket: u64) -> Reply {
+    Reply::Error {
+        code: ErrorCode::NotOwned,
+        message: format!(
+            "onload ticket {ticket} is not pending on this connection (already waited?)"
+        ),
+    }
+}
+
 impl Session {
     /// Runs one GPU op.
     pub(super) async fn gpu_op(&mut self, op: Op) -> Reply {
@@ -45,6 +55,7 @@ impl Session {
                 self.gpu.onloads.insert(ticket, p);
                 Reply::OnloadStarted { ticket }
             }),
+            Op::OnloadLayerWait { ticket, layer } => self.onload_layer_wait(ticket, layer).await,
             Op::OnloadWait { ticket } | Op::OnloadCancel { ticket } => {
                 let cancel = matches!(op, Op::OnloadCancel { .. });
                 match self.gpu.onloads.remove(&ticket) {
@@ -54,12 +65,7 @@ impl Session {
                         }
                         Ok(self.finish_onload(p).await)
                     }
-                    None => Err(Reply::Error {
-                        code: ErrorCode::NotOwned,
-                        message: format!(
-                            "onload ticket {ticket} is not pending on this connection (already waited?)"
-                        ),
-                    }),
+                    None => Err(not_pending(ticket)),
                 }
             }
             other => Err(Reply::Error {
@@ -132,6 +138,12 @@ impl Session {
     async fn offload(&mut self, m: &PageMove) -> Result<Reply, Reply> {
         let store = Arc::clone(&self.engine.store);
         let a = self.buffer(m)?;
+        if m.layers != 0 {
+            return Err(Reply::Error {
+                code: ErrorCode::Invalid,
+                message: "layers applies to onloads only: send Offload with layers 0".into(),
+            });
+        }
         let page_bytes = a.layout.page_bytes();
         let lens = vec![page_bytes; m.keys.len()];
         // Like a put: wait (bounded) for demotion to make room rather than evict uncopied.
@@ -189,6 +201,13 @@ impl Session {
 
     async fn start_onload(&mut self, m: &PageMove) -> Result<PendingOnload, Reply> {
         let store = Arc::clone(&self.engine.store);
+        let layered = m.layers > 0;
+        if layered {
+            self.buffer(m)?
+                .layout
+                .layer_bytes(m.layers)
+                .map_err(layout_error)?;
+        }
         self.buffer(m)?;
         // In prefix order; pages that cannot all be leased now are refused as a whole.
         let got = store
@@ -204,11 +223,17 @@ impl Session {
         let arena = store.arena().base() as usize;
         let (mut ops, mut leases, mut results, mut ends) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut rows = Vec::new(); // layer-wise: (block address, page id), planned below
         for (l, &p) in leased.into_iter().zip(&m.page_ids) {
             let (status, end) = match l {
                 None => (OnloadStatus::Miss, None),
                 Some(b) if b.len() == page_bytes => {
-                    Self::page_ops(a, arena + b.extent().offset as usize, p, &mut ops);
+                    let host = arena + b.extent().offset as usize;
+                    if layered {
+                        rows.push((host, p));
+                    } else {
+                        Self::page_ops(a, host, p, &mut ops);
+                    }
                     leases.push(b);
                     (OnloadStatus::Loaded, Some(ops.len()))
                 }
@@ -217,14 +242,54 @@ impl Session {
             results.push(status);
             ends.push(end);
         }
+        let mut layer_ends = Vec::new();
+        if layered {
+            // Every page is whole only once the last layer landed.
+            let plan =
+                kvnode_gpu::layer_ops(&a.layout, a.dev, &rows, m.layers).map_err(layout_error)?;
+            (ops, layer_ends) = (plan.ops, plan.layer_ends);
+            ends.iter_mut().flatten().for_each(|e| *e = ops.len());
+        }
         // SAFETY: every host range is a block leased by `leases`, which the pending onload
         // keeps until its ticket's wait returned (or, dropped unwaited, forever).
-        match unsafe { a.worker.submit(Dir::HostToDevice, a.dev, ops) } {
-            Ok(ticket) => Ok(PendingOnload::new(
-                ticket, leases, results, ends, page_bytes,
-            )),
+        match unsafe { a.worker.submit_with(Dir::HostToDevice, a.dev, ops, layered) } {
+            Ok(ticket) => Ok(
+                PendingOnload::new(ticket, leases, results, ends, page_bytes).layered(layer_ends),
+            ),
             Err(e) => Err(gpu_error(&e)),
         }
+    }
+
+    /// Waits until `layer` of a pending layer-wise onload has landed (or the onload stopped).
+    async fn onload_layer_wait(&mut self, ticket: u64, layer: u32) -> Result<Reply, Reply> {
+        let p = self
+            .gpu
+            .onloads
+            .get(&ticket)
+            .ok_or_else(|| not_pending(ticket))?;
+        let Some(&end) = p.layer_ends.get(layer as usize) else {
+            let message = if p.layer_ends.is_empty() {
+                format!("onload {ticket} is not layer-wise: start it with layers > 0")
+            } else {
+                format!(
+                    "layer {layer} is out of range: onload {ticket} has {} layers",
+                    p.layer_ends.len()
+                )
+            };
+            return Err(Reply::Error {
+                code: ErrorCode::Invalid,
+                message,
+            });
+        };
+        let mut rx = p.progress.clone();
+        // The channel closes when the copies ended: its last value is then final.
+        let reached = rx.wait_for(|&done| done >= end).await.is_ok();
+        let complete = reached || *rx.borrow() >= end;
+        Ok(Reply::LayerLoaded {
+            ticket,
+            layer,
+            complete,
+        })
     }
 
     async fn finish_onload(&mut self, mut p: PendingOnload) -> Reply {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use kvnode_gpu::{CopyTicket, DeviceWorker, GpuError};
 use kvnode_proto::gpu::{GpuLayout, OnloadStatus};
+use tokio::sync::watch;
 
 use crate::store::Lease;
 
@@ -26,6 +27,10 @@ pub(super) struct PendingOnload {
     /// Per key: index one past its last copy, for keys whose copies were submitted.
     pub ends: Vec<Option<usize>>,
     pub bytes_per_page: u64,
+    /// Layer-wise onloads: per layer, the index one past its last copy (empty otherwise).
+    pub layer_ends: Vec<usize>,
+    /// Leading copies completed so far (closed once the copies ended).
+    pub progress: watch::Receiver<usize>,
 }
 
 impl PendingOnload {
@@ -37,12 +42,20 @@ impl PendingOnload {
         bytes_per_page: u64,
     ) -> Self {
         Self {
+            progress: ticket.progress(),
             ticket: Some(ticket),
             leases,
             results,
             ends,
             bytes_per_page,
+            layer_ends: Vec::new(),
         }
+    }
+
+    /// Marks the onload layer-wise, with its layers' copy boundaries.
+    pub fn layered(mut self, layer_ends: Vec<usize>) -> Self {
+        self.layer_ends = layer_ends;
+        self
     }
 
     /// Stops issuing copies; those already issued still complete.

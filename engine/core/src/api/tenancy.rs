@@ -93,7 +93,8 @@ fn op_ns(op: &Op) -> Option<u32> {
         | Op::DetachRegion { .. }
         | Op::AttachGpu(_)
         | Op::OnloadWait { .. }
-        | Op::OnloadCancel { .. } => None,
+        | Op::OnloadCancel { .. }
+        | Op::OnloadLayerWait { .. } => None,
     }
 }
 
