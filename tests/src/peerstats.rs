@@ -3,7 +3,7 @@
 //! GETs and never fallen back to TCP, which a log line written at negotiation cannot show.
 //!
 //! The counters are the `peer` section of `stats --json` (one entry per peer):
-//! `ucx_gets_total`, `ucx_slots_served_total` and `ucx_fallbacks_total`. They are summed over
+//! `peer_ucx_gets_total`, `peer_ucx_slots_served_total` and `peer_ucx_fallbacks_total`. They are summed over
 //! every entry, wherever the section nests them, so the check does not depend on whether the
 //! peers are a list or a map keyed by address.
 
@@ -57,12 +57,12 @@ pub fn assert_pulled_over_ucx(dst: &Daemon, src: &Daemon) {
     let (d, s) = (stats_json(&dst.socket), stats_json(&src.socket));
     let need = |v: &serde_json::Value, who: &str, key: &str| {
         peer_counter(v, key)
-            .unwrap_or_else(|| panic!("{who}'s stats --json has no peer.{key}: {v:#}"))
+            .unwrap_or_else(|| panic!("{who}'s stats --json has no peer[].{key}: {v:#}"))
     };
-    let gets = need(&d, "destination", "ucx_gets_total");
-    let served = need(&s, "source", "ucx_slots_served_total");
-    let fallbacks = need(&d, "destination", "ucx_fallbacks_total")
-        + peer_counter(&s, "ucx_fallbacks_total").unwrap_or(0);
+    let gets = need(&d, "destination", "peer_ucx_gets_total");
+    let served = need(&s, "source", "peer_ucx_slots_served_total");
+    let fallbacks = need(&d, "destination", "peer_ucx_fallbacks_total")
+        + peer_counter(&s, "peer_ucx_fallbacks_total").unwrap_or(0);
     assert!(
         gets > 0 && served > 0 && fallbacks == 0,
         "the pull did not run over UCX GETs alone: destination ucx_gets_total {gets}, source \

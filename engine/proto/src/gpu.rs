@@ -224,7 +224,7 @@ impl GpuLayout {
     pub fn layer_bytes(&self, layers: u32) -> Result<u64, LayoutError> {
         let page_bytes = self.page_bytes();
         let bad = LayoutError::Layers { layers, page_bytes };
-        if layers == 0 || layers > MAX_LAYERS || page_bytes % u64::from(layers) != 0 {
+        if layers == 0 || layers > MAX_LAYERS || !page_bytes.is_multiple_of(u64::from(layers)) {
             return Err(bad);
         }
         Ok(page_bytes / u64::from(layers))

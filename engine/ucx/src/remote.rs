@@ -232,15 +232,14 @@ impl Remote {
             return Err(UcxError::call("ucp_put_nbx", st));
         }
         self.flights.push_back((0, req));
-        match self.land_one(limit) {
-            Some((_, r)) => r,
-            None => {
-                let _ = self.abandon(limit);
-                Err(UcxError::Timeout {
-                    len: src.len(),
-                    limit,
-                })
-            }
+        if let Some((_, r)) = self.land_one(limit) {
+            r
+        } else {
+            let _ = self.abandon(limit);
+            Err(UcxError::Timeout {
+                len: src.len(),
+                limit,
+            })
         }
     }
 
