@@ -341,7 +341,7 @@ fn accept_successors(
 }
 
 /// Takeover connections screened at once.
-const MAX_SCREENING: usize = 8;
+const MAX_SCREENING: usize = 64;
 /// How long a takeover connection may take to send its request.
 const SCREEN_TIMEOUT: Duration = Duration::from_secs(2);
 
