@@ -274,31 +274,26 @@ fn median(v: &[f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
-    let (small, h) = (ByteSize(r.small), &r.lat);
-    println!(
-        "cold first pull (connect + auth + 1 x {small}): {:.3} ms",
-        r.cold * 1e3
+/// Per-round ratios against the same round's limits, as printed for each round.
+#[derive(Default)]
+struct RoundRatios {
+    iperf: Vec<f64>,
+    mem: Vec<f64>,
+    iperf_p: Vec<f64>,
+    cpu: Vec<f64>,
+    cpu_ratio: Vec<f64>,
+}
+
+/// Prints one line pair per round and collects the ratios.
+fn report_rounds(a: &PullArgs, r: &Results) -> RoundRatios {
+    let mut q = RoundRatios::default();
+    let (ratios, mem, ratios_p, cpu, cpu_ratio) = (
+        &mut q.iperf,
+        &mut q.mem,
+        &mut q.iperf_p,
+        &mut q.cpu,
+        &mut q.cpu_ratio,
     );
-    println!(
-        "warm 1 x {small} pull latency (us): p50 {} p90 {} p99 {} max {}",
-        h.value_at_quantile(0.5),
-        h.value_at_quantile(0.9),
-        h.value_at_quantile(0.99),
-        h.max()
-    );
-    let all: Vec<f64> = r.rounds.iter().flat_map(|x| x.pulls.clone()).collect();
-    let (med, best) = (median(&all), all.iter().copied().fold(0.0, f64::max));
-    println!(
-        "{} x {} pull: median {:.2} GB/s, best {:.2} GB/s; first pull (source hashes each block) {:.2} GB/s",
-        a.pages,
-        ByteSize(r.page),
-        med / 1e9,
-        best / 1e9,
-        r.first / 1e9
-    );
-    let (mut ratios, mut mem) = (Vec::new(), Vec::new());
-    let (mut ratios_p, mut cpu, mut cpu_ratio) = (Vec::new(), Vec::new(), Vec::new());
     for (i, x) in r.rounds.iter().enumerate() {
         let m = median(&x.pulls);
         mem.push(m / x.memcpy);
@@ -344,6 +339,40 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
             x.memcpy / 1e9
         );
     }
+    q
+}
+
+fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
+    let (small, h) = (ByteSize(r.small), &r.lat);
+    println!(
+        "cold first pull (connect + auth + 1 x {small}): {:.3} ms",
+        r.cold * 1e3
+    );
+    println!(
+        "warm 1 x {small} pull latency (us): p50 {} p90 {} p99 {} max {}",
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.9),
+        h.value_at_quantile(0.99),
+        h.max()
+    );
+    let all: Vec<f64> = r.rounds.iter().flat_map(|x| x.pulls.clone()).collect();
+    let (med, best) = (median(&all), all.iter().copied().fold(0.0, f64::max));
+    println!(
+        "{} x {} pull: median {:.2} GB/s, best {:.2} GB/s; first pull (source hashes each block) {:.2} GB/s",
+        a.pages,
+        ByteSize(r.page),
+        med / 1e9,
+        best / 1e9,
+        r.first / 1e9
+    );
+    let q = report_rounds(a, r);
+    let RoundRatios {
+        iperf: ratios,
+        mem,
+        iperf_p: ratios_p,
+        cpu,
+        cpu_ratio,
+    } = q;
     println!(
         "pull / same-round memcpy of the same {} x {} (one thread, cold): median {:.0} %",
         a.pages,
