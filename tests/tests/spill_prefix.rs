@@ -10,7 +10,8 @@ use std::os::fd::AsFd;
 use kvnode_client::{Client, ClientError};
 use kvnode_e2e::shm::Shm;
 use kvnode_e2e::{
-    Daemon, block, fill_and_settle, free_port, hint, key, peer_dest, spec, spill_dir, tier,
+    Daemon, SpillDir, block, fill_and_settle, free_port, hint, key, peer_dest, spec, spill_dir,
+    tier,
 };
 use kvnode_proto::Key;
 use kvnode_proto::pull::{KeyOutcome, OpState};
@@ -19,7 +20,7 @@ const BLOCK: usize = 256 << 10;
 /// Four times the 16 MiB DRAM tier.
 const BLOCKS: u64 = 200;
 
-fn filled(tag: &str, extra: &[&str]) -> (std::path::PathBuf, Daemon, Client, u32) {
+fn filled(tag: &str, extra: &[&str]) -> (SpillDir, Daemon, Client, u32) {
     let dir = spill_dir(tag);
     let d = Daemon::start_spilling(&dir, "96MiB", extra);
     let mut c = d.client();

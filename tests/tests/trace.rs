@@ -444,10 +444,10 @@ fn spilling(dir: &std::path::Path, extra: &[&str]) -> Daemon {
 /// so kvtrace sees every one of their writes (it saw none before: they skipped the probes).
 #[test]
 fn kvtrace_sees_write_behind_and_stop_time_flush_writes() {
+    const N: u64 = 24;
     if !bpf_allowed() {
         return;
     }
-    const N: u64 = 24;
     let put = |c: &mut kvnode_client::Client, ns: u32, range: std::ops::Range<u64>| {
         for i in range {
             let b = block(i, 65536);
@@ -504,7 +504,7 @@ fn kvtrace_sees_write_behind_and_stop_time_flush_writes() {
     drop(c);
     d.signal(libc::SIGTERM);
     assert!(
-        d.wait_exit(Duration::from_secs(60))
+        d.wait_exit(Duration::from_mins(1))
             .is_some_and(|s| s.success()),
         "{}",
         d.log()

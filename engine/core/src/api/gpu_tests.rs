@@ -71,8 +71,26 @@ impl Raw {
     }
 }
 
-#[test]
-fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in_parts() {
+/// A running engine with the fake GPU, serving on its socket until dropped.
+struct Server {
+    engine: Arc<Engine>,
+    dev: FakeDevice,
+    socket: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.stop_tx.send(true);
+        drop(self.rt.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// An engine with an 8 MiB DRAM tier over a real spill file, and the fake GPU.
+fn start() -> Server {
     let dir = std::env::temp_dir().join(format!("kvnode-gpu-tests-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let config = EngineConfig {
@@ -112,9 +130,20 @@ fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in
         super::bind(&config.socket, 0o600).expect("bind")
     };
     rt.spawn(super::serve(Arc::clone(&engine), listener, stop.clone()));
-    let _demoter = rt.block_on(async { engine.spawn_background(stop.clone()) });
+    let _ = rt.block_on(async { engine.spawn_background(stop.clone()) });
+    Server {
+        engine,
+        dev,
+        socket: config.socket,
+        dir,
+        stop_tx,
+        rt: Some(rt),
+    }
+}
 
-    let mut c = Raw(UnixStream::connect(&config.socket).unwrap(), 0);
+/// Says hello, registers the namespace, puts every page (the head spills to NVMe) and
+/// attaches a fake GPU buffer of `PAGES` pages; returns the namespace and buffer handle.
+fn fill_and_attach(c: &mut Raw, dev: &FakeDevice) -> (u32, [u8; 64]) {
     let hello = c.call(
         Op::Hello {
             version: kvnode_proto::PROTOCOL_VERSION,
@@ -177,6 +206,15 @@ fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in
         matches!(attached, Reply::GpuAttached { .. }),
         "{attached:?}"
     );
+    (ns, handle)
+}
+
+#[test]
+fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in_parts() {
+    let server = start();
+    let dev = &server.dev;
+    let mut c = Raw(UnixStream::connect(&server.socket).unwrap(), 0);
+    let (ns, handle) = fill_and_attach(&mut c, dev);
 
     let leasable = match c.onload(ns, 0, PAGES) {
         Reply::TooLarge { leasable, .. } => u64::from(leasable),
@@ -211,10 +249,7 @@ fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in
         let s = (i * PAGE) as usize;
         assert!(gpu[s..s + PAGE as usize] == page(i)[..], "GPU page {i}");
     }
-    let t = engine.store.snapshot().0.tier;
+    let t = server.engine.store.snapshot().0.tier;
     assert_eq!((t.leases, t.reserved), (0, 0), "{t:?}");
     drop(c);
-    let _ = stop_tx.send(true);
-    drop(rt);
-    let _ = std::fs::remove_dir_all(&dir);
 }
