@@ -65,6 +65,7 @@ impl Raw {
                 keys: (from..from + n).map(key).collect(),
                 page_ids: (from..from + n).collect(),
                 buffer: 0,
+                layers: 0,
             }),
             &[],
         )
@@ -127,7 +128,7 @@ fn start() -> Server {
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let listener = {
         let _g = rt.enter();
-        super::bind(&config.socket, 0o600).expect("bind")
+        super::bind(&config.socket, 0o600, false).expect("bind")
     };
     rt.spawn(super::serve(Arc::clone(&engine), listener, stop.clone()));
     let _ = rt.block_on(async { engine.spawn_background(stop.clone()) });
