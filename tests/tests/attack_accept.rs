@@ -105,7 +105,8 @@ fn a_large_header_before_hello_is_refused_at_once() {
         payload_len: 0,
     };
     r.0.write_all(&p.encode()).unwrap();
-    r.0.write_all(&[0u8; 100]).unwrap();
+    // The daemon may refuse and close on the prefix alone, before these bytes arrive.
+    let _ = r.0.write_all(&[0u8; 100]);
     let t = Instant::now();
     let msg = r.expect_error(ErrorCode::Handshake);
     assert!(msg.contains("before Hello"), "{msg}");
