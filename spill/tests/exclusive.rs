@@ -96,7 +96,7 @@ impl SmallDisk {
         }
         let d = TempDir::new("/tmp");
         let st = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=4m", "kvnode-test"])
+            .args(["-t", "tmpfs", "-o", "size=4m,mode=0700", "kvnode-test"])
             .arg(&d.0)
             .status()
             .expect("run mount");

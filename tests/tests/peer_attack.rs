@@ -509,7 +509,15 @@ max_outstanding_keys = 8
         second
             .results
             .iter()
-            .all(|r| matches!(r, KeyOutcome::Failed(f) if f.code == FailCode::PeerBusy && f.message.contains("limit 8"))),
+            .all(|r| matches!(r, KeyOutcome::Failed(f) if f.code == FailCode::PeerBusy)),
+        "{second:?}"
+    );
+    // A refused op carries its reason once (the op's), not a copy per key.
+    assert!(
+        second
+            .reason
+            .as_ref()
+            .is_some_and(|f| f.code == FailCode::PeerBusy && f.message.contains("limit 8")),
         "{second:?}"
     );
     // 2 more fit under the cap.

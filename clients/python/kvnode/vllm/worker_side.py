@@ -208,8 +208,11 @@ class WorkerSide:
 
         if self._save_error is not None:
             raise RuntimeError(f"kvnode save thread failed: {self._save_error}")
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream())
+        # A host-memory cache (CPU tests) has no stream to wait for.
+        event = None
+        if self._storage_tensor.is_cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream())
         with self._lock:
             for m in saves:
                 self._pending_saves[m.req_id] = self._pending_saves.get(m.req_id, 0) + 1
@@ -228,7 +231,8 @@ class WorkerSide:
             try:
                 if att is None:
                     att = self._attach()
-                event.synchronize()
+                if event is not None:
+                    event.synchronize()
                 t0 = time.perf_counter()
                 digests = [d for m in saves for d in m.digests]
                 ids = [b for m in saves for b in m.block_ids]
