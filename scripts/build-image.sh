@@ -25,10 +25,14 @@ mkdir -p "$cache"
 
 key=$(cat packaging/image/packages.txt packaging/image/mkrootfs.sh | sha256sum | cut -c1-16)
 rootfs="$cache/rootfs-$key.tar"
-if [ ! -s "$rootfs" ]; then
+if [ ! -f "$rootfs" ] || [ ! -s "$rootfs" ]; then
   t=$(date +%s)
-  bash packaging/image/mkrootfs.sh "$rootfs.part"
-  mv "$rootfs.part" "$rootfs"
+  # mmdebstrap picks its output format from the name's ending: the partial file must end
+  # in .tar too, or it becomes a directory.
+  part="$cache/rootfs-$key.part.tar"
+  rm -rf "$rootfs" "$part"
+  bash packaging/image/mkrootfs.sh "$part"
+  mv "$part" "$rootfs"
   # One root file system in the cache (tests/deploy/deb.sh installs the .deb onto it).
   find "$cache" -maxdepth 1 -name 'rootfs-*.tar*' ! -name "$(basename "$rootfs")" -delete
   echo "build-image: root file system in $(($(date +%s) - t)) s: $rootfs ($(du -h "$rootfs" | cut -f1))" >&2
