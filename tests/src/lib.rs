@@ -176,6 +176,24 @@ impl Daemon {
         Self::start(&refs)
     }
 
+    /// A daemon with a roomy DRAM tier (64 MiB: nothing is demoted by these tests' data) over
+    /// a 128 MiB spill file in `dir`, plus `extra`.
+    pub fn start_roomy_spilling(dir: &Path, extra: &[&str]) -> Self {
+        let mut args = vec![
+            "--dram",
+            "64MiB",
+            "--slab-size",
+            "2MiB",
+            "--no-pin",
+            "--spill-dir",
+            dir.to_str().expect("utf8 spill dir"),
+            "--spill-size",
+            "128MiB",
+        ];
+        args.extend_from_slice(extra);
+        Self::start(&args)
+    }
+
     /// Like [`Daemon::start`], inside network namespace `netns` (`ip netns exec`, root only).
     /// Its Unix socket is a file, so clients outside the namespace still reach it.
     pub fn start_in_netns(netns: &str, args: &[&str]) -> Self {

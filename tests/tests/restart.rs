@@ -4,7 +4,6 @@
 //! connected while the daemon changes hands.
 //! Run: `cargo build --release -p kvnode && cargo test --release -p kvnode-e2e --test restart`.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -53,27 +52,10 @@ fn stop(d: &mut Daemon, sig: i32) {
     }
 }
 
-/// A daemon with a roomy DRAM tier (nothing is demoted) over spill directory `dir`.
-fn roomy(dir: &Path, extra: &[&str]) -> Daemon {
-    let mut args = vec![
-        "--dram",
-        "64MiB",
-        "--slab-size",
-        "2MiB",
-        "--no-pin",
-        "--spill-dir",
-        dir.to_str().unwrap(),
-        "--spill-size",
-        "128MiB",
-    ];
-    args.extend_from_slice(extra);
-    Daemon::start(&args)
-}
-
 #[test]
 fn sigterm_then_start_on_the_same_spill_dir_keeps_every_dram_block_byte_identical() {
     let dir = spill_dir("restart-flush");
-    let mut a = roomy(&dir, &[]);
+    let mut a = Daemon::start_roomy_spilling(&dir, &[]);
     let mut c = a.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     put_all(&mut c, ns, 0..64);
@@ -90,7 +72,7 @@ fn sigterm_then_start_on_the_same_spill_dir_keeps_every_dram_block_byte_identica
         "{}",
         a.log()
     );
-    let b = roomy(&dir, &[]);
+    let b = Daemon::start_roomy_spilling(&dir, &[]);
     let mut c = b.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     assert_eq!(count_intact(&mut c, ns, 0..64), 64, "log:\n{}", b.log());
@@ -105,13 +87,13 @@ fn without_the_stop_time_flush_dram_only_blocks_are_lost() {
     let cfg = temp_dir("noflush").join("k.toml");
     std::fs::write(&cfg, "[spill]\nflush_on_stop_s = 0\n").unwrap();
     let cfg = cfg.to_str().unwrap().to_owned();
-    let mut a = roomy(&dir, &["--config", &cfg]);
+    let mut a = Daemon::start_roomy_spilling(&dir, &["--config", &cfg]);
     let mut c = a.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     put_all(&mut c, ns, 0..16);
     drop(c);
     stop(&mut a, libc::SIGTERM);
-    let b = roomy(&dir, &["--config", &cfg]);
+    let b = Daemon::start_roomy_spilling(&dir, &["--config", &cfg]);
     let mut c = b.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     assert_eq!(count_intact(&mut c, ns, 0..16), 0);
@@ -264,7 +246,7 @@ fn takeover_with_another_dram_size_is_refused_clearly_and_loses_nothing() {
 #[test]
 fn sigkill_with_spill_lag_keeps_every_block_write_behind_copied() {
     let dir = spill_dir("lag");
-    let mut a = roomy(&dir, &["--spill-lag", "200ms"]);
+    let mut a = Daemon::start_roomy_spilling(&dir, &["--spill-lag", "200ms"]);
     let mut c = a.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     put_all(&mut c, ns, 0..64);
@@ -286,7 +268,7 @@ fn sigkill_with_spill_lag_keeps_every_block_write_behind_copied() {
     );
     drop(c);
     stop(&mut a, libc::SIGKILL);
-    let b = roomy(&dir, &[]);
+    let b = Daemon::start_roomy_spilling(&dir, &[]);
     let mut c = b.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     assert_eq!(count_intact(&mut c, ns, 0..64), 64, "log:\n{}", b.log());
@@ -294,7 +276,7 @@ fn sigkill_with_spill_lag_keeps_every_block_write_behind_copied() {
     // The control: without write-behind nothing is copied (the DRAM tier is roomy, nothing
     // is demoted), and SIGKILL loses the DRAM-only blocks.
     let dir2 = spill_dir("nolag");
-    let mut a = roomy(&dir2, &[]);
+    let mut a = Daemon::start_roomy_spilling(&dir2, &[]);
     let mut c = a.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     put_all(&mut c, ns, 0..16);
@@ -302,7 +284,7 @@ fn sigkill_with_spill_lag_keeps_every_block_write_behind_copied() {
     assert_eq!((nvme.blocks, nvme.copied_down), (0, 0), "{nvme:?}");
     drop(c);
     stop(&mut a, libc::SIGKILL);
-    let b = roomy(&dir2, &[]);
+    let b = Daemon::start_roomy_spilling(&dir2, &[]);
     let mut c = b.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     assert_eq!(count_intact(&mut c, ns, 0..16), 0);

