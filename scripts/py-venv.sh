@@ -70,6 +70,11 @@ else
   echo "py-venv: built $VENV in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)" >&2
 fi
 
+# The freeze sees only the venv: the checkout path a previous run left in kvnode-checkout.pth
+# goes first (its clients/python may hold a kvnode.egg-info from a wheel build, which pip would
+# list as an installed kvnode), and is written again below for this checkout.
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+rm -f "$site/kvnode-checkout.pth"
 if ! diff <(want) <(have) > "$VENV/.kvnode-freeze.diff"; then
   echo "py-venv: $VENV does not hold exactly $LOCK ('<' locked, '>' installed):" >&2
   cat "$VENV/.kvnode-freeze.diff" >&2
@@ -78,6 +83,5 @@ fi
 
 # The checkout's connector on the path (the last checkout to run this wins; the venv may be
 # shared between checkouts of the same lock).
-site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$PWD/clients/python" > "$site/kvnode-checkout.pth"
 echo "$VENV/bin/python"

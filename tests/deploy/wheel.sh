@@ -10,7 +10,12 @@ cleanup() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 step "pip wheel clients/python"
 python3 -m venv "$dir/build"
-"$dir/build/bin/pip" wheel -q --no-deps -w "$dir/dist" "$ROOT/clients/python"
+# Built from a copy: setuptools writes kvnode.egg-info (and build/) into the tree it builds,
+# and a kvnode.egg-info in the checkout's clients/python would show in every venv that has the
+# checkout on its path.
+mkdir -p "$dir/src"
+cp -r "$ROOT/clients/python/pyproject.toml" "$ROOT/clients/python/kvnode" "$dir/src/"
+"$dir/build/bin/pip" wheel -q --no-deps -w "$dir/dist" "$dir/src"
 whl=$(ls "$dir"/dist/kvnode-*-py3-none-any.whl) || fail "no kvnode wheel built"
 step "install $(basename "$whl") into a clean venv"
 python3 -m venv "$dir/venv"
