@@ -5,7 +5,11 @@
 # Usage: scripts/bench-abba.sh OLD_BIN NEW_BIN [ROUNDS]   (ROUNDS of ABBA, default 1)
 # PULL_ARGS adds `bench pull` flags to every pull run, e.g.
 #   PULL_ARGS="--connections 1 --daemon-arg=--cluster-key=/tmp/key" scripts/bench-abba.sh A B
-# SKIP_LOCAL=1 runs the pull rounds only.
+# SKIP_LOCAL=1 / SKIP_PULL=1 leave out the local / pull rounds. STORE=1 adds the NVMe tier's rounds (issue 27: the
+# moves between tiers must not get slower): `bench spill` (demotion and promotion vs same-run
+# fio, each build driving its own daemon) and `bench restart --mode sigkill` (first hit after a
+# SIGKILL with a spilled tier; NEW's driver restarts each build's daemon, so both are timed
+# alike). SPILL_ARGS / RESTART_ARGS replace their defaults.
 set -euo pipefail
 A=${1:?old kvnode binary}; B=${2:?new kvnode binary}; ROUNDS=${3:-1}
 DIR=$(mktemp -d /tmp/kvnode-abba.XXXXXX)
@@ -46,6 +50,19 @@ print("%-4s pull 64x1MiB: median %.2f GB/s = %s of iperf3%s, %.0f %% of memcpy; 
          "; %.3f CPU-s/GB%s" % (cpu, " = %.2f x iperf3" % cr if cr else "") if cpu is not None else ""))
 PY
 }
+spill_run() { # BIN LABEL
+  # shellcheck disable=SC2086
+  "$1" bench spill --dir "$DIR/spill-$2" ${SPILL_ARGS:---size 1GiB --dram 256MiB} 2>>"$DIR/$2.log" \
+    | awk -v l="$2" '/^demotion|^promotion|^restart after/ { printf "%-4s spill: %s\n", l, $0 }'
+  rm -rf "$DIR/spill-$2"
+}
+restart_run() { # BIN LABEL
+  # shellcheck disable=SC2086
+  "$B" bench restart --dir "$DIR/restart-$2" --mode sigkill --daemon "$1" \
+    ${RESTART_ARGS:---blocks 50000 --block-bytes 16KiB --dram 256MiB} 2>>"$DIR/$2.log" \
+    | awk -v l="$2" '/^first hit|^new daemon/ { printf "%-4s restart: %s\n", l, $0 }'
+  rm -rf "$DIR/restart-$2"
+}
 echo "A = $A"; echo "B = $B"; echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for _ in $(seq "$ROUNDS"); do
   for x in A B B A; do
@@ -54,8 +71,15 @@ for _ in $(seq "$ROUNDS"); do
     local_run "$bin" "$x"
   done
   for x in A B B A; do
+    [ -n "${SKIP_PULL:-}" ] && break
     bin=$A; [ "$x" = B ] && bin=$B
     pull_run "$bin" "$x"
+  done
+  for x in A B B A; do
+    [ -n "${STORE:-}" ] || break
+    bin=$A; [ "$x" = B ] && bin=$B
+    spill_run "$bin" "$x"
+    restart_run "$bin" "$x"
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -13,6 +13,16 @@ What is NOT SGLang's: the objects those methods are called on are built here wit
 constructors (no GPU, no model, no process groups): the tokenizer manager, the scheduler, the
 radix tree (which matches nothing: every token is a storage candidate) and the controller's
 device side. Their attributes are the ones those methods read; this module names each.
+
+One step between SGLang's threads is done here rather than by SGLang: taking a storage hit off
+`prefetch_hit_queue`, allocating host pages for it and handing it to the IO thread
+(`Worker.prefetch`; in SGLang, `UnifiedRadixCache.check_hicache_events` ->
+`_drain_and_alloc_storage_hit`, which needs the whole radix tree, its retry and staging state
+and the scheduler's policy thresholds). That step is not part of the KV-hint seam (the patch
+does not touch unified_radix_cache.py) and reads nothing kvnode returns beyond
+`storage_hit_count`; SGLang's own controller tests stand in for it the same way
+(`op.host_indices = pool.alloc(op.storage_hit_count)`). What it decides (a hit below the
+prefetch threshold is dropped, a full host pool defers it) is therefore not covered here.
 """
 
 from __future__ import annotations

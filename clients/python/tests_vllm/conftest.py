@@ -54,14 +54,15 @@ def kvnode_bin() -> str:
 class Daemon:
     """A real kvnode daemon on a private socket."""
 
-    def __init__(self, tmp: Path, extra: tuple = ()):
+    def __init__(self, tmp: Path, extra: tuple = (), env: dict = None):
         tmp.mkdir(parents=True, exist_ok=True)
         self.socket = str(tmp / "kvnode.sock")
         self.log_path = tmp / "daemon.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [kvnode_bin(), "serve", "--socket", self.socket, "--dram", "256MiB", "--slab-size",
-             "4MiB", "--no-pin", *extra], stdout=subprocess.DEVNULL, stderr=self.log)
+             "4MiB", "--no-pin", *extra], stdout=subprocess.DEVNULL, stderr=self.log,
+            env={**os.environ, **(env or {})})
         wait_for_daemon(self.socket, self.proc, 10.0, self.log_path)
 
     def stop(self):
