@@ -5,8 +5,10 @@ run fails (no skip). The venv is built from scripts/locks/vllm.lock; run with
 `$(bash scripts/py-venv.sh vllm | tail -1) -m pytest clients/python/tests_vllm` (KVNODE_BIN names the daemon).
 """
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,9 @@ import torch  # noqa: E402
 import vllm  # noqa: E402,F401  (must import: a missing vllm is a failure, not a skip)
 from vllm import SamplingParams  # noqa: E402
 from vllm.config import (  # noqa: E402
-    CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig)
+    CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig,
+    set_current_vllm_config)
+from vllm.distributed import parallel_state as ps  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
@@ -106,6 +110,27 @@ def vllm_config(model_dir: str, socket: str, async_scheduling: bool = False, **e
                            kv_load_failure_policy="recompute")
     return VllmConfig(scheduler_config=sched, model_config=model, cache_config=cache,
                       kv_transfer_config=ktc, device_config=DeviceConfig("cpu"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def one_rank(vc: VllmConfig):
+    """`vc` current and vLLM's distributed state initialised for one rank (gloo on CPU), as
+    vLLM's worker has it before building its connector (`_ranks` reads the real ranks)."""
+    with set_current_vllm_config(vc):
+        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                        distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
+        ps.initialize_model_parallel(1, 1, backend="gloo")
+        try:
+            yield vc
+        finally:
+            ps.destroy_model_parallel()
+            ps.destroy_distributed_environment()
 
 
 def kv_cache_config(num_blocks: int = 200, groups=None) -> KVCacheConfig:

@@ -4,19 +4,12 @@ makes the scheduler-side lookup start the daemon's pull from the named peer; the
 hint naming a dead peer costs at most the daemon's declared timeout, then the prefix is computed.
 """
 
-import socket
 import time
 
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
-from conftest import BLOCK, Daemon, make_request, make_scheduler, vllm_config
+from conftest import BLOCK, Daemon, free_port, make_request, make_scheduler, vllm_config
 from test_scheduler_side import deposit, present, prompt
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def envelope(port: int, block_hashes) -> dict:

@@ -4,18 +4,11 @@ named peer's blocks; they then load like local hits. A frozen peer (SIGSTOP) cos
 `hint_wait_s`, then the prefix is computed and no load job is submitted."""
 
 import signal
-import socket
 
 from vllm.v1.kv_offload.base import ReqContext
 
-from conftest import Daemon
+from conftest import Daemon, free_port
 from tier_env import Engine, counters, freeze, hint_envelope, keys_and_rows
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_hinted_request_pulls_from_a_second_daemon_and_a_frozen_peer_is_a_bounded_miss(tmp_path, model_dir):

@@ -11,30 +11,22 @@ cudaMalloc'd tensor is to the real daemon), laid out as vLLM's KVCacheTensor say
 exporter: the connector's worker side is handed the file's path instead of a CUDA IPC handle.
 """
 
+import contextlib
 import os
-import socket
 import time
 
 import pytest
 import torch
-from vllm.config import set_current_vllm_config
-from vllm.distributed import parallel_state as ps
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-from conftest import Daemon, kv_cache_config, vllm_config
+from conftest import Daemon, kv_cache_config, one_rank, vllm_config
 from kvnode import gpu
 from kvnode.vllm import KvnodeConnector
 from kvnode.vllm.connector import KvnodeConnectorMetadata
 from kvnode.vllm.plan import BlockMove, StepPlan
-from kvnode.wire import KvnodeError
+from vllm.config import get_current_vllm_config as vc_current
 
 BLOCKS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -71,29 +63,20 @@ class Kv:
 
 
 @pytest.fixture
-def worker(model_dir, fake_gpu_daemon, request):
-    made = []
-
-    def make(layerwise: bool):
-        vc = vllm_config(model_dir, fake_gpu_daemon.socket, layerwise_load=layerwise)
-        ctx = set_current_vllm_config(vc)
-        ctx.__enter__()
-        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
-        ps.initialize_model_parallel(1, 1, backend="gloo")
-        kcc = kv_cache_config(num_blocks=BLOCKS)
-        conn = KvnodeConnector(vc, KVConnectorRole.WORKER, kcc)
-        kv = Kv(kcc)
-        conn.worker._export = kv.export  # the fake GPU's "IPC handle": the file's path
-        made.append((ctx, conn, kv))
-        return conn, kv
-    yield make
-    for ctx, conn, kv in made:
-        conn.shutdown()
-        kv.close()
-        ps.destroy_model_parallel()
-        ps.destroy_distributed_environment()
-        ctx.__exit__(None, None, None)
+def worker(model_dir, fake_gpu_daemon):
+    """Builds a worker-role connector (page-by-page or layer-wise) over a file-backed KV."""
+    with contextlib.ExitStack() as stack:
+        def make(layerwise: bool):
+            stack.enter_context(one_rank(vllm_config(model_dir, fake_gpu_daemon.socket,
+                                                     layerwise_load=layerwise)))
+            kcc = kv_cache_config(num_blocks=BLOCKS)
+            conn = KvnodeConnector(vc_current(), KVConnectorRole.WORKER, kcc)
+            kv = Kv(kcc)
+            stack.callback(kv.close)
+            stack.callback(conn.shutdown)
+            conn.worker._export = kv.export  # the fake GPU's "IPC handle": the file's path
+            return conn, kv
+        yield make
 
 
 def _step(conn: KvnodeConnector, plan: StepPlan) -> None:

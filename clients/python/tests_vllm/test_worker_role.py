@@ -6,42 +6,24 @@ What it checks: the worker-role connector derives exactly the namespace of the s
 one (a difference would make every worker save into a namespace the scheduler never looks up),
 the daemon gives both the same namespace id, and the worker-role methods that do not touch the
 GPU (finished, load errors, preemption drain, shutdown) behave on an idle connector. The GPU
-moves themselves (register_kv_caches, start_load_kv, wait_for_save) need a CUDA device:
-gpu_worker.py runs them on a GPU machine.
+moves themselves (register_kv_caches, start_load_kv, wait_for_layer_load, wait_for_save) run
+against the daemon's fake GPU in test_worker_moves.py, and on a real GPU in gpu_worker.py.
 """
 
-import socket
-
 import pytest
-from vllm.config import set_current_vllm_config
-from vllm.distributed import parallel_state as ps
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-from conftest import kv_cache_config, vllm_config
+from conftest import kv_cache_config, one_rank as one_rank_of, vllm_config
 from kvnode.vllm import KvnodeConnector
 from kvnode.vllm.connector import KvnodeConnectorMetadata
 from kvnode.vllm.plan import StepPlan
 from kvnode.wire import Connection
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def one_rank(model_dir, daemon):
-    vc = vllm_config(model_dir, daemon.socket)
-    with set_current_vllm_config(vc):
-        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
-        ps.initialize_model_parallel(1, 1, backend="gloo")
-        try:
-            yield vc
-        finally:
-            ps.destroy_model_parallel()
-            ps.destroy_distributed_environment()
+    with one_rank_of(vllm_config(model_dir, daemon.socket)) as vc:
+        yield vc
 
 
 def test_worker_and_scheduler_roles_derive_the_same_namespace(one_rank, daemon):
