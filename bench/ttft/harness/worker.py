@@ -184,9 +184,11 @@ class Worker:
             # it out of DRAM onto NVMe again (the rep before promoted it back), so every rep,
             # not only the first, reads the prefix from the spill dir.
             for i in range(path.get("filler_prompts", 0)):
+                ln.finish()
                 ln.cache.clear()
                 ln.serve(self.req(50 + i, _tokens(f"long/fill/{rep}/{i}", L, v)))
                 ln.finish()
+            ln.finish()
             ln.cache.clear()
             p0 = ln.tier.promotions()
             r = ln.serve(self.req(0, prompt))

@@ -107,7 +107,7 @@ def test_blocks_saved_through_the_connector_load_back_bitwise_into_other_blocks(
     conn.register_kv_caches(kv.views)
     kv.raw.copy_(torch.randint(1, 255, (kv.t.size,), dtype=torch.uint8))
     orig = kv.raw.clone()
-    digests = [bytes([3, i, int(layerwise)]) * 8 for i in range(3)]
+    digests = [bytes([3, i, int(layerwise), 0]) * 8 for i in range(3)]
     _save(conn, "r1", digests, [0, 1, 2])
     kv.raw.zero_()
     # The next step loads the three blocks into blocks 5, 6, 7 (another request's placement).
@@ -136,9 +136,9 @@ def test_a_block_the_daemon_does_not_hold_is_reported_as_a_load_error_and_left_u
     conn, kv = worker(layerwise)
     conn.register_kv_caches(kv.views)
     kv.raw.fill_(0x5a)
-    held = [bytes([9, 0, int(layerwise)]) * 8]
+    held = [bytes([9, 0, int(layerwise), 0]) * 8]
     _save(conn, "r1", held, [0])
-    missing = bytes([9, 1, int(layerwise)]) * 8
+    missing = bytes([9, 1, int(layerwise), 0]) * 8
     kv.raw.fill_(0x11)
     _step(conn, StepPlan(loads=[BlockMove("r2", held + [missing], [3, 4])]))
     conn.start_load_kv(None)
