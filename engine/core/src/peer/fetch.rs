@@ -26,8 +26,10 @@ use super::transport::{PullWire, TcpConn, UcxNode, UcxPeer};
 use super::{PeerError, Peers};
 
 mod gets;
+mod hash_ahead;
 
 use gets::{Flight, Landing};
+use hash_ahead::HashAhead;
 
 /// Everything this daemon keeps about one peer it pulls from.
 #[derive(Debug)]
@@ -171,8 +173,17 @@ fn read_hashed(
     dst: &mut [u8],
     seal: &[u8],
     io: Duration,
+    ahead: Option<&HashAhead>,
 ) -> Result<[u8; HASH_LEN], PeerError> {
     let total = dst.len();
+    if let Some(h) = ahead.filter(|_| !w.encrypted() && total >= hash_ahead::MIN_BLOCK) {
+        return h.hash_while(dst, |at, piece| {
+            w.read_payload(piece, io).map_err(|e| match e {
+                PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
+                e => e,
+            })
+        });
+    }
     let mut h = blake3::Hasher::new();
     let mut at = 0;
     let encrypted = w.encrypted();
@@ -220,6 +231,8 @@ struct Chunk {
     open: Vec<usize>,
     /// Blocks whose UCX GET is in flight, by op key index (the GET's tag).
     flights: HashMap<usize, Flight>,
+    /// The thread hashing large TCP blocks while they are received (started at the first).
+    ahead: Option<HashAhead>,
 }
 
 /// Pulls op keys `idxs` from `link`, bounded by its connection permits and timeouts.
@@ -234,6 +247,7 @@ pub async fn run_chunk(peers: Arc<Peers>, link: Arc<PeerLink>, op: Arc<PullOp>, 
         op,
         open: idxs,
         flights: HashMap::new(),
+        ahead: None,
     };
     let (c, r) = c.run().await;
     let Chunk {
@@ -507,7 +521,7 @@ impl Chunk {
                 // (a Slot leaves nothing on the wire).
                 if let Body::Inline(seal) = body {
                     let mut scratch = vec![0; len as usize];
-                    read_hashed(w, &mut scratch, seal, io)?;
+                    read_hashed(w, &mut scratch, seal, io, None)?;
                 }
                 let why = Failure::new(FailCode::LocalStore, e.to_string());
                 self.op.set(i, KeyOutcome::Failed(why));
@@ -517,7 +531,8 @@ impl Chunk {
         match body {
             Body::Inline(seal) => {
                 // On error `landing` drops here: the reservation is freed unpublished.
-                let sum = read_hashed(w, landing.dst(), seal, io)?;
+                let ahead = self.hash_ahead(len);
+                let sum = read_hashed(w, landing.dst(), seal, io, ahead)?;
                 self.settle(ns, i, len, &hash, landing, sum);
                 Ok(true)
             }
@@ -532,6 +547,25 @@ impl Chunk {
                 Ok(false)
             }
         }
+    }
+
+    /// The hashing helper for a block of `len` bytes: started at the chunk's first block
+    /// long enough to use it; `None` (hash in this thread) for short blocks or when no
+    /// thread could be started.
+    fn hash_ahead(&mut self, len: u32) -> Option<&HashAhead> {
+        if (len as usize) < hash_ahead::MIN_BLOCK {
+            return None;
+        }
+        if self.ahead.is_none() {
+            match HashAhead::spawn() {
+                Ok(h) => self.ahead = Some(h),
+                Err(e) => {
+                    tracing::debug!(error = %e, "no hashing thread for this pull; hashing inline");
+                    return None;
+                }
+            }
+        }
+        self.ahead.as_ref()
     }
 
     /// Checks landed bytes (`sum`: their BLAKE3 hash) against `hash` and commits them to
