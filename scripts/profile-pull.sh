@@ -27,7 +27,7 @@ r1=$!
 perf record -q -F 1999 -p "$dst" -o "$tmp/dst.data" -- sleep "$WINDOW" 2>/dev/null
 wait "$s1" "$s2" "$r1"
 i1=$(pull_inserts)
-kill "$bench" 2>/dev/null || true
+kill "$bench" "$src" "$dst" 2>/dev/null || true
 wait "$bench" 2>/dev/null || true
 for d in src dst; do
   perf report -i "$tmp/$d.data" --stdio --no-children --sort sym -F overhead,sym \

@@ -54,20 +54,26 @@ const NEW: &str = "cluster-key-new-bbbbbbbbbbbbbbbbbbbb";
 
 /// Puts `keys` into `d` (namespace "m"); returns their bytes.
 fn fill(d: &Daemon, keys: &[Key]) -> Vec<Vec<u8>> {
+    fill_pages(d, keys, PAGE)
+}
+
+/// Puts one `page`-byte block per key in namespace `m` of that page size.
+fn fill_pages(d: &Daemon, keys: &[Key], page: usize) -> Vec<Vec<u8>> {
     let mut c = d.client();
-    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
-    let data: Vec<Vec<u8>> = (0..keys.len() as u64).map(|i| block(i, PAGE)).collect();
+    let ns = c.register(&spec("m", page as u64)).unwrap().ns;
+    let data: Vec<Vec<u8>> = (0..keys.len() as u64).map(|i| block(i, page)).collect();
     let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     c.put(ns, keys, &refs).unwrap();
     data
 }
 
-/// A hinted get on `dst` naming `tcp://127.0.0.1:port`, in namespace `model`. Checks that
-/// exactly the `Pulled` keys were committed, byte-identical to `want`, and that no
-/// reservation leaked.
+/// A hinted get on `dst` naming `tcp://127.0.0.1:port`, in namespace `model` (of `want`'s
+/// page size). Checks that exactly the `Pulled` keys were committed, byte-identical to
+/// `want`, and that no reservation leaked.
 fn pull(dst: &Daemon, port: u16, keys: &[Key], model: &str, want: &[Vec<u8>]) -> OpReport {
     let mut c = dst.client();
-    let ns = c.register(&spec(model, PAGE as u64)).unwrap().ns;
+    let page = want.first().map_or(PAGE, Vec::len);
+    let ns = c.register(&spec(model, page as u64)).unwrap().ns;
     let (_, op) = c
         .get_hinted(ns, keys, Some(&hint(port, keys)), Some(4000))
         .unwrap();
@@ -239,6 +245,11 @@ impl Drop for Proxied {
 /// Source A listens on one port and advertises the proxy's, so B dials A's name through an
 /// on-path proxy (as behind a port forward).
 fn through_proxy(mode: &str, extra: &[&str]) -> Proxied {
+    through_proxy_pages(mode, extra, PAGE)
+}
+
+/// [`through_proxy`] with blocks of `page` bytes.
+fn through_proxy_pages(mode: &str, extra: &[&str], page: usize) -> Proxied {
     let dir = temp_dir("proxy");
     let k = key_file(&dir, "k", &[OLD]);
     let k = k.to_str().unwrap().to_owned();
@@ -257,7 +268,7 @@ fn through_proxy(mode: &str, extra: &[&str]) -> Proxied {
         &k,
     ]);
     let keys: Vec<Key> = (0..4).map(key).collect();
-    let data = fill(&src, &keys);
+    let data = fill_pages(&src, &keys, page);
     let mut dargs = vec!["--cluster-key", k.as_str(), "--peer-connections", "1"];
     dargs.extend_from_slice(extra);
     let dst = peer_dest("127.0.0.0/8", &dargs);
@@ -314,6 +325,25 @@ fn an_on_path_proxy_that_alters_drops_reorders_or_replays_a_frame_is_detected() 
         );
         assert!(x.src.client().stats().is_ok());
     }
+}
+
+/// Blocks of 1 MiB are hashed by a helper thread while they are received (peer/fetch/
+/// hash_ahead.rs): a flipped byte in the last piece of one is still caught before commit,
+/// only that block fails, and the connection stays in step for the rest and the next pull.
+#[test]
+fn a_flipped_byte_in_a_large_block_hashed_while_received_is_caught_before_commit() {
+    let x = through_proxy_pages("flip-payload", &[], 1 << 20);
+    let op = pull(&x.dst, x.port, &x.keys, "m", &x.data);
+    assert!(failed_with(&op.results[0], "checksum mismatch"), "{op:?}");
+    assert_eq!(op.results[1..], vec![KeyOutcome::Pulled; 3], "{op:?}");
+    let again = pull(&x.dst, x.port, &x.keys, "m", &x.data);
+    assert!(
+        again
+            .results
+            .iter()
+            .all(|r| matches!(r, KeyOutcome::Pulled | KeyOutcome::HitLocal)),
+        "{again:?}"
+    );
 }
 
 /// The other direction: a proxy that alters the destination's first sealed request on its way
