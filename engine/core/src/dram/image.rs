@@ -156,11 +156,11 @@ impl State {
             out.extend_from_slice(&key.digest.0);
             out.extend_from_slice(&key.segment.to_le_bytes());
             out.extend_from_slice(&r.len.to_le_bytes());
-            let flags = u8::from(r.xxh3.is_some())
+            let flags = u8::from(r.fingerprint.is_some())
                 | (u8::from(r.on_lower) << 1)
                 | (u8::from(meta.is_some()) << 2);
             out.push(flags);
-            out.extend_from_slice(&r.xxh3.unwrap_or(0).to_le_bytes());
+            out.extend_from_slice(&r.fingerprint.unwrap_or(0).to_le_bytes());
             if let Some(m) = meta {
                 put_meta(&mut out, m);
             }
@@ -240,7 +240,7 @@ impl State {
         let segment = r.u16()?;
         let len = r.u64()?;
         let flags = r.u8()?;
-        let xxh3 = r.u64()?;
+        let fingerprint = r.u64()?;
         let meta = if flags & 4 != 0 {
             Some(Arc::new(get_meta(r)?))
         } else {
@@ -290,7 +290,7 @@ impl State {
             on_lower: flags & 2 != 0,
             reads: 0,
             residency,
-            xxh3: (flags & 1 != 0).then_some(xxh3),
+            fingerprint: (flags & 1 != 0).then_some(fingerprint),
         });
         self.mark_used(slot);
         self.pools[class as usize]

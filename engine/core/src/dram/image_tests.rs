@@ -67,7 +67,7 @@ fn a_restored_tier_finds_every_block_at_its_old_offset_and_allocates_around_them
         let got = got.unwrap();
         assert_eq!(got.extent.offset, res.offset, "block {i} moved");
         assert_eq!(got.extent.len, res.len);
-        assert_eq!(got.xxh3, Some(u64::from(*i)));
+        assert_eq!(got.fingerprint, Some(u64::from(*i)));
         r.release(&[got.slot]);
     }
     // New blocks land in free slots, never on a restored one.

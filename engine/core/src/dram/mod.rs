@@ -95,8 +95,9 @@ pub struct Leased {
     pub slot: SlotId,
     /// Where the bytes are.
     pub extent: Extent,
-    /// XXH3-64 of the bytes, if computed before (blocks are immutable, so it stays true).
-    pub xxh3: Option<u64>,
+    /// Fingerprint of the bytes (first 8 bytes of their BLAKE3 hash), if computed before
+    /// (blocks are immutable, so it stays true).
+    pub fingerprint: Option<u64>,
 }
 
 /// Result of a registration.
@@ -235,7 +236,7 @@ impl DramTier {
     }
 
     /// Publishes a reserved slot as a block, announced with `meta` when it has one.
-    /// `on_lower` marks a block promoted from the tier below; `xxh3` is a checksum the
+    /// `on_lower` marks a block promoted from the tier below; `fingerprint` is a checksum the
     /// caller verified the bytes against (kept, so sending the block on need not hash it).
     pub(crate) fn commit_one(
         &self,
@@ -243,11 +244,11 @@ impl DramTier {
         r: &Reserved,
         meta: Option<&Arc<RouterMeta>>,
         on_lower: bool,
-        xxh3: Option<u64>,
+        fingerprint: Option<u64>,
     ) -> CommitStatus {
         self.with(|s| {
             let st = s.commit(owner, r, meta, on_lower);
-            if let (CommitStatus::Committed, Some(x)) = (st, xxh3) {
+            if let (CommitStatus::Committed, Some(x)) = (st, fingerprint) {
                 s.set_checksum(r.slot, x);
             }
             st
@@ -255,8 +256,8 @@ impl DramTier {
     }
 
     /// Records the checksum of a block the caller holds a lease on.
-    pub(crate) fn remember_checksum(&self, b: &Leased, xxh3: u64) {
-        self.with(|s| s.set_checksum(b.slot, xxh3));
+    pub(crate) fn remember_checksum(&self, b: &Leased, fingerprint: u64) {
+        self.with(|s| s.set_checksum(b.slot, fingerprint));
     }
 
     /// Frees reserved slots without publishing them.

@@ -47,8 +47,9 @@ pub struct Resident {
     pub reads: u32,
     /// The block's KV-event residency in DRAM; dropping it announces the removal.
     pub residency: Option<Residency>,
-    /// XXH3-64 of the bytes, once someone computed it (peer sends, verified pulls).
-    pub xxh3: Option<u64>,
+    /// Fingerprint of the bytes (first 8 bytes of their BLAKE3 hash), once someone computed it
+    /// (peer sends, verified pulls).
+    pub fingerprint: Option<u64>,
 }
 
 /// Committed blocks not yet copied down, oldest first (write-behind only).

@@ -450,7 +450,7 @@ impl State {
             on_lower,
             reads: 0,
             residency: self.announcer.reside(Medium::CpuPinned, meta),
-            xxh3: None,
+            fingerprint: None,
         });
         self.index.insert(r.key, r.slot);
         if !on_lower {
@@ -498,12 +498,12 @@ impl State {
             };
             r.leases += 1;
             r.reads = r.reads.saturating_add(1);
-            let (len, xxh3) = (r.len, r.xxh3);
+            let (len, fingerprint) = (r.len, r.fingerprint);
             self.pools[c].policy.touch(slot);
             out.push(Some(Leased {
                 slot,
                 extent: Extent { offset, len },
-                xxh3,
+                fingerprint,
             }));
         }
         self.totals.hits += hits;
@@ -517,9 +517,9 @@ impl State {
 
     /// Records a block's checksum. The caller knows the slot still holds the block the bytes
     /// were hashed from: it holds a lease on it, or committed it under this same lock.
-    pub fn set_checksum(&mut self, slot: SlotId, xxh3: u64) {
+    pub fn set_checksum(&mut self, slot: SlotId, fingerprint: u64) {
         if let Slot::Block(r) = self.slot_mut(slot) {
-            r.xxh3 = Some(xxh3);
+            r.fingerprint = Some(fingerprint);
         }
     }
 

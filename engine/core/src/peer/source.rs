@@ -73,7 +73,7 @@ pub fn block_hash(
         len: b.len(),
         fingerprint,
     };
-    let kept = b.xxh3();
+    let kept = b.fingerprint();
     if let Some(h) = kept.and_then(|f| cache.get(&at(f))) {
         return Some(h);
     }

@@ -208,7 +208,7 @@ impl Pair {
         let leased = node.store.lease(ns, &keys).await.unwrap();
         leased
             .iter()
-            .map(|l| l.as_ref().and_then(crate::store::Lease::xxh3))
+            .map(|l| l.as_ref().and_then(crate::store::Lease::fingerprint))
             .collect()
     }
 

@@ -39,9 +39,10 @@ impl Lease {
         self.raw.extent.len == 0
     }
 
-    /// XXH3-64 of the bytes, if it was computed before (blocks are immutable, so it stays true).
-    pub fn xxh3(&self) -> Option<u64> {
-        self.raw.xxh3
+    /// The block's fingerprint (first 8 bytes of the BLAKE3 hash of its bytes, `peer::hashes`),
+    /// if it was computed before (blocks are immutable, so it stays true).
+    pub fn fingerprint(&self) -> Option<u64> {
+        self.raw.fingerprint
     }
 
     /// The block's bytes.
@@ -56,8 +57,8 @@ impl Lease {
     }
 
     /// Keeps a checksum computed over [`Lease::bytes`] with the block.
-    pub fn remember_checksum(&self, xxh3: u64) {
-        self.store.dram.remember_checksum(&self.raw, xxh3);
+    pub fn remember_checksum(&self, fingerprint: u64) {
+        self.store.dram.remember_checksum(&self.raw, fingerprint);
     }
 }
 
@@ -136,19 +137,19 @@ impl Reservation {
         self.commit_as(false, None)
     }
 
-    /// Publishes the slot as a block whose bytes the caller verified against `xxh3`; the
+    /// Publishes the slot as a block whose bytes the caller verified against `fingerprint`; the
     /// checksum is kept so sending the block on need not hash it again.
-    pub fn commit_verified(self, xxh3: u64) -> CommitStatus {
-        self.commit_as(false, Some(xxh3))
+    pub fn commit_verified(self, fingerprint: u64) -> CommitStatus {
+        self.commit_as(false, Some(fingerprint))
     }
 
     /// Publishes the slot; `on_lower` marks a block promoted from the tier below.
-    pub(super) fn commit_as(mut self, on_lower: bool, xxh3: Option<u64>) -> CommitStatus {
+    pub(super) fn commit_as(mut self, on_lower: bool, fingerprint: Option<u64>) -> CommitStatus {
         let raw = self.raw.take().expect("a live reservation holds its slot");
         let st = self
             .store
             .dram
-            .commit_one(self.owner, &raw, self.meta.as_ref(), on_lower, xxh3);
+            .commit_one(self.owner, &raw, self.meta.as_ref(), on_lower, fingerprint);
         self.store.quota_release(raw.ns, raw.len);
         st
     }
