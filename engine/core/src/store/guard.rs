@@ -146,10 +146,10 @@ impl Reservation {
     /// Publishes the slot; `on_lower` marks a block promoted from the tier below.
     pub(super) fn commit_as(mut self, on_lower: bool, fingerprint: Option<u64>) -> CommitStatus {
         let raw = self.raw.take().expect("a live reservation holds its slot");
-        let st = self
-            .store
-            .dram
-            .commit_one(self.owner, &raw, self.meta.as_ref(), on_lower, fingerprint);
+        let st =
+            self.store
+                .dram
+                .commit_one(self.owner, &raw, self.meta.as_ref(), on_lower, fingerprint);
         self.store.quota_release(raw.ns, raw.len);
         st
     }
