@@ -315,14 +315,7 @@ fn an_on_path_proxy_that_alters_drops_reorders_or_replays_a_frame_is_detected() 
             nothing_committed(&op);
         }
         // The source keeps serving: the next pull completes byte-identical.
-        let again = pull(&x.dst, x.port, &x.keys, "m", &x.data);
-        assert!(
-            again
-                .results
-                .iter()
-                .all(|r| matches!(r, KeyOutcome::Pulled | KeyOutcome::HitLocal)),
-            "{mode}: {again:?}"
-        );
+        pulls_again_whole(&x, mode);
         assert!(x.src.client().stats().is_ok());
     }
 }
@@ -336,13 +329,18 @@ fn a_flipped_byte_in_a_large_block_hashed_while_received_is_caught_before_commit
     let op = pull(&x.dst, x.port, &x.keys, "m", &x.data);
     assert!(failed_with(&op.results[0], "checksum mismatch"), "{op:?}");
     assert_eq!(op.results[1..], vec![KeyOutcome::Pulled; 3], "{op:?}");
+    pulls_again_whole(&x, "flip-payload, 1 MiB");
+}
+
+/// The next pull through the same proxy gets every key, byte-identical (`pull` checks bytes).
+fn pulls_again_whole(x: &Proxied, what: &str) {
     let again = pull(&x.dst, x.port, &x.keys, "m", &x.data);
     assert!(
         again
             .results
             .iter()
             .all(|r| matches!(r, KeyOutcome::Pulled | KeyOutcome::HitLocal)),
-        "{again:?}"
+        "{what}: {again:?}"
     );
 }
 
