@@ -230,6 +230,25 @@ class Connection:
         return self.call({"PutFromRegion": body})[1]["results"]
 
 
+def open_namespace(connect: Callable[[], "Connection"], register: Callable[["Connection"], int]
+                   ) -> Tuple["Connection", int, Optional[dict]]:
+    """A new connection, its namespace id (`register` registers the caller's spec) and the
+    daemon's declared pull timeouts (`Timeouts`), or None from a daemon without the peer path
+    (then router hints are not sent)."""
+    conn = connect()
+    ns = register(conn)
+    try:
+        timeouts = conn.call("Timeouts")[1]
+    except KvnodeError:
+        timeouts = None
+    return conn, ns, timeouts
+
+
+def exists(conn: "Connection", ns: int, keys: List[list], extra: Optional[dict] = None) -> Dict[str, Any]:
+    """The daemon's `Exists` answer for `keys` in `ns` (`extra`: e.g. a hint field)."""
+    return conn.call({"Exists": {"ns": ns, "keys": keys, **(extra or {})}})[1]
+
+
 def wait_for_daemon(path: str, proc: Any = None, timeout: float = 10.0,
                     log_path: Optional[Any] = None) -> None:
     """Waits until a daemon answers on `path`; raises RuntimeError (with its log) if it exits

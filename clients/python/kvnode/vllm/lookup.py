@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from kvnode.wire import Connection, KvnodeError
+from kvnode.wire import Connection, KvnodeError, exists, open_namespace
 
 logger = logging.getLogger("kvnode.vllm")
 
@@ -117,16 +117,11 @@ class LookupService:
 
     def _connection(self) -> Connection:
         if self._conn is None:
-            self._conn = self._connect()
-            self._ns = self._register(self._conn)
-            try:
-                self._timeouts = self._conn.call("Timeouts")[1]
-            except KvnodeError:
-                self._timeouts = None  # a daemon without the peer path: hints stay off
+            self._conn, self._ns, self._timeouts = open_namespace(self._connect, self._register)
         return self._conn
 
     def _exists(self, keys: List[list], extra: Optional[dict] = None) -> Dict[str, Any]:
-        return self._connection().call({"Exists": {"ns": self._ns, "keys": keys, **(extra or {})}})[1]
+        return exists(self._connection(), self._ns, keys, extra)
 
     def _answer(self, lk: Lookup):
         if not lk.digests:

@@ -25,7 +25,7 @@ from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 
 from kvnode.vllm_tier.namespace import split_key, wire_key
-from kvnode.wire import Connection, KvnodeError
+from kvnode.wire import Connection, KvnodeError, exists, open_namespace
 
 
 class Hint:
@@ -81,17 +81,12 @@ class DaemonLookup(AsyncLookupManager):
     # -- lookup thread ---------------------------------------------------------------------
     def _connection(self) -> Connection:
         if self._conn is None:
-            self._conn = self._connect()
-            self._ns = self._register(self._conn)
-            try:
-                self._timeouts = self._conn.call("Timeouts")[1]
-            except KvnodeError:
-                self._timeouts = None  # a daemon without the peer path: hints are not sent
+            self._conn, self._ns, self._timeouts = open_namespace(self._connect, self._register)
         return self._conn
 
     def _exists(self, keys: List[list], extra: Optional[dict] = None) -> Dict[str, Any]:
         t0 = time.perf_counter()
-        body = self._connection().call({"Exists": {"ns": self._ns, "keys": keys, **(extra or {})}})[1]
+        body = exists(self._connection(), self._ns, keys, extra)
         self._counters.rtt(time.perf_counter() - t0)
         self._counters.add("lookup_calls")
         return body
