@@ -313,6 +313,8 @@ impl Engine {
             tenants,
             refused: self.metrics.refused(),
             peer: self.peers.peer_stats(),
+            peer_connections: self.peers.config().connections,
+            peer_connections_basis: self.peers.connections_basis().to_owned(),
         }
     }
 

@@ -150,8 +150,14 @@ fn render_namespaces(o: &mut String, s: &StatsReport) {
     render_peers(o, s);
 }
 
-/// Per peer: UCX GETs, slots served and fallbacks to TCP (only peers seen).
+/// The connection count per peer and its basis; per peer: UCX GETs, slots served and
+/// fallbacks to TCP (only peers seen).
 fn render_peers(o: &mut String, s: &StatsReport) {
+    let _ = writeln!(
+        o,
+        "\npeer connections per peer: {} ({})",
+        s.peer_connections, s.peer_connections_basis
+    );
     if s.peer.is_empty() {
         return;
     }

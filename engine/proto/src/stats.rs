@@ -33,6 +33,10 @@ pub struct StatsReport {
     pub refused: RefusedStats,
     /// Peer transport counters, one entry per peer seen (pulled from, or served).
     pub peer: Vec<PeerStats>,
+    /// Connections a pull from one peer is striped over.
+    pub peer_connections: u32,
+    /// Why: `configured`, or the automatic choice's basis (cores, fastest link).
+    pub peer_connections_basis: String,
 }
 
 /// UCX counters of one peer (`/metrics`: the same names with a `kvnode_` prefix and a

@@ -33,7 +33,8 @@ pub struct PeerConfig {
     /// Longest silence tolerated while answers are owed (the heartbeat), and longest a
     /// source waits for a destination to take more bytes, milliseconds. Default: 1000.
     pub io_timeout_ms: u64,
-    /// Connections per peer (pulls are split across them). Default: 2.
+    /// Connections per peer (pulls are striped across them). Default: 0, chosen at start
+    /// from the core count and the fastest link (`peer::conns`; `stats` shows the choice).
     pub connections: u32,
     /// Keys in flight per peer; more are refused at once. Default: 8192.
     pub max_outstanding_keys: u32,
@@ -63,7 +64,7 @@ impl Default for PeerConfig {
             peers: Vec::new(),
             connect_timeout_ms: 500,
             io_timeout_ms: 1000,
-            connections: 2,
+            connections: 0,
             max_outstanding_keys: 8192,
             batch_keys: 16,
             transport: TransportKind::Tcp,
@@ -197,8 +198,8 @@ impl PeerConfig {
         if let Some(a) = &self.advertise {
             Endpoint::parse(a).map_err(|e| format!("advertise: {e}"))?;
         }
-        if self.connections == 0 || self.connections > 64 {
-            return Err("peer connections must be 1..=64".into());
+        if self.connections > 64 {
+            return Err("peer connections must be 1..=64 (0: chosen from the cores)".into());
         }
         if self.batch_keys == 0 || self.batch_keys as usize > kvnode_proto::peer::MAX_PULL_KEYS {
             return Err("peer batch_keys must be 1..=4096".into());

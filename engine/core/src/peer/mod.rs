@@ -19,6 +19,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod conns;
 pub mod fetch;
 pub mod hashes;
 pub mod membership;
@@ -152,6 +153,8 @@ pub struct PeerCounters {
 #[derive(Debug)]
 pub struct Peers {
     cfg: PeerConfig,
+    /// Why `cfg.connections` is what it is (`configured`, or the automatic choice's basis).
+    conns_basis: String,
     allow: Vec<Allowed>,
     /// The cluster keys (`None`: keyless, fixed at start; the keys can be reloaded).
     keys: Option<RwLock<Arc<KeyRing>>>,
@@ -188,6 +191,12 @@ impl Peers {
         metrics: Arc<Metrics>,
     ) -> Result<Self, PeerError> {
         cfg.validate().map_err(PeerError::Config)?;
+        let choice = conns::choose(cfg.connections);
+        tracing::info!(connections = choice.n, basis = %choice.basis, "peer connections per peer");
+        let cfg = &PeerConfig {
+            connections: choice.n,
+            ..cfg.clone()
+        };
         let allow = cfg.allowlist().map_err(PeerError::Config)?;
         let keys = cfg
             .cluster_key
@@ -238,6 +247,7 @@ impl Peers {
                 advertised: me.clone(),
             },
             cfg: cfg.clone(),
+            conns_basis: choice.basis,
             allow,
             keys,
             me,
@@ -255,9 +265,14 @@ impl Peers {
         })
     }
 
-    /// The configuration in force.
+    /// The configuration in force (`connections` resolved: never 0).
     pub fn config(&self) -> &PeerConfig {
         &self.cfg
+    }
+
+    /// Why the connection count per peer is what it is (`stats`).
+    pub fn connections_basis(&self) -> &str {
+        &self.conns_basis
     }
 
     /// The node store pulls land in and pulls are served from.

@@ -18,10 +18,14 @@
 //! then its own AES-256-GCM message (nonce = 1 || seq) whose tag travels in the sealed
 //! header (`seal`). Otherwise bodies cross in the clear, authenticated by that hash.
 
-use aes_gcm::aead::AeadInPlace;
-use aes_gcm::{Aes256Gcm, KeyInit, Tag};
+//!
+//! AES-256-GCM is ring's (already linked for TLS): its AES-NI/VAES + carry-less-multiply
+//! code seals and opens a 1 MiB body at several GB/s on one core, against under 1 GB/s for
+//! the portable `aes-gcm` crate used before (docs/benchmarks.md). The construction and the
+//! wire bytes are the same.
 
-type Nonce = aes_gcm::aead::Nonce<Aes256Gcm>;
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, Tag, UnboundKey};
+
 use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
 use kvnode_proto::peer::{AEAD_TAG_LEN, PeerMsg, check_prefix, decode_peer};
 
@@ -44,7 +48,7 @@ const S2D_AEAD: &str = "kvnode 2026-12 peer v4 source-to-destination aes-256-gcm
 
 /// One direction of a session: its key and its frame counter.
 pub struct Half {
-    aead: Box<Aes256Gcm>,
+    aead: LessSafeKey,
     /// Whether `Block` bodies are encrypted too (headers always are).
     bodies: bool,
     /// Sequence number of the next frame.
@@ -60,11 +64,17 @@ impl std::fmt::Debug for Half {
     }
 }
 
+/// The nonce of frame `seq`'s header (`kind` 0) or body (`kind` 1). Each half's key seals
+/// each (kind, seq) once: the counter only moves forward.
 fn nonce(kind: u8, seq: u64) -> Nonce {
     let mut n = [0u8; 12];
     n[0] = kind;
     n[4..].copy_from_slice(&seq.to_le_bytes());
-    n.into()
+    Nonce::assume_unique_for_key(n)
+}
+
+fn tag_of(bytes: &[u8]) -> Option<Tag> {
+    <[u8; AEAD_TAG_LEN]>::try_from(bytes).ok().map(Tag::from)
 }
 
 fn integrity(what: &str) -> PeerError {
@@ -74,8 +84,9 @@ fn integrity(what: &str) -> PeerError {
 impl Half {
     fn new(secret: &[u8], ctx: &str, encrypt: bool) -> Self {
         let k = blake3::derive_key(ctx, secret);
+        let key = UnboundKey::new(&AES_256_GCM, &k).expect("a 32-byte key is an AES-256 key");
         Self {
-            aead: Box::new(Aes256Gcm::new(&k.into())),
+            aead: LessSafeKey::new(key),
             bodies: encrypt,
             seq: 0,
         }
@@ -104,9 +115,11 @@ impl Half {
         }
         let tag = self
             .aead
-            .encrypt_in_place_detached(&nonce(1, self.seq), &[], body)
+            .seal_in_place_separate_tag(nonce(1, self.seq), Aad::empty(), body)
             .expect("a block is far below the AES-GCM message limit");
-        Some(tag.into())
+        let mut t = [0u8; AEAD_TAG_LEN];
+        t.copy_from_slice(tag.as_ref());
+        Some(t)
     }
 
     /// Encodes and seals `msg` (announcing `payload_len` body bytes) as the next frame:
@@ -122,9 +135,9 @@ impl Half {
         let (prefix, header) = f.split_at_mut(PREFIX_LEN);
         let t = self
             .aead
-            .encrypt_in_place_detached(&nonce(0, self.seq), prefix, header)
+            .seal_in_place_separate_tag(nonce(0, self.seq), Aad::from(&*prefix), header)
             .expect("a header is far below the AES-GCM message limit");
-        f.extend_from_slice(&t);
+        f.extend_from_slice(t.as_ref());
         self.seq += 1;
         f
     }
@@ -141,10 +154,10 @@ impl Half {
             .map_err(|e| PeerError::Frame(e.into()))
             .and_then(|p| check_prefix(p).map_err(PeerError::Frame))?;
         let seq = self.seq;
-        let t = Tag::from_exact_iter(tag.iter().copied()).ok_or_else(|| integrity("short tag"))?;
-        // The GCM tag is checked (in constant time) before anything is decrypted.
+        let t = tag_of(tag).ok_or_else(|| integrity("short tag"))?;
+        // The GCM tag is checked (in constant time) before the plaintext is used.
         self.aead
-            .decrypt_in_place_detached(&nonce(0, seq), prefix, header, &t)
+            .open_in_place_separate_tag(nonce(0, seq), Aad::from(prefix), t, header, 0..)
             .map_err(|_| {
                 integrity("frame failed to decrypt (altered, injected, dropped or reordered frame)")
             })?;
@@ -158,10 +171,10 @@ impl Half {
         if !self.bodies {
             return Ok(());
         }
-        let t = Tag::from_exact_iter(seal.iter().copied())
-            .ok_or_else(|| integrity("block without its encryption tag"))?;
+        let t = tag_of(seal).ok_or_else(|| integrity("block without its encryption tag"))?;
         self.aead
-            .decrypt_in_place_detached(&nonce(1, seq), &[], body, &t)
+            .open_in_place_separate_tag(nonce(1, seq), Aad::empty(), t, body, 0..)
+            .map(|_| ())
             .map_err(|_| integrity("block body failed to decrypt (altered in transit)"))
     }
 }
