@@ -7,7 +7,8 @@
 //! - [`spill`]: demotion and promotion through a daemon it starts, vs fio on the same dir.
 //! - [`events`]: KV events reaching a live ZMQ subscriber while the daemon serves puts.
 //! - [`gpu`]: GPU offload/onload through the daemon vs plain pinned `cuMemcpy`.
-//! - [`pull`]: two daemons on loopback: peer pulls vs iperf3 and memcpy.
+//! - [`pull`]: two daemons on loopback: peer pulls vs iperf3 and memcpy; a pulled page's
+//!   latency vs [`relay`], the same socket hops with nothing else.
 //! - [`backpressure`]: puts offered at twice the disk's rate through a small DRAM tier, vs fio.
 //! - [`restart`]: first hit after a takeover, a SIGKILL or a SIGTERM restart, vs the time to
 //!   spawn the binary.
@@ -19,6 +20,7 @@ pub mod gpu;
 pub mod local;
 pub mod memcpy;
 pub mod pull;
+pub mod relay;
 pub mod restart;
 pub mod spill;
 

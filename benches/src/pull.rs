@@ -248,6 +248,8 @@ struct Results {
     small: u64,
     cold: f64,
     lat: Histogram<u64>,
+    /// The same-run floor under `lat` (`relay::floor`), sampled right after it.
+    floor: Histogram<u64>,
     /// The first throughput pull: the source hashes every block (later sends reuse the
     /// checksum kept with the block).
     first: f64,
@@ -355,6 +357,13 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
         h.value_at_quantile(0.99),
         h.max()
     );
+    let f = &r.floor;
+    println!(
+        "  floor, the same 4 socket hops with nothing else (client -> relay -> server -> relay -> client, {small} answer): p50 {} p90 {} us; pull p50 = {:.2} x floor",
+        f.value_at_quantile(0.5),
+        f.value_at_quantile(0.9),
+        h.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5).max(1) as f64
+    );
     let all: Vec<f64> = r.rounds.iter().flat_map(|x| x.pulls.clone()).collect();
     let (med, best) = (median(&all), all.iter().copied().fold(0.0, f64::max));
     println!(
@@ -414,12 +423,29 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
                 "base_s": t.base_s, "per_page_s": t.per_page_s, "connections": a.connections,
                 "ratio_p": ratio_p, "cpu_s_per_gb": median(&cpu), "cpu_ratio": cpu_ratio,
                 "lat_p90_us": h.value_at_quantile(0.9),
+                "lat_floor_p50_us": r.floor.value_at_quantile(0.5),
             })
         );
     }
 }
 
 /// Runs the benchmark.
+/// Microseconds of `samples` single-page pulls of `keys` (one at a time, in turn).
+fn latency(
+    d: &mut Client,
+    ns: u32,
+    keys: &[Key],
+    port: u16,
+    samples: usize,
+) -> anyhow::Result<Histogram<u64>> {
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for i in 0..samples {
+        let k = &keys[i % keys.len()..=i % keys.len()];
+        h.saturating_record((pull(d, ns, k, &hint(port, k))? * 1e6) as u64);
+    }
+    Ok(h)
+}
+
 pub fn run(a: &PullArgs) -> anyhow::Result<()> {
     let page = parse_size(&a.page_size).context("--page-size")?;
     let small = parse_size(&a.latency_page).context("--latency-page")?;
@@ -467,11 +493,8 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
     settle(&mut s)?;
     settle(&mut d)?;
     let cold = pull(&mut d, ds, &lat[..1], &hint(port, &lat[..1]))?;
-    let mut lat_h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    for i in 0..a.latency_samples {
-        let k = &lat[i % lat.len()..=i % lat.len()];
-        lat_h.saturating_record((pull(&mut d, ds, k, &hint(port, k))? * 1e6) as u64);
-    }
+    let lat_h = latency(&mut d, ds, &lat, port, a.latency_samples)?;
+    let floor = crate::relay::floor(small as usize, a.latency_samples.max(10))?;
     let big_hint = hint(port, &big);
     let bytes = page as f64 * a.pages as f64;
     let first = bytes / pull(&mut d, db, &big, &big_hint)?;
@@ -516,6 +539,7 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         small,
         cold,
         lat: lat_h,
+        floor,
         first,
         rounds,
     };

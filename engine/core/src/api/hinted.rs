@@ -53,12 +53,20 @@ impl Session {
         deadline_ms: Option<u64>,
     ) -> OpReport {
         let peers = Arc::clone(&self.engine.peers);
-        let op = peers
-            .start(PullRequest {
+        let (op, inline) = peers
+            .start_get(PullRequest {
                 deadline_ms,
                 ..self.request(ns, keys, hint)
             })
             .await;
+        if let Some(mut run) = inline {
+            let left = op.deadline.saturating_duration_since(Instant::now());
+            tokio::select! {
+                () = &mut run => {}
+                // Past the deadline the pull goes on in a task of its own.
+                () = tokio::time::sleep(left) => drop(tokio::spawn(run)),
+            }
+        }
         op.wait(op.deadline.saturating_duration_since(Instant::now()))
             .await;
         op.expire();

@@ -46,7 +46,9 @@ pub fn auto(cores: u32, link_mbps: Option<u64>) -> ConnChoice {
     let by_cores = cores.div_ceil(CORES_PER_CONN).clamp(1, MOST);
     match link_mbps {
         Some(l) => {
-            let by_link = u32::try_from(l.div_ceil(CONN_MBPS)).unwrap_or(MOST).clamp(1, MOST);
+            let by_link = u32::try_from(l.div_ceil(CONN_MBPS))
+                .unwrap_or(MOST)
+                .clamp(1, MOST);
             ConnChoice {
                 n: by_cores.min(by_link),
                 basis: format!("auto: {cores} cores, fastest link {} Gb/s", l / 1000),
@@ -92,7 +94,10 @@ mod tests {
         assert_eq!(choose(3).n, 3);
         assert_eq!(choose(3).basis, "configured");
         let c = choose(0);
-        assert!((1..=MOST).contains(&c.n) && c.basis.starts_with("auto"), "{c:?}");
+        assert!(
+            (1..=MOST).contains(&c.n) && c.basis.starts_with("auto"),
+            "{c:?}"
+        );
     }
 
     #[test]

@@ -233,11 +233,20 @@ struct Chunk {
     flights: HashMap<usize, Flight>,
     /// The thread hashing large TCP blocks while they are received (started at the first).
     ahead: Option<HashAhead>,
+    /// Requests already sent from the runtime task ([`Chunk::send_early`]): their keys by
+    /// request id, and when they left.
+    sent: Option<(Requests, Instant)>,
 }
+
+/// Keys (op key indices) of each `Pull` request sent, by request id.
+type Requests = HashMap<u64, Vec<usize>>;
 
 /// Pulls op keys `idxs` from `link`, bounded by its connection permits and timeouts.
 pub async fn run_chunk(peers: Arc<Peers>, link: Arc<PeerLink>, op: Arc<PullOp>, idxs: Vec<usize>) {
     let n = idxs.len() as u64;
+    // Releases the chunk's keys from the link's in-flight count however the pull ends
+    // (also if its future is dropped unfinished).
+    let _in_flight = InFlight(Arc::clone(&link), n);
     let peer_idx = (crate::probes::hash_name(&link.name) & 0xffff_ffff) as u32;
     crate::probes::peer_pull_start(peer_idx, op.id, n as u32);
     let t0 = peers.metrics().now_ns();
@@ -248,6 +257,7 @@ pub async fn run_chunk(peers: Arc<Peers>, link: Arc<PeerLink>, op: Arc<PullOp>, 
         open: idxs,
         flights: HashMap::new(),
         ahead: None,
+        sent: None,
     };
     let (c, r) = c.run().await;
     let Chunk {
@@ -271,7 +281,15 @@ pub async fn run_chunk(peers: Arc<Peers>, link: Arc<PeerLink>, op: Arc<PullOp>, 
         }
         peers.count_failure();
     }
-    link.outstanding.fetch_sub(n, Ordering::Relaxed);
+}
+
+/// Keys counted in a link's `outstanding` until dropped.
+struct InFlight(Arc<PeerLink>, u64);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(self.1, Ordering::Relaxed);
+    }
 }
 
 impl Chunk {
@@ -296,15 +314,26 @@ impl Chunk {
                 w => break w,
             }
         };
-        let (w, was_pooled) = match pooled {
+        let (mut w, mut was_pooled) = match pooled {
             Some(w) => (w, true),
             None => match self.link.dial(&self.peers).await {
                 Ok(w) => (w, false),
                 Err(e) => return (self, Err(e)),
             },
         };
-        let before = self.open.len();
-        let (c, w, r) = self.pull_blocking(w).await;
+        let mut c = self;
+        if let Err(e) = c.send_early(&mut w) {
+            if !(was_pooled && stale(&e)) {
+                return (c, Err(e));
+            }
+            // Nothing was answered on it: a fresh connection, requests sent by the thread.
+            (w, was_pooled) = match c.link.dial(&c.peers).await {
+                Ok(w) => (w, false),
+                Err(e) => return (c, Err(e)),
+            };
+        }
+        let before = c.open.len();
+        let (c, w, r) = c.pull_blocking(w).await;
         let (c, w, r) = match r {
             Err(e) if was_pooled && c.open.len() == before && stale(&e) => {
                 tracing::debug!(peer = %c.link.name, error = %e, "pooled connection went stale; redialling");
@@ -348,17 +377,19 @@ impl Chunk {
         r
     }
 
-    fn pull_frames(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
-        let peers = Arc::clone(&self.peers);
-        let p = &peers;
-        let io = p.io_timeout();
-        let ns = p
+    /// The op's namespace id on the wire.
+    fn wire_ns(&self) -> Result<NamespaceId, PeerError> {
+        self.peers
             .store()
             .namespace_id(self.op.ns)
-            .map_err(|e| PeerError::Protocol(e.to_string()))?;
-        let mut reqs: HashMap<u64, Vec<usize>> = HashMap::new();
+            .map_err(|e| PeerError::Protocol(e.to_string()))
+    }
+
+    /// One `Pull` per `batch_keys` open keys, with fresh request ids.
+    fn requests(&self, ns: NamespaceId) -> (Vec<PeerMsg>, Requests) {
+        let mut reqs = Requests::new();
         let mut msgs = Vec::new();
-        for part in self.open.chunks(p.batch_keys()) {
+        for part in self.open.chunks(self.peers.batch_keys()) {
             let req = self.link.next_req.fetch_add(1, Ordering::Relaxed);
             let keys = part
                 .iter()
@@ -367,8 +398,32 @@ impl Chunk {
             msgs.push(PeerMsg::Pull { req, ns, keys });
             reqs.insert(req, part.to_vec());
         }
-        let sent = Instant::now();
-        w.send_all(&msgs, io)?;
+        (msgs, reqs)
+    }
+
+    /// Sends the chunk's requests from the runtime task, without waiting on the socket, so
+    /// the source starts answering while the receiving thread is still being woken.
+    fn send_early(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
+        let (msgs, reqs) = self.requests(self.wire_ns()?);
+        let t = Instant::now();
+        w.send_early(&msgs)?;
+        self.sent = Some((reqs, t));
+        Ok(())
+    }
+
+    fn pull_frames(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
+        let peers = Arc::clone(&self.peers);
+        let p = &peers;
+        let io = p.io_timeout();
+        let ns = self.wire_ns()?;
+        let (mut reqs, sent) = if let Some(early) = self.sent.take() {
+            early
+        } else {
+            let (msgs, reqs) = self.requests(ns);
+            let t = Instant::now();
+            w.send_all(&msgs, io)?;
+            (reqs, t)
+        };
         let (mut first, mut last, mut blocks, mut page) = (None, sent.elapsed(), 0u32, 0u64);
         while !reqs.is_empty() {
             let (msg, _) = w.recv(io)?;

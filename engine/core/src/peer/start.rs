@@ -2,6 +2,7 @@
 //! local lookup (through the store: DRAM, then NVMe), parse + authorize the hint, admit the
 //! keys against the peer's in-flight cap, then spawn the chunked pulls and the deadline.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -32,6 +33,11 @@ pub struct PullRequest<'a> {
     pub deadline_ms: Option<u64>,
 }
 
+/// A pull left for the caller to drive ([`Peers::start_get`]); dropping it before it ends
+/// leaves the blocks it is receiving to land, but fails its other keys' bookkeeping, so a
+/// caller that stops waiting spawns it instead.
+pub type InlinePull = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// Where the hint points and how many leading keys it covers.
 struct Plan {
     endpoint: Endpoint,
@@ -42,7 +48,27 @@ impl Peers {
     /// Starts a get-with-hint operation and returns once its pulls are under way. A bad or
     /// unauthorized hint yields an ended op whose `reason` says why; local hits (DRAM or
     /// this node's NVMe) are reported either way and never pulled.
-    pub async fn start(self: &Arc<Self>, mut req: PullRequest<'_>) -> Arc<PullOp> {
+    pub async fn start(self: &Arc<Self>, req: PullRequest<'_>) -> Arc<PullOp> {
+        self.begin(req, false).await.0
+    }
+
+    /// [`Peers::start`] for a caller that waits for the op itself (a `Get` with a hint):
+    /// when the pull is one chunk, it is returned to be driven in the caller's task
+    /// instead of a task of its own, and no deadline task is started (the caller ends the
+    /// op at its deadline, and spawns the pull if it is still running then). Saves the
+    /// runtime two task hand-offs per small pull.
+    pub async fn start_get(
+        self: &Arc<Self>,
+        req: PullRequest<'_>,
+    ) -> (Arc<PullOp>, Option<InlinePull>) {
+        self.begin(req, true).await
+    }
+
+    async fn begin(
+        self: &Arc<Self>,
+        mut req: PullRequest<'_>,
+        inline: bool,
+    ) -> (Arc<PullOp>, Option<InlinePull>) {
         let local = self.lookup_local(req.ns, req.keys, &mut req.into).await;
         let plan = local
             .as_ref()
@@ -88,24 +114,24 @@ impl Peers {
                 self.counters.refused_hints.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(op = op.id, reason = %why, "hint refused; serving local hits only");
                 op.refuse(&why);
-                return op;
+                return (op, None);
             }
         };
         if pending.is_empty() {
-            return op;
+            return (op, None);
         }
         if let Err(why) = self.ops.insert(Arc::clone(&op)) {
             op.refuse(&why);
-            return op;
+            return (op, None);
         }
         let link = self.link(&plan.endpoint);
         if let Err(why) = Self::admit(&link, pending.len() as u64, self.cfg.max_outstanding_keys) {
             self.ops.remove(op.id);
             op.refuse(&why);
-            return op;
+            return (op, None);
         }
-        self.spawn(&link, &op, &pending, deadline);
-        op
+        let run = self.spawn(&link, &op, &pending, deadline, inline);
+        (op, run)
     }
 
     /// Per key: `HitLocal` when this node holds it (copied into the client buffer, if the
@@ -185,18 +211,28 @@ impl Peers {
     }
 
     /// Spawns one pull per chunk of `pending` (each releases its keys from `outstanding`
-    /// when it ends) and the op's deadline.
+    /// when it ends) and the op's deadline; or, `inline` and with one chunk, returns that
+    /// chunk's pull to the caller.
     fn spawn(
         self: &Arc<Self>,
         link: &Arc<PeerLink>,
         op: &Arc<PullOp>,
         pending: &[usize],
         deadline: Duration,
-    ) {
+        inline: bool,
+    ) -> Option<InlinePull> {
         let per = pending
             .len()
             .div_ceil(self.cfg.connections as usize)
             .max(self.batch_keys().min(pending.len()));
+        if inline && per >= pending.len() {
+            return Some(Box::pin(run_chunk(
+                Arc::clone(self),
+                Arc::clone(link),
+                Arc::clone(op),
+                pending.to_vec(),
+            )));
+        }
         for c in pending.chunks(per) {
             tokio::spawn(run_chunk(
                 Arc::clone(self),
@@ -210,6 +246,7 @@ impl Peers {
             timer.wait(deadline).await;
             timer.expire();
         });
+        None
     }
 
     /// Cancels `op`; when this returns no byte is written into its buffers again.

@@ -70,6 +70,12 @@ impl FaultyConn {
         }
     }
 
+    /// See [`TcpPull::send_early`] (a cut connection refuses it like any send).
+    pub fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        self.gate()?;
+        self.inner.send_early(msgs)
+    }
+
     /// A cut connection is closed.
     fn gate(&self) -> Result<(), PeerError> {
         if self.dead {

@@ -119,6 +119,16 @@ impl PullWire {
         }
     }
 
+    /// See [`TcpPull::send_early`]: requests sent from a runtime worker without waiting.
+    pub fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        match self {
+            Self::Tcp(c) => c.send_early(msgs),
+            Self::Ucx(c) => c.tcp_mut().send_early(msgs),
+            #[cfg(feature = "test-seams")]
+            Self::Faulty(c) => c.send_early(msgs),
+        }
+    }
+
     /// See [`PullConn::recv`].
     pub fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
         match self {

@@ -4,6 +4,7 @@
 
 use std::io::{self, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd as _;
 use std::time::Duration;
 
 use kvnode_proto::frame::PREFIX_LEN;
@@ -32,6 +33,9 @@ pub struct TcpPull {
     chan: Box<Channel>,
     /// Sequence number of the last frame received (its body is opened under it).
     last: u64,
+    /// Sealed bytes [`TcpPull::send_early`] could not hand over without waiting: they go
+    /// out first in the next blocking call, so frames stay in their sealed order.
+    out: Vec<u8>,
 }
 
 impl TcpPull {
@@ -53,7 +57,58 @@ impl TcpPull {
             limit: None,
             chan: Box::new(chan),
             last: 0,
+            out: Vec::new(),
         })
+    }
+
+    /// Seals `msgs` and gives the socket what it takes right now (`MSG_DONTWAIT`): never
+    /// waits, so a runtime worker may call it. What the socket did not take is sent first by
+    /// the next blocking call. Lets a pull's requests leave before the thread that receives
+    /// its answers is even running.
+    pub fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        let queued = self.out.len();
+        for m in msgs {
+            let f = self.chan.send.seal(m, 0)?;
+            self.out.extend(f);
+        }
+        if queued > 0 {
+            return Ok(());
+        }
+        let mut at = 0;
+        while at < self.out.len() {
+            let rest = &self.out[at..];
+            // SAFETY: `rest` is a live buffer of `rest.len()` bytes; the fd is this stream's.
+            let n = unsafe {
+                libc::send(
+                    self.s.as_raw_fd(),
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n >= 0 {
+                at += n.unsigned_abs();
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => break,
+                _ => return Err(PeerError::Io(e)),
+            }
+        }
+        self.out.drain(..at);
+        Ok(())
+    }
+
+    /// Sends what [`TcpPull::send_early`] left (blocking, within `limit`).
+    fn flush_early(&mut self, limit: Duration) -> Result<(), PeerError> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        self.bound(limit)?;
+        let out = std::mem::take(&mut self.out);
+        self.s.write_all(&out).map_err(|e| send_error(e, limit))
     }
 
     fn bound(&mut self, limit: Duration) -> io::Result<()> {
@@ -76,6 +131,7 @@ impl TcpPull {
         limit: Duration,
         what: &'static str,
     ) -> Result<(), PeerError> {
+        self.flush_early(limit)?;
         self.bound(limit)?;
         let mut got = (self.end - self.pos).min(dst.len());
         dst[..got].copy_from_slice(&self.buf[self.pos..self.pos + got]);
@@ -105,6 +161,14 @@ impl TcpPull {
     }
 }
 
+fn send_error(e: io::Error, limit: Duration) -> PeerError {
+    if timed_out(&e) {
+        PeerError::Timeout("peer request send", limit)
+    } else {
+        PeerError::Io(e)
+    }
+}
+
 fn timed_out(e: &io::Error) -> bool {
     matches!(
         e.kind(),
@@ -126,18 +190,12 @@ impl PullConn for TcpPull {
     }
 
     fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
-        let mut out = Vec::new();
+        // After anything `send_early` left, in sealing order.
         for m in msgs {
-            out.extend(self.chan.send.seal(m, 0)?);
+            let f = self.chan.send.seal(m, 0)?;
+            self.out.extend(f);
         }
-        self.bound(limit)?;
-        self.s.write_all(&out).map_err(|e| {
-            if timed_out(&e) {
-                PeerError::Timeout("peer request send", limit)
-            } else {
-                PeerError::Io(e)
-            }
-        })
+        self.flush_early(limit)
     }
 
     fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {

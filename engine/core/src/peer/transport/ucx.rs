@@ -190,6 +190,11 @@ impl UcxPull {
         Self { tcp, peer, node }
     }
 
+    /// The TCP connection that carries the frames.
+    pub fn tcp_mut(&mut self) -> &mut TcpPull {
+        &mut self.tcp
+    }
+
     /// GETs this connection may keep in flight.
     pub fn window(&self) -> usize {
         self.node.window
