@@ -250,13 +250,23 @@ fn through_proxy(mode: &str, extra: &[&str]) -> Proxied {
 
 /// [`through_proxy`] with blocks of `page` bytes.
 fn through_proxy_pages(mode: &str, extra: &[&str], page: usize) -> Proxied {
+    proxied(mode, extra, page, true)
+}
+
+/// [`through_proxy_pages`], with both daemons holding the cluster key or neither (loopback).
+fn proxied(mode: &str, extra: &[&str], page: usize, keyed: bool) -> Proxied {
     let dir = temp_dir("proxy");
     let k = key_file(&dir, "k", &[OLD]);
     let k = k.to_str().unwrap().to_owned();
+    let key_args: Vec<&str> = if keyed {
+        vec!["--cluster-key", k.as_str()]
+    } else {
+        Vec::new()
+    };
     let (aport, pport) = (free_port(), free_port());
     let listen = format!("127.0.0.1:{aport}");
     let adv = format!("tcp://127.0.0.1:{pport}");
-    let src = Daemon::start(&[
+    let mut sargs = vec![
         "--dram",
         "256MiB",
         "--no-pin",
@@ -264,12 +274,13 @@ fn through_proxy_pages(mode: &str, extra: &[&str], page: usize) -> Proxied {
         &listen,
         "--advertise",
         &adv,
-        "--cluster-key",
-        &k,
-    ]);
+    ];
+    sargs.extend_from_slice(&key_args);
+    let src = Daemon::start(&sargs);
     let keys: Vec<Key> = (0..4).map(key).collect();
     let data = fill_pages(&src, &keys, page);
-    let mut dargs = vec!["--cluster-key", k.as_str(), "--peer-connections", "1"];
+    let mut dargs = key_args.clone();
+    dargs.extend_from_slice(&["--peer-connections", "1"]);
     dargs.extend_from_slice(extra);
     let dst = peer_dest("127.0.0.0/8", &dargs);
     let plisten = format!("127.0.0.1:{pport}");
@@ -295,7 +306,7 @@ fn through_proxy_pages(mode: &str, extra: &[&str], page: usize) -> Proxied {
 #[test]
 fn an_on_path_proxy_that_alters_drops_reorders_or_replays_a_frame_is_detected() {
     for (mode, want) in [
-        ("flip-payload", "checksum mismatch"),
+        ("flip-payload", keyed_check()),
         ("flip-header", "integrity check failed"),
         ("drop", "integrity check failed"),
         ("swap", "integrity check failed"),
@@ -320,16 +331,32 @@ fn an_on_path_proxy_that_alters_drops_reorders_or_replays_a_frame_is_detected() 
     }
 }
 
-/// Blocks of 1 MiB are hashed by a helper thread while they are received (peer/fetch/
-/// hash_ahead.rs): a flipped byte in the last piece of one is still caught before commit,
-/// only that block fails, and the connection stays in step for the rest and the next pull.
+/// How a keyed plaintext session on this CPU checks a block: by the block MAC (POLYVAL,
+/// peer/block_mac.rs) where AVX-512 VPCLMULQDQ is there, else by BLAKE3.
+fn keyed_check() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("vpclmulqdq")
+        && std::arch::is_x86_feature_detected!("pclmulqdq")
+    {
+        return "checksum mismatch (block MAC)";
+    }
+    "checksum mismatch (BLAKE3)"
+}
+
+/// A flipped byte in the last piece of a 1 MiB block is caught before commit, whichever
+/// check the session uses: the block MAC as the pieces land (keyed), or BLAKE3 hashed by a
+/// helper thread while they are received (keyless: peer/fetch/hash_ahead.rs). Only that
+/// block fails, and the connection stays in step for the rest and the next pull.
 #[test]
 fn a_flipped_byte_in_a_large_block_hashed_while_received_is_caught_before_commit() {
-    let x = through_proxy_pages("flip-payload", &[], 1 << 20);
-    let op = pull(&x.dst, x.port, &x.keys, "m", &x.data);
-    assert!(failed_with(&op.results[0], "checksum mismatch"), "{op:?}");
-    assert_eq!(op.results[1..], vec![KeyOutcome::Pulled; 3], "{op:?}");
-    pulls_again_whole(&x, "flip-payload, 1 MiB");
+    for (keyed, want) in [(true, keyed_check()), (false, "checksum mismatch (BLAKE3)")] {
+        let x = proxied("flip-payload", &[], 1 << 20, keyed);
+        let op = pull(&x.dst, x.port, &x.keys, "m", &x.data);
+        assert!(failed_with(&op.results[0], want), "keyed {keyed}: {op:?}");
+        assert_eq!(op.results[1..], vec![KeyOutcome::Pulled; 3], "{op:?}");
+        pulls_again_whole(&x, "flip-payload, 1 MiB");
+    }
 }
 
 /// The next pull through the same proxy gets every key, byte-identical (`pull` checks bytes).

@@ -116,8 +116,11 @@ pub enum PeerMsg {
         /// authentic, so bytes that hash to it are the source's.
         #[serde(with = "serde_bytes")]
         hash: Vec<u8>,
-        /// AES-256-GCM tag of the encrypted payload ([`AEAD_TAG_LEN`]); empty when the
-        /// session only authenticates.
+        /// In an encrypted session, the AES-256-GCM tag of the encrypted payload
+        /// ([`AEAD_TAG_LEN`]). In a keyed plaintext session, the block MAC (POLYVAL of the
+        /// bytes under a key derived from the cluster key, 16 bytes) when the source
+        /// computes one, which a destination that can may check instead of hashing; else
+        /// empty. Ignored by a destination that does not check it (it hashes).
         #[serde(with = "serde_bytes")]
         seal: Vec<u8>,
     },

@@ -12,12 +12,14 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::{HASH_LEN, MAX_KEY_IDS, NONCE_LEN, PEER_PROTOCOL_VERSION, PeerMsg};
 
 use super::PeerError;
+use super::block_mac::BlockMac;
 use super::transport::TcpConn;
 use super::transport::channel::{Channel, Side};
 
@@ -31,6 +33,8 @@ const TRANSCRIPT_LABEL: &[u8] = b"kvnode peer v2 handshake transcript";
 pub struct ClusterKey {
     bytes: Vec<u8>,
     id: u64,
+    /// The block MAC under this key, where the CPU can compute it fast.
+    mac: Option<Arc<BlockMac>>,
 }
 
 impl fmt::Debug for ClusterKey {
@@ -43,10 +47,17 @@ impl ClusterKey {
     /// From raw bytes (at least 16; shorter keys are refused when loaded from a file).
     pub fn from_bytes(b: &[u8]) -> Self {
         let d = blake3::derive_key(KEY_ID_CTX, b);
+        let id = u64::from_le_bytes(d[..8].try_into().expect("8 bytes"));
         Self {
             bytes: b.to_vec(),
-            id: u64::from_le_bytes(d[..8].try_into().expect("8 bytes")),
+            id,
+            mac: BlockMac::for_key(id, b).map(Arc::new),
         }
+    }
+
+    /// The block MAC of plaintext sessions under this key (`None`: verify by BLAKE3).
+    pub fn block_mac(&self) -> Option<&Arc<BlockMac>> {
+        self.mac.as_ref()
     }
 
     /// The key's id: a 64-bit fingerprint, safe to log and send.
@@ -367,7 +378,12 @@ pub async fn dial_handshake(
         limit,
     )
     .await?;
-    w.secure(Channel::new(&s, sealed, Side::Destination).with_key(key_id));
+    let mac = key.and_then(ClusterKey::block_mac).filter(|_| !sealed);
+    w.secure(
+        Channel::new(&s, sealed, Side::Destination)
+            .with_key(key_id)
+            .with_block_mac(mac.cloned()),
+    );
     match w.recv_first_sealed(limit).await? {
         PeerMsg::Ready => Ok(src),
         PeerMsg::Refused { reason } => Err(PeerError::Refused(reason)),
@@ -493,7 +509,12 @@ async fn accept_inner(
                 .into(),
         ));
     }
-    w.secure(Channel::new(&s, sealed, Side::Source).with_key(key.map(ClusterKey::id)));
+    let mac = key.and_then(ClusterKey::block_mac).filter(|_| !sealed);
+    w.secure(
+        Channel::new(&s, sealed, Side::Source)
+            .with_key(key.map(ClusterKey::id))
+            .with_block_mac(mac.cloned()),
+    );
     w.send(&PeerMsg::Ready, &[], limit).await?;
     Ok(dst)
 }

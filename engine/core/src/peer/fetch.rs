@@ -20,7 +20,8 @@ use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 use tokio::sync::Semaphore;
 
 use super::auth::dial_handshake;
-use super::hashes::{SlotId, fingerprint};
+use super::block_mac::{MacState, TAG_LEN, tags_equal};
+use super::hashes::{SlotId, Sums, fingerprint};
 use super::op::PullOp;
 use super::transport::{PullWire, TcpConn, UcxNode, UcxPeer};
 use super::{PeerError, Peers};
@@ -205,6 +206,54 @@ fn read_hashed(
         }
     }
     Ok(*h.finalize().as_bytes())
+}
+
+/// How a received block was checked.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Checked {
+    /// By its BLAKE3 hash, compared with the header's.
+    Hashed([u8; HASH_LEN]),
+    /// Against the block MAC in its header (`seal`) under cluster key `id`: whether it matched.
+    Tagged {
+        ok: bool,
+        id: u64,
+        tag: [u8; TAG_LEN],
+    },
+}
+
+/// Fills `dst` with the next payload bytes and checks them: against the block MAC of a
+/// keyed plaintext session, when the source sent one and this CPU computes it (one fast
+/// pass as the pieces land); else by BLAKE3 ([`read_hashed`]).
+fn read_checked(
+    w: &mut PullWire,
+    dst: &mut [u8],
+    seal: &[u8],
+    io: Duration,
+    ahead: Option<&HashAhead>,
+) -> Result<Checked, PeerError> {
+    let mac = (!w.encrypted() && seal.len() == TAG_LEN)
+        .then(|| w.block_mac())
+        .flatten();
+    let Some(m) = mac else {
+        return read_hashed(w, dst, seal, io, ahead).map(Checked::Hashed);
+    };
+    let total = dst.len();
+    let mut st = MacState::default();
+    let mut at = 0;
+    for piece in dst.chunks_mut(HASH_PIECE) {
+        w.read_payload(piece, io).map_err(|e| match e {
+            PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
+            e => e,
+        })?;
+        m.update(&mut st, piece);
+        at += piece.len();
+    }
+    let tag = m.finish(st);
+    Ok(Checked::Tagged {
+        ok: tags_equal(&tag, seal),
+        id: m.id(),
+        tag,
+    })
 }
 
 /// Whether an error on a pooled connection, before any answer, means it went stale (the
@@ -587,8 +636,8 @@ impl Chunk {
             Body::Inline(seal) => {
                 // On error `landing` drops here: the reservation is freed unpublished.
                 let ahead = self.hash_ahead(len);
-                let sum = read_hashed(w, landing.dst(), seal, io, ahead)?;
-                self.settle(ns, i, len, &hash, landing, sum);
+                let checked = read_checked(w, landing.dst(), seal, io, ahead)?;
+                self.settle(ns, i, len, &hash, landing, checked);
                 Ok(true)
             }
             Body::Remote(addr) => {
@@ -623,8 +672,8 @@ impl Chunk {
         self.ahead.as_ref()
     }
 
-    /// Checks landed bytes (`sum`: their BLAKE3 hash) against `hash` and commits them to
-    /// the store and the op; a mismatch fails the key and commits nothing.
+    /// Commits landed bytes to the store and the op if `checked` says they are the block
+    /// whose hash is `hash`; a mismatch fails the key and commits nothing.
     fn settle(
         &self,
         ns: NamespaceId,
@@ -632,17 +681,27 @@ impl Chunk {
         len: u32,
         hash: &[u8; HASH_LEN],
         mut landing: Landing,
-        sum: [u8; HASH_LEN],
+        checked: Checked,
     ) {
         let p = &self.peers;
         let key = self.op.keys[i];
-        // blake3::Hash compares in constant time.
-        if blake3::Hash::from(sum) != blake3::Hash::from(*hash) {
+        let (ok, by, tag) = match checked {
+            // blake3::Hash compares in constant time.
+            Checked::Hashed(sum) => (
+                blake3::Hash::from(sum) == blake3::Hash::from(*hash),
+                "BLAKE3",
+                None,
+            ),
+            // The tag came in the sealed header with `hash`, computed by the source from the
+            // same bytes: matching bytes are the bytes `hash` names.
+            Checked::Tagged { ok, id, tag } => (ok, "block MAC", Some((id, tag))),
+        };
+        if !ok {
             p.count_failure();
             let why = Failure::new(
                 FailCode::Checksum,
                 format!(
-                    "checksum mismatch (BLAKE3) on a {len}-byte block from {}: altered in transit, or changed on the source; not committed",
+                    "checksum mismatch ({by}) on a {len}-byte block from {}: altered in transit, or changed on the source; not committed",
                     self.link.name
                 ),
             );
@@ -662,7 +721,7 @@ impl Chunk {
                     fingerprint: fingerprint(hash),
                 };
                 if r.commit_verified(at.fingerprint) == CommitStatus::Committed {
-                    p.hashes.put(at, *hash);
+                    p.hashes.put(at, Sums { hash: *hash, tag });
                     p.count_pulled(u64::from(len));
                 }
                 KeyOutcome::Pulled

@@ -9,13 +9,17 @@
 //! fingerprint: bytes that changed since they were first hashed (a client scribbling on the
 //! shared arena) are refused, never sent under a fresh hash. The hash is unkeyed: it is made
 //! authentic by the session tag of the frame header that carries it, so a key roll needs no
-//! invalidation here.
+//! invalidation here. Next to it the table keeps the block's MAC under one cluster key
+//! (`peer::block_mac`), computed from the same bytes; a send under another key computes
+//! both again.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use kvnode_proto::peer::HASH_LEN;
 use kvnode_proto::{Digest, NamespaceId};
+
+use super::block_mac::TAG_LEN;
 
 /// Entries kept before the table starts over (each about 130 bytes with the map's own: at
 /// most ~17 MiB). Entries of evicted blocks linger until then; a lost entry costs one hash.
@@ -43,20 +47,36 @@ pub fn fingerprint(h: &[u8; HASH_LEN]) -> u64 {
     u64::from_le_bytes(h[..8].try_into().expect("8 bytes"))
 }
 
-/// Full hashes by slot.
+/// What is remembered of one block: its hash and, when computed, its MAC under one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sums {
+    /// BLAKE3 of the bytes.
+    pub hash: [u8; HASH_LEN],
+    /// (cluster key id, POLYVAL tag) of the same bytes.
+    pub tag: Option<(u64, [u8; TAG_LEN])>,
+}
+
+impl Sums {
+    /// The tag under key `id`, if that is the one remembered.
+    pub fn tag_for(&self, id: u64) -> Option<[u8; TAG_LEN]> {
+        self.tag.filter(|(k, _)| *k == id).map(|(_, t)| t)
+    }
+}
+
+/// Full hashes (and tags) by slot.
 #[derive(Debug, Default)]
 pub struct HashCache {
-    map: Mutex<HashMap<SlotId, [u8; HASH_LEN]>>,
+    map: Mutex<HashMap<SlotId, Sums>>,
 }
 
 impl HashCache {
-    /// The hash remembered for `s`.
-    pub fn get(&self, s: &SlotId) -> Option<[u8; HASH_LEN]> {
+    /// What is remembered for `s`.
+    pub fn get(&self, s: &SlotId) -> Option<Sums> {
         self.map.lock().expect("hash cache lock").get(s).copied()
     }
 
     /// Remembers `h` for `s` (the table starts over when full).
-    pub fn put(&self, s: SlotId, h: [u8; HASH_LEN]) {
+    pub fn put(&self, s: SlotId, h: Sums) {
         let mut m = self.map.lock().expect("hash cache lock");
         if m.len() >= CAP {
             m.clear();

@@ -18,6 +18,7 @@
 //! - [`timeouts`]: latency histograms and the declared timeout model.
 
 pub mod auth;
+pub mod block_mac;
 pub mod config;
 pub mod conns;
 pub mod fetch;

@@ -19,11 +19,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvnode_proto::NamespaceId;
-use kvnode_proto::peer::{HASH_LEN, PeerMsg, PullKey};
+use kvnode_proto::peer::{PeerMsg, PullKey};
 use tokio::sync::watch;
 
 use super::auth::accept_handshake;
-use super::hashes::{HashCache, SlotId, fingerprint};
+use super::block_mac::{BlockMac, MacState};
+use super::hashes::{HashCache, SlotId, Sums, fingerprint};
 use super::transport::{PeerListener, TcpConn};
 use super::{PeerError, Peers};
 use crate::store::{Lease, Store};
@@ -57,14 +58,16 @@ impl BlockSource for Arc<Store> {
     }
 }
 
-/// The block's hash: remembered, or computed now and remembered. `None` when its bytes no
-/// longer match the fingerprint its slot kept from the first time (changed under a lease).
+/// The block's hash (and, with `mac`, its tag under that key): remembered, or computed now
+/// from one snapshot of its bytes and remembered. `None` when its bytes no longer match the
+/// fingerprint its slot kept from the first time (changed under a lease).
 pub fn block_hash(
     cache: &HashCache,
     ns: NamespaceId,
     k: PullKey,
     b: &Lease,
-) -> Option<[u8; HASH_LEN]> {
+    mac: Option<&BlockMac>,
+) -> Option<Sums> {
     let at = |fingerprint| SlotId {
         ns,
         digest: k.0,
@@ -74,24 +77,62 @@ pub fn block_hash(
         fingerprint,
     };
     let kept = b.fingerprint();
-    if let Some(h) = kept.and_then(|f| cache.get(&at(f))) {
-        return Some(h);
+    if let Some(c) = kept.and_then(|f| cache.get(&at(f))) {
+        match mac {
+            None => return Some(c),
+            Some(m) if c.tag_for(m.id()).is_some() => return Some(c),
+            // No tag under this key yet: both again, from the same bytes.
+            Some(_) => {}
+        }
     }
-    let h = *blake3::hash(b.bytes()).as_bytes();
-    let f = fingerprint(&h);
+    let sums = sums_of(b.bytes(), mac);
+    let f = fingerprint(&sums.hash);
     match kept {
         Some(k) if k != f => return None,
         Some(_) => {}
         None => b.remember_checksum(f),
     }
-    cache.put(at(f), h);
-    Some(h)
+    cache.put(at(f), sums);
+    Some(sums)
 }
 
-/// The lease and hash of a leased block, or `None` (answered `Miss`) when its bytes
+/// Hash and tag of `bytes`, both over one private copy of each piece, so a client writing
+/// through the shared arena meanwhile cannot make them disagree.
+fn sums_of(bytes: &[u8], mac: Option<&BlockMac>) -> Sums {
+    let Some(m) = mac else {
+        return Sums {
+            hash: *blake3::hash(bytes).as_bytes(),
+            tag: None,
+        };
+    };
+    let mut h = blake3::Hasher::new();
+    let mut st = MacState::default();
+    let mut copy = vec![0u8; SNAPSHOT.min(bytes.len())];
+    for piece in bytes.chunks(SNAPSHOT) {
+        let c = &mut copy[..piece.len()];
+        c.copy_from_slice(piece);
+        h.update(c);
+        m.update(&mut st, c);
+    }
+    Sums {
+        hash: *h.finalize().as_bytes(),
+        tag: Some((m.id(), m.finish(st))),
+    }
+}
+
+/// Bytes hashed from one copy (a multiple of 16, as the MAC's pieces must be).
+const SNAPSHOT: usize = 128 << 10;
+
+/// The lease and sums of a leased block, or `None` (answered `Miss`) when its bytes
 /// changed after it was hashed.
-fn hashed(p: &Peers, ns: NamespaceId, k: PullKey, b: Lease) -> Option<(Lease, [u8; HASH_LEN])> {
-    let h = block_hash(&p.hashes, ns, k, &b);
+fn hashed(
+    p: &Peers,
+    ns: NamespaceId,
+    k: PullKey,
+    b: Lease,
+    mac: Option<&BlockMac>,
+) -> Option<(Lease, Sums)> {
+    let h = block_hash(&p.hashes, ns, k, &b, mac);
     if h.is_none() {
         p.counters
             .changed_blocks
@@ -119,8 +160,9 @@ async fn serve_pull_ucx<S: BlockSource>(
     let mut keep = Vec::with_capacity(leased.len());
     for (i, l) in leased.into_iter().enumerate() {
         let idx = i as u32;
-        match l.and_then(|b| hashed(p, ns, keys[i], b)) {
-            Some((b, hash)) => {
+        match l.and_then(|b| hashed(p, ns, keys[i], b, None)) {
+            Some((b, sums)) => {
+                let hash = sums.hash;
                 let msg = PeerMsg::Slot {
                     req,
                     idx,
@@ -153,15 +195,26 @@ async fn serve_pull<S: BlockSource>(
     let mut leased = src.lease(ns, keys).await;
     for (i, l) in leased.iter_mut().enumerate() {
         let idx = i as u32;
-        match l.take().and_then(|b| hashed(p, ns, keys[i], b)) {
-            Some((b, hash)) => {
+        let mac = w.block_mac().cloned();
+        match l
+            .take()
+            .and_then(|b| hashed(p, ns, keys[i], b, mac.as_deref()))
+        {
+            Some((b, sums)) => {
                 let bytes = b.bytes();
+                // A keyed plaintext session carries the block's MAC in `seal` (inside the
+                // sealed header); an encrypted one, the AEAD tag the transport puts there.
+                let seal = mac
+                    .as_ref()
+                    .and_then(|m| sums.tag_for(m.id()))
+                    .map(|t| t.to_vec())
+                    .unwrap_or_default();
                 let msg = PeerMsg::Block {
                     req,
                     idx,
                     len: bytes.len() as u32,
-                    hash: hash.to_vec(),
-                    seal: Vec::new(),
+                    hash: sums.hash.to_vec(),
+                    seal,
                 };
                 w.send(&msg, bytes, limit).await?;
             }

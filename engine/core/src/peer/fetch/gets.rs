@@ -13,7 +13,7 @@ use kvnode_proto::client::PutStatus;
 use kvnode_proto::peer::HASH_LEN;
 use std::time::Duration;
 
-use super::{Chunk, PeerError, PullWire};
+use super::{Checked, Chunk, PeerError, PullWire};
 use crate::store::Reservation;
 
 /// Where a block's bytes land: its reserved DRAM slot, or scratch memory when the store
@@ -112,7 +112,7 @@ impl Chunk {
             .ucx_gets
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let sum = *blake3::hash(f.landing.dst()).as_bytes();
-        self.settle(ns, i, f.len, &f.hash, f.landing, sum);
+        self.settle(ns, i, f.len, &f.hash, f.landing, Checked::Hashed(sum));
         self.answered(i)
     }
 

@@ -24,12 +24,15 @@
 //! the portable `aes-gcm` crate used before (docs/benchmarks.md). The construction and the
 //! wire bytes are the same.
 
+use std::sync::Arc;
+
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, Tag, UnboundKey};
 
 use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
 use kvnode_proto::peer::{AEAD_TAG_LEN, PeerMsg, check_prefix, decode_peer};
 
 use crate::peer::PeerError;
+use crate::peer::block_mac::BlockMac;
 
 /// Which end of a session this daemon is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,6 +192,9 @@ pub struct Channel {
     /// Id of the cluster key the session was derived from (`None`: keyless). A session whose
     /// key was removed from the key file is closed at its next request.
     pub key_id: Option<u64>,
+    /// The block MAC of a keyed plaintext session, where this CPU computes it fast
+    /// (`peer::block_mac`); `None`: blocks are verified by BLAKE3 only.
+    pub block_mac: Option<Arc<BlockMac>>,
 }
 
 impl Channel {
@@ -204,6 +210,7 @@ impl Channel {
             send,
             recv,
             key_id: None,
+            block_mac: None,
         }
     }
 
@@ -211,6 +218,13 @@ impl Channel {
     #[must_use]
     pub fn with_key(mut self, id: Option<u64>) -> Self {
         self.key_id = id;
+        self
+    }
+
+    /// Sets the block MAC (keyed plaintext sessions only).
+    #[must_use]
+    pub fn with_block_mac(mut self, mac: Option<Arc<BlockMac>>) -> Self {
+        self.block_mac = mac;
         self
     }
 }

@@ -76,6 +76,11 @@ impl FaultyConn {
         self.inner.send_early(msgs)
     }
 
+    /// See [`TcpPull::block_mac`].
+    pub fn block_mac(&self) -> Option<std::sync::Arc<crate::peer::block_mac::BlockMac>> {
+        self.inner.block_mac()
+    }
+
     /// A cut connection is closed.
     fn gate(&self) -> Result<(), PeerError> {
         if self.dead {

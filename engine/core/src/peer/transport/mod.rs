@@ -129,6 +129,16 @@ impl PullWire {
         }
     }
 
+    /// The session's block MAC, where blocks arrive on the TCP connection (not UCX GETs).
+    pub fn block_mac(&self) -> Option<std::sync::Arc<crate::peer::block_mac::BlockMac>> {
+        match self {
+            Self::Tcp(c) => c.block_mac(),
+            Self::Ucx(_) => None,
+            #[cfg(feature = "test-seams")]
+            Self::Faulty(c) => c.block_mac(),
+        }
+    }
+
     /// See [`PullConn::recv`].
     pub fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
         match self {

@@ -56,6 +56,11 @@ impl TcpConn {
         self.local
     }
 
+    /// The session's block MAC (keyed plaintext sessions on a CPU that computes it fast).
+    pub fn block_mac(&self) -> Option<&std::sync::Arc<crate::peer::block_mac::BlockMac>> {
+        self.chan.as_ref().and_then(|c| c.block_mac.as_ref())
+    }
+
     /// Seals every later frame (both directions) with the session's keys.
     pub fn secure(&mut self, chan: Channel) {
         self.chan = Some(chan);

@@ -101,6 +101,11 @@ impl TcpPull {
         Ok(())
     }
 
+    /// The session's block MAC (keyed plaintext sessions on a CPU that computes it fast).
+    pub fn block_mac(&self) -> Option<std::sync::Arc<crate::peer::block_mac::BlockMac>> {
+        self.chan.block_mac.clone()
+    }
+
     /// Sends what [`TcpPull::send_early`] left (blocking, within `limit`).
     fn flush_early(&mut self, limit: Duration) -> Result<(), PeerError> {
         if self.out.is_empty() {
