@@ -23,11 +23,13 @@ use kvnode_proto::peer::{PeerMsg, PullKey};
 use tokio::sync::watch;
 
 use super::auth::accept_handshake;
-use super::block_mac::{BlockMac, MacState};
-use super::hashes::{HashCache, SlotId, Sums, fingerprint};
 use super::transport::{PeerListener, TcpConn};
 use super::{PeerError, Peers};
 use crate::store::{Lease, Store};
+
+mod sums;
+
+use sums::{hashed, settled, sum_ahead};
 
 /// Idle pooled connections are closed after this long without a request.
 const IDLE_LIMIT: Duration = Duration::from_mins(10);
@@ -56,93 +58,6 @@ impl BlockSource for Arc<Store> {
             .await
             .unwrap_or_else(|_| (0..keys.len()).map(|_| None).collect())
     }
-}
-
-/// The block's hash (and, with `mac`, its tag under that key): remembered, or computed now
-/// from one snapshot of its bytes and remembered. `None` when its bytes no longer match the
-/// fingerprint its slot kept from the first time (changed under a lease).
-pub fn block_hash(
-    cache: &HashCache,
-    ns: NamespaceId,
-    k: PullKey,
-    b: &Lease,
-    mac: Option<&BlockMac>,
-) -> Option<Sums> {
-    let at = |fingerprint| SlotId {
-        ns,
-        digest: k.0,
-        segment: k.1,
-        offset: b.extent().offset,
-        len: b.len(),
-        fingerprint,
-    };
-    let kept = b.fingerprint();
-    if let Some(c) = kept.and_then(|f| cache.get(&at(f))) {
-        match mac {
-            None => return Some(c),
-            Some(m) if c.tag_for(m.id()).is_some() => return Some(c),
-            // No tag under this key yet: both again, from the same bytes.
-            Some(_) => {}
-        }
-    }
-    let sums = sums_of(b.bytes(), mac);
-    let f = fingerprint(&sums.hash);
-    match kept {
-        Some(k) if k != f => return None,
-        Some(_) => {}
-        None => b.remember_checksum(f),
-    }
-    cache.put(at(f), sums);
-    Some(sums)
-}
-
-/// Hash and tag of `bytes`, both over one private copy of each piece, so a client writing
-/// through the shared arena meanwhile cannot make them disagree.
-fn sums_of(bytes: &[u8], mac: Option<&BlockMac>) -> Sums {
-    let Some(m) = mac else {
-        return Sums {
-            hash: *blake3::hash(bytes).as_bytes(),
-            tag: None,
-        };
-    };
-    let mut h = blake3::Hasher::new();
-    let mut st = MacState::default();
-    let mut copy = vec![0u8; SNAPSHOT.min(bytes.len())];
-    for piece in bytes.chunks(SNAPSHOT) {
-        let c = &mut copy[..piece.len()];
-        c.copy_from_slice(piece);
-        h.update(c);
-        m.update(&mut st, c);
-    }
-    Sums {
-        hash: *h.finalize().as_bytes(),
-        tag: Some((m.id(), m.finish(st))),
-    }
-}
-
-/// Bytes hashed from one copy (a multiple of 16, as the MAC's pieces must be).
-const SNAPSHOT: usize = 128 << 10;
-
-/// The lease and sums of a leased block, or `None` (answered `Miss`) when its bytes
-/// changed after it was hashed.
-fn hashed(
-    p: &Peers,
-    ns: NamespaceId,
-    k: PullKey,
-    b: Lease,
-    mac: Option<&BlockMac>,
-) -> Option<(Lease, Sums)> {
-    let h = block_hash(&p.hashes, ns, k, &b, mac);
-    if h.is_none() {
-        p.counters
-            .changed_blocks
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::warn!(
-            len = b.len(),
-            "a block's bytes changed after it was hashed (written through a client mapping?): answered Miss"
-        );
-    }
-    h.map(|h| (b, h))
 }
 
 /// Answers one pull on a UCX connection: `Slot`s of leased blocks, kept in `held` under
@@ -182,7 +97,7 @@ async fn serve_pull_ucx<S: BlockSource>(
 }
 
 async fn serve_pull<S: BlockSource>(
-    p: &Peers,
+    p: &Arc<Peers>,
     src: &S,
     w: &mut TcpConn,
     req: u64,
@@ -192,14 +107,16 @@ async fn serve_pull<S: BlockSource>(
 ) -> Result<(), PeerError> {
     // Each block stays leased until its last byte is handed to the transport; an early
     // return drops the rest.
-    let mut leased = src.lease(ns, keys).await;
+    let mac = w.block_mac().cloned();
+    let leased = src.lease(ns, keys).await;
+    let (mut leased, mut ahead) = sum_ahead(p, ns, keys, leased, mac.clone()).await;
     for (i, l) in leased.iter_mut().enumerate() {
         let idx = i as u32;
-        let mac = w.block_mac().cloned();
-        match l
-            .take()
-            .and_then(|b| hashed(p, ns, keys[i], b, mac.as_deref()))
-        {
+        let summed = l.take().and_then(|b| match ahead[i].take() {
+            Some(h) => settled(p, b, h),
+            None => hashed(p, ns, keys[i], b, mac.as_deref()),
+        });
+        match summed {
             Some((b, sums)) => {
                 let bytes = b.bytes();
                 // A keyed plaintext session carries the block's MAC in `seal` (inside the

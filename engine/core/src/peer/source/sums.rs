@@ -1,0 +1,238 @@
+//! The hash and block MAC a source sends with each block: remembered per slot, or computed
+//! from one snapshot of the bytes; the blocks of a request not hashed yet are hashed on
+//! several cores at once before the first is sent.
+
+use std::sync::Arc;
+
+use kvnode_proto::NamespaceId;
+use kvnode_proto::peer::PullKey;
+
+use crate::peer::Peers;
+use crate::peer::block_mac::{BlockMac, MacState};
+use crate::peer::hashes::{HashCache, SlotId, Sums, fingerprint};
+use crate::store::Lease;
+
+/// The block's hash (and, with `mac`, its tag under that key): remembered, or computed now
+/// from one snapshot of its bytes and remembered. `None` when its bytes no longer match the
+/// fingerprint its slot kept from the first time (changed under a lease).
+pub fn block_hash(
+    cache: &HashCache,
+    ns: NamespaceId,
+    k: PullKey,
+    b: &Lease,
+    mac: Option<&BlockMac>,
+) -> Option<Sums> {
+    if let Some(c) = remembered(cache, ns, k, b, mac) {
+        return Some(c);
+    }
+    // Nothing remembered, or no tag under this key yet: both again, from the same bytes.
+    let kept = b.fingerprint();
+    let sums = sums_of(b.bytes(), mac);
+    let f = fingerprint(&sums.hash);
+    match kept {
+        Some(k) if k != f => return None,
+        Some(_) => {}
+        None => b.remember_checksum(f),
+    }
+    cache.put(slot_of(ns, k, b, f), sums);
+    Some(sums)
+}
+
+/// Hash and tag of `bytes`, both over one private copy of each piece, so a client writing
+/// through the shared arena meanwhile cannot make them disagree.
+fn sums_of(bytes: &[u8], mac: Option<&BlockMac>) -> Sums {
+    let Some(m) = mac else {
+        return Sums {
+            hash: *blake3::hash(bytes).as_bytes(),
+            tag: None,
+        };
+    };
+    let mut h = blake3::Hasher::new();
+    let mut st = MacState::default();
+    let mut copy = vec![0u8; SNAPSHOT.min(bytes.len())];
+    for piece in bytes.chunks(SNAPSHOT) {
+        let c = &mut copy[..piece.len()];
+        c.copy_from_slice(piece);
+        h.update(c);
+        m.update(&mut st, c);
+    }
+    Sums {
+        hash: *h.finalize().as_bytes(),
+        tag: Some((m.id(), m.finish(st))),
+    }
+}
+
+/// Bytes hashed from one copy (a multiple of 16, as the MAC's pieces must be).
+const SNAPSHOT: usize = 128 << 10;
+
+/// The lease and sums of a leased block, or `None` (answered `Miss`) when its bytes
+/// changed after it was hashed.
+pub(super) fn hashed(
+    p: &Peers,
+    ns: NamespaceId,
+    k: PullKey,
+    b: Lease,
+    mac: Option<&BlockMac>,
+) -> Option<(Lease, Sums)> {
+    let h = block_hash(&p.hashes, ns, k, &b, mac);
+    settled(p, b, h)
+}
+
+/// `b` with its sums, or `None` (answered `Miss`, counted and logged) when it has none
+/// because its bytes changed after they were first hashed.
+pub(super) fn settled(p: &Peers, b: Lease, h: Option<Sums>) -> Option<(Lease, Sums)> {
+    if h.is_none() {
+        p.counters
+            .changed_blocks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            len = b.len(),
+            "a block's bytes changed after it was hashed (written through a client mapping?): answered Miss"
+        );
+    }
+    h.map(|h| (b, h))
+}
+
+/// What `cache` already holds for `b` (with a tag under `mac`'s key, when given).
+fn remembered(
+    cache: &HashCache,
+    ns: NamespaceId,
+    k: PullKey,
+    b: &Lease,
+    mac: Option<&BlockMac>,
+) -> Option<Sums> {
+    let f = b.fingerprint()?;
+    let c = cache.get(&slot_of(ns, k, b, f))?;
+    match mac {
+        Some(m) if c.tag_for(m.id()).is_none() => None,
+        _ => Some(c),
+    }
+}
+
+fn slot_of(ns: NamespaceId, k: PullKey, b: &Lease, fingerprint: u64) -> SlotId {
+    SlotId {
+        ns,
+        digest: k.0,
+        segment: k.1,
+        offset: b.extent().offset,
+        len: b.len(),
+        fingerprint,
+    }
+}
+
+/// Cores a request's not-yet-hashed blocks are spread over: one in four, at most 8 (a
+/// first send of freshly offloaded blocks is otherwise held to one core's BLAKE3 rate).
+fn hash_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 8))
+}
+
+/// Per block of `leased`: its sums, computed ahead on up to [`hash_threads`] threads when
+/// that is more than one and two or more blocks have none remembered yet (`Some`, the
+/// result of [`block_hash`]: `None` inside when the bytes changed); `None` where the send
+/// is left to compute them itself (remembered, not leased, or nothing to spread). The
+/// leases come back unchanged.
+pub(super) async fn sum_ahead(
+    p: &Arc<Peers>,
+    ns: NamespaceId,
+    keys: &[PullKey],
+    leased: Vec<Option<Lease>>,
+    mac: Option<Arc<BlockMac>>,
+) -> (Vec<Option<Lease>>, Vec<Option<Option<Sums>>>) {
+    sum_ahead_on(p, (ns, keys), leased, mac, hash_threads()).await
+}
+
+/// [`sum_ahead`] on `threads` threads.
+async fn sum_ahead_on(
+    p: &Arc<Peers>,
+    (ns, keys): (NamespaceId, &[PullKey]),
+    leased: Vec<Option<Lease>>,
+    mac: Option<Arc<BlockMac>>,
+    threads: usize,
+) -> (Vec<Option<Lease>>, Vec<Option<Option<Sums>>>) {
+    let todo: Vec<usize> = (0..leased.len())
+        .filter(|&i| {
+            leased[i]
+                .as_ref()
+                .is_some_and(|b| remembered(&p.hashes, ns, keys[i], b, mac.as_deref()).is_none())
+        })
+        .collect();
+    let mut sums = vec![None; leased.len()];
+    if threads < 2 || todo.len() < 2 {
+        return (leased, sums);
+    }
+    let (p, keys) = (Arc::clone(p), keys.to_vec());
+    let job = tokio::task::spawn_blocking(move || {
+        let parts: Vec<Vec<(usize, Option<Sums>)>> = std::thread::scope(|s| {
+            let workers: Vec<_> = todo
+                .chunks(todo.len().div_ceil(threads))
+                .map(|part| {
+                    let (p, leased, keys, mac) = (&p, &leased, &keys, mac.as_deref());
+                    s.spawn(move || {
+                        part.iter()
+                            .filter_map(|&i| {
+                                let b = leased[i].as_ref()?;
+                                Some((i, block_hash(&p.hashes, ns, keys[i], b, mac)))
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        });
+        for (i, h) in parts.into_iter().flatten() {
+            sums[i] = Some(h);
+        }
+        (leased, sums)
+    });
+    match job.await {
+        Ok(r) => r,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::TransportKind;
+    use crate::peer::source::BlockSource;
+    use crate::peer::tests::{key, pair_on};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn blocks_summed_on_several_threads_are_remembered_with_hash_and_tag() {
+        let pair = pair_on(7, None, TransportKind::Tcp, TransportKind::Tcp).await;
+        let (p, store) = (&pair.src.peers, &pair.src.store);
+        let ns = store.namespace_id(pair.sns).unwrap();
+        let keys: Vec<PullKey> = (0..7).map(|i| PullKey(key(i).0, key(i).1)).collect();
+        let mac = BlockMac::for_key(9, b"a cluster key for the sums test").map(Arc::new);
+        let leased = BlockSource::lease(store, ns, &keys).await;
+        for (i, l) in leased.iter().enumerate() {
+            let b = l.as_ref().expect("leased");
+            assert!(remembered(&p.hashes, ns, keys[i], b, mac.as_deref()).is_none());
+        }
+        let (leased, sums) = sum_ahead_on(p, (ns, &keys), leased, mac.clone(), 3).await;
+        assert_eq!(leased.len(), 7, "every lease handed back");
+        for (i, l) in leased.into_iter().enumerate() {
+            let b = l.expect("leased");
+            let got = sums[i].expect("summed ahead").expect("bytes unchanged");
+            assert_eq!(got.hash, *blake3::hash(b.bytes()).as_bytes(), "block {i}");
+            // The send finds them remembered (a later lease sees the slot's fingerprint).
+            let (b, again) = settled(p, b, Some(got)).expect("sums");
+            assert_eq!(again, got);
+            drop(b);
+            let relet = BlockSource::lease(store, ns, &keys[i..=i]).await;
+            let b = relet[0].as_ref().expect("leased again");
+            assert_eq!(b.fingerprint(), Some(fingerprint(&got.hash)));
+            assert_eq!(
+                remembered(&p.hashes, ns, keys[i], b, mac.as_deref()),
+                Some(got)
+            );
+            if let Some(m) = &mac {
+                assert_eq!(got.tag_for(9), Some(m.tag(b.bytes())), "block {i}");
+                assert_eq!(got.tag_for(10), None);
+            }
+        }
+    }
+}
