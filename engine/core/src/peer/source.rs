@@ -27,7 +27,7 @@ use super::transport::{PeerListener, TcpConn};
 use super::{PeerError, Peers};
 use crate::store::{Lease, Store};
 
-mod sums;
+pub(super) mod sums;
 
 use sums::{hashed, settled, sum_ahead};
 

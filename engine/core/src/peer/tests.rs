@@ -7,10 +7,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvnode_proto::peer::PullKey;
 use kvnode_proto::pull::{KeyOutcome, OpReport, OpState};
 use kvnode_proto::{Digest, Key, NamespaceSpec};
 use tokio::sync::watch;
 
+use super::block_mac::BlockMac;
+use super::hashes::fingerprint;
+use super::source::BlockSource;
+use super::source::sums::{remembered, settled, sum_ahead_on};
 use super::transport::FaultPlan;
 use super::{Peers, TransportKind};
 use crate::arena::Arena;
@@ -425,4 +430,42 @@ async fn bytes_changed_on_the_source_after_they_were_hashed_are_never_committed(
     );
     assert_eq!(p.held(2).await, vec![false, true]);
     assert_eq!(p.reserved(), 0);
+}
+
+/// `source::sums::sum_ahead_on`: the blocks of a request with no sums yet, summed on
+/// several threads, come back with hash and tag, and later leases find them remembered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_summed_on_several_threads_are_remembered_with_hash_and_tag() {
+    let pair = pair_on(7, None, TransportKind::Tcp, TransportKind::Tcp).await;
+    let (p, store) = (&pair.src.peers, &pair.src.store);
+    let ns = store.namespace_id(pair.sns).unwrap();
+    let keys: Vec<PullKey> = (0..7).map(|i| PullKey(key(i).0, key(i).1)).collect();
+    let mac = BlockMac::for_key(9, b"a cluster key for the sums test").map(Arc::new);
+    let leased = BlockSource::lease(store, ns, &keys).await;
+    for (i, l) in leased.iter().enumerate() {
+        let b = l.as_ref().expect("leased");
+        assert!(remembered(&p.hashes, ns, keys[i], b, mac.as_deref()).is_none());
+    }
+    let (leased, sums) = sum_ahead_on(p, (ns, &keys), leased, mac.clone(), 3).await;
+    assert_eq!(leased.len(), 7, "every lease handed back");
+    for (i, l) in leased.into_iter().enumerate() {
+        let b = l.expect("leased");
+        let got = sums[i].expect("summed ahead").expect("bytes unchanged");
+        assert_eq!(got.hash, *blake3::hash(b.bytes()).as_bytes(), "block {i}");
+        // The send finds them remembered (a later lease sees the slot's fingerprint).
+        let (b, again) = settled(p, b, Some(got)).expect("sums");
+        assert_eq!(again, got);
+        drop(b);
+        let relet = BlockSource::lease(store, ns, &keys[i..=i]).await;
+        let b = relet[0].as_ref().expect("leased again");
+        assert_eq!(b.fingerprint(), Some(fingerprint(&got.hash)));
+        assert_eq!(
+            remembered(&p.hashes, ns, keys[i], b, mac.as_deref()),
+            Some(got)
+        );
+        if let Some(m) = &mac {
+            assert_eq!(got.tag_for(9), Some(m.tag(b.bytes())), "block {i}");
+            assert_eq!(got.tag_for(10), None);
+        }
+    }
 }

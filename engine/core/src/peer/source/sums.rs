@@ -80,7 +80,7 @@ pub(super) fn hashed(
 
 /// `b` with its sums, or `None` (answered `Miss`, counted and logged) when it has none
 /// because its bytes changed after they were first hashed.
-pub(super) fn settled(p: &Peers, b: Lease, h: Option<Sums>) -> Option<(Lease, Sums)> {
+pub(in crate::peer) fn settled(p: &Peers, b: Lease, h: Option<Sums>) -> Option<(Lease, Sums)> {
     if h.is_none() {
         p.counters
             .changed_blocks
@@ -94,7 +94,7 @@ pub(super) fn settled(p: &Peers, b: Lease, h: Option<Sums>) -> Option<(Lease, Su
 }
 
 /// What `cache` already holds for `b` (with a tag under `mac`'s key, when given).
-fn remembered(
+pub(in crate::peer) fn remembered(
     cache: &HashCache,
     ns: NamespaceId,
     k: PullKey,
@@ -142,7 +142,7 @@ pub(super) async fn sum_ahead(
 }
 
 /// [`sum_ahead`] on `threads` threads.
-async fn sum_ahead_on(
+pub(in crate::peer) async fn sum_ahead_on(
     p: &Arc<Peers>,
     (ns, keys): (NamespaceId, &[PullKey]),
     leased: Vec<Option<Lease>>,
@@ -190,49 +190,5 @@ async fn sum_ahead_on(
     match job.await {
         Ok(r) => r,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::peer::TransportKind;
-    use crate::peer::source::BlockSource;
-    use crate::peer::tests::{key, pair_on};
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn blocks_summed_on_several_threads_are_remembered_with_hash_and_tag() {
-        let pair = pair_on(7, None, TransportKind::Tcp, TransportKind::Tcp).await;
-        let (p, store) = (&pair.src.peers, &pair.src.store);
-        let ns = store.namespace_id(pair.sns).unwrap();
-        let keys: Vec<PullKey> = (0..7).map(|i| PullKey(key(i).0, key(i).1)).collect();
-        let mac = BlockMac::for_key(9, b"a cluster key for the sums test").map(Arc::new);
-        let leased = BlockSource::lease(store, ns, &keys).await;
-        for (i, l) in leased.iter().enumerate() {
-            let b = l.as_ref().expect("leased");
-            assert!(remembered(&p.hashes, ns, keys[i], b, mac.as_deref()).is_none());
-        }
-        let (leased, sums) = sum_ahead_on(p, (ns, &keys), leased, mac.clone(), 3).await;
-        assert_eq!(leased.len(), 7, "every lease handed back");
-        for (i, l) in leased.into_iter().enumerate() {
-            let b = l.expect("leased");
-            let got = sums[i].expect("summed ahead").expect("bytes unchanged");
-            assert_eq!(got.hash, *blake3::hash(b.bytes()).as_bytes(), "block {i}");
-            // The send finds them remembered (a later lease sees the slot's fingerprint).
-            let (b, again) = settled(p, b, Some(got)).expect("sums");
-            assert_eq!(again, got);
-            drop(b);
-            let relet = BlockSource::lease(store, ns, &keys[i..=i]).await;
-            let b = relet[0].as_ref().expect("leased again");
-            assert_eq!(b.fingerprint(), Some(fingerprint(&got.hash)));
-            assert_eq!(
-                remembered(&p.hashes, ns, keys[i], b, mac.as_deref()),
-                Some(got)
-            );
-            if let Some(m) = &mac {
-                assert_eq!(got.tag_for(9), Some(m.tag(b.bytes())), "block {i}");
-                assert_eq!(got.tag_for(10), None);
-            }
-        }
     }
 }
