@@ -36,7 +36,8 @@ pub struct PeerArgs {
     /// Peer heartbeat: longest silence while answers are owed, milliseconds.
     #[arg(long)]
     pub peer_io_timeout_ms: Option<u64>,
-    /// Connections per peer.
+    /// Connections per peer a pull is striped over (default 0: one per 4 cores, up to 16,
+    /// capped by the fastest NIC's speed; `kvnode stats` shows the choice).
     #[arg(long)]
     pub peer_connections: Option<u32>,
     /// How pulled blocks move: tcp, ucx (one-sided GETs; UCX must initialize) or auto.

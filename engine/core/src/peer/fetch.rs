@@ -20,15 +20,16 @@ use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 use tokio::sync::Semaphore;
 
 use super::auth::dial_handshake;
-use super::block_mac::{MacState, TAG_LEN, tags_equal};
 use super::hashes::{SlotId, Sums, fingerprint};
 use super::op::PullOp;
 use super::transport::{PullWire, TcpConn, UcxNode, UcxPeer};
 use super::{PeerError, Peers};
 
+mod check;
 mod gets;
 mod hash_ahead;
 
+use check::{Checked, read_checked, read_hashed};
 use gets::{Flight, Landing};
 use hash_ahead::HashAhead;
 
@@ -161,99 +162,6 @@ impl PeerLink {
     fn checkin(&self, w: PullWire) {
         self.idle.lock().expect("idle lock").push(w);
     }
-}
-
-/// Payloads are read and hashed in pieces of this size, so each piece is hashed while it is
-/// still in cache instead of re-reading the whole block from memory afterwards.
-const HASH_PIECE: usize = 128 << 10;
-
-/// Fills `dst` with the next payload bytes (decrypted when the session encrypts); returns
-/// their BLAKE3 hash.
-fn read_hashed(
-    w: &mut PullWire,
-    dst: &mut [u8],
-    seal: &[u8],
-    io: Duration,
-    ahead: Option<&HashAhead>,
-) -> Result<[u8; HASH_LEN], PeerError> {
-    let total = dst.len();
-    if let Some(h) = ahead.filter(|_| !w.encrypted() && total >= hash_ahead::MIN_BLOCK) {
-        return h.hash_while(dst, |at, piece| {
-            w.read_payload(piece, io).map_err(|e| match e {
-                PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
-                e => e,
-            })
-        });
-    }
-    let mut h = blake3::Hasher::new();
-    let mut at = 0;
-    let encrypted = w.encrypted();
-    for piece in dst.chunks_mut(HASH_PIECE) {
-        w.read_payload(piece, io).map_err(|e| match e {
-            PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
-            e => e,
-        })?;
-        if !encrypted {
-            h.update(piece);
-        }
-        at += piece.len();
-    }
-    if encrypted {
-        // AES-GCM is checked over the whole body; only then is it hashed.
-        w.open_payload(dst, seal)?;
-        for piece in dst.chunks(HASH_PIECE) {
-            h.update(piece);
-        }
-    }
-    Ok(*h.finalize().as_bytes())
-}
-
-/// How a received block was checked.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Checked {
-    /// By its BLAKE3 hash, compared with the header's.
-    Hashed([u8; HASH_LEN]),
-    /// Against the block MAC in its header (`seal`) under cluster key `id`: whether it matched.
-    Tagged {
-        ok: bool,
-        id: u64,
-        tag: [u8; TAG_LEN],
-    },
-}
-
-/// Fills `dst` with the next payload bytes and checks them: against the block MAC of a
-/// keyed plaintext session, when the source sent one and this CPU computes it (one fast
-/// pass as the pieces land); else by BLAKE3 ([`read_hashed`]).
-fn read_checked(
-    w: &mut PullWire,
-    dst: &mut [u8],
-    seal: &[u8],
-    io: Duration,
-    ahead: Option<&HashAhead>,
-) -> Result<Checked, PeerError> {
-    let mac = (!w.encrypted() && seal.len() == TAG_LEN)
-        .then(|| w.block_mac())
-        .flatten();
-    let Some(m) = mac else {
-        return read_hashed(w, dst, seal, io, ahead).map(Checked::Hashed);
-    };
-    let total = dst.len();
-    let mut st = MacState::default();
-    let mut at = 0;
-    for piece in dst.chunks_mut(HASH_PIECE) {
-        w.read_payload(piece, io).map_err(|e| match e {
-            PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
-            e => e,
-        })?;
-        m.update(&mut st, piece);
-        at += piece.len();
-    }
-    let tag = m.finish(st);
-    Ok(Checked::Tagged {
-        ok: tags_equal(&tag, seal),
-        id: m.id(),
-        tag,
-    })
 }
 
 /// Whether an error on a pooled connection, before any answer, means it went stale (the

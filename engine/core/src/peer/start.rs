@@ -33,9 +33,10 @@ pub struct PullRequest<'a> {
     pub deadline_ms: Option<u64>,
 }
 
-/// A pull left for the caller to drive ([`Peers::start_get`]); dropping it before it ends
-/// leaves the blocks it is receiving to land, but fails its other keys' bookkeeping, so a
-/// caller that stops waiting spawns it instead.
+/// A pull left for the caller to drive ([`Peers::start_get`]). A caller that stops waiting
+/// spawns it (it goes on into the DRAM tier). Dropped unfinished (its task aborted), the
+/// block being received still lands and the link's in-flight count is released, but keys
+/// it had not answered stay `Pending` until the op ends.
 pub type InlinePull = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Where the hint points and how many leading keys it covers.
