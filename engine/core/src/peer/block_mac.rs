@@ -318,7 +318,9 @@ mod tests {
                     .any(|w| w.trim() == "avx512" || w.trim() == "all"),
                 "this CPU has no AVX-512F + VPCLMULQDQ + PCLMULQDQ, so the block MAC is not exercised; set KVNODE_TEST_ALLOW_SKIP=avx512 to skip on purpose"
             );
-            eprintln!("\n!!!!! SKIPPING (KVNODE_TEST_ALLOW_SKIP={allowed}): no AVX-512 VPCLMULQDQ !!!!!\n");
+            eprintln!(
+                "\n!!!!! SKIPPING (KVNODE_TEST_ALLOW_SKIP={allowed}): no AVX-512 VPCLMULQDQ !!!!!\n"
+            );
         }
         p
     }
