@@ -4,6 +4,7 @@ use kvnode_gpu::register::HostRegistration;
 use kvnode_proto::Key;
 use kvnode_proto::client::{Op, PutStatus, Reply};
 use kvnode_proto::gpu::{AttachGpu, GpuLayout, OnloadStatus, PageMove};
+use kvnode_proto::pull::OpReport;
 
 use crate::{Client, Result, unexpected};
 
@@ -23,6 +24,8 @@ fn page_move(buffer: GpuBuffer, ns: u32, keys: &[Key], page_ids: &[u64]) -> Page
         page_ids: page_ids.to_vec(),
         buffer: buffer.id,
         layers: 0,
+        hint: None,
+        deadline_ms: None,
     }
 }
 
@@ -74,7 +77,7 @@ impl Client {
         page_ids: &[u64],
     ) -> Result<Vec<OnloadStatus>> {
         match self.call(Op::Onload(page_move(buffer, ns, keys, page_ids)))? {
-            Reply::Onloaded { results } => Ok(results),
+            Reply::Onloaded { results, .. } => Ok(results),
             r => Err(unexpected(&r)),
         }
     }
@@ -89,6 +92,41 @@ impl Client {
     ) -> Result<u64> {
         match self.call(Op::OnloadAsync(page_move(buffer, ns, keys, page_ids)))? {
             Reply::OnloadStarted { ticket } => Ok(ticket),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Starts an onload whose missing keys are pulled from the peer `hint` names (the JSON of
+    /// a hinted `Get`); each page is copied into the GPU as soon as its block has landed.
+    /// Finish it with [`Client::onload_pulled_wait`] (which also gives the pull's report) or
+    /// [`Client::onload_cancel`].
+    pub fn onload_pulled_async(
+        &mut self,
+        buffer: GpuBuffer,
+        ns: u32,
+        keys: &[Key],
+        page_ids: &[u64],
+        hint: &str,
+        deadline_ms: Option<u64>,
+    ) -> Result<u64> {
+        let m = PageMove {
+            hint: Some(hint.to_owned()),
+            deadline_ms,
+            ..page_move(buffer, ns, keys, page_ids)
+        };
+        match self.call(Op::OnloadAsync(m))? {
+            Reply::OnloadStarted { ticket } => Ok(ticket),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Waits for a started onload: per-key statuses and, for a hinted one, the pull's report.
+    pub fn onload_pulled_wait(
+        &mut self,
+        ticket: u64,
+    ) -> Result<(Vec<OnloadStatus>, Option<Box<OpReport>>)> {
+        match self.call(Op::OnloadWait { ticket })? {
+            Reply::Onloaded { results, pull } => Ok((results, pull)),
             r => Err(unexpected(&r)),
         }
     }
@@ -126,7 +164,7 @@ impl Client {
     /// Waits for a started onload.
     pub fn onload_wait(&mut self, ticket: u64) -> Result<Vec<OnloadStatus>> {
         match self.call(Op::OnloadWait { ticket })? {
-            Reply::Onloaded { results } => Ok(results),
+            Reply::Onloaded { results, .. } => Ok(results),
             r => Err(unexpected(&r)),
         }
     }
@@ -135,7 +173,7 @@ impl Client {
     /// keys marked `Loaded` were fully written, `Cancelled` ones not at all.
     pub fn onload_cancel(&mut self, ticket: u64) -> Result<Vec<OnloadStatus>> {
         match self.call(Op::OnloadCancel { ticket })? {
-            Reply::Onloaded { results } => Ok(results),
+            Reply::Onloaded { results, .. } => Ok(results),
             r => Err(unexpected(&r)),
         }
     }

@@ -37,4 +37,4 @@ pub use error::GpuError;
 pub use hub::GpuHub;
 pub use layered::{LayerPlan, layer_ops};
 pub use plan::page_ops;
-pub use worker::{CopyTicket, DeviceWorker, WorkerConfig};
+pub use worker::{Canceller, CopyTicket, DeviceWorker, WorkerConfig};

@@ -85,6 +85,17 @@ impl std::fmt::Debug for Cmd {
     }
 }
 
+/// Cancels one copy job (see [`CopyTicket::canceller`]).
+#[derive(Debug, Clone)]
+pub struct Canceller(Arc<AtomicBool>);
+
+impl Canceller {
+    /// Stops issuing the job's further batches (those issued still complete).
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// A submitted copy job: await its completion, or cancel it first.
 #[derive(Debug)]
 pub struct CopyTicket {
@@ -104,6 +115,12 @@ impl CopyTicket {
     /// Stops issuing further batches (those issued still complete).
     pub fn cancel(&self) {
         self.cancel.store(true, Ordering::Release);
+    }
+
+    /// A handle that cancels this job like [`CopyTicket::cancel`], kept after the ticket
+    /// was handed to [`CopyTicket::wait`].
+    pub fn canceller(&self) -> Canceller {
+        Canceller(Arc::clone(&self.cancel))
     }
 
     /// Waits until every issued copy has completed; returns how many leading copies completed.

@@ -465,6 +465,9 @@ pub enum Reply {
     Onloaded {
         /// In key order.
         results: Vec<crate::gpu::OnloadStatus>,
+        /// The pull operation a hint started, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pull: Option<Box<crate::pull::OpReport>>,
     },
     /// An onload was started.
     OnloadStarted {

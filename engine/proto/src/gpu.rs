@@ -91,6 +91,16 @@ pub struct PageMove {
     /// reports each layer as it lands. 0 (the default) = page by page.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub layers: u32,
+    /// Onloads only: a router hint (the JSON of a hinted `Get`). Keys this node lacks are
+    /// pulled from the hinted peer, and each page is copied into the GPU as soon as its block
+    /// has landed verified, while later blocks are still on the wire. Page by page only
+    /// (`layers` 0). The reply's `pull` reports the pull.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+    /// With `hint`: the pull's deadline (default: the declared timeout for the keys to pull).
+    /// Pages not landed by then are not onloaded; their blocks still land in the DRAM tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference

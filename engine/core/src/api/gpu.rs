@@ -1,7 +1,8 @@
 //! GPU ops of a connection: attach an IPC-exported buffer, offload pages into reserved slots
 //! (commit after the copies complete), onload leased blocks into pages (reply after the copies
 //! complete; layer-wise onloads copy layer by layer and answer `OnloadLayerWait` per layer),
-//! and close every mapping when the connection ends, after its copies finish.
+//! and close every mapping when the connection ends, after its copies finish. A hinted onload
+//! pulls what this node lacks and copies each page as it lands (gpu_pulled.rs).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,8 +12,10 @@ use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply};
 use kvnode_proto::gpu::{AttachGpu, LayoutError, OnloadStatus, PageMove, check_handle};
 
 use super::errors::{tier_error, too_large};
-use super::gpu_conn::{Attached, PendingOnload};
+use super::gpu_conn::{Attached, Onload, PendingOnload};
+use super::gpu_pulled::{self, PulledOnload, Target};
 use super::session::Session;
+use crate::peer::{Arrivals, PullRequest};
 use crate::store::Reservation;
 
 fn gpu_error(e: &GpuError) -> Reply {
@@ -46,11 +49,11 @@ impl Session {
         let r = match op {
             Op::AttachGpu(a) => self.attach_gpu(a).await,
             Op::Offload(m) => self.offload(&m).await,
-            Op::Onload(m) => match self.start_onload(&m).await {
-                Ok(p) => Ok(self.finish_onload(p).await),
+            Op::Onload(m) => match self.start_any_onload(&m).await {
+                Ok(p) => Ok(self.finish_any(p).await),
                 Err(r) => Err(r),
             },
-            Op::OnloadAsync(m) => self.start_onload(&m).await.map(|p| {
+            Op::OnloadAsync(m) => self.start_any_onload(&m).await.map(|p| {
                 let ticket = self.next_id();
                 self.gpu.onloads.insert(ticket, p);
                 Reply::OnloadStarted { ticket }
@@ -63,7 +66,7 @@ impl Session {
                         if cancel {
                             p.cancel();
                         }
-                        Ok(self.finish_onload(p).await)
+                        Ok(self.finish_any(p).await)
                     }
                     None => Err(not_pending(ticket)),
                 }
@@ -199,6 +202,78 @@ impl Session {
         Ok(Reply::Offloaded { results })
     }
 
+    /// Starts an onload: a hinted one streams pulled pages (gpu_pulled.rs).
+    async fn start_any_onload(&mut self, m: &PageMove) -> Result<Onload, Reply> {
+        match &m.hint {
+            Some(hint) => self.start_pulled_onload(m, hint).await.map(Onload::Pulled),
+            None => self.start_onload(m).await.map(Onload::Copies),
+        }
+    }
+
+    async fn start_pulled_onload(
+        &mut self,
+        m: &PageMove,
+        hint: &str,
+    ) -> Result<PulledOnload, Reply> {
+        if m.layers > 0 {
+            return Err(Reply::Error {
+                code: ErrorCode::Invalid,
+                message: "a hinted onload goes page by page as blocks land: send layers 0 (or pull first, then onload layer-wise)".into(),
+            });
+        }
+        let a = self.buffer(m)?;
+        let target = Target {
+            worker: Arc::clone(&a.worker),
+            dev: a.dev,
+            layout: a.layout.clone(),
+        };
+        let peers = Arc::clone(&self.engine.peers);
+        let op = peers
+            .start(PullRequest {
+                conn: self.id,
+                ns: m.ns,
+                keys: &m.keys,
+                hint,
+                into: Vec::new(),
+                deadline_ms: m.deadline_ms,
+            })
+            .await;
+        Ok(gpu_pulled::start(
+            peers,
+            Arc::clone(&self.engine.store),
+            target,
+            m.ns,
+            m.keys.clone(),
+            m.page_ids.clone(),
+            Arrivals::new(op),
+        ))
+    }
+
+    async fn finish_any(&mut self, o: Onload) -> Reply {
+        match o {
+            Onload::Copies(p) => self.finish_onload(p).await,
+            Onload::Pulled(p) => {
+                let s = p.wait().await;
+                if let Some(e) = &s.error {
+                    return gpu_error(e);
+                }
+                self.count_onloaded(s.loaded * s.bytes_per_page);
+                Reply::Onloaded {
+                    results: s.results,
+                    pull: Some(Box::new(s.pull)),
+                }
+            }
+        }
+    }
+
+    fn count_onloaded(&self, bytes: u64) {
+        self.engine
+            .gpu
+            .counters
+            .onload_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
+    }
+
     async fn start_onload(&mut self, m: &PageMove) -> Result<PendingOnload, Reply> {
         let store = Arc::clone(&self.engine.store);
         let layered = m.layers > 0;
@@ -262,11 +337,19 @@ impl Session {
 
     /// Waits until `layer` of a pending layer-wise onload has landed (or the onload stopped).
     async fn onload_layer_wait(&mut self, ticket: u64, layer: u32) -> Result<Reply, Reply> {
-        let p = self
+        let o = self
             .gpu
             .onloads
             .get(&ticket)
             .ok_or_else(|| not_pending(ticket))?;
+        let Onload::Copies(p) = o else {
+            return Err(Reply::Error {
+                code: ErrorCode::Invalid,
+                message: format!(
+                    "onload {ticket} is a hinted onload, page by page: it is not layer-wise"
+                ),
+            });
+        };
         let Some(&end) = p.layer_ends.get(layer as usize) else {
             let message = if p.layer_ends.is_empty() {
                 format!("onload {ticket} is not layer-wise: start it with layers > 0")
@@ -308,21 +391,23 @@ impl Session {
                 }
             }
         }
-        self.engine
-            .gpu
-            .counters
-            .onload_bytes
-            .fetch_add(loaded * p.bytes_per_page, Ordering::Relaxed);
-        Reply::Onloaded { results }
+        self.count_onloaded(loaded * p.bytes_per_page);
+        Reply::Onloaded {
+            results,
+            pull: None,
+        }
     }
 
     /// Cancels pending onloads, waits for every copy, releases their leases, and closes the
     /// connection's IPC mappings. Runs when the connection ends, whatever the reason.
     pub(super) async fn gpu_cleanup(&mut self) {
-        let pending: Vec<PendingOnload> = self.gpu.onloads.drain().map(|(_, p)| p).collect();
-        for mut p in pending {
-            p.cancel();
-            let _ = p.wait().await;
+        let pending: Vec<Onload> = self.gpu.onloads.drain().map(|(_, p)| p).collect();
+        for o in pending {
+            o.cancel();
+            match o {
+                Onload::Copies(mut p) => drop(p.wait().await),
+                Onload::Pulled(p) => drop(p.wait().await),
+            }
         }
         let buffers = std::mem::take(&mut self.gpu.buffers);
         if !buffers.is_empty() {

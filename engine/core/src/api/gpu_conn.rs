@@ -7,6 +7,7 @@ use kvnode_gpu::{CopyTicket, DeviceWorker, GpuError};
 use kvnode_proto::gpu::{GpuLayout, OnloadStatus};
 use tokio::sync::watch;
 
+use super::gpu_pulled::PulledOnload;
 use crate::store::Lease;
 
 /// A mapped buffer.
@@ -92,9 +93,26 @@ impl Drop for PendingOnload {
     }
 }
 
+/// A started onload: copies from blocks held here, or a hinted one that streams pulled pages.
+#[derive(Debug)]
+pub(super) enum Onload {
+    Copies(PendingOnload),
+    Pulled(PulledOnload),
+}
+
+impl Onload {
+    /// Stops issuing copies (and a hinted onload's pull); those issued still complete.
+    pub fn cancel(&self) {
+        match self {
+            Self::Copies(p) => p.cancel(),
+            Self::Pulled(p) => p.cancel(),
+        }
+    }
+}
+
 /// GPU state owned by one connection.
 #[derive(Debug, Default)]
 pub(super) struct GpuConn {
     pub buffers: Vec<Attached>,
-    pub onloads: HashMap<u64, PendingOnload>,
+    pub onloads: HashMap<u64, Onload>,
 }

@@ -66,6 +66,8 @@ impl Raw {
                 page_ids: (from..from + n).collect(),
                 buffer: 0,
                 layers: 0,
+                hint: None,
+                deadline_ms: None,
             }),
             &[],
         )
@@ -92,7 +94,9 @@ impl Drop for Server {
 
 /// An engine with an 8 MiB DRAM tier over a real spill file, and the fake GPU.
 fn start() -> Server {
-    let dir = std::env::temp_dir().join(format!("kvnode-gpu-tests-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("kvnode-gpu-tests-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let config = EngineConfig {
         socket: dir.join("kv.sock"),
@@ -232,7 +236,7 @@ fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in
         let mut n = PAGES - at;
         let results = loop {
             match c.onload(ns, at, n) {
-                Reply::Onloaded { results } => break results,
+                Reply::Onloaded { results, .. } => break results,
                 Reply::TooLarge { leasable, .. } if leasable > 0 && u64::from(leasable) < n => {
                     n = u64::from(leasable);
                 }
@@ -253,4 +257,51 @@ fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in
     let t = server.engine.store.snapshot().0.tier;
     assert_eq!((t.leases, t.reserved), (0, 0), "{t:?}");
     drop(c);
+}
+
+#[test]
+fn a_hinted_onload_larger_than_dram_streams_its_local_hits_in_parts_and_refuses_layers() {
+    let server = start();
+    let dev = &server.dev;
+    let mut c = Raw(UnixStream::connect(&server.socket).unwrap(), 0);
+    let (ns, handle) = fill_and_attach(&mut c, dev);
+    let hinted = |layers: u32| {
+        Op::Onload(PageMove {
+            ns,
+            keys: (0..PAGES).map(key).collect(),
+            page_ids: (0..PAGES).collect(),
+            buffer: 0,
+            layers,
+            // No peer is allowed here: the pull is refused, every key is a local hit.
+            hint: Some(
+                r#"{"source_control_endpoint":"tcp://127.0.0.1:9","block_hashes":[]}"#.into(),
+            ),
+            deadline_ms: Some(5000),
+        })
+    };
+    match c.call(hinted(2), &[]) {
+        Reply::Error { code, message } => {
+            assert_eq!(code, kvnode_proto::client::ErrorCode::Invalid);
+            assert!(message.contains("layers 0"), "{message}");
+        }
+        other => panic!("layer-wise with a hint must be refused: {other:?}"),
+    }
+    // 1.5x DRAM from NVMe: leased, copied and released in parts, every page whole.
+    let (results, pull) = match c.call(hinted(0), &[]) {
+        Reply::Onloaded { results, pull } => (results, pull.expect("its pull report")),
+        other => panic!("hinted onload: {other:?}"),
+    };
+    assert_eq!(
+        results,
+        vec![OnloadStatus::Loaded; PAGES as usize],
+        "{pull:?}"
+    );
+    assert!(pull.reason.is_some(), "the refused hint says why: {pull:?}");
+    let gpu = dev.bytes(&handle);
+    for i in 0..PAGES {
+        let s = (i * PAGE) as usize;
+        assert!(gpu[s..s + PAGE as usize] == page(i)[..], "GPU page {i}");
+    }
+    let t = server.engine.store.snapshot().0.tier;
+    assert_eq!((t.leases, t.reserved), (0, 0), "{t:?}");
 }

@@ -6,7 +6,7 @@
 //!                                               ├─ get.rs      get in prefix order (inline streamed, lease or TooLarge)
 //!                                               ├─ hinted.rs   hinted get / exists, Pull / Wait / Cancel
 //!                                               ├─ region.rs   client memfd regions (region_copy.rs)
-//!                                               └─ gpu.rs      GPU attach / offload / onload (gpu_conn.rs)
+//!                                               └─ gpu.rs      GPU attach / offload / onload (gpu_conn.rs; hinted: gpu_pulled.rs)
 //! ```
 //!
 //! Who may connect and which namespaces a connection's tenant may name: `tenancy.rs`.
@@ -22,6 +22,7 @@ mod gate;
 mod get;
 mod gpu;
 mod gpu_conn;
+mod gpu_pulled;
 mod hinted;
 pub mod io;
 mod meta;

@@ -15,8 +15,10 @@
 //! - [`source`]: answering pulls from the local tier.
 //! - [`fetch`]: per-peer connection pools and pulling into reserved DRAM slots.
 //! - [`op`]: operations, their outcomes and the buffer fence.
+//! - [`arrivals`]: following an op's leading keys as they land (for onward copies).
 //! - [`timeouts`]: latency histograms and the declared timeout model.
 
+pub mod arrivals;
 pub mod auth;
 pub mod block_mac;
 pub mod config;
@@ -47,6 +49,7 @@ use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::PeerFrameError;
 use kvnode_proto::pull::{FailCode, Failure};
 
+pub use arrivals::Arrivals;
 pub use auth::{ClusterKey, Identity, KeyRing};
 pub use config::{Allowed, PeerConfig, TransportKind};
 pub use membership::Membership;

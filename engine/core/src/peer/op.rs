@@ -45,6 +45,8 @@ pub struct PullOp {
     started: Instant,
     inner: Mutex<Inner>,
     done: watch::Sender<bool>,
+    /// Bumped on every change of a key's outcome and when the op ends (see [`PullOp::landed`]).
+    changes: watch::Sender<u64>,
 }
 
 fn leading(r: &[KeyOutcome]) -> u32 {
@@ -91,6 +93,7 @@ impl PullOp {
                 ended: None,
             }),
             done: watch::channel(false).0,
+            changes: watch::channel(0).0,
         });
         if pending == 0 {
             op.with(|i| Self::finish(i, None));
@@ -120,19 +123,33 @@ impl PullOp {
     pub fn set(&self, idx: usize, outcome: KeyOutcome) {
         let ended = self.with(|i| {
             if i.state.is_terminal() || i.results.get(idx) != Some(&KeyOutcome::Pending) {
-                return false;
+                return None;
             }
             i.results[idx] = outcome;
             i.pending -= 1;
             if i.pending == 0 {
                 Self::finish(i, None);
-                return true;
+                return Some(true);
             }
-            false
+            Some(false)
         });
-        if ended {
-            self.done.send_replace(true);
+        if let Some(ended) = ended {
+            self.changes.send_modify(|n| *n += 1);
+            if ended {
+                self.done.send_replace(true);
+            }
         }
+    }
+
+    /// The leading keys held here now (local hits and verified, committed pulls), and
+    /// whether the op has ended.
+    pub fn landed(&self) -> (usize, bool) {
+        self.with(|i| (leading(&i.results) as usize, i.state.is_terminal()))
+    }
+
+    /// Changes whenever a key's outcome is set or the op ends.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// Copies `src` into key `idx`'s client buffer, if the op has one and is still live.
@@ -187,6 +204,7 @@ impl PullOp {
             true
         });
         if changed {
+            self.changes.send_modify(|n| *n += 1);
             self.done.send_replace(true);
         }
     }
