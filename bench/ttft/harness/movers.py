@@ -38,6 +38,13 @@ class DmaMover:
     def onload_layer_wait(self, ticket: int, layer: int) -> bool:
         return self.gpu.onload_layer_wait(ticket, layer)
 
+    def onload_pulled_async(self, ns: int, keys: Sequence[list], pages: Sequence[int], hint: str,
+                            deadline_ms: int) -> int:
+        return self.gpu.onload_pulled_async(ns, keys, pages, hint, self.attached.buffer, deadline_ms)
+
+    def onload_pulled_wait(self, ticket: int):
+        return self.gpu.onload_pulled_wait(ticket)
+
     def onload_wait(self, ticket: int) -> List[str]:
         return self.gpu.onload_wait(ticket)
 

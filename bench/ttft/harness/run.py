@@ -205,6 +205,16 @@ def main(argv=None) -> int:
                 {"name": "peer", "kind": "peer", "reps": lp["peer_reps"],
                  "source": tier("ea", "peer", "long"), "tier": tier("eb", "peer", "long")},
             ]}
+            if prof["mover"] != "copy":
+                # Pulled pages streamed into the GPU as they land (one hinted OnloadAsync); needs
+                # the daemon's DMA, so not in the CPU profile (tests/test_peer_stream_fake_gpu.py
+                # covers it on CPU with the fake GPU).
+                spec["correctness"]["paths"].append(
+                    ["peer_stream", tier("ea", "peer", "corr-st"), tier("eb", "peer", "corr-st", stream_pull=True)])
+                spec["long_prefix"]["paths"].append(
+                    {"name": "peer_stream", "kind": "peer", "reps": lp["peer_reps"],
+                     "source": tier("ea", "peer", "long-st"),
+                     "tier": tier("eb", "peer", "long-st", stream_pull=True)})
             spec["workload"] = dict(wl, arms=[
                 {"arm": "a", "lanes": [{"name": "a"}]},
                 {"arm": "b", "lanes": [{"name": "b", "tier": tier("d1", "dram", "wl-b")}]},

@@ -70,6 +70,7 @@ class TierSpec:
     offload_chunk: int = 16       # nvme: pages per Offload, each after DRAM has room for it
     pull_deadline_ms: int = 30000
     layers: int = 0               # dram: > 0 = layer-wise onload overlapped with the prefill (harness/layerwise.py)
+    stream_pull: bool = False     # peer: one hinted OnloadAsync; each page goes to the GPU as it lands
     extra: dict = field(default_factory=dict)
 
 
@@ -162,13 +163,15 @@ class DaemonTier:
             res = self._call(self.mover.onload, self.ns, keys, pages)
             ld.onload_s = time.perf_counter() - t
             return leading(res)
-        # Staged: Get(Lease) a chunk (promotion or hinted pull), Onload it, release the lease.
-        # The next chunk is staged while this chunk's DMA runs (OnloadAsync).
         extra = {}
         if hinted:
             extra = {"hint": json.dumps({"source_control_endpoint": hinted,
                                          "block_hashes": [hint_hash(d) for d in root]}),
                      "deadline_ms": self.spec.pull_deadline_ms}
+        if hinted and self.spec.stream_pull:
+            return self._stream_onload(ld, keys, pages, extra)
+        # Staged: Get(Lease) a chunk (promotion or hinted pull), Onload it, release the lease.
+        # The next chunk is staged while this chunk's DMA runs (OnloadAsync).
         total, cp = 0, max(1, self.spec.chunk_pages)
         pending = None  # (ticket, lease, hits) of the chunk whose DMA is in flight
         for i in range(0, len(keys), cp):
@@ -195,6 +198,21 @@ class DaemonTier:
         if pending:
             total += self._finish(ld, pending)[0]
         return total
+
+    def _stream_onload(self, ld: Load, keys, pages, extra) -> int:
+        """One hinted onload: the daemon pulls what it lacks and copies each page into the pool
+        as soon as its block has landed verified (the DMA overlaps the pull). Its whole time is
+        onload_s; stage_s stays 0 (there is no separate staging step)."""
+        if not hasattr(self.mover, "onload_pulled_async"):
+            raise ValueError(f"stream_pull needs a DMA mover (dma or file-dma), not {self.spec.mover!r}")
+        t = time.perf_counter()
+        ticket = self._call(self.mover.onload_pulled_async, self.ns, keys, pages,
+                            extra["hint"], extra["deadline_ms"])
+        res, pull = self._call(self.mover.onload_pulled_wait, ticket)
+        ld.onload_s = time.perf_counter() - t
+        if pull:
+            ld.pull_report = {k: pull.get(k) for k in ("state", "leading", "peer", "reason", "elapsed_ms")}
+        return leading(res)
 
     def _finish(self, ld: Load, pending) -> Tuple[int, bool]:
         ticket, lease, hits = pending

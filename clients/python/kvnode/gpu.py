@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from kvnode.wire import Connection, KvnodeError
 
@@ -207,14 +207,31 @@ class GpuClient:
         return AttachedBuffer(body["buffer"], body["page_bytes"])
 
     def _move(self, op: str, ns: int, keys: Sequence[list], page_ids: Sequence[int], buffer: int,
-              layers: int = 0):
+              layers: int = 0, hint: Optional[str] = None, deadline_ms: Optional[int] = None):
         _check_move(keys, page_ids)
         body = {"ns": ns, "keys": list(keys), "page_ids": [int(p) for p in page_ids], "buffer": buffer}
         if layers:
             if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
                 raise LayoutError(f"layers must be a non-negative integer, got {layers!r}")
             body["layers"] = layers
+        if hint is not None:
+            body["hint"] = str(hint)
+            if deadline_ms is not None:
+                body["deadline_ms"] = int(deadline_ms)
         return self.conn.call({op: body})
+
+    def onload_pulled_async(self, ns: int, keys: Sequence[list], page_ids: Sequence[int], hint: str,
+                            buffer: int = 0, deadline_ms: Optional[int] = None) -> int:
+        """Starts an onload whose keys this node lacks are pulled from the peer `hint` names (the
+        JSON of a hinted Get); the daemon copies each page into the GPU as soon as its block has
+        landed verified, while later blocks are still on the wire. Finish it with
+        onload_pulled_wait (statuses and the pull's report) or onload_cancel."""
+        return self._move("OnloadAsync", ns, keys, page_ids, buffer, 0, hint, deadline_ms)[1]["ticket"]
+
+    def onload_pulled_wait(self, ticket: int) -> Tuple[List[str], Optional[Dict[str, Any]]]:
+        """Waits for an onload: (one OnloadStatus per key, the pull's report or None)."""
+        body = self.conn.call({"OnloadWait": {"ticket": int(ticket)}})[1]
+        return body["results"], body.get("pull")
 
     def offload(self, ns: int, keys: Sequence[list], page_ids: Sequence[int], buffer: int = 0) -> List[str]:
         """Copies GPU pages into new DRAM blocks; one PutStatus per key (`Stored`, `Exists`, ...)."""
