@@ -469,6 +469,34 @@ impl Client {
         }
     }
 
+    /// [`Client::get_to_region`] with a router hint: keys this node lacks are pulled from the
+    /// hinted peer and each is copied into the region as soon as it has landed. Returns the
+    /// per-key lengths and the pull's report.
+    #[expect(clippy::too_many_arguments, reason = "the op's fields, as on the wire")]
+    pub fn get_to_region_hinted(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        region: u32,
+        offsets: &[u64],
+        lens: &[u64],
+        hint: &str,
+        deadline_ms: Option<u64>,
+    ) -> Result<(Vec<Option<u64>>, Option<Box<OpReport>>)> {
+        match self.call(Op::GetToRegion {
+            ns,
+            keys: keys.to_vec(),
+            region,
+            offsets: offsets.to_vec(),
+            lens: lens.to_vec(),
+            hint: Some(hint.to_owned()),
+            deadline_ms,
+        })? {
+            Reply::GotToRegion { lens, pull } => Ok((lens, pull)),
+            r => Err(unexpected(&r)),
+        }
+    }
+
     /// Stores blocks the daemon reads from the region at `offsets`, `lens` bytes each.
     pub fn put_from_region(
         &mut self,

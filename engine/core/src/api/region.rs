@@ -4,8 +4,10 @@
 //! `DetachRegion`, until the connection ends, or until a copy faults because the client shrank
 //! its file (region_copy.rs: sealed / guarded / pread). Every `GetToRegion` / `PutFromRegion`
 //! is validated as a whole (lengths, bounds, overlap) before a single byte moves, and a
-//! `GetToRegion` reply is sent only after all its writes are done.
+//! `GetToRegion` reply is sent only after all its writes are done. With a hint, each run of
+//! pulled keys is copied into the region as soon as it has landed, not after the whole pull.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use kvnode_proto::Key;
@@ -14,6 +16,7 @@ use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply};
 use super::errors::{invalid, tier_error};
 use super::region_copy::{CopyError, Region};
 use super::session::Session;
+use crate::peer::{Arrivals, PullRequest};
 use crate::store::Lease;
 
 /// Most regions one connection may hold at once.
@@ -63,6 +66,13 @@ fn blocking<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
+/// Where a `GetToRegion` writes: the region and each key's offset and room.
+struct Dest<'a> {
+    region: u32,
+    offsets: &'a [u64],
+    lens: &'a [u64],
+}
+
 /// Which way a region copy went: into the client's pages (get) or out of them (put, with
 /// the number of leading keys already handled before the failed run).
 #[derive(Clone, Copy)]
@@ -72,7 +82,8 @@ enum Dir {
 }
 
 impl Session {
-    /// `AttachRegion`, `DetachRegion`, `GetToRegion` (with a hint: pull first), `PutFromRegion`.
+    /// `AttachRegion`, `DetachRegion`, `GetToRegion` (with a hint: streamed as the pull lands),
+    /// `PutFromRegion`.
     pub(super) async fn region_op(&mut self, op: Op) -> Reply {
         match op {
             Op::AttachRegion { len } => self.attach_region(len),
@@ -86,14 +97,18 @@ impl Session {
                 hint,
                 deadline_ms,
             } => {
-                let pull = self
-                    .hinted_pull(ns, &keys, hint.as_deref(), deadline_ms)
-                    .await;
-                let mut reply = self.get_to_region(ns, &keys, region, &offsets, &lens).await;
-                if let Reply::GotToRegion { pull: p, .. } = &mut reply {
-                    *p = pull;
+                let to = Dest {
+                    region,
+                    offsets: &offsets,
+                    lens: &lens,
+                };
+                match hint {
+                    Some(h) => {
+                        self.get_to_region_pulled(ns, &keys, &to, &h, deadline_ms)
+                            .await
+                    }
+                    None => self.get_to_region(ns, &keys, &to).await,
                 }
-                reply
             }
             Op::PutFromRegion {
                 ns,
@@ -170,22 +185,92 @@ impl Session {
     /// `GetToRegion`: validate, then window by window in prefix order (store/get.rs): lease
     /// (promoting from NVMe), copy into the region, release; answer after the last copy.
     /// DRAM use is one window whatever the get's length.
-    async fn get_to_region(
+    async fn get_to_region(&mut self, ns: u32, keys: &[Key], to: &Dest<'_>) -> Reply {
+        if let Err(reply) = self.check_region(to.region, keys.len(), to.offsets, to.lens, true) {
+            return reply;
+        }
+        let mut got: Vec<Option<u64>> = vec![None; keys.len()];
+        match self
+            .copy_to_region(ns, keys, to, 0..keys.len(), &mut got)
+            .await
+        {
+            Ok(_) => Reply::GotToRegion {
+                lens: got,
+                pull: None,
+            },
+            Err(reply) => reply,
+        }
+    }
+
+    /// `GetToRegion` with a hint: validate, start the pull, and copy each run of leading keys
+    /// into the region as soon as it has landed (local hits first), while later blocks are
+    /// still on the wire ([`Arrivals`]). The reply, after the last copy, carries the pull's
+    /// report. Blocks that land after the answer (past the deadline, or after a copy stopped
+    /// the prefix) stay in the DRAM tier.
+    async fn get_to_region_pulled(
         &mut self,
         ns: u32,
         keys: &[Key],
-        region: u32,
-        offsets: &[u64],
-        lens: &[u64],
+        to: &Dest<'_>,
+        hint: &str,
+        deadline_ms: Option<u64>,
     ) -> Reply {
-        if let Err(reply) = self.check_region(region, keys.len(), offsets, lens, true) {
+        if let Err(reply) = self.check_region(to.region, keys.len(), to.offsets, to.lens, true) {
             return reply;
         }
-        let store = Arc::clone(&self.engine.store);
-        let plan = match store.plan(ns, keys) {
-            Ok(p) => p,
-            Err(e) => return tier_error(&e),
+        let peers = Arc::clone(&self.engine.peers);
+        let op = peers
+            .start(PullRequest {
+                conn: self.id,
+                ns,
+                keys,
+                hint,
+                into: Vec::new(),
+                deadline_ms,
+            })
+            .await;
+        let mut arrivals = Arrivals::new(Arc::clone(&op));
+        let mut got: Vec<Option<u64>> = vec![None; keys.len()];
+        while let Some(run) = arrivals.next_run().await {
+            match self.copy_to_region(ns, keys, to, run, &mut got).await {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(reply) => {
+                    peers.ops.remove(op.id);
+                    return reply;
+                }
+            }
+        }
+        peers.ops.remove(op.id);
+        Reply::GotToRegion {
+            lens: got,
+            pull: Some(Box::new(op.report())),
+        }
+    }
+
+    /// Copies keys `range` into the region, window by window; records each key's length in
+    /// `got`. Ok(false): a key the plan held could not be leased (DRAM full of leases), so the
+    /// answer ends before it and nothing after it is copied.
+    async fn copy_to_region(
+        &mut self,
+        ns: u32,
+        all: &[Key],
+        to: &Dest<'_>,
+        range: Range<usize>,
+        got: &mut [Option<u64>],
+    ) -> Result<bool, Reply> {
+        let (keys, lens, offsets) = (
+            &all[range.clone()],
+            &to.lens[range.clone()],
+            &to.offsets[range.clone()],
+        );
+        let written = if range.start == 0 {
+            "nothing was written".to_owned()
+        } else {
+            format!("the {} keys before it were written", range.start)
         };
+        let store = Arc::clone(&self.engine.store);
+        let plan = store.plan(ns, keys).map_err(|e| tier_error(&e))?;
         // Checked on the plan, before a byte moves (a block's length never changes).
         let too_long = plan
             .iter()
@@ -193,19 +278,19 @@ impl Session {
             .enumerate()
             .find(|(_, (p, room))| p.0.is_local() && p.1 > **room);
         if let Some((i, (p, room))) = too_long {
-            return invalid(format!(
-                "key {i}: stored block is {} bytes but only {room} bytes of room were given; nothing was written",
+            return Err(invalid(format!(
+                "key {}: stored block is {} bytes but only {room} bytes of room were given; {written}",
+                range.start + i,
                 p.1
-            ));
+            )));
         }
-        let mut got: Vec<Option<u64>> = vec![None; keys.len()];
         for w in store.windows(&plan) {
-            let leased = match store.lease_window(ns, &keys[w.clone()]).await {
-                Ok(l) => l,
-                Err(e) => return tier_error(&e),
-            };
-            let Some(r) = self.regions.get_mut(&region) else {
-                return not_owned(region);
+            let leased = store
+                .lease_window(ns, &keys[w.clone()])
+                .await
+                .map_err(|e| tier_error(&e))?;
+            let Some(r) = self.regions.get_mut(&to.region) else {
+                return Err(not_owned(to.region));
             };
             if let Some((j, b)) = leased.iter().enumerate().find_map(|(j, l)| {
                 l.as_ref()
@@ -213,12 +298,12 @@ impl Session {
                     .map(|b| (j, b))
             }) {
                 // Only a key written again with a new length between plan and lease.
-                return invalid(format!(
+                return Err(invalid(format!(
                     "key {}: stored block is {} bytes but only {} bytes of room were given",
-                    w.start + j,
+                    range.start + w.start + j,
                     b.len(),
                     lens[w.start + j]
-                ));
+                )));
             }
             // Every block stays leased (immutable) until `leased` drops after the copies.
             let copies: Vec<(&[u8], u64)> = leased
@@ -227,7 +312,7 @@ impl Session {
                 .filter_map(|(l, &o)| l.as_ref().map(|b| (b.bytes(), o)))
                 .collect();
             if let Err(e) = blocking(|| r.write_all(&copies)) {
-                return self.copy_failed(region, Dir::Get, &e);
+                return Err(self.copy_failed(to.region, Dir::Get, &e));
             }
             let short = leased.iter().enumerate().position(|(j, l)| {
                 l.is_none()
@@ -235,19 +320,18 @@ impl Session {
                     && store.still_local(ns, &keys[w.start + j])
             });
             for (j, l) in leased.iter().enumerate() {
-                got[w.start + j] = l.as_ref().map(Lease::len);
+                got[range.start + w.start + j] = l.as_ref().map(Lease::len);
             }
             if let Some(j) = short {
                 // No room for this window's promotion (DRAM is full of leased blocks): the
                 // answer is the prefix copied so far, never a hole in front of later pages.
-                got[w.start + j..].iter_mut().for_each(|g| *g = None);
-                break;
+                got[range.start + w.start + j..]
+                    .iter_mut()
+                    .for_each(|g| *g = None);
+                return Ok(false);
             }
         }
-        Reply::GotToRegion {
-            lens: got,
-            pull: None,
-        }
+        Ok(true)
     }
 
     /// The reply for a failed copy; a faulted region is detached (its mapping is gone).
