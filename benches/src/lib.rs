@@ -8,13 +8,15 @@
 //! - [`events`]: KV events reaching a live ZMQ subscriber while the daemon serves puts.
 //! - [`gpu`]: GPU offload/onload through the daemon vs plain pinned `cuMemcpy`.
 //! - [`pull`]: two daemons on loopback: peer pulls vs iperf3 and memcpy; a pulled page's
-//!   latency vs [`relay`], the same socket hops with nothing else.
+//!   latency vs [`relay`], the same socket hops with nothing else; a pulled prefix delivered
+//!   into a client region, streamed against staged ([`deliver`]).
 //! - [`backpressure`]: puts offered at twice the disk's rate through a small DRAM tier, vs fio.
 //! - [`restart`]: first hit after a takeover, a SIGKILL or a SIGTERM restart, vs the time to
 //!   spawn the binary.
 
 pub mod args;
 pub mod backpressure;
+pub mod deliver;
 pub mod events;
 pub mod gpu;
 pub mod local;

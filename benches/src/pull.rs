@@ -234,8 +234,13 @@ fn ucx_env() -> String {
     }
 }
 
+/// The bytes of every block [`put_all`] stores.
+fn page_bytes(page: u64) -> Vec<u8> {
+    (0..page).map(|i| (i * 31 % 251) as u8).collect()
+}
+
 fn put_all(c: &mut Client, ns: u32, keys: &[Key], page: u64) -> anyhow::Result<()> {
-    let buf: Vec<u8> = (0..page).map(|i| (i * 31 % 251) as u8).collect();
+    let buf = page_bytes(page);
     for part in keys.chunks(32) {
         let blocks: Vec<&[u8]> = part.iter().map(|_| buf.as_slice()).collect();
         c.put(ns, part, &blocks)?;
@@ -254,6 +259,8 @@ struct Results {
     /// checksum kept with the block).
     first: f64,
     rounds: Vec<Round>,
+    /// The big pull delivered into a client region, streamed and staged.
+    deliver: crate::deliver::Delivery,
 }
 
 /// One round: an iperf3 run, a memcpy of the same bytes, and the pulls right after them
@@ -374,6 +381,15 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
         best / 1e9,
         r.first / 1e9
     );
+    let dv = r.deliver;
+    println!(
+        "{} x {} into a client region, request to last page written: streamed (one hinted GetToRegion) {:.2} ms, of which the pull itself {:.2} ms; staged (hinted Get(Lease), then GetToRegion) {:.2} ms",
+        a.pages,
+        ByteSize(r.page),
+        dv.streamed * 1e3,
+        dv.streamed_pull * 1e3,
+        dv.staged * 1e3
+    );
     let q = report_rounds(a, r);
     let RoundRatios {
         iperf: ratios,
@@ -424,6 +440,8 @@ fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
                 "ratio_p": ratio_p, "cpu_s_per_gb": median(&cpu), "cpu_ratio": cpu_ratio,
                 "lat_p90_us": h.value_at_quantile(0.9),
                 "lat_floor_p50_us": r.floor.value_at_quantile(0.5),
+                "deliver_streamed_ms": dv.streamed * 1e3, "deliver_streamed_pull_ms": dv.streamed_pull * 1e3,
+                "deliver_staged_ms": dv.staged * 1e3,
             })
         );
     }
@@ -525,6 +543,15 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
             pulls,
         });
     }
+    let deliver = crate::deliver::measure(
+        &mut d,
+        db,
+        &big,
+        page,
+        &big_hint,
+        a.iterations.min(5),
+        &page_bytes(page),
+    )?;
     let log = std::fs::read_to_string(dst_proc.1.join("log")).unwrap_or_default();
     let used_ucx = log.contains("pulling from this peer with UCX GETs");
     if a.transport == "ucx" && !used_ucx {
@@ -542,6 +569,7 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         floor,
         first,
         rounds,
+        deliver,
     };
     report(a, &r, &d.timeouts()?);
     Ok(())
