@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kvnode_e2e::keyed_check;
 use kvnode_e2e::{Daemon, block, free_port, hint, key, peer_dest, peer_source, spec, temp_dir};
 use kvnode_proto::Key;
 use kvnode_proto::pull::{FailCode, KeyOutcome, OpReport, OpState};
@@ -329,19 +330,6 @@ fn an_on_path_proxy_that_alters_drops_reorders_or_replays_a_frame_is_detected() 
         pulls_again_whole(&x, mode);
         assert!(x.src.client().stats().is_ok());
     }
-}
-
-/// How a keyed plaintext session on this CPU checks a block: by the block MAC (POLYVAL,
-/// peer/block_mac.rs) where AVX-512 VPCLMULQDQ is there, else by BLAKE3.
-fn keyed_check() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("vpclmulqdq")
-        && std::arch::is_x86_feature_detected!("pclmulqdq")
-    {
-        return "checksum mismatch (block MAC)";
-    }
-    "checksum mismatch (BLAKE3)"
 }
 
 /// A flipped byte in the last piece of a 1 MiB block is caught before commit, whichever

@@ -437,3 +437,60 @@ fn sighup_reloads_the_keys_and_re_issues_the_ucx_arena_key() {
     leases_drain(&src);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// In a keyed session the source's `Slot`s carry the block MAC and the destination checks each
+/// landed GET against it (one fast pass instead of BLAKE3): a block changed at the source after
+/// it was summed, by a client writing through its arena mapping, is refused by that check and
+/// not committed; the other keys land byte-identical.
+#[test]
+fn a_keyed_ucx_pull_checks_every_get_against_the_block_mac_of_its_slot() {
+    let dir = kvnode_e2e::temp_dir("ucx-mac");
+    let k = dir.join("cluster.key");
+    std::fs::write(&k, "cluster-key-for-the-ucx-block-mac-test\n").unwrap();
+    let port = free_port();
+    let keyed = [
+        "--peer-transport",
+        "ucx",
+        "--cluster-key",
+        k.to_str().unwrap(),
+    ];
+    let src = source(port, &keyed);
+    let dst = dest(port, &keyed);
+    let keys: Vec<Key> = (0..4).map(key).collect();
+    let sns = fill(&src, &keys);
+    let (op, pages) = pull(&dst, port, &keys);
+    assert_eq!(op.state, OpState::Done, "{op:?}");
+    for (i, p) in pages.iter().enumerate() {
+        assert!(
+            p.as_deref() == Some(block(i as u64, PAGE).as_slice()),
+            "page {i}"
+        );
+    }
+    assert!(
+        dst.log().contains("pulling from this peer with UCX GETs"),
+        "{}",
+        dst.log()
+    );
+    leases_drain(&src);
+    // Key 1's bytes change at the source after its hash and tag were cached.
+    let mut c = src.client();
+    let lease = c.get_lease(sns, &keys[1..2]).unwrap();
+    let e = lease.extents[0].expect("key 1 is held");
+    c.arena().write(e)[PAGE / 2] ^= 0xff;
+    c.release(lease.id).unwrap();
+    let mut d = dst.client();
+    let ns = d.register(&spec("m", PAGE as u64)).unwrap().ns;
+    d.delete(ns, &keys).unwrap();
+    let (op, pages) = pull(&dst, port, &keys);
+    let want = kvnode_e2e::keyed_check();
+    assert!(
+        matches!(&op.results[1], KeyOutcome::Failed(f) if f.message.contains(want)),
+        "the changed block must fail with {want:?}: {op:?}"
+    );
+    assert_eq!(op.results[0], KeyOutcome::Pulled, "{op:?}");
+    assert_eq!(pages[0].as_deref(), Some(block(0, PAGE).as_slice()));
+    assert!(
+        d.get(ns, &keys[1..2]).unwrap()[0].is_none(),
+        "the changed block was committed"
+    );
+}

@@ -174,6 +174,11 @@ pub enum PeerMsg {
         /// sealed header makes it authentic, so landed bytes that hash to it are the source's.
         #[serde(with = "serde_bytes")]
         hash: Vec<u8>,
+        /// In a keyed plaintext session, the block MAC of the bytes (16 bytes, as a `Block`'s
+        /// `seal`) when the source computes one: a destination that can checks the landed
+        /// bytes against it instead of hashing them. Else empty.
+        #[serde(default, with = "serde_bytes")]
+        seal: Vec<u8>,
     },
     /// Destination -> source (UCX connections): every GET of request `req` has completed or
     /// been given back by UCX; the source may release its leases.
@@ -258,12 +263,17 @@ pub fn decode_peer(prefix: FramePrefix, header: &[u8]) -> Result<PeerMsg, PeerFr
                 nonce.len()
             )));
         }
-        PeerMsg::Slot { len, hash, .. }
-            if *len == 0 || *len > MAX_PEER_BLOCK || hash.len() != HASH_LEN =>
+        PeerMsg::Slot {
+            len, hash, seal, ..
+        } if *len == 0
+            || *len > MAX_PEER_BLOCK
+            || hash.len() != HASH_LEN
+            || !(seal.is_empty() || seal.len() == AEAD_TAG_LEN) =>
         {
             return Err(PeerFrameError::Range(format!(
-                "slot of {len} bytes with a {}-byte hash, expected 1..={MAX_PEER_BLOCK} and {HASH_LEN}",
-                hash.len()
+                "slot of {len} bytes with a {}-byte hash and a {}-byte seal, expected 1..={MAX_PEER_BLOCK}, {HASH_LEN} and 0 or {AEAD_TAG_LEN}",
+                hash.len(),
+                seal.len()
             )));
         }
         PeerMsg::UcxOffer { worker, rkey, .. }
@@ -375,6 +385,7 @@ mod tests {
             len: 4096,
             addr: (1 << 40) + 8192,
             hash: vec![7; HASH_LEN],
+            seal: vec![9; AEAD_TAG_LEN],
         };
         for m in [offer, slot, PeerMsg::UcxRequest, PeerMsg::Landed { req: 4 }] {
             let f = frame(&m, b"");
@@ -390,6 +401,7 @@ mod tests {
             len: 0,
             addr: 0,
             hash: vec![0; HASH_LEN],
+            seal: Vec::new(),
         };
         assert!(matches!(
             decode_peer_frame(&frame(&empty, b"")),

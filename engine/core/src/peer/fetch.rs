@@ -175,8 +175,9 @@ fn stale(e: &PeerError) -> bool {
 enum Body<'a> {
     /// The payload that follows the `Block` frame, with its AEAD tag (empty unless encrypted).
     Inline(&'a [u8]),
-    /// A UCX GET of the source's slot at this address.
-    Remote(u64),
+    /// A UCX GET of the source's slot at this address, with the block MAC its `Slot` carried
+    /// (empty when none).
+    Remote(u64, &'a [u8]),
 }
 
 struct Chunk {
@@ -406,7 +407,16 @@ impl Chunk {
                     len,
                     addr,
                     hash,
-                } => Some(self.block(w, ns, at(req, idx)?, len, Body::Remote(addr), hash, req)?),
+                    seal,
+                } => Some(self.block(
+                    w,
+                    ns,
+                    at(req, idx)?,
+                    len,
+                    Body::Remote(addr, &seal),
+                    hash,
+                    req,
+                )?),
                 PeerMsg::UcxOffer {
                     worker,
                     rkey,
@@ -548,11 +558,12 @@ impl Chunk {
                 self.settle(ns, i, len, &hash, landing, checked);
                 Ok(true)
             }
-            Body::Remote(addr) => {
+            Body::Remote(addr, seal) => {
                 let f = Flight {
                     req,
                     len,
                     hash,
+                    tag: seal.try_into().ok(),
                     landing,
                 };
                 self.post_get(w, ns, i, addr, f)?;

@@ -71,19 +71,26 @@ async fn serve_pull_ucx<S: BlockSource>(
     held: &mut HashMap<u64, Vec<Lease>>,
 ) -> Result<(), PeerError> {
     let (req, ns, keys) = pull;
+    // A keyed plaintext session's Slots carry the block MAC too (docs/peer-protocol.md).
+    let mac = w.block_mac().cloned();
     let leased = src.lease(ns, &keys).await;
     let mut keep = Vec::with_capacity(leased.len());
     for (i, l) in leased.into_iter().enumerate() {
         let idx = i as u32;
-        match l.and_then(|b| hashed(p, ns, keys[i], b, None)) {
+        match l.and_then(|b| hashed(p, ns, keys[i], b, mac.as_deref())) {
             Some((b, sums)) => {
-                let hash = sums.hash;
+                let seal = mac
+                    .as_ref()
+                    .and_then(|m| sums.tag_for(m.id()))
+                    .map(|t| t.to_vec())
+                    .unwrap_or_default();
                 let msg = PeerMsg::Slot {
                     req,
                     idx,
                     len: b.bytes().len() as u32,
                     addr: b.bytes().as_ptr() as u64,
-                    hash: hash.to_vec(),
+                    hash: sums.hash.to_vec(),
+                    seal,
                 };
                 keep.push(b);
                 w.send(&msg, &[], limit).await?;

@@ -1,6 +1,7 @@
 //! The destination's window of UCX GETs on one connection: each `Slot` answer starts a
 //! GET into a slot reserved for it, up to `[peer] ucx_gets_in_flight` at once; they land
-//! in whatever order they finish, and each is hashed, checked and committed as it lands.
+//! in whatever order they finish, and each is checked (against the `Slot`'s block MAC in a
+//! keyed plaintext session, else by BLAKE3) and committed as it lands.
 //!
 //! Guarantees kept from one GET at a time: a request's GETs have all landed before its
 //! `Landed` is sent (the source holds its leases until then); every wait is bounded by the
@@ -14,6 +15,7 @@ use kvnode_proto::peer::HASH_LEN;
 use std::time::Duration;
 
 use super::{Checked, Chunk, PeerError, PullWire};
+use crate::peer::block_mac::{BlockMac, TAG_LEN, tags_equal};
 use crate::store::Reservation;
 
 /// Where a block's bytes land: its reserved DRAM slot, or scratch memory when the store
@@ -62,6 +64,8 @@ pub(super) struct Flight {
     pub(super) len: u32,
     /// The hash its sealed `Slot` carried.
     pub(super) hash: [u8; HASH_LEN],
+    /// The block MAC its sealed `Slot` carried, if any.
+    pub(super) tag: Option<[u8; TAG_LEN]>,
     pub(super) landing: Landing,
 }
 
@@ -90,8 +94,9 @@ impl Chunk {
     /// Waits (at most the I/O limit) for one GET in flight to land, then checks and commits it.
     fn land_one(&mut self, w: &mut PullWire, ns: NamespaceId) -> Result<(), PeerError> {
         let io = self.peers.io_timeout();
+        let mac = w.block_mac();
         let (tag, r) = w.ucx()?.land_one(io)?;
-        self.landed(ns, tag, r)
+        self.landed(ns, tag, r, mac.as_deref())
     }
 
     /// Settles a GET UCX reported: a failed one leaves its key open (failed with the chunk).
@@ -100,6 +105,7 @@ impl Chunk {
         ns: NamespaceId,
         tag: u64,
         r: Result<(), PeerError>,
+        mac: Option<&BlockMac>,
     ) -> Result<(), PeerError> {
         let i = tag as usize;
         let Some(mut f) = self.flights.remove(&i) else {
@@ -111,8 +117,19 @@ impl Chunk {
         self.link
             .ucx_gets
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let sum = *blake3::hash(f.landing.dst()).as_bytes();
-        self.settle(ns, i, f.len, &f.hash, f.landing, Checked::Hashed(sum));
+        // One fast pass against the Slot's block MAC where the session has one, else BLAKE3.
+        let checked = match (mac, f.tag) {
+            (Some(m), Some(want)) => {
+                let got = m.tag(f.landing.dst());
+                Checked::Tagged {
+                    ok: tags_equal(&got, &want),
+                    id: m.id(),
+                    tag: got,
+                }
+            }
+            _ => Checked::Hashed(*blake3::hash(f.landing.dst()).as_bytes()),
+        };
+        self.settle(ns, i, f.len, &f.hash, f.landing, checked);
         self.answered(i)
     }
 
@@ -134,6 +151,7 @@ impl Chunk {
     /// ([`PeerError::Stuck`] then).
     pub(super) fn abandon_gets(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
         let io = self.peers.io_timeout();
+        let mac = w.block_mac();
         let Ok(u) = w.ucx() else {
             return Err(PeerError::Protocol(
                 "GETs in flight on a TCP connection".into(),
@@ -146,7 +164,7 @@ impl Chunk {
             .map_err(|e| PeerError::Protocol(e.to_string()))?;
         while let Ok((tag, r)) = u.land_one(Duration::ZERO) {
             // Late completions are kept; a failed one only drops its flight.
-            let _ = self.landed(ns, tag, r);
+            let _ = self.landed(ns, tag, r, mac.as_deref());
         }
         let kept = u.abandon(io);
         for (i, f) in self.flights.drain() {

@@ -328,6 +328,7 @@ mod tests {
             len: 4096,
             addr: base + 8192,
             hash: vec![0x11; HASH_LEN],
+            seal: Vec::new(),
         };
         for m in [offer, slot] {
             let f = s.send.seal(&m, 0).unwrap();

@@ -129,11 +129,12 @@ impl PullWire {
         }
     }
 
-    /// The session's block MAC, where blocks arrive on the TCP connection (not UCX GETs).
+    /// The session's block MAC (keyed plaintext sessions): checks `Block` bodies and, on UCX
+    /// connections, the bytes of `Slot` GETs.
     pub fn block_mac(&self) -> Option<std::sync::Arc<crate::peer::block_mac::BlockMac>> {
         match self {
             Self::Tcp(c) => c.block_mac(),
-            Self::Ucx(_) => None,
+            Self::Ucx(c) => c.tcp().block_mac(),
             #[cfg(feature = "test-seams")]
             Self::Faulty(c) => c.block_mac(),
         }

@@ -191,6 +191,11 @@ impl UcxPull {
     }
 
     /// The TCP connection that carries the frames.
+    pub fn tcp(&self) -> &TcpPull {
+        &self.tcp
+    }
+
+    /// The TCP connection that carries the frames.
     pub fn tcp_mut(&mut self) -> &mut TcpPull {
         &mut self.tcp
     }
