@@ -464,6 +464,20 @@ fn latency(
     Ok(h)
 }
 
+/// Prints how the destination moved the blocks; with `--transport ucx`, fails unless by GETs.
+fn moved_by(a: &PullArgs, dst: &Proc) -> anyhow::Result<()> {
+    let log = std::fs::read_to_string(dst.1.join("log")).unwrap_or_default();
+    let used_ucx = log.contains("pulling from this peer with UCX GETs");
+    if a.transport == "ucx" && !used_ucx {
+        bail!("--transport ucx, but the destination did not pull with UCX; its log:\n{log}");
+    }
+    println!(
+        "blocks moved by: {}",
+        if used_ucx { "UCX GETs" } else { "TCP" }
+    );
+    Ok(())
+}
+
 pub fn run(a: &PullArgs) -> anyhow::Result<()> {
     let page = parse_size(&a.page_size).context("--page-size")?;
     let small = parse_size(&a.latency_page).context("--latency-page")?;
@@ -552,15 +566,7 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         a.iterations.min(5),
         &page_bytes(page),
     )?;
-    let log = std::fs::read_to_string(dst_proc.1.join("log")).unwrap_or_default();
-    let used_ucx = log.contains("pulling from this peer with UCX GETs");
-    if a.transport == "ucx" && !used_ucx {
-        bail!("--transport ucx, but the destination did not pull with UCX; its log:\n{log}");
-    }
-    println!(
-        "blocks moved by: {}",
-        if used_ucx { "UCX GETs" } else { "TCP" }
-    );
+    moved_by(a, &dst_proc)?;
     let r = Results {
         page,
         small,

@@ -124,6 +124,48 @@ pub fn keyless_source_handshake(s: TcpStream) -> Wire {
     w
 }
 
+/// A scripted keyless source's first steps: accepts one destination on `l`, completes the
+/// handshake, declines UCX if asked (a scripted source speaks TCP only) and reads its first
+/// `Pull`. Returns the sealed wire and the request id.
+pub fn accept_pull(l: &TcpListener) -> (Wire, u64) {
+    let (s, _) = l.accept().unwrap();
+    let mut w = keyless_source_handshake(s);
+    let mut first = w.recv().unwrap();
+    if first == PeerMsg::UcxRequest {
+        let reason = "scripted source: tcp only".to_owned();
+        w.send(&PeerMsg::UcxDecline { reason }, &[]).unwrap();
+        first = w.recv().unwrap();
+    }
+    let PeerMsg::Pull { req, .. } = first else {
+        panic!("no Pull: {first:?}")
+    };
+    (w, req)
+}
+
+/// Sends `b` as key `idx` of request `req`, with its correct hash.
+pub fn send_block(w: &mut Wire, req: u64, idx: u32, b: &[u8]) {
+    let m = PeerMsg::Block {
+        req,
+        idx,
+        len: b.len() as u32,
+        hash: block_hash(b),
+        seal: vec![],
+    };
+    w.send(&m, b).unwrap();
+}
+
+/// Waits (at most 10 s) until `probe` returns true, polling every 5 ms; whether it did.
+pub fn wait_until(mut probe: impl FnMut() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if probe() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
 /// The BLAKE3 hash a `Block` header carries for `b`.
 pub fn block_hash(b: &[u8]) -> Vec<u8> {
     let h = blake3::hash(b).as_bytes().to_vec();

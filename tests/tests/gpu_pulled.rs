@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kvnode_client::ClientError;
-use kvnode_e2e::peerwire::{block_hash, keyless_source_handshake};
+use kvnode_e2e::peerwire::{accept_pull, send_block, wait_until};
 use kvnode_e2e::{Daemon, block, free_port, hint, key, peer_source_args, spec, temp_dir};
 use kvnode_proto::Key;
 use kvnode_proto::client::ErrorCode;
@@ -69,13 +69,8 @@ fn dest(port: u16, tag: &str) -> (Daemon, std::path::PathBuf) {
     (d, file)
 }
 
-fn page_of(file: &Path, p: u64) -> Vec<u8> {
-    let b = std::fs::read(file).unwrap();
-    b[(p * PAGE) as usize..((p + 1) * PAGE) as usize].to_vec()
-}
-
-#[test]
-fn a_hinted_onload_pulls_the_missing_pages_and_lands_every_page_bitwise() {
+/// A real source on a free port holding keys `0..PAGES` ([`block`] contents).
+fn filled_source() -> (u16, Daemon, Vec<Key>, Vec<Vec<u8>>) {
     let port = free_port();
     let args = peer_source_args(port, &[]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -86,6 +81,18 @@ fn a_hinted_onload_pulls_the_missing_pages_and_lands_every_page_bitwise() {
     let sns = s.register(&spec("m", PAGE)).unwrap().ns;
     let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     s.put(sns, &keys, &refs).unwrap();
+    (port, src, keys, data)
+}
+
+fn page_of(file: &Path, p: u64) -> Vec<u8> {
+    let b = std::fs::read(file).unwrap();
+    b[(p * PAGE) as usize..((p + 1) * PAGE) as usize].to_vec()
+}
+
+#[test]
+fn a_hinted_onload_pulls_the_missing_pages_and_lands_every_page_bitwise() {
+    let (port, _src, keys, data) = filled_source();
+    let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
 
     let (dst, file) = dest(port, "gpupull");
     let mut c = dst.client();
@@ -143,36 +150,12 @@ fn pages_go_into_the_gpu_while_later_blocks_are_still_on_the_wire() {
     let watched = file.clone();
     let keys: Vec<Key> = (0..2).map(key).collect();
     let src = std::thread::spawn(move || {
-        let (s, _) = l.accept().unwrap();
-        let mut w = keyless_source_handshake(s);
-        let PeerMsg::Pull { req, .. } = w.recv().unwrap() else {
-            panic!("no Pull")
-        };
-        let send = |w: &mut kvnode_e2e::peerwire::Wire, idx: u32| {
-            let b = block(u64::from(idx), PAGE as usize);
-            let m = PeerMsg::Block {
-                req,
-                idx,
-                len: b.len() as u32,
-                hash: block_hash(&b),
-                seal: vec![],
-            };
-            w.send(&m, &b).unwrap();
-        };
-        send(&mut w, 0);
+        let (mut w, req) = accept_pull(&l);
+        send_block(&mut w, req, 0, &block(0, PAGE as usize));
         // Block 1 is held back until block 0 is in GPU memory (page 3).
-        let t0 = Instant::now();
         let want = block(0, PAGE as usize);
-        let seen = loop {
-            if page_of(&watched, 3) == want {
-                break true;
-            }
-            if t0.elapsed() > Duration::from_secs(10) {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        send(&mut w, 1);
+        let seen = wait_until(|| page_of(&watched, 3) == want);
+        send_block(&mut w, req, 1, &block(1, PAGE as usize));
         w.send(&PeerMsg::Done { req }, &[]).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         seen
@@ -197,17 +180,7 @@ fn pages_go_into_the_gpu_while_later_blocks_are_still_on_the_wire() {
 #[test]
 fn cancel_of_a_hinted_onload_answers_while_the_source_is_frozen_and_a_bad_hint_fails_only_the_pull()
 {
-    let port = free_port();
-    let args = peer_source_args(port, &[]);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let src = Daemon::start(&refs);
-    let keys: Vec<Key> = (0..PAGES).map(key).collect();
-    let data: Vec<Vec<u8>> = (0..PAGES).map(|i| block(i, PAGE as usize)).collect();
-    let mut s = src.client();
-    let sns = s.register(&spec("m", PAGE)).unwrap().ns;
-    let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-    s.put(sns, &keys, &refs).unwrap();
-
+    let (port, src, keys, _) = filled_source();
     let (dst, file) = dest(port, "gpucancel");
     let mut c = dst.client();
     let ns = c.register(&spec("m", PAGE)).unwrap().ns;

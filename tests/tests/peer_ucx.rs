@@ -58,6 +58,24 @@ fn pull(
     (op.unwrap(), pages)
 }
 
+/// Pulls `keys` (filled with [`fill`]) by UCX GETs: done, byte-identical, leases released.
+fn pulled_whole_by_gets(src: &Daemon, dst: &Daemon, port: u16, keys: &[Key]) {
+    let (op, pages) = pull(dst, port, keys);
+    assert_eq!(op.state, OpState::Done, "{op:?}");
+    for (i, p) in pages.iter().enumerate() {
+        assert!(
+            p.as_deref() == Some(block(i as u64, PAGE).as_slice()),
+            "page {i} differs"
+        );
+    }
+    assert!(
+        dst.log().contains("pulling from this peer with UCX GETs"),
+        "{}",
+        dst.log()
+    );
+    leases_drain(src);
+}
+
 fn leases_drain(d: &Daemon) {
     let t = Instant::now();
     while d.client().stats().unwrap().tiers[0].leases != 0 {
@@ -98,20 +116,7 @@ fn blocks_move_by_ucx_get_byte_identical_and_the_source_releases_its_leases() {
     assert!(src.log().contains("transport ucx (UCX 1."), "{}", src.log());
     let keys: Vec<Key> = (0..24).map(key).collect();
     fill(&src, &keys);
-    let (op, pages) = pull(&dst, port, &keys);
-    assert_eq!(op.state, OpState::Done, "{op:?}");
-    for (i, p) in pages.iter().enumerate() {
-        assert!(
-            p.as_deref() == Some(block(i as u64, PAGE).as_slice()),
-            "page {i} differs"
-        );
-    }
-    assert!(
-        dst.log().contains("pulling from this peer with UCX GETs"),
-        "{}",
-        dst.log()
-    );
-    leases_drain(&src);
+    pulled_whole_by_gets(&src, &dst, port, &keys);
     // Every block came by GET, and each daemon counts it per peer (stats and /metrics).
     let name = format!("tcp://127.0.0.1:{port}");
     let got = peer_stats(&dst, &name);
@@ -458,20 +463,7 @@ fn a_keyed_ucx_pull_checks_every_get_against_the_block_mac_of_its_slot() {
     let dst = dest(port, &keyed);
     let keys: Vec<Key> = (0..4).map(key).collect();
     let sns = fill(&src, &keys);
-    let (op, pages) = pull(&dst, port, &keys);
-    assert_eq!(op.state, OpState::Done, "{op:?}");
-    for (i, p) in pages.iter().enumerate() {
-        assert!(
-            p.as_deref() == Some(block(i as u64, PAGE).as_slice()),
-            "page {i}"
-        );
-    }
-    assert!(
-        dst.log().contains("pulling from this peer with UCX GETs"),
-        "{}",
-        dst.log()
-    );
-    leases_drain(&src);
+    pulled_whole_by_gets(&src, &dst, port, &keys);
     // Key 1's bytes change at the source after its hash and tag were cached.
     let mut c = src.client();
     let lease = c.get_lease(sns, &keys[1..2]).unwrap();

@@ -12,9 +12,9 @@
 use std::net::TcpListener;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kvnode_e2e::peerwire::{Wire, block_hash, keyless_source_handshake};
+use kvnode_e2e::peerwire::{accept_pull, send_block, wait_until};
 use kvnode_e2e::shm::Shm;
 use kvnode_e2e::{block, free_port, hint, key, peer_dest, peer_source, spec};
 use kvnode_proto::Key;
@@ -64,9 +64,9 @@ fn a_hinted_get_to_region_pulls_the_missing_keys_into_their_offsets() {
     std::fs::File::from(shm.fd.try_clone().unwrap())
         .read_exact_at(&mut back, 0)
         .unwrap();
-    for i in 0..8 {
+    for (i, want) in data.iter().enumerate() {
         let at = (7 - i) * PAGE;
-        assert_eq!(&back[at..at + PAGE], &data[i][..], "key {i}");
+        assert_eq!(&back[at..at + PAGE], &want[..], "key {i}");
     }
 
     // A destination outside the region is refused before any pull starts.
@@ -107,43 +107,15 @@ fn keys_are_copied_into_the_region_while_later_blocks_are_still_on_the_wire() {
     let watched = std::fs::File::from(shm.fd.try_clone().unwrap());
     let keys: Vec<Key> = (0..2).map(key).collect();
     let src = std::thread::spawn(move || {
-        let (s, _) = l.accept().unwrap();
-        let mut w = keyless_source_handshake(s);
-        let mut first = w.recv().unwrap();
-        if first == PeerMsg::UcxRequest {
-            let reason = "scripted source: tcp only".to_owned();
-            w.send(&PeerMsg::UcxDecline { reason }, &[]).unwrap();
-            first = w.recv().unwrap();
-        }
-        let PeerMsg::Pull { req, .. } = first else {
-            panic!("no Pull")
-        };
-        let send = |w: &mut Wire, idx: u32| {
-            let b = block(u64::from(idx), PAGE);
-            let m = PeerMsg::Block {
-                req,
-                idx,
-                len: b.len() as u32,
-                hash: block_hash(&b),
-                seal: vec![],
-            };
-            w.send(&m, &b).unwrap();
-        };
-        send(&mut w, 0);
+        let (mut w, req) = accept_pull(&l);
+        send_block(&mut w, req, 0, &block(0, PAGE));
         // Block 1 is held back until block 0 is in the region (slot 2).
-        let (t0, want) = (Instant::now(), block(0, PAGE));
-        let mut now = vec![0u8; PAGE];
-        let seen = loop {
+        let (want, mut now) = (block(0, PAGE), vec![0u8; PAGE]);
+        let seen = wait_until(|| {
             watched.read_exact_at(&mut now, (2 * PAGE) as u64).unwrap();
-            if now == want {
-                break true;
-            }
-            if t0.elapsed() > Duration::from_secs(10) {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        send(&mut w, 1);
+            now == want
+        });
+        send_block(&mut w, req, 1, &block(1, PAGE));
         w.send(&PeerMsg::Done { req }, &[]).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         seen

@@ -78,6 +78,10 @@ pub struct Namespace {
     pub segments: Vec<SegmentClass>,
 }
 
+/// A `GetToRegion`'s answer: bytes written per key (`None`: not written) and, with a hint,
+/// the pull's report.
+pub type RegionGot = (Vec<Option<u64>>, Option<Box<OpReport>>);
+
 /// A lease on arena extents (read them with [`Client::arena`]); release it when done.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
@@ -455,16 +459,29 @@ impl Client {
         offsets: &[u64],
         lens: &[u64],
     ) -> Result<Vec<Option<u64>>> {
+        let to = (region, offsets, lens);
+        self.region_get(ns, keys, to, None, None)
+            .map(|(lens, _)| lens)
+    }
+
+    fn region_get(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        (region, offsets, lens): (u32, &[u64], &[u64]),
+        hint: Option<&str>,
+        deadline_ms: Option<u64>,
+    ) -> Result<RegionGot> {
         match self.call(Op::GetToRegion {
             ns,
             keys: keys.to_vec(),
             region,
             offsets: offsets.to_vec(),
             lens: lens.to_vec(),
-            hint: None,
-            deadline_ms: None,
+            hint: hint.map(str::to_owned),
+            deadline_ms,
         })? {
-            Reply::GotToRegion { lens, .. } => Ok(lens),
+            Reply::GotToRegion { lens, pull } => Ok((lens, pull)),
             r => Err(unexpected(&r)),
         }
     }
@@ -482,19 +499,9 @@ impl Client {
         lens: &[u64],
         hint: &str,
         deadline_ms: Option<u64>,
-    ) -> Result<(Vec<Option<u64>>, Option<Box<OpReport>>)> {
-        match self.call(Op::GetToRegion {
-            ns,
-            keys: keys.to_vec(),
-            region,
-            offsets: offsets.to_vec(),
-            lens: lens.to_vec(),
-            hint: Some(hint.to_owned()),
-            deadline_ms,
-        })? {
-            Reply::GotToRegion { lens, pull } => Ok((lens, pull)),
-            r => Err(unexpected(&r)),
-        }
+    ) -> Result<RegionGot> {
+        let to = (region, offsets, lens);
+        self.region_get(ns, keys, to, Some(hint), deadline_ms)
     }
 
     /// Stores blocks the daemon reads from the region at `offsets`, `lens` bytes each.
