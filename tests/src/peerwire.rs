@@ -126,8 +126,8 @@ pub fn keyless_source_handshake(s: TcpStream) -> Wire {
 
 /// A scripted keyless source's first steps: accepts one destination on `l`, completes the
 /// handshake, declines UCX if asked (a scripted source speaks TCP only) and reads its first
-/// `Pull`. Returns the sealed wire and the request id.
-pub fn accept_pull(l: &TcpListener) -> (Wire, u64) {
+/// `Pull`. Returns the sealed wire, the request id and the number of keys asked for.
+pub fn accept_pull(l: &TcpListener) -> (Wire, u64, usize) {
     let (s, _) = l.accept().unwrap();
     let mut w = keyless_source_handshake(s);
     let mut first = w.recv().unwrap();
@@ -136,10 +136,10 @@ pub fn accept_pull(l: &TcpListener) -> (Wire, u64) {
         w.send(&PeerMsg::UcxDecline { reason }, &[]).unwrap();
         first = w.recv().unwrap();
     }
-    let PeerMsg::Pull { req, .. } = first else {
+    let PeerMsg::Pull { req, keys, .. } = first else {
         panic!("no Pull: {first:?}")
     };
-    (w, req)
+    (w, req, keys.len())
 }
 
 /// Sends `b` as key `idx` of request `req`, with its correct hash.

@@ -150,7 +150,7 @@ fn pages_go_into_the_gpu_while_later_blocks_are_still_on_the_wire() {
     let watched = file.clone();
     let keys: Vec<Key> = (0..2).map(key).collect();
     let src = std::thread::spawn(move || {
-        let (mut w, req) = accept_pull(&l);
+        let (mut w, req, _) = accept_pull(&l);
         send_block(&mut w, req, 0, &block(0, PAGE as usize));
         // Block 1 is held back until block 0 is in GPU memory (page 3).
         let want = block(0, PAGE as usize);

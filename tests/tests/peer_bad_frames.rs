@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use kvnode_e2e::peerwire::{Wire, block_hash, keyless_source_handshake, plain};
+use kvnode_e2e::peerwire::{Wire, accept_pull, block_hash, plain};
 use kvnode_e2e::{block, free_port, hint, key, peer_dest, peer_source, spec};
 use kvnode_proto::Key;
 use kvnode_proto::peer::{NONCE_LEN, PEER_PROTOCOL_VERSION, PeerMsg, PullKey};
@@ -39,19 +39,9 @@ fn fake_source(
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let t = std::thread::spawn(move || {
-        let (s, _) = l.accept().unwrap();
-        let mut w = keyless_source_handshake(s);
-        let mut first = w.recv().unwrap();
-        if first == PeerMsg::UcxRequest {
-            // A UCX destination (KVNODE_E2E_PEER_TRANSPORT=ucx): this fake speaks TCP only.
-            let reason = "fake source: tcp only".to_owned();
-            w.send(&PeerMsg::UcxDecline { reason }, &[]).unwrap();
-            first = w.recv().unwrap();
-        }
-        let PeerMsg::Pull { req, keys, .. } = first else {
-            panic!("no Pull")
-        };
-        script(&mut w, req, keys.len());
+        // A UCX destination (KVNODE_E2E_PEER_TRANSPORT=ucx) is declined: TCP only.
+        let (mut w, req, n) = accept_pull(&l);
+        script(&mut w, req, n);
         std::thread::sleep(Duration::from_millis(200));
     });
     (port, t)

@@ -107,7 +107,7 @@ fn keys_are_copied_into_the_region_while_later_blocks_are_still_on_the_wire() {
     let watched = std::fs::File::from(shm.fd.try_clone().unwrap());
     let keys: Vec<Key> = (0..2).map(key).collect();
     let src = std::thread::spawn(move || {
-        let (mut w, req) = accept_pull(&l);
+        let (mut w, req, _) = accept_pull(&l);
         send_block(&mut w, req, 0, &block(0, PAGE));
         // Block 1 is held back until block 0 is in the region (slot 2).
         let (want, mut now) = (block(0, PAGE), vec![0u8; PAGE]);
