@@ -34,10 +34,13 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
-    if !matches!(cli.command, cli::Command::Serve(_)) {
+    if !matches!(cli.command, cli::Command::Serve(_) | cli::Command::Bench(_)) {
         // Operator commands behave like other Unix tools when their output is cut short
         // (`kvnode stats | head`): end quietly on SIGPIPE instead of panicking on the write.
-        // The daemon keeps SIGPIPE ignored (a client closing its socket is an I/O error).
+        // The daemon keeps SIGPIPE ignored (a client closing its socket is an I/O error), and
+        // so do the benchmarks: they are clients of daemons they stop and restart (`bench
+        // restart` writes to a socket the old daemon may just have closed; that must be an
+        // EPIPE it retries, not a signal that kills the run).
         // SAFETY: restoring the default disposition of one signal, before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
