@@ -15,15 +15,27 @@ use kvnode_proto::PROTOCOL_VERSION;
 use kvnode_proto::client::{ErrorCode, Op, Reply, Request};
 use kvnode_proto::frame::FramePrefix;
 
+/// The daemons here wait this long for a `Hello` before they give up on a connection...
+const HELLO_TIMEOUT_S: f64 = 120.0;
+/// ...so a refusal within this bound came at accept, not from the `Hello` timeout. Wide on
+/// purpose: the tests run beside others on a loaded machine, and what they pin is which of
+/// the two paths answered, not how fast.
+const AT_ONCE: Duration = Duration::from_secs(30);
+
+/// A config file with `text` and the long `Hello` timeout above.
 fn config(text: &str) -> String {
     let dir = temp_dir("accept");
     let cfg = dir.join("kvnode.toml");
-    std::fs::write(&cfg, text).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("hello_timeout_s = {HELLO_TIMEOUT_S:.1}\n{text}"),
+    )
+    .unwrap();
     cfg.to_str().unwrap().to_owned()
 }
 
 fn quick(r: &Raw) {
-    r.0.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    r.0.set_read_timeout(Some(AT_ONCE)).unwrap();
 }
 
 fn hello(r: &mut Raw) -> Reply {
@@ -59,7 +71,7 @@ fn a_refused_uid_is_answered_at_accept_not_after_the_hello_timeout() {
         let t = Instant::now();
         let msg = r.expect_error(ErrorCode::Handshake);
         assert!(msg.contains("is not allowed to connect"), "{msg}");
-        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(t.elapsed() < AT_ONCE, "{:?}", t.elapsed());
         assert!(r.closed());
     }
     // A client that sends its Hello first reads the same refusal.
@@ -76,6 +88,10 @@ fn a_refused_uid_is_answered_at_accept_not_after_the_hello_timeout() {
 fn one_uid_cannot_hold_more_than_its_cap_of_connections_before_hello() {
     let cfg = config("max_pre_hello_per_uid = 8\n");
     let d = Daemon::start(&["--dram", "64MiB", "--no-pin", "--config", &cfg]);
+    // Clients that have read their HelloOk never count, not even for an instant after it
+    // (the daemon frees the slot before it answers): eight of them, kept open, then the
+    // eight silent ones fill the cap exactly.
+    let _done: Vec<_> = (0..8).map(|_| d.client()).collect();
     let mut silent: Vec<Raw> = (0..8).map(|_| Raw::connect(&d, false)).collect();
     std::thread::sleep(Duration::from_millis(100));
     let mut ninth = Raw::connect(&d, false);
@@ -83,7 +99,7 @@ fn one_uid_cannot_hold_more_than_its_cap_of_connections_before_hello() {
     let t = Instant::now();
     let msg = ninth.expect_error(ErrorCode::Handshake);
     assert!(msg.contains("have not sent Hello"), "{msg}");
-    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(t.elapsed() < AT_ONCE, "{:?}", t.elapsed());
     // Completing the handshake frees the slots: the same uid connects again.
     for r in &mut silent {
         quick(r);
@@ -97,7 +113,8 @@ fn one_uid_cannot_hold_more_than_its_cap_of_connections_before_hello() {
 
 #[test]
 fn a_large_header_before_hello_is_refused_at_once() {
-    let d = Daemon::start(&["--dram", "64MiB", "--no-pin"]);
+    let cfg = config("");
+    let d = Daemon::start(&["--dram", "64MiB", "--no-pin", "--config", &cfg]);
     let mut r = Raw::connect(&d, false);
     quick(&r);
     let p = FramePrefix {
@@ -110,7 +127,7 @@ fn a_large_header_before_hello_is_refused_at_once() {
     let t = Instant::now();
     let msg = r.expect_error(ErrorCode::Handshake);
     assert!(msg.contains("before Hello"), "{msg}");
-    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(t.elapsed() < AT_ONCE, "{:?}", t.elapsed());
     assert!(r.closed());
     d.client().stats().unwrap();
 }

@@ -50,7 +50,7 @@ impl Connection {
             "client connected"
         );
         let shook = self.handshake().await;
-        self.slot = None;
+        self.slot = None; // (a failed handshake still holds it until here)
         let end = match shook {
             Ok(()) => {
                 self.s.io.ready();
@@ -97,6 +97,9 @@ impl Connection {
             return Err(self.fail(req.id, ErrorCode::Handshake, &msg).await);
         }
         tracing::debug!(conn = self.s.id, client = %client, "handshake");
+        // A valid Hello ends the pre-Hello state: the slot goes before HelloOk is sent, so
+        // a client that has read its HelloOk never still counts against its uid's cap.
+        self.slot = None;
         let arena = Arc::clone(self.s.engine.store.arena());
         // Without the mapping (a tenant with share_arena = false) no descriptor goes out
         // and `arena_bytes` is 0.
