@@ -214,6 +214,17 @@ fn fill_and_attach(c: &mut Raw, dev: &FakeDevice) -> (u32, [u8; 64]) {
     (ns, handle)
 }
 
+/// Every GPU page holds its block byte-exactly, and the store holds no lease or reservation.
+fn every_page_whole_and_nothing_held(server: &Server, dev: &FakeDevice, handle: &[u8; 64]) {
+    let gpu = dev.bytes(handle);
+    for i in 0..PAGES {
+        let s = (i * PAGE) as usize;
+        assert!(gpu[s..s + PAGE as usize] == page(i)[..], "GPU page {i}");
+    }
+    let t = server.engine.store.snapshot().0.tier;
+    assert_eq!((t.leases, t.reserved), (0, 0), "{t:?}");
+}
+
 #[test]
 fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in_parts() {
     let server = start();
@@ -249,13 +260,7 @@ fn gpu_onload_larger_than_dram_is_refused_with_the_leasable_prefix_then_loads_in
         );
         at += n;
     }
-    let gpu = dev.bytes(&handle);
-    for i in 0..PAGES {
-        let s = (i * PAGE) as usize;
-        assert!(gpu[s..s + PAGE as usize] == page(i)[..], "GPU page {i}");
-    }
-    let t = server.engine.store.snapshot().0.tier;
-    assert_eq!((t.leases, t.reserved), (0, 0), "{t:?}");
+    every_page_whole_and_nothing_held(&server, dev, &handle);
     drop(c);
 }
 
@@ -297,11 +302,5 @@ fn a_hinted_onload_larger_than_dram_streams_its_local_hits_in_parts_and_refuses_
         "{pull:?}"
     );
     assert!(pull.reason.is_some(), "the refused hint says why: {pull:?}");
-    let gpu = dev.bytes(&handle);
-    for i in 0..PAGES {
-        let s = (i * PAGE) as usize;
-        assert!(gpu[s..s + PAGE as usize] == page(i)[..], "GPU page {i}");
-    }
-    let t = server.engine.store.snapshot().0.tier;
-    assert_eq!((t.leases, t.reserved), (0, 0), "{t:?}");
+    every_page_whole_and_nothing_held(&server, dev, &handle);
 }
