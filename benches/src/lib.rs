@@ -24,6 +24,7 @@ pub mod memcpy;
 pub mod pull;
 pub mod relay;
 pub mod restart;
+pub mod socket;
 pub mod spill;
 
 pub use args::BenchCmd;

@@ -15,6 +15,10 @@ use kvnode_proto::pull::OpState;
 use kvnode_proto::size::{ByteSize, parse_size};
 use kvnode_proto::{Digest, Key, NamespaceSpec};
 
+mod report;
+
+use report::{Results, Round};
+
 #[derive(Debug, Args)]
 pub struct PullArgs {
     /// Page size of the throughput run.
@@ -248,206 +252,6 @@ fn put_all(c: &mut Client, ns: u32, keys: &[Key], page: u64) -> anyhow::Result<(
     Ok(())
 }
 
-struct Results {
-    page: u64,
-    small: u64,
-    cold: f64,
-    lat: Histogram<u64>,
-    /// The same-run floor under `lat` (`relay::floor`), sampled right after it.
-    floor: Histogram<u64>,
-    /// The first throughput pull: the source hashes every block (later sends reuse the
-    /// checksum kept with the block).
-    first: f64,
-    rounds: Vec<Round>,
-    /// The big pull delivered into a client region, streamed and staged.
-    deliver: crate::deliver::Delivery,
-}
-
-/// One round: an iperf3 run, a memcpy of the same bytes, and the pulls right after them
-/// (bytes per second).
-struct Round {
-    iperf: Option<f64>,
-    /// `iperf3 -P connections` (only with more than one connection).
-    iperf_p: Option<f64>,
-    /// CPU-s per GB: iperf3 one stream, `-P N`, and both daemons during the pulls.
-    iperf_cpu: Option<f64>,
-    iperf_p_cpu: Option<f64>,
-    pull_cpu: f64,
-    memcpy: f64,
-    pulls: Vec<f64>,
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-/// Per-round ratios against the same round's limits, as printed for each round.
-#[derive(Default)]
-struct RoundRatios {
-    iperf: Vec<f64>,
-    mem: Vec<f64>,
-    iperf_p: Vec<f64>,
-    cpu: Vec<f64>,
-    cpu_ratio: Vec<f64>,
-}
-
-/// Prints one line pair per round and collects the ratios.
-fn report_rounds(a: &PullArgs, r: &Results) -> RoundRatios {
-    let mut q = RoundRatios::default();
-    let (ratios, mem, ratios_p, cpu, cpu_ratio) = (
-        &mut q.iperf,
-        &mut q.mem,
-        &mut q.iperf_p,
-        &mut q.cpu,
-        &mut q.cpu_ratio,
-    );
-    for (i, x) in r.rounds.iter().enumerate() {
-        let m = median(&x.pulls);
-        mem.push(m / x.memcpy);
-        cpu.push(x.pull_cpu);
-        if let Some(ic) = x.iperf_p_cpu.or(x.iperf_cpu).filter(|c| *c > 0.0) {
-            cpu_ratio.push(x.pull_cpu / ic);
-        }
-        let ip_p = x.iperf_p.map_or_else(String::new, |ip| {
-            ratios_p.push(m / ip);
-            format!(
-                "{:.0} % of iperf3 -P {} ({:.2} GB/s), ",
-                m / ip * 100.0,
-                a.connections,
-                ip / 1e9
-            )
-        });
-        println!(
-            "round {}: CPU-s per GB, both daemons {:.3}{}{}",
-            i + 1,
-            x.pull_cpu,
-            x.iperf_cpu
-                .map_or_else(String::new, |c| format!(", iperf3 one stream {c:.3}")),
-            x.iperf_p_cpu.map_or_else(String::new, |c| format!(
-                ", iperf3 -P {} {c:.3}",
-                a.connections
-            )),
-        );
-        let ip = x.iperf.map_or_else(String::new, |ip| {
-            ratios.push(m / ip);
-            format!(
-                "{:.0} % of iperf3 -c 127.0.0.1 -l 1M ({} s, {:.2} GB/s), ",
-                m / ip * 100.0,
-                a.iperf_seconds,
-                ip / 1e9
-            )
-        });
-        println!(
-            "round {}: {} pulls, median {:.2} GB/s = {ip}{ip_p}{:.0} % of memcpy ({:.2} GB/s)",
-            i + 1,
-            x.pulls.len(),
-            m / 1e9,
-            m / x.memcpy * 100.0,
-            x.memcpy / 1e9
-        );
-    }
-    q
-}
-
-fn report(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport) {
-    let (small, h) = (ByteSize(r.small), &r.lat);
-    println!(
-        "cold first pull (connect + auth + 1 x {small}): {:.3} ms",
-        r.cold * 1e3
-    );
-    println!(
-        "warm 1 x {small} pull latency (us): p50 {} p90 {} p99 {} max {}",
-        h.value_at_quantile(0.5),
-        h.value_at_quantile(0.9),
-        h.value_at_quantile(0.99),
-        h.max()
-    );
-    let f = &r.floor;
-    println!(
-        "  floor, the same 4 socket hops with nothing else (client -> relay -> server -> relay -> client, {small} answer): p50 {} p90 {} us; pull p50 = {:.2} x floor",
-        f.value_at_quantile(0.5),
-        f.value_at_quantile(0.9),
-        h.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5).max(1) as f64
-    );
-    let all: Vec<f64> = r.rounds.iter().flat_map(|x| x.pulls.clone()).collect();
-    let (med, best) = (median(&all), all.iter().copied().fold(0.0, f64::max));
-    println!(
-        "{} x {} pull: median {:.2} GB/s, best {:.2} GB/s; first pull (source hashes each block) {:.2} GB/s",
-        a.pages,
-        ByteSize(r.page),
-        med / 1e9,
-        best / 1e9,
-        r.first / 1e9
-    );
-    let dv = r.deliver;
-    println!(
-        "{} x {} into a client region, request to last page written: streamed (one hinted GetToRegion) {:.2} ms, of which the pull itself {:.2} ms; staged (hinted Get(Lease), then GetToRegion) {:.2} ms",
-        a.pages,
-        ByteSize(r.page),
-        dv.streamed * 1e3,
-        dv.streamed_pull * 1e3,
-        dv.staged * 1e3
-    );
-    let q = report_rounds(a, r);
-    let RoundRatios {
-        iperf: ratios,
-        mem,
-        iperf_p: ratios_p,
-        cpu,
-        cpu_ratio,
-    } = q;
-    println!(
-        "pull / same-round memcpy of the same {} x {} (one thread, cold): median {:.0} %",
-        a.pages,
-        ByteSize(r.page),
-        median(&mem) * 100.0
-    );
-    let ips: Vec<f64> = r.rounds.iter().filter_map(|x| x.iperf).collect();
-    let ratio = (!ratios.is_empty()).then(|| median(&ratios));
-    if let Some(q) = ratio {
-        let top = ips.iter().copied().fold(0.0, f64::max);
-        println!(
-            "pull / same-round iperf3: median {:.0} % (all pulls against the best iperf3 run: {:.0} %)",
-            q * 100.0,
-            med / top * 100.0
-        );
-    }
-    let ratio_p = (!ratios_p.is_empty()).then(|| median(&ratios_p));
-    if let Some(q) = ratio_p {
-        println!(
-            "pull / same-round iperf3 -P {}: median {:.0} %",
-            a.connections,
-            q * 100.0
-        );
-    }
-    let cpu_ratio = (!cpu_ratio.is_empty()).then(|| median(&cpu_ratio));
-    println!(
-        "CPU-s per pulled GB (both daemons): median {:.3}{}",
-        median(&cpu),
-        cpu_ratio.map_or_else(String::new, |q| format!(" = {q:.2} x same-round iperf3's"))
-    );
-    print!("{}", kvnode_client::report::render_timeouts(t));
-    if a.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "pages": a.pages, "page": r.page, "median_gbps": med / 1e9, "best_gbps": best / 1e9, "first_gbps": r.first / 1e9,
-                "iperf3_gbps": ips.iter().map(|i| i / 1e9).collect::<Vec<_>>(), "ratio": ratio, "memcpy_ratio": median(&mem),
-                "cold_ms": r.cold * 1e3, "lat_p50_us": h.value_at_quantile(0.5), "lat_p99_us": h.value_at_quantile(0.99),
-                "base_s": t.base_s, "per_page_s": t.per_page_s, "connections": a.connections,
-                "ratio_p": ratio_p, "cpu_s_per_gb": median(&cpu), "cpu_ratio": cpu_ratio,
-                "lat_p90_us": h.value_at_quantile(0.9),
-                "lat_floor_p50_us": r.floor.value_at_quantile(0.5),
-                "deliver_streamed_ms": dv.streamed * 1e3, "deliver_streamed_pull_ms": dv.streamed_pull * 1e3,
-                "deliver_staged_ms": dv.staged * 1e3,
-            })
-        );
-    }
-}
-
-/// Runs the benchmark.
 /// Microseconds of `samples` single-page pulls of `keys` (one at a time, in turn).
 fn latency(
     d: &mut Client,
@@ -478,9 +282,16 @@ fn moved_by(a: &PullArgs, dst: &Proc) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn run(a: &PullArgs) -> anyhow::Result<()> {
-    let page = parse_size(&a.page_size).context("--page-size")?;
-    let small = parse_size(&a.latency_page).context("--latency-page")?;
+/// The source and destination daemons; the source listens for peers on `port`.
+struct Daemons {
+    port: u16,
+    src: Proc,
+    dst: Proc,
+    src_sock: PathBuf,
+    dst_sock: PathBuf,
+}
+
+fn start(a: &PullArgs) -> anyhow::Result<Daemons> {
     let port = free_port()?;
     let listen = format!("127.0.0.1:{port}");
     let mut src_args = vec![
@@ -492,7 +303,7 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         a.transport.clone(),
     ];
     src_args.extend(a.daemon_args.iter().cloned());
-    let (src_proc, src_sock) = daemon("src", &src_args)?;
+    let (src, src_sock) = daemon("src", &src_args)?;
     let mut dst_args = vec![
         "--peers".into(),
         format!("tcp://{listen}"),
@@ -502,8 +313,69 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         a.transport.clone(),
     ];
     dst_args.extend(a.daemon_args.iter().cloned());
-    let (dst_proc, dst_sock) = daemon("dst", &dst_args)?;
-    let (mut s, mut d) = (Client::connect(&src_sock)?, Client::connect(&dst_sock)?);
+    let (dst, dst_sock) = daemon("dst", &dst_args)?;
+    Ok(Daemons {
+        port,
+        src,
+        dst,
+        src_sock,
+        dst_sock,
+    })
+}
+
+/// One round: iperf3 (one stream, and `-P N`), the cold plain socket and memcpy, then the
+/// pulls, with both daemons' CPU time over the pulls.
+fn round(
+    a: &PullArgs,
+    dm: &Daemons,
+    d: &mut Client,
+    (db, big, big_hint): (u32, &[Key], &str),
+    page: u64,
+) -> anyhow::Result<Round> {
+    let bytes = page as f64 * big.len() as f64;
+    let pids = [dm.src.0.id(), dm.dst.0.id()];
+    let daemons_cpu = || pids.iter().map(|&p| cpu_secs(p)).sum::<f64>();
+    let iperf = (a.iperf_seconds > 0)
+        .then(|| iperf3(a.iperf_seconds, 1))
+        .transpose()?;
+    let iperf_p = (a.iperf_seconds > 0 && a.connections > 1)
+        .then(|| iperf3(a.iperf_seconds, a.connections))
+        .transpose()?;
+    let sock = (a.iperf_seconds > 0)
+        .then(|| {
+            let secs = f64::from(a.iperf_seconds);
+            crate::socket::cold(page as usize, bytes as usize, a.connections as usize, secs)
+        })
+        .transpose()?;
+    let memcpy = crate::memcpy::bandwidth(page as usize, bytes as usize, bytes as usize);
+    let mut pulls = Vec::new();
+    let c0 = daemons_cpu();
+    for _ in 0..a.iterations.max(1) {
+        pulls.push(bytes / pull(d, db, big, big_hint)?);
+    }
+    let moved_gb = bytes * pulls.len() as f64 / 1e9;
+    Ok(Round {
+        iperf: iperf.as_ref().map(|i| i.bps),
+        iperf_p: iperf_p.as_ref().map(|i| i.bps),
+        iperf_cpu: iperf.as_ref().map(|i| i.cpu_per_gb),
+        iperf_p_cpu: iperf_p.as_ref().map(|i| i.cpu_per_gb),
+        sock,
+        pull_cpu: (daemons_cpu() - c0) / moved_gb,
+        memcpy,
+        pulls,
+    })
+}
+
+/// Runs the benchmark.
+pub fn run(a: &PullArgs) -> anyhow::Result<()> {
+    let page = parse_size(&a.page_size).context("--page-size")?;
+    let small = parse_size(&a.latency_page).context("--latency-page")?;
+    let dm = start(a)?;
+    let port = dm.port;
+    let (mut s, mut d) = (
+        Client::connect(&dm.src_sock)?,
+        Client::connect(&dm.dst_sock)?,
+    );
     let (sb, db) = (s.register(&spec(page))?.ns, d.register(&spec(page))?.ns);
     let (ss, ds) = (s.register(&spec(small))?.ns, d.register(&spec(small))?.ns);
     let big: Vec<Key> = (0..a.pages as u64).map(|i| key(1, i)).collect();
@@ -530,33 +402,9 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
     let big_hint = hint(port, &big);
     let bytes = page as f64 * a.pages as f64;
     let first = bytes / pull(&mut d, db, &big, &big_hint)?;
-    let mut rounds = Vec::new();
-    let pids = [src_proc.0.id(), dst_proc.0.id()];
-    let daemons_cpu = || pids.iter().map(|&p| cpu_secs(p)).sum::<f64>();
-    for _ in 0..a.rounds.max(1) {
-        let iperf = (a.iperf_seconds > 0)
-            .then(|| iperf3(a.iperf_seconds, 1))
-            .transpose()?;
-        let iperf_p = (a.iperf_seconds > 0 && a.connections > 1)
-            .then(|| iperf3(a.iperf_seconds, a.connections))
-            .transpose()?;
-        let memcpy = crate::memcpy::bandwidth(page as usize, bytes as usize, bytes as usize);
-        let mut pulls = Vec::new();
-        let c0 = daemons_cpu();
-        for _ in 0..a.iterations.max(1) {
-            pulls.push(bytes / pull(&mut d, db, &big, &big_hint)?);
-        }
-        let moved_gb = bytes * pulls.len() as f64 / 1e9;
-        rounds.push(Round {
-            iperf: iperf.as_ref().map(|i| i.bps),
-            iperf_p: iperf_p.as_ref().map(|i| i.bps),
-            iperf_cpu: iperf.as_ref().map(|i| i.cpu_per_gb),
-            iperf_p_cpu: iperf_p.as_ref().map(|i| i.cpu_per_gb),
-            pull_cpu: (daemons_cpu() - c0) / moved_gb,
-            memcpy,
-            pulls,
-        });
-    }
+    let rounds = (0..a.rounds.max(1))
+        .map(|_| round(a, &dm, &mut d, (db, &big, &big_hint), page))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let deliver = crate::deliver::measure(
         &mut d,
         db,
@@ -566,7 +414,7 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         a.iterations.min(5),
         &page_bytes(page),
     )?;
-    moved_by(a, &dst_proc)?;
+    moved_by(a, &dm.dst)?;
     let r = Results {
         page,
         small,
@@ -577,6 +425,6 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         rounds,
         deliver,
     };
-    report(a, &r, &d.timeouts()?);
+    report::report(a, &r, &d.timeouts()?);
     Ok(())
 }

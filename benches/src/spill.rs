@@ -73,11 +73,19 @@ pub(crate) fn serve(dir: &Path, cfg: &Path) -> anyhow::Result<(Served, Client, D
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()?;
-    let s = Served { child };
+    let mut s = Served { child };
     let t = Instant::now();
     while t.elapsed() < Duration::from_mins(1) {
         if let Ok(c) = Client::connect(&sock) {
             return Ok((s, c, t.elapsed()));
+        }
+        if let Some(status) = s.child.try_wait()? {
+            let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(3).collect();
+            bail!(
+                "daemon exited ({status}) before answering; its log ends:\n{}",
+                tail.join("\n")
+            );
         }
         std::thread::sleep(Duration::from_millis(2));
     }

@@ -558,15 +558,12 @@ pub fn fill_and_settle(c: &mut Client, ns: u32, n: u64, len: usize) {
 }
 
 /// The failure a keyed plaintext session on this CPU gives a changed block: the block MAC's
-/// (POLYVAL, engine/core/src/peer/block_mac.rs) where AVX-512 VPCLMULQDQ is there, else
-/// BLAKE3's.
+/// (POLYVAL, engine/core/src/peer/block_mac.rs) where the CPU has carry-less multiplies,
+/// else BLAKE3's.
 pub fn keyed_check() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("vpclmulqdq")
-        && std::arch::is_x86_feature_detected!("pclmulqdq")
-    {
-        return "checksum mismatch (block MAC)";
+    if kvnode_engine::peer::block_mac::available() {
+        "checksum mismatch (block MAC)"
+    } else {
+        "checksum mismatch (BLAKE3)"
     }
-    "checksum mismatch (BLAKE3)"
 }

@@ -1,7 +1,9 @@
 //! Destination side: per-peer connection pools and the pull of one chunk of an op's keys.
 //!
 //! A chunk is pulled by one blocking-pool thread that owns its connection, so the kernel
-//! wakes that thread directly as bytes arrive (no runtime hop between reads). Bytes are
+//! wakes that thread directly as bytes arrive (no runtime hop between reads). A small pull
+//! its client's request awaits is pulled in place, on the request's own worker thread (no
+//! hop back to the runtime either; [`Chunk::pull_blocking`]). Bytes are
 //! read by the transport straight into DRAM slots this daemon reserved, hashed (BLAKE3)
 //! piece by piece while still in cache, checked against the hash in the block's sealed
 //! header, and committed whether or not the op is still waiting: nothing completed is thrown
@@ -194,13 +196,29 @@ struct Chunk {
     /// Requests already sent from the runtime task ([`Chunk::send_early`]): their keys by
     /// request id, and when they left.
     sent: Option<(Requests, Instant)>,
+    /// Received on the calling worker thread itself (see [`Chunk::pull_blocking`]).
+    in_place: bool,
+    /// Longest wait for the peer without progress: the io timeout, and for an in-place
+    /// pull no longer than what was left of the op's deadline when it started.
+    io: Duration,
 }
+
+/// A pull awaited by its client's request with at most this many keys is received in place.
+pub const IN_PLACE_KEYS: usize = 4;
 
 /// Keys (op key indices) of each `Pull` request sent, by request id.
 type Requests = HashMap<u64, Vec<usize>>;
 
 /// Pulls op keys `idxs` from `link`, bounded by its connection permits and timeouts.
-pub async fn run_chunk(peers: Arc<Peers>, link: Arc<PeerLink>, op: Arc<PullOp>, idxs: Vec<usize>) {
+/// `in_place`: a small pull awaited by the client's own request, received on the calling
+/// worker thread (see [`Chunk::pull_blocking`]).
+pub async fn run_chunk(
+    peers: Arc<Peers>,
+    link: Arc<PeerLink>,
+    op: Arc<PullOp>,
+    idxs: Vec<usize>,
+    in_place: bool,
+) {
     let n = idxs.len() as u64;
     // Releases the chunk's keys from the link's in-flight count however the pull ends
     // (also if its future is dropped unfinished).
@@ -208,6 +226,12 @@ pub async fn run_chunk(peers: Arc<Peers>, link: Arc<PeerLink>, op: Arc<PullOp>, 
     let peer_idx = (crate::probes::hash_name(&link.name) & 0xffff_ffff) as u32;
     crate::probes::peer_pull_start(peer_idx, op.id, n as u32);
     let t0 = peers.metrics().now_ns();
+    let io = if in_place {
+        let left = op.deadline.saturating_duration_since(Instant::now());
+        peers.io_timeout().min(left.max(Duration::from_millis(1)))
+    } else {
+        peers.io_timeout()
+    };
     let c = Chunk {
         peers,
         link,
@@ -216,6 +240,8 @@ pub async fn run_chunk(peers: Arc<Peers>, link: Arc<PeerLink>, op: Arc<PullOp>, 
         flights: HashMap::new(),
         ahead: None,
         sent: None,
+        in_place,
+        io,
     };
     let (c, r) = c.run().await;
     let Chunk {
@@ -310,7 +336,27 @@ impl Chunk {
     }
 
     /// Runs [`Chunk::pull_on`] on a blocking-pool thread that owns `w` until it returns.
+    ///
+    /// In place instead (a small pull its client's request awaits, on a multi-threaded
+    /// runtime): on this worker thread, which the runtime replaces for its other tasks
+    /// (`block_in_place`). The thread that reads the answer then also replies to the client,
+    /// a wake-up fewer on the request's path (`kvnode bench pull`'s 64 KiB p50, docs/
+    /// benchmarks.md). Its waits are bounded by the op's deadline as well as the io timeout;
+    /// a deadline that passes mid-pull abandons it (the connection is closed), where a
+    /// pull on a pool thread would go on landing into the DRAM tier.
     async fn pull_blocking(mut self, mut w: PullWire) -> (Self, PullWire, Result<(), PeerError>) {
+        let multi = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if self.in_place && multi {
+            let r = tokio::task::block_in_place(|| self.pull_on(&mut w));
+            let r = match r {
+                Err(PeerError::Timeout(..)) if Instant::now() >= self.op.deadline => {
+                    Err(PeerError::Deadline)
+                }
+                r => r,
+            };
+            return (self, w, r);
+        }
         let t = tokio::task::spawn_blocking(move || {
             let r = self.pull_on(&mut w);
             (self, w, r)
@@ -372,7 +418,7 @@ impl Chunk {
     fn pull_frames(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
         let peers = Arc::clone(&self.peers);
         let p = &peers;
-        let io = p.io_timeout();
+        let io = self.io;
         let ns = self.wire_ns()?;
         let (mut reqs, sent) = if let Some(early) = self.sent.take() {
             early
@@ -384,6 +430,9 @@ impl Chunk {
         };
         let (mut first, mut last, mut blocks, mut page) = (None, sent.elapsed(), 0u32, 0u64);
         while !reqs.is_empty() {
+            if self.in_place && Instant::now() >= self.op.deadline {
+                return Err(PeerError::Deadline);
+            }
             let (msg, _) = w.recv(io)?;
             let at = |req: u64, idx: u32| {
                 reqs.get(&req)
@@ -527,7 +576,7 @@ impl Chunk {
         req: u64,
     ) -> Result<bool, PeerError> {
         let p = &self.peers;
-        let io = p.io_timeout();
+        let io = self.io;
         let key = self.op.keys[i];
         let reserved =
             p.store()

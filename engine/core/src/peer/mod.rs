@@ -99,6 +99,10 @@ pub enum PeerError {
     /// The source offered UCX and no endpoint to it could be opened.
     #[error("cannot open a UCX endpoint to the peer: {0}")]
     UcxConnect(String),
+    /// The op's deadline passed while its small pull was received in place (on the
+    /// request's own thread): the pull was abandoned and its connection closed.
+    #[error("op deadline passed mid-pull; this small pull was abandoned and its connection closed")]
+    Deadline,
     /// Every connection to the peer is busy (it may be frozen).
     #[error("peer {0} is busy: every connection is held by pulls in flight (frozen peer?)")]
     Busy(String),
@@ -117,6 +121,7 @@ impl PeerError {
             | PeerError::Stuck(_)
             | PeerError::UcxConnect(_) => FailCode::PeerUnreachable,
             PeerError::Busy(_) => FailCode::PeerBusy,
+            PeerError::Deadline => FailCode::Deadline,
             PeerError::Refused(_) | PeerError::Auth(_) | PeerError::Key(_) => FailCode::PeerRefused,
             PeerError::Frame(_)
             | PeerError::Protocol(_)

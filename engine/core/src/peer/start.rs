@@ -12,7 +12,7 @@ use kvnode_proto::hint::{Endpoint, covered_keys, parse_hint};
 use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 
 use super::Peers;
-use super::fetch::{PeerLink, run_chunk};
+use super::fetch::{IN_PLACE_KEYS, PeerLink, run_chunk};
 use super::op::PullOp;
 use crate::store::Reservation;
 
@@ -232,6 +232,7 @@ impl Peers {
                 Arc::clone(link),
                 Arc::clone(op),
                 pending.to_vec(),
+                pending.len() <= IN_PLACE_KEYS,
             )));
         }
         for c in pending.chunks(per) {
@@ -240,6 +241,7 @@ impl Peers {
                 Arc::clone(link),
                 Arc::clone(op),
                 c.to_vec(),
+                false,
             ));
         }
         let timer = Arc::clone(op);

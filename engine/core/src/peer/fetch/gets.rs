@@ -93,7 +93,7 @@ impl Chunk {
 
     /// Waits (at most the I/O limit) for one GET in flight to land, then checks and commits it.
     fn land_one(&mut self, w: &mut PullWire, ns: NamespaceId) -> Result<(), PeerError> {
-        let io = self.peers.io_timeout();
+        let io = self.io;
         let mac = w.block_mac();
         let (tag, r) = w.ucx()?.land_one(io)?;
         self.landed(ns, tag, r, mac.as_deref())
@@ -150,7 +150,7 @@ impl Chunk {
     /// the endpoint) and frees their slots once UCX hands them back, retiring any it keeps
     /// ([`PeerError::Stuck`] then).
     pub(super) fn abandon_gets(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
-        let io = self.peers.io_timeout();
+        let io = self.io;
         let mac = w.block_mac();
         let Ok(u) = w.ucx() else {
             return Err(PeerError::Protocol(

@@ -122,8 +122,11 @@ fn slot_of(ns: NamespaceId, k: PullKey, b: &Lease, fingerprint: u64) -> SlotId {
 
 /// Cores a request's not-yet-hashed blocks are spread over: one in four, at most 8 (a
 /// first send of freshly offloaded blocks is otherwise held to one core's BLAKE3 rate).
+/// Read once: `available_parallelism` reads cgroup files on every call (it was 5 % of a
+/// source's CPU when called per request).
 fn hash_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 8))
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 8)))
 }
 
 /// Per block of `leased`: its sums, computed ahead on up to [`hash_threads`] threads when

@@ -199,12 +199,12 @@ impl PullWire {
 
     /// The UCX end, for GETs of `Slot` answers; a protocol error on other transports.
     pub fn ucx(&mut self) -> Result<&mut UcxPull, PeerError> {
-        match self {
-            Self::Ucx(c) => Ok(c),
-            _ => Err(PeerError::Protocol(
+        let Self::Ucx(c) = self else {
+            return Err(PeerError::Protocol(
                 "a Slot answer on a connection that did not negotiate UCX".into(),
-            )),
-        }
+            ));
+        };
+        Ok(c)
     }
 
     /// See [`UcxPull::rekey`]; a protocol error on other transports.
@@ -215,12 +215,12 @@ impl PullWire {
         base: u64,
         len: u64,
     ) -> Result<(), PeerError> {
-        match self {
-            Self::Ucx(c) => c.rekey(worker, rkey, base, len),
-            _ => Err(PeerError::Protocol(
+        let Self::Ucx(c) = self else {
+            return Err(PeerError::Protocol(
                 "a UCX offer on a connection that did not ask for UCX".into(),
-            )),
-        }
+            ));
+        };
+        c.rekey(worker, rkey, base, len)
     }
 }
 
