@@ -194,7 +194,7 @@ mod tests {
         let release = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
             // SAFETY: plain syscall; `pid` is our child, not yet waited for.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            unsafe { libc::kill(pid.cast_signed(), libc::SIGKILL) };
         });
         let t = Instant::now();
         lock_exclusive(&f, &path).expect("the lock, once the description closed");
