@@ -57,6 +57,20 @@ struct RoundRatios {
     cpu_ratio: Vec<f64>,
 }
 
+/// `m` against a round's `base` (bytes/s), when it was measured: the ratio is kept in
+/// `ratios` and `label(percent, base GB/s)` is the text printed for it.
+fn share(
+    ratios: &mut Vec<f64>,
+    m: f64,
+    base: Option<f64>,
+    label: impl FnOnce(f64, f64) -> String,
+) -> String {
+    base.map_or_else(String::new, |b| {
+        ratios.push(m / b);
+        label(m / b * 100.0, b / 1e9)
+    })
+}
+
 /// Prints one line pair per round and collects the ratios.
 fn report_rounds(a: &PullArgs, r: &Results) -> RoundRatios {
     let mut q = RoundRatios::default();
@@ -74,13 +88,10 @@ fn report_rounds(a: &PullArgs, r: &Results) -> RoundRatios {
         if let Some(ic) = x.iperf_p_cpu.or(x.iperf_cpu).filter(|c| *c > 0.0) {
             cpu_ratio.push(x.pull_cpu / ic);
         }
-        let ip_p = x.iperf_p.map_or_else(String::new, |ip| {
-            ratios_p.push(m / ip);
+        let ip_p = share(ratios_p, m, x.iperf_p, |pct, gbps| {
             format!(
-                "{:.0} % of iperf3 -P {} ({:.2} GB/s), ",
-                m / ip * 100.0,
-                a.connections,
-                ip / 1e9
+                "{pct:.0} % of iperf3 -P {} ({gbps:.2} GB/s), ",
+                a.connections
             )
         });
         println!(
@@ -109,13 +120,10 @@ fn report_rounds(a: &PullArgs, r: &Results) -> RoundRatios {
                 x.pull_cpu / k.cpu_per_gb
             );
         }
-        let ip = x.iperf.map_or_else(String::new, |ip| {
-            ratios.push(m / ip);
+        let ip = share(ratios, m, x.iperf, |pct, gbps| {
             format!(
-                "{:.0} % of iperf3 -c 127.0.0.1 -l 1M ({} s, {:.2} GB/s), ",
-                m / ip * 100.0,
-                a.iperf_seconds,
-                ip / 1e9
+                "{pct:.0} % of iperf3 -c 127.0.0.1 -l 1M ({} s, {gbps:.2} GB/s), ",
+                a.iperf_seconds
             )
         });
         println!(
