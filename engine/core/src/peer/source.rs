@@ -117,8 +117,12 @@ async fn serve_pull<S: BlockSource>(
     let mac = w.block_mac().cloned();
     let leased = src.lease(ns, keys).await;
     let (mut leased, mut ahead) = sum_ahead(p, ns, keys, leased, mac.clone()).await;
+    let done = PeerMsg::Done { req };
+    let last = leased.len().checked_sub(1);
     for (i, l) in leased.iter_mut().enumerate() {
         let idx = i as u32;
+        // The last answer carries the request's `Done` in the same writev.
+        let then = (Some(i) == last).then_some(&done);
         let summed = l.take().and_then(|b| match ahead[i].take() {
             Some(h) => settled(p, b, h),
             None => hashed(p, ns, keys[i], b, mac.as_deref()),
@@ -140,12 +144,18 @@ async fn serve_pull<S: BlockSource>(
                     hash: sums.hash.to_vec(),
                     seal,
                 };
-                w.send(&msg, bytes, limit).await?;
+                w.send_then(&msg, bytes, then, limit).await?;
             }
-            None => w.send(&PeerMsg::Miss { req, idx }, &[], limit).await?,
+            None => {
+                w.send_then(&PeerMsg::Miss { req, idx }, &[], then, limit)
+                    .await?;
+            }
         }
     }
-    w.send(&PeerMsg::Done { req }, &[], limit).await
+    if last.is_none() {
+        w.send(&done, &[], limit).await?;
+    }
+    Ok(())
 }
 
 async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<bool>) {

@@ -101,6 +101,19 @@ impl TcpConn {
         payload: &[u8],
         limit: Duration,
     ) -> Result<(), PeerError> {
+        self.send_then(msg, payload, None, limit).await
+    }
+
+    /// [`TcpConn::send`], with `then` (a payload-less frame, sealed next) in the same
+    /// `writev`: a request's last answer and its `Done` leave in one syscall and reach the
+    /// destination together.
+    pub async fn send_then(
+        &mut self,
+        msg: &PeerMsg,
+        payload: &[u8],
+        then: Option<&PeerMsg>,
+        limit: Duration,
+    ) -> Result<(), PeerError> {
         let len = payload.len() as u64;
         let (f, body): (Vec<u8>, &[u8]) = match &mut self.chan {
             None => (
@@ -119,7 +132,14 @@ impl TcpConn {
             }
             Some(c) => (c.send.seal(msg, len)?, payload),
         };
-        let mut bufs = [IoSlice::new(&f), IoSlice::new(body)];
+        let trailer = match (then, &mut self.chan) {
+            (None, _) => Vec::new(),
+            (Some(t), None) => {
+                encode_frame(t, 0).map_err(|e| PeerError::Protocol(e.to_string()))?
+            }
+            (Some(t), Some(c)) => c.send.seal(t, 0)?,
+        };
+        let mut bufs = [IoSlice::new(&f), IoSlice::new(body), IoSlice::new(&trailer)];
         let mut bufs: &mut [IoSlice<'_>] = &mut bufs;
         let s = self.io.get_mut();
         while !bufs.is_empty() {
