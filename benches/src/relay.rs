@@ -69,6 +69,44 @@ pub fn floor(page: usize, samples: usize) -> anyhow::Result<Histogram<u64>> {
     Ok(h)
 }
 
+/// How this machine's idle CPUs wait, which sets what a wake-up on another CPU costs: the
+/// cpuidle driver and, in a KVM guest with the haltpoll driver, how long an idle vCPU polls
+/// before it halts (0: it halts at once, and each wake-up of it is an exit to the host).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdlePath {
+    /// `/sys/devices/system/cpu/cpuidle/current_driver` (`None`: no cpuidle).
+    pub driver: Option<String>,
+    /// `guest_halt_poll_ns` of the haltpoll governor (`None`: not loaded).
+    pub halt_poll_ns: Option<u64>,
+}
+
+impl IdlePath {
+    /// Reads both from sysfs.
+    pub fn read() -> Self {
+        let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned());
+        Self {
+            driver: read("/sys/devices/system/cpu/cpuidle/current_driver"),
+            halt_poll_ns: read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+                .and_then(|s| s.parse().ok()),
+        }
+    }
+
+    /// One line for a report.
+    pub fn describe(&self) -> String {
+        let driver = self.driver.as_deref().unwrap_or("none");
+        match self.halt_poll_ns {
+            Some(0) => format!(
+                "idle CPUs: cpuidle driver {driver}, guest_halt_poll_ns 0 (an idle vCPU halts at once: every wake-up of a thread on it is an exit to the host; docs/operations.md)"
+            ),
+            Some(ns) => format!(
+                "idle CPUs: cpuidle driver {driver}, guest_halt_poll_ns {ns} (an idle vCPU polls up to {} us before it halts)",
+                ns / 1000
+            ),
+            None => format!("idle CPUs: cpuidle driver {driver}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -76,5 +114,27 @@ mod tests {
         let h = super::floor(64 << 10, 50).unwrap();
         assert_eq!(h.len(), 50);
         assert!(h.min() >= 1 && h.value_at_quantile(0.5) < 1_000_000);
+    }
+
+    #[test]
+    fn the_idle_line_names_the_driver_and_says_whether_idle_vcpus_poll() {
+        let at = |driver: Option<&str>, ns| super::IdlePath {
+            driver: driver.map(str::to_owned),
+            halt_poll_ns: ns,
+        };
+        let off = at(Some("haltpoll"), Some(0)).describe();
+        assert!(
+            off.contains("haltpoll") && off.contains("halts at once"),
+            "{off}"
+        );
+        let on = at(Some("haltpoll"), Some(200_000)).describe();
+        assert!(on.contains("polls up to 200 us"), "{on}");
+        assert_eq!(at(None, None).describe(), "idle CPUs: cpuidle driver none");
+        // Whatever this machine has, reading it does not fail.
+        assert!(
+            super::IdlePath::read()
+                .describe()
+                .starts_with("idle CPUs: ")
+        );
     }
 }

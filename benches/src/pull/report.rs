@@ -199,6 +199,7 @@ fn report_latency(a: &PullArgs, r: &Results) {
         f.value_at_quantile(0.9),
         h.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5).max(1) as f64
     );
+    println!("  {}", crate::relay::IdlePath::read().describe());
     println!(
         "{} x {} pull: median {:.2} GB/s, best {:.2} GB/s; first pull (source hashes each block) {:.2} GB/s",
         a.pages,
@@ -258,7 +259,9 @@ fn report_ratios(a: &PullArgs, r: &Results, s: &Summary) {
 
 fn json(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport, s: &Summary) -> String {
     let (h, dv) = (&r.lat, r.deliver);
+    let idle = crate::relay::IdlePath::read();
     serde_json::json!({
+        "cpuidle_driver": idle.driver, "guest_halt_poll_ns": idle.halt_poll_ns,
         "pages": a.pages, "page": r.page, "median_gbps": s.med / 1e9, "best_gbps": s.best / 1e9,
         "first_gbps": r.first / 1e9, "iperf3_gbps": s.ips.iter().map(|i| i / 1e9).collect::<Vec<_>>(),
         "ratio": s.ratio, "memcpy_ratio": s.mem, "cold_ms": r.cold * 1e3,
