@@ -23,13 +23,17 @@ use kvnode_proto::peer::{PeerMsg, PullKey};
 use tokio::sync::watch;
 
 use super::auth::accept_handshake;
+use super::block_mac::BlockMac;
+use super::hashes::Sums;
 use super::transport::{PeerListener, TcpConn};
 use super::{PeerError, Peers};
 use crate::store::{Lease, Store};
 
+pub(super) mod ahead;
 pub(super) mod sums;
 
-use sums::{hashed, settled, sum_ahead};
+use ahead::SumsAhead;
+use sums::{hash_threads, hashed, settled};
 
 /// Idle pooled connections are closed after this long without a request.
 const IDLE_LIMIT: Duration = Duration::from_mins(10);
@@ -63,21 +67,22 @@ impl BlockSource for Arc<Store> {
 /// Answers one pull on a UCX connection: `Slot`s of leased blocks, kept in `held` under
 /// `req` until the destination's `Landed`.
 async fn serve_pull_ucx<S: BlockSource>(
-    p: &Peers,
+    p: &Arc<Peers>,
     src: &S,
     w: &mut TcpConn,
     (dst, pull): (&str, (u64, NamespaceId, Vec<PullKey>)),
     limit: Duration,
-    held: &mut HashMap<u64, Vec<Lease>>,
+    held: &mut HashMap<u64, Vec<Arc<Lease>>>,
 ) -> Result<(), PeerError> {
     let (req, ns, keys) = pull;
     // A keyed plaintext session's Slots carry the block MAC too (docs/peer-protocol.md).
     let mac = w.block_mac().cloned();
-    let leased = src.lease(ns, &keys).await;
+    let leased = shared(src.lease(ns, &keys).await);
+    let mut ahead = SumsAhead::start(p, (ns, &keys), &leased, mac.as_ref(), hash_threads());
     let mut keep = Vec::with_capacity(leased.len());
     for (i, l) in leased.into_iter().enumerate() {
         let idx = i as u32;
-        match l.and_then(|b| hashed(p, ns, keys[i], b, mac.as_deref())) {
+        match summed(p, (ns, i, keys[i]), l, &mut ahead, mac.as_deref()).await {
             Some((b, sums)) => {
                 let seal = mac
                     .as_ref()
@@ -115,19 +120,15 @@ async fn serve_pull<S: BlockSource>(
     // Each block stays leased until its last byte is handed to the transport; an early
     // return drops the rest.
     let mac = w.block_mac().cloned();
-    let leased = src.lease(ns, keys).await;
-    let (mut leased, mut ahead) = sum_ahead(p, ns, keys, leased, mac.clone()).await;
+    let leased = shared(src.lease(ns, keys).await);
+    let mut ahead = SumsAhead::start(p, (ns, keys), &leased, mac.as_ref(), hash_threads());
     let done = PeerMsg::Done { req };
     let last = leased.len().checked_sub(1);
-    for (i, l) in leased.iter_mut().enumerate() {
+    for (i, l) in leased.into_iter().enumerate() {
         let idx = i as u32;
         // The last answer carries the request's `Done` in the same writev.
         let then = (Some(i) == last).then_some(&done);
-        let summed = l.take().and_then(|b| match ahead[i].take() {
-            Some(h) => settled(p, b, h),
-            None => hashed(p, ns, keys[i], b, mac.as_deref()),
-        });
-        match summed {
+        match summed(p, (ns, i, keys[i]), l, &mut ahead, mac.as_deref()).await {
             Some((b, sums)) => {
                 let bytes = b.bytes();
                 // A keyed plaintext session carries the block's MAC in `seal` (inside the
@@ -158,6 +159,27 @@ async fn serve_pull<S: BlockSource>(
     Ok(())
 }
 
+/// Leases shared with the threads summing ahead ([`SumsAhead`]).
+fn shared(leased: Vec<Option<Lease>>) -> Vec<Option<Arc<Lease>>> {
+    leased.into_iter().map(|l| l.map(Arc::new)).collect()
+}
+
+/// Block `i`'s (key `k`'s) lease with its sums: from the threads summing ahead, or computed here; `None`
+/// (answered `Miss`) when not leased or its bytes changed after they were first hashed.
+async fn summed(
+    p: &Peers,
+    (ns, i, k): (NamespaceId, usize, PullKey),
+    l: Option<Arc<Lease>>,
+    ahead: &mut SumsAhead,
+    mac: Option<&BlockMac>,
+) -> Option<(Arc<Lease>, Sums)> {
+    let b = l?;
+    match ahead.take(i).await {
+        Some(h) => settled(p, b, h),
+        None => hashed(p, ns, k, b, mac),
+    }
+}
+
 async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<bool>) {
     let ring = p.keys();
     let shake = accept_handshake(
@@ -181,7 +203,7 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
     // UCX state of this connection: the key generation it was given, the leases of
     // requests whose GETs are not confirmed, and pulls waiting for the window.
     let mut ucx: Option<u64> = None;
-    let mut held: HashMap<u64, Vec<Lease>> = HashMap::new();
+    let mut held: HashMap<u64, Vec<Arc<Lease>>> = HashMap::new();
     let mut queued: VecDeque<(u64, NamespaceId, Vec<PullKey>)> = VecDeque::new();
     loop {
         // Serve queued pulls while the window has room.
@@ -280,13 +302,13 @@ async fn offer_ucx(
 /// Serves one queued pull on a UCX connection, handing over a re-issued key first if the
 /// arena was re-registered since this connection got its key.
 async fn serve_ucx<S: BlockSource>(
-    p: &Peers,
+    p: &Arc<Peers>,
     src: &S,
     w: &mut TcpConn,
     (dst, pull): (&str, (u64, NamespaceId, Vec<PullKey>)),
     limit: Duration,
     ucx: &mut Option<u64>,
-    held: &mut HashMap<u64, Vec<Lease>>,
+    held: &mut HashMap<u64, Vec<Arc<Lease>>>,
 ) -> Result<(), PeerError> {
     if let (Some(u), Some(given)) = (p.ucx(), ucx.as_mut())
         && u.generation() != *given

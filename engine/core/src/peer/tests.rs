@@ -15,7 +15,8 @@ use tokio::sync::watch;
 use super::block_mac::BlockMac;
 use super::hashes::fingerprint;
 use super::source::BlockSource;
-use super::source::sums::{remembered, settled, sum_ahead_on};
+use super::source::ahead::{MIN_AHEAD, SumsAhead};
+use super::source::sums::{remembered, settled};
 use super::transport::FaultPlan;
 use super::{Peers, TransportKind};
 use crate::arena::Arena;
@@ -432,25 +433,80 @@ async fn bytes_changed_on_the_source_after_they_were_hashed_are_never_committed(
     assert_eq!(p.reserved(), 0);
 }
 
-/// `source::sums::sum_ahead_on`: the blocks of a request with no sums yet, summed on
-/// several threads, come back with hash and tag, and later leases find them remembered.
+/// The same through the threads summing ahead (a request large enough to hand off): the
+/// changed block is answered Miss, the others are pulled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn blocks_summed_on_several_threads_are_remembered_with_hash_and_tag() {
+async fn bytes_changed_on_the_source_are_refused_when_summed_ahead_too() {
+    let p = pair(7, FaultPlan::default()).await;
+    assert_eq!(p.pull(7).await.state, OpState::Done);
+    let keys: Vec<Key> = (0..7).map(key).collect();
+    let at = p.src.store.lease(p.sns, &keys[3..4]).await.unwrap()[0]
+        .as_ref()
+        .unwrap()
+        .extent();
+    // SAFETY: a test writing one byte of a block it owns; no one else touches it now.
+    unsafe { p.src.store.arena().slice_mut(at.offset, at.len)[7] ^= 0x5a };
+    p.src.peers.hashes.clear();
+    p.dst.store.delete(p.ns, &keys).unwrap();
+    let r = p.pull(7).await;
+    for (i, o) in r.results.iter().enumerate() {
+        let want = if i == 3 {
+            KeyOutcome::Missed
+        } else {
+            KeyOutcome::Pulled
+        };
+        assert_eq!(*o, want, "key {i}: {r:?}");
+    }
+    assert_eq!(
+        p.src
+            .peers
+            .counters
+            .changed_blocks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        p.src.peers.hashes.len(),
+        6,
+        "the unchanged six hashed again"
+    );
+    assert_eq!(p.reserved(), 0);
+}
+
+/// `source::ahead::SumsAhead`: the blocks of a request with no sums yet, but for the first
+/// (the send's own), are summed on several threads with hash and tag, and later leases find
+/// them remembered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_summed_ahead_on_several_threads_are_remembered_with_hash_and_tag() {
     let pair = pair_on(7, None, TransportKind::Tcp, TransportKind::Tcp).await;
     let (p, store) = (&pair.src.peers, &pair.src.store);
     let ns = store.namespace_id(pair.sns).unwrap();
     let keys: Vec<PullKey> = (0..7).map(|i| PullKey(key(i).0, key(i).1)).collect();
     let mac = BlockMac::for_key(9, b"a cluster key for the sums test").map(Arc::new);
-    let leased = BlockSource::lease(store, ns, &keys).await;
+    let leased: Vec<_> = BlockSource::lease(store, ns, &keys)
+        .await
+        .into_iter()
+        .map(|l| l.map(Arc::new))
+        .collect();
     for (i, l) in leased.iter().enumerate() {
         let b = l.as_ref().expect("leased");
         assert!(remembered(&p.hashes, ns, keys[i], b, mac.as_deref()).is_none());
     }
-    let (leased, sums) = sum_ahead_on(p, (ns, &keys), leased, mac.clone(), 3).await;
-    assert_eq!(leased.len(), 7, "every lease handed back");
-    for (i, l) in leased.into_iter().enumerate() {
+    let total: u64 = leased.iter().flatten().skip(1).map(|b| b.len()).sum();
+    assert!(
+        total >= MIN_AHEAD,
+        "the test's blocks must be worth summing ahead"
+    );
+    let mut ahead = SumsAhead::start(p, (ns, &keys), &leased, mac.as_ref(), 3);
+    assert_eq!(ahead.take(0).await, None, "the first is left to the send");
+    for (i, l) in leased.into_iter().enumerate().skip(1) {
         let b = l.expect("leased");
-        let got = sums[i].expect("summed ahead").expect("bytes unchanged");
+        let got = ahead
+            .take(i)
+            .await
+            .expect("summed ahead")
+            .expect("bytes unchanged");
+        assert_eq!(ahead.take(i).await, None, "taken once");
         assert_eq!(got.hash, *blake3::hash(b.bytes()).as_bytes(), "block {i}");
         // The send finds them remembered (a later lease sees the slot's fingerprint).
         let (b, again) = settled(p, b, Some(got)).expect("sums");
@@ -467,5 +523,33 @@ async fn blocks_summed_on_several_threads_are_remembered_with_hash_and_tag() {
             assert_eq!(got.tag_for(9), Some(m.tag(b.bytes())), "block {i}");
             assert_eq!(got.tag_for(10), None);
         }
+    }
+}
+
+/// A request whose blocks to sum hold less than `MIN_AHEAD` bytes is summed by the send in
+/// line, with no thread woken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_request_is_summed_in_line() {
+    let pair = pair_on(7, None, TransportKind::Tcp, TransportKind::Tcp).await;
+    let (p, store) = (&pair.src.peers, &pair.src.store);
+    let ns = store.namespace_id(pair.sns).unwrap();
+    let keys: Vec<PullKey> = (0..2).map(|i| PullKey(key(i).0, key(i).1)).collect();
+    let leased: Vec<_> = BlockSource::lease(store, ns, &keys)
+        .await
+        .into_iter()
+        .map(|l| l.map(Arc::new))
+        .collect();
+    assert!(
+        leased
+            .iter()
+            .flatten()
+            .skip(1)
+            .map(|b| b.len())
+            .sum::<u64>()
+            < MIN_AHEAD
+    );
+    let mut ahead = SumsAhead::start(p, (ns, &keys), &leased, None, 3);
+    for i in 0..2 {
+        assert_eq!(ahead.take(i).await, None, "block {i}");
     }
 }

@@ -1,8 +1,7 @@
 //! The hash and block MAC a source sends with each block: remembered per slot, or computed
-//! from one snapshot of the bytes; the blocks of a request not hashed yet are hashed on
-//! several cores at once before the first is sent.
+//! from one snapshot of the bytes (ahead of the send on other threads: [`super::ahead`]).
 
-use std::sync::Arc;
+use std::ops::Deref;
 
 use kvnode_proto::NamespaceId;
 use kvnode_proto::peer::PullKey;
@@ -67,20 +66,24 @@ const SNAPSHOT: usize = 128 << 10;
 
 /// The lease and sums of a leased block, or `None` (answered `Miss`) when its bytes
 /// changed after it was hashed.
-pub(super) fn hashed(
+pub(super) fn hashed<B: Deref<Target = Lease>>(
     p: &Peers,
     ns: NamespaceId,
     k: PullKey,
-    b: Lease,
+    b: B,
     mac: Option<&BlockMac>,
-) -> Option<(Lease, Sums)> {
+) -> Option<(B, Sums)> {
     let h = block_hash(&p.hashes, ns, k, &b, mac);
     settled(p, b, h)
 }
 
 /// `b` with its sums, or `None` (answered `Miss`, counted and logged) when it has none
 /// because its bytes changed after they were first hashed.
-pub(in crate::peer) fn settled(p: &Peers, b: Lease, h: Option<Sums>) -> Option<(Lease, Sums)> {
+pub(in crate::peer) fn settled<B: Deref<Target = Lease>>(
+    p: &Peers,
+    b: B,
+    h: Option<Sums>,
+) -> Option<(B, Sums)> {
     if h.is_none() {
         p.counters
             .changed_blocks
@@ -120,78 +123,11 @@ fn slot_of(ns: NamespaceId, k: PullKey, b: &Lease, fingerprint: u64) -> SlotId {
     }
 }
 
-/// Cores a request's not-yet-hashed blocks are spread over: one in four, at most 8 (a
+/// Threads a request's not-yet-hashed blocks are spread over: one in four, at most 8 (a
 /// first send of freshly offloaded blocks is otherwise held to one core's BLAKE3 rate).
 /// Read once: `available_parallelism` reads cgroup files on every call (it was 5 % of a
 /// source's CPU when called per request).
-fn hash_threads() -> usize {
+pub(super) fn hash_threads() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 8)))
-}
-
-/// Per block of `leased`: its sums, computed ahead on up to [`hash_threads`] threads when
-/// that is more than one and two or more blocks have none remembered yet (`Some`, the
-/// result of [`block_hash`]: `None` inside when the bytes changed); `None` where the send
-/// is left to compute them itself (remembered, not leased, or nothing to spread). The
-/// leases come back unchanged.
-pub(super) async fn sum_ahead(
-    p: &Arc<Peers>,
-    ns: NamespaceId,
-    keys: &[PullKey],
-    leased: Vec<Option<Lease>>,
-    mac: Option<Arc<BlockMac>>,
-) -> (Vec<Option<Lease>>, Vec<Option<Option<Sums>>>) {
-    sum_ahead_on(p, (ns, keys), leased, mac, hash_threads()).await
-}
-
-/// [`sum_ahead`] on `threads` threads.
-pub(in crate::peer) async fn sum_ahead_on(
-    p: &Arc<Peers>,
-    (ns, keys): (NamespaceId, &[PullKey]),
-    leased: Vec<Option<Lease>>,
-    mac: Option<Arc<BlockMac>>,
-    threads: usize,
-) -> (Vec<Option<Lease>>, Vec<Option<Option<Sums>>>) {
-    let todo: Vec<usize> = (0..leased.len())
-        .filter(|&i| {
-            leased[i]
-                .as_ref()
-                .is_some_and(|b| remembered(&p.hashes, ns, keys[i], b, mac.as_deref()).is_none())
-        })
-        .collect();
-    let mut sums = vec![None; leased.len()];
-    if threads < 2 || todo.len() < 2 {
-        return (leased, sums);
-    }
-    let (p, keys) = (Arc::clone(p), keys.to_vec());
-    let job = tokio::task::spawn_blocking(move || {
-        let parts: Vec<Vec<(usize, Option<Sums>)>> = std::thread::scope(|s| {
-            let workers: Vec<_> = todo
-                .chunks(todo.len().div_ceil(threads))
-                .map(|part| {
-                    let (p, leased, keys, mac) = (&p, &leased, &keys, mac.as_deref());
-                    s.spawn(move || {
-                        part.iter()
-                            .filter_map(|&i| {
-                                let b = leased[i].as_ref()?;
-                                Some((i, block_hash(&p.hashes, ns, keys[i], b, mac)))
-                            })
-                            .collect()
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect()
-        });
-        for (i, h) in parts.into_iter().flatten() {
-            sums[i] = Some(h);
-        }
-        (leased, sums)
-    });
-    match job.await {
-        Ok(r) => r,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
 }
