@@ -43,10 +43,10 @@ r = j["ratio"]
 rp = j.get("ratio_p")
 cpu = j.get("cpu_s_per_gb")
 cr = j.get("cpu_ratio")
-print("%-4s pull 64x1MiB: median %.2f GB/s = %s of iperf3%s, %.0f %% of memcpy; 64 KiB p50 %s us p99 %s us%s"
+print("%-4s pull 64x1MiB: median %.2f GB/s = %s of iperf3%s, %.0f %% of memcpy; first pull %.2f GB/s; 64 KiB p50 %s us p99 %s us%s"
       % (sys.argv[1], j["median_gbps"], "%.0f %%" % (r * 100) if r else "n/a",
          " (%.0f %% of -P %s)" % (rp * 100, j.get("connections")) if rp else "",
-         j["memcpy_ratio"] * 100, j["lat_p50_us"], j["lat_p99_us"],
+         j["memcpy_ratio"] * 100, j["first_gbps"], j["lat_p50_us"], j["lat_p99_us"],
          "; %.3f CPU-s/GB%s" % (cpu, " = %.2f x iperf3" % cr if cr else "") if cpu is not None else ""))
 PY
 }
