@@ -581,7 +581,12 @@ max_outstanding_keys = 8
         );
         std::thread::sleep(Duration::from_millis(10));
     };
-    let later = c.wait(later.op, 5000).unwrap();
+    let later = c.wait(later.op, 5000).unwrap_or_else(|e| {
+        panic!(
+            "waiting for the re-admitted op: {e}; its report: {later:?}; destination log:\n{}",
+            dst.log()
+        )
+    });
     assert_eq!(later.state, OpState::Done, "{later:?}");
 }
 
