@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvnode_proto::peer::PullKey;
 use kvnode_proto::pull::{KeyOutcome, OpReport, OpState};
-use kvnode_proto::{Digest, Key, NamespaceSpec};
+use kvnode_proto::{Digest, Key, NamespaceId, NamespaceSpec};
 use tokio::sync::watch;
 
 use super::block_mac::BlockMac;
@@ -221,6 +221,26 @@ impl Pair {
     pub(super) fn reserved(&self) -> u64 {
         self.dst.store.snapshot().0.tier.reserved
     }
+
+    /// Flips byte `at` of the source's copy of key `i`, as a client holding the arena
+    /// mapping could.
+    async fn scribble(&self, i: u8, at: usize) {
+        let e = self.src.store.lease(self.sns, &[key(i)]).await.unwrap()[0]
+            .as_ref()
+            .unwrap()
+            .extent();
+        // SAFETY: a test writing one byte of a block it owns; no one else touches it now.
+        unsafe { self.src.store.arena().slice_mut(e.offset, e.len)[at] ^= 0xff };
+    }
+
+    /// Blocks the source did not send because their bytes changed.
+    fn changed_blocks(&self) -> u64 {
+        self.src
+            .peers
+            .counters
+            .changed_blocks
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 pub(super) fn failed_with(r: &KeyOutcome, want: &str) -> bool {
@@ -401,14 +421,8 @@ async fn bytes_changed_on_the_source_after_they_were_hashed_are_never_committed(
         OpState::Done,
         "the source hashed both"
     );
-    // Scribble on the source's copy of key 0, as a client holding the arena mapping could.
     let keys: Vec<Key> = (0..2).map(key).collect();
-    let at = p.src.store.lease(p.sns, &keys[..1]).await.unwrap()[0]
-        .as_ref()
-        .unwrap()
-        .extent();
-    // SAFETY: a test writing one byte of a block it owns; no one else touches it now.
-    unsafe { p.src.store.arena().slice_mut(at.offset, at.len)[10] ^= 0xff };
+    p.scribble(0, 10).await;
     // With the hash remembered, the source sends the changed bytes under the old hash and
     // the destination refuses them.
     p.dst.store.delete(p.ns, &keys).unwrap();
@@ -421,14 +435,7 @@ async fn bytes_changed_on_the_source_after_they_were_hashed_are_never_committed(
     p.src.peers.hashes.clear();
     let r = p.pull(2).await;
     assert_eq!(r.results[0], KeyOutcome::Missed, "{r:?}");
-    assert_eq!(
-        p.src
-            .peers
-            .counters
-            .changed_blocks
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert_eq!(p.changed_blocks(), 1);
     assert_eq!(p.held(2).await, vec![false, true]);
     assert_eq!(p.reserved(), 0);
 }
@@ -440,12 +447,7 @@ async fn bytes_changed_on_the_source_are_refused_when_summed_ahead_too() {
     let p = pair(7, FaultPlan::default()).await;
     assert_eq!(p.pull(7).await.state, OpState::Done);
     let keys: Vec<Key> = (0..7).map(key).collect();
-    let at = p.src.store.lease(p.sns, &keys[3..4]).await.unwrap()[0]
-        .as_ref()
-        .unwrap()
-        .extent();
-    // SAFETY: a test writing one byte of a block it owns; no one else touches it now.
-    unsafe { p.src.store.arena().slice_mut(at.offset, at.len)[7] ^= 0x5a };
+    p.scribble(3, 7).await;
     p.src.peers.hashes.clear();
     p.dst.store.delete(p.ns, &keys).unwrap();
     let r = p.pull(7).await;
@@ -457,20 +459,34 @@ async fn bytes_changed_on_the_source_are_refused_when_summed_ahead_too() {
         };
         assert_eq!(*o, want, "key {i}: {r:?}");
     }
-    assert_eq!(
-        p.src
-            .peers
-            .counters
-            .changed_blocks
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert_eq!(p.changed_blocks(), 1);
     assert_eq!(
         p.src.peers.hashes.len(),
         6,
         "the unchanged six hashed again"
     );
     assert_eq!(p.reserved(), 0);
+}
+
+/// The source's first `n` blocks leased as a send shares them with the threads summing
+/// ahead, with their wire namespace and keys.
+async fn shared_leases(
+    pair: &Pair,
+    n: u8,
+) -> (
+    NamespaceId,
+    Vec<PullKey>,
+    Vec<Option<Arc<crate::store::Lease>>>,
+) {
+    let store = &pair.src.store;
+    let ns = store.namespace_id(pair.sns).unwrap();
+    let keys: Vec<PullKey> = (0..n).map(|i| PullKey(key(i).0, key(i).1)).collect();
+    let leased = BlockSource::lease(store, ns, &keys)
+        .await
+        .into_iter()
+        .map(|l| l.map(Arc::new))
+        .collect();
+    (ns, keys, leased)
 }
 
 /// `source::ahead::SumsAhead`: the blocks of a request with no sums yet, but for the first
@@ -480,14 +496,8 @@ async fn bytes_changed_on_the_source_are_refused_when_summed_ahead_too() {
 async fn blocks_summed_ahead_on_several_threads_are_remembered_with_hash_and_tag() {
     let pair = pair_on(7, None, TransportKind::Tcp, TransportKind::Tcp).await;
     let (p, store) = (&pair.src.peers, &pair.src.store);
-    let ns = store.namespace_id(pair.sns).unwrap();
-    let keys: Vec<PullKey> = (0..7).map(|i| PullKey(key(i).0, key(i).1)).collect();
+    let (ns, keys, leased) = shared_leases(&pair, 7).await;
     let mac = BlockMac::for_key(9, b"a cluster key for the sums test").map(Arc::new);
-    let leased: Vec<_> = BlockSource::lease(store, ns, &keys)
-        .await
-        .into_iter()
-        .map(|l| l.map(Arc::new))
-        .collect();
     for (i, l) in leased.iter().enumerate() {
         let b = l.as_ref().expect("leased");
         assert!(remembered(&p.hashes, ns, keys[i], b, mac.as_deref()).is_none());
@@ -531,14 +541,8 @@ async fn blocks_summed_ahead_on_several_threads_are_remembered_with_hash_and_tag
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_request_is_summed_in_line() {
     let pair = pair_on(7, None, TransportKind::Tcp, TransportKind::Tcp).await;
-    let (p, store) = (&pair.src.peers, &pair.src.store);
-    let ns = store.namespace_id(pair.sns).unwrap();
-    let keys: Vec<PullKey> = (0..2).map(|i| PullKey(key(i).0, key(i).1)).collect();
-    let leased: Vec<_> = BlockSource::lease(store, ns, &keys)
-        .await
-        .into_iter()
-        .map(|l| l.map(Arc::new))
-        .collect();
+    let (ns, keys, leased) = shared_leases(&pair, 2).await;
+    let p = &pair.src.peers;
     assert!(
         leased
             .iter()
