@@ -164,8 +164,9 @@ fn shared(leased: Vec<Option<Lease>>) -> Vec<Option<Arc<Lease>>> {
     leased.into_iter().map(|l| l.map(Arc::new)).collect()
 }
 
-/// Block `i`'s (key `k`'s) lease with its sums: from the threads summing ahead, or computed here; `None`
-/// (answered `Miss`) when not leased or its bytes changed after they were first hashed.
+/// Block `i`'s (key `k`'s) lease with its sums: from the threads summing ahead, or computed
+/// here; `None` (answered `Miss`) when not leased or its bytes changed after they were first
+/// hashed.
 async fn summed(
     p: &Peers,
     (ns, i, k): (NamespaceId, usize, PullKey),
