@@ -55,6 +55,6 @@ if need iperf3; then
   echo "== bench pull"
   $bin bench pull --pages 8 --iterations 2 --rounds 1 --latency-samples 20 --iperf-seconds 1
   echo "== bench pull --transport ucx"
-  UCX_TLS=tcp $bin bench pull --transport ucx --pages 8 --iterations 2 --rounds 1 --latency-samples 20 --iperf-seconds 1
+  UCX_TLS=tcp $bin bench pull --transport ucx --ucx-software-rma --pages 8 --iterations 2 --rounds 1 --latency-samples 20 --iperf-seconds 1
 fi
 echo "bench-smoke: every benchmark above ran (bench gpu needs a GPU: scripts/gpu-smoke.sh)"

@@ -48,6 +48,11 @@ pub struct PullArgs {
     /// run fails unless the destination really pulled with UCX GETs.
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "ucx", "auto"])]
     pub transport: String,
+    /// Pass `--peer-ucx-insecure-software-rma` to both daemons: let UCX run over its software
+    /// RMA (TCP, shared memory), as on a machine without an RDMA device. Both daemons are on
+    /// loopback here; a production daemon refuses software RMA without the switch.
+    #[arg(long)]
+    pub ucx_software_rma: bool,
     /// Seconds of each iperf3 run (0 skips it).
     #[arg(long, default_value_t = 3)]
     pub iperf_seconds: u32,
@@ -302,6 +307,14 @@ fn start(a: &PullArgs) -> anyhow::Result<Daemons> {
         "--peer-transport".into(),
         a.transport.clone(),
     ];
+    let software = a
+        .ucx_software_rma
+        .then(|| "--peer-ucx-insecure-software-rma".to_owned());
+    src_args.extend(software.clone());
+    if !a.daemon_args.iter().any(|x| x.starts_with("--cluster-key")) {
+        // A keyless listener serves every local user: the daemon wants that said.
+        src_args.push("--peer-keyless-serves-every-local-user".into());
+    }
     src_args.extend(a.daemon_args.iter().cloned());
     let (src, src_sock) = daemon("src", &src_args)?;
     let mut dst_args = vec![
@@ -312,6 +325,7 @@ fn start(a: &PullArgs) -> anyhow::Result<Daemons> {
         "--peer-transport".into(),
         a.transport.clone(),
     ];
+    dst_args.extend(software);
     dst_args.extend(a.daemon_args.iter().cloned());
     let (dst, dst_sock) = daemon("dst", &dst_args)?;
     Ok(Daemons {

@@ -9,6 +9,7 @@ pub mod peerstats;
 pub mod peerwire;
 pub mod raw;
 pub mod shm;
+pub mod ucxforge;
 pub mod ucxsteal;
 
 use std::path::{Path, PathBuf};
@@ -456,7 +457,7 @@ pub fn hint(port: u16, keys: &[Key]) -> String {
 
 /// The peer transport the peer suites run their daemons with: `tcp` (default) or `ucx`,
 /// from `KVNODE_E2E_PEER_TRANSPORT` (CI runs the suites once per transport). With `ucx`,
-/// daemons get `--peer-transport ucx` and `UCX_TLS=tcp` unless `UCX_TLS` is set.
+/// daemons get [`UCX_SOFTWARE`] and `UCX_TLS=tcp` unless `UCX_TLS` is set.
 pub fn peer_transport() -> &'static str {
     match std::env::var("KVNODE_E2E_PEER_TRANSPORT").as_deref() {
         Err(_) | Ok("" | "tcp") => "tcp",
@@ -464,6 +465,14 @@ pub fn peer_transport() -> &'static str {
         Ok(other) => panic!("KVNODE_E2E_PEER_TRANSPORT={other}: expected tcp or ucx"),
     }
 }
+
+/// The UCX transport over UCX's software RMA (its TCP transport on loopback, as the tests
+/// run it: no RDMA device here), which a daemon accepts only with the explicit switch.
+pub const UCX_SOFTWARE: [&str; 3] = [
+    "--peer-transport",
+    "ucx",
+    "--peer-ucx-insecure-software-rma",
+];
 
 /// Starts a peer daemon with `args` on the suite's transport ([`peer_transport`]); with UCX
 /// it checks that the daemon really runs it.
@@ -473,7 +482,7 @@ pub fn peer_daemon(args: &[&str]) -> Daemon {
     }
     let tls = std::env::var("UCX_TLS").unwrap_or_else(|_| "tcp".into());
     let mut all = args.to_vec();
-    all.extend_from_slice(&["--peer-transport", "ucx"]);
+    all.extend_from_slice(&UCX_SOFTWARE);
     let d = Daemon::start_env(&[("UCX_TLS", tls.as_str())], &all);
     assert!(
         d.log().contains("transport ucx"),
@@ -514,9 +523,15 @@ pub fn peer_source_args(port: u16, extra: &[&str]) -> Vec<String> {
         .map(str::to_owned)
         .to_vec();
     args.extend([listen, "--advertise".to_owned(), adv]);
+    if !extra.contains(&"--cluster-key") {
+        args.push(KEYLESS.to_owned());
+    }
     args.extend(extra.iter().map(|&a| a.to_owned()));
     args
 }
+
+/// The switch a peer listener without a cluster key needs (it serves every local user).
+pub const KEYLESS: &str = "--peer-keyless-serves-every-local-user";
 
 /// A source daemon serving peers on `127.0.0.1:port`, plus `extra` flags.
 pub fn peer_source(port: u16, extra: &[&str]) -> Daemon {

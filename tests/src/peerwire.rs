@@ -304,6 +304,9 @@ pub enum Tamper {
     /// Flip one byte of the first sealed header from the destination (its first request):
     /// the other direction.
     FlipHeaderUp,
+    /// Carry every answer after `Ready` one byte every 600 ms (a member that keeps a pull
+    /// alive without ever finishing it: never silent for a whole io timeout).
+    Trickle,
 }
 
 impl Tamper {
@@ -317,6 +320,7 @@ impl Tamper {
             "swap" => Self::Swap,
             "replay" => Self::Replay,
             "flip-header-up" => Self::FlipHeaderUp,
+            "trickle" => Self::Trickle,
             _ => return None,
         })
     }
@@ -384,6 +388,15 @@ fn pump(
                 Tamper::Replay => {
                     f = ready.clone().expect("Ready seen");
                     done = true;
+                }
+                Tamper::Trickle => {
+                    for b in &f {
+                        std::thread::sleep(std::time::Duration::from_millis(600));
+                        if to.write_all(std::slice::from_ref(b)).is_err() {
+                            return;
+                        }
+                    }
+                    continue;
                 }
                 Tamper::Pass => {}
             }

@@ -19,7 +19,7 @@ use kvnode_ucx::{Access, Context, MemoryKind, PackedRkey, Region, Remote, Worker
 pub struct Report(pub Vec<String>);
 
 impl Report {
-    fn say(&mut self, k: &str, v: impl std::fmt::Display) {
+    pub(crate) fn say(&mut self, k: &str, v: impl std::fmt::Display) {
         self.0.push(format!("{k}={v}"));
     }
 }

@@ -24,7 +24,13 @@ fn source_promotes_nvme_only_blocks_and_sends_them_byte_identical() {
     let src = peer_spilling(
         &dir,
         "96MiB",
-        &["--peer-listen", &listen, "--advertise", &adv],
+        &[
+            "--peer-listen",
+            &listen,
+            "--advertise",
+            &adv,
+            kvnode_e2e::KEYLESS,
+        ],
     );
     let mut sc = src.client();
     let sns = sc.register(&spec("m", BLOCK as u64)).unwrap().ns;

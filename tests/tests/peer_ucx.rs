@@ -16,7 +16,7 @@ use kvnode_proto::peer::{PeerMsg, decode_peer};
 use kvnode_proto::pull::{FailCode, KeyOutcome, OpState};
 
 const PAGE: usize = 1 << 20;
-const UCX: [&str; 2] = ["--peer-transport", "ucx"];
+const UCX: [&str; 3] = kvnode_e2e::UCX_SOFTWARE;
 
 fn tls() -> [(&'static str, &'static str); 1] {
     [("UCX_TLS", "tcp")]
@@ -214,6 +214,7 @@ fn ucx_access_is_never_offered_before_authentication_and_wrong_keys_get_nothing(
         &[
             "--peer-transport",
             "ucx",
+            "--peer-ucx-insecure-software-rma",
             "--cluster-key",
             ka.to_str().unwrap(),
         ],
@@ -236,6 +237,7 @@ fn ucx_access_is_never_offered_before_authentication_and_wrong_keys_get_nothing(
         &[
             "--peer-transport",
             "ucx",
+            "--peer-ucx-insecure-software-rma",
             "--cluster-key",
             kb.to_str().unwrap(),
         ],
@@ -253,6 +255,7 @@ fn ucx_access_is_never_offered_before_authentication_and_wrong_keys_get_nothing(
         &[
             "--peer-transport",
             "ucx",
+            "--peer-ucx-insecure-software-rma",
             "--cluster-key",
             ka.to_str().unwrap(),
         ],
@@ -300,6 +303,7 @@ fn auto_falls_back_to_tcp_when_ucx_cannot_start_and_ucx_refuses_to_start() {
             "--no-pin",
             "--peer-listen",
             &listen,
+            kvnode_e2e::KEYLESS,
             "--peer-transport",
             "auto",
         ],
@@ -456,6 +460,7 @@ fn a_keyed_ucx_pull_checks_every_get_against_the_block_mac_of_its_slot() {
     let keyed = [
         "--peer-transport",
         "ucx",
+        "--peer-ucx-insecure-software-rma",
         "--cluster-key",
         k.to_str().unwrap(),
     ];

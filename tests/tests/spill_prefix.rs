@@ -167,7 +167,13 @@ fn peer_source_serves_a_pull_larger_than_its_dram_in_order() {
     let adv = format!("tcp://{listen}");
     let (dir, src, mut sc, sns) = filled(
         "prefix-peer",
-        &["--peer-listen", &listen, "--advertise", &adv],
+        &[
+            "--peer-listen",
+            &listen,
+            "--advertise",
+            &adv,
+            kvnode_e2e::KEYLESS,
+        ],
     );
     let _ = sns;
     let dst = peer_dest(&adv, &[]);

@@ -57,6 +57,9 @@ class Daemon:
             a += ["--peer-listen", self.peer_listen, "--advertise", self.endpoint]
             if self.cluster_key:
                 a += ["--cluster-key", self.cluster_key]
+            else:
+                # Keyless listeners serve every local user: the daemon wants it said.
+                a += ["--peer-keyless-serves-every-local-user"]
             if self.peers:
                 a += ["--peers", ",".join(self.peers)]
         return a + self.extra

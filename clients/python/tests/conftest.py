@@ -63,7 +63,8 @@ def pair(tmp_path):
     """
     pa = free_port()
     a = Daemon(tmp_path / "a", extra=("--peer-listen", f"127.0.0.1:{pa}",
-                                      "--advertise", f"tcp://127.0.0.1:{pa}"))
+                                      "--advertise", f"tcp://127.0.0.1:{pa}",
+                                      "--peer-keyless-serves-every-local-user"))
     dead = free_port()
     b = Daemon(tmp_path / "b", extra=("--peers", f"tcp://127.0.0.1:{pa},tcp://127.0.0.1:{dead}"))
     yield a, pa, b, dead

@@ -34,7 +34,7 @@ def schedule_until(s, req_id: str, limit_s: float):
 
 def test_kv_fetch_hint_pulls_the_prefix_from_the_peer_then_loads_it(tmp_path, model_dir):
     pa, dead = free_port(), free_port()
-    a = Daemon(tmp_path / "a", extra=("--peer-listen", f"127.0.0.1:{pa}", "--advertise", f"tcp://127.0.0.1:{pa}"))
+    a = Daemon(tmp_path / "a", extra=("--peer-listen", f"127.0.0.1:{pa}", "--advertise", f"tcp://127.0.0.1:{pa}", "--peer-keyless-serves-every-local-user"))
     b = Daemon(tmp_path / "b", extra=("--peers", f"tcp://127.0.0.1:{pa},tcp://127.0.0.1:{dead}"))
     try:
         s = make_scheduler(vllm_config(model_dir, b.socket, lookup_wait_ms=0))

@@ -13,7 +13,7 @@ from tier_env import Engine, counters, freeze, hint_envelope, keys_and_rows
 
 def test_a_hinted_request_pulls_from_a_second_daemon_and_a_frozen_peer_is_a_bounded_miss(tmp_path, model_dir):
     pa = free_port()
-    a = Daemon(tmp_path / "a", extra=("--peer-listen", f"127.0.0.1:{pa}", "--advertise", f"tcp://127.0.0.1:{pa}"))
+    a = Daemon(tmp_path / "a", extra=("--peer-listen", f"127.0.0.1:{pa}", "--advertise", f"tcp://127.0.0.1:{pa}", "--peer-keyless-serves-every-local-user"))
     b = Daemon(tmp_path / "b", extra=("--peers", f"tcp://127.0.0.1:{pa}"))
     ea = Engine(model_dir, a.socket)
     eb = Engine(model_dir, b.socket, tier={"hint_wait_s": 1.5})

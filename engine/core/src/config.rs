@@ -185,15 +185,27 @@ impl EngineConfig {
 
     /// A keyless peer listener authenticates nobody: any local user completes its handshake
     /// and pulls every block it can name, past the socket's mode, the allowlist and the tenant
-    /// map (issue 25, item 3). A daemon that restricts its clients must require the key.
+    /// map (issue 25, item 3; issue 38, item 5). It needs the explicit switch that says so,
+    /// and a daemon that restricts its clients must require the key whatever the switch.
     fn check_keyless_peer_listener(&self) -> Result<(), String> {
+        if self.peer.listen.is_none() || self.peer.cluster_key.is_some() {
+            return Ok(());
+        }
         let restricted =
             self.tenants.enabled() || !self.allow_uids.is_empty() || !self.allow_gids.is_empty();
-        if self.peer.listen.is_some() && self.peer.cluster_key.is_none() && restricted {
+        if restricted {
             return Err(
                 "a keyless peer listener (--peer-listen without --cluster-key) serves every block to every local user, \
                  so it cannot be combined with a tenant map or allow_uids/allow_gids: give the daemon a --cluster-key \
                  (or drop --peer-listen)"
+                    .into(),
+            );
+        }
+        if !self.peer.keyless_serves_every_local_user {
+            return Err(
+                "a peer listener without --cluster-key authenticates nobody: every local user could pull every block, \
+                 whatever the client socket's mode. Give the daemon a --cluster-key, or say that this is intended with \
+                 --peer-keyless-serves-every-local-user ([peer] keyless_serves_every_local_user = true)"
                     .into(),
             );
         }

@@ -43,6 +43,16 @@ pub struct PeerArgs {
     /// How pulled blocks move: tcp, ucx (one-sided GETs; UCX must initialize) or auto.
     #[arg(long, value_name = "tcp|ucx|auto")]
     pub peer_transport: Option<TransportKind>,
+    /// INSECURE: let UCX serve one-sided reads in software (UCX's TCP and shared-memory
+    /// transports check no memory key: whoever reaches the worker can read and overwrite
+    /// every block and crash the daemon). Only where every host and local user is trusted;
+    /// UCX then listens on the peer interface only.
+    #[arg(long)]
+    pub peer_ucx_insecure_software_rma: bool,
+    /// Serve peers without a cluster key, knowing that every local user can then pull every
+    /// block (the listener authenticates nobody). Refused beside a tenant map or allowlist.
+    #[arg(long)]
+    pub peer_keyless_serves_every_local_user: bool,
 }
 
 /// Applies the flags over the file's `[peer]` table.
@@ -73,6 +83,12 @@ pub fn apply(a: &PeerArgs, c: &mut PeerConfig) {
     }
     if let Some(v) = a.peer_transport {
         c.transport = v;
+    }
+    if a.peer_ucx_insecure_software_rma {
+        c.ucx_insecure_software_rma = true;
+    }
+    if a.peer_keyless_serves_every_local_user {
+        c.keyless_serves_every_local_user = true;
     }
 }
 

@@ -11,6 +11,9 @@
 //! - [`Progress`]: a worker driven by its own thread. The side whose memory is read must
 //!   keep progressing: over UCX's TCP transport a GET is served in software by the target's
 //!   worker, and the reader stalls if that worker sleeps.
+//! - [`Resources`]: the transports a context selected, and whether each enforces memory keys
+//!   in hardware (verbs RC/DC) or serves RMA in software (TCP, shared memory): the daemon
+//!   exposes memory only over the former unless told the network is trusted.
 //! - [`Remote`]: an endpoint to another process's worker with that process's unpacked remote
 //!   key: [`Remote::get`], one bounded, cancellable `ucp_get_nbx`, or several in flight at once
 //!   ([`Remote::post_get`], [`Remote::land_one`], [`Remote::abandon`]).
@@ -24,6 +27,7 @@ mod error;
 mod progress;
 mod region;
 mod remote;
+mod resources;
 mod sys;
 mod worker;
 
@@ -32,6 +36,7 @@ pub use error::UcxError;
 pub use progress::Progress;
 pub use region::{Access, MemoryKind, PackedRkey, Region};
 pub use remote::Remote;
+pub use resources::{HARDWARE_TLS, Resource, Resources};
 pub use worker::{Worker, WorkerAddress};
 
 #[cfg(test)]

@@ -6,9 +6,13 @@
 //! peer-attacker forge  TO DIALLED KEY_ID_HEX         a forged proof sent to a keyed source
 //! peer-attacker proxy  LISTEN TO MODE [RECORD_FILE]  on-path proxy (pass, flip-payload,
 //!                                                    flip-header, drop, swap, replay,
-//!                                                    flip-header-up: destination to source)
+//!                                                    flip-header-up: destination to source,
+//!                                                    trickle: one byte every 600 ms)
 //! peer-attacker ucx-steal RECORD_FILE                what a UCX offer and slots read from a
 //!                                                    recording give: GET, PUT (ucxsteal.rs)
+//! peer-attacker ucx-forge PID OWN_PORTS ADDR LEN     a forged worker address to the daemon's
+//!                                                    UCX ports, one GET of LEN at hex ADDR
+//!                                                    (ucxforge.rs)
 //! ```
 //! `relay` and `proxy` print `listening` once bound.
 
@@ -23,7 +27,7 @@ fn main() {
     let arg = |i: usize| a.get(i).map(String::as_str);
     let usage = || -> ! {
         eprintln!(
-            "usage: peer-attacker relay LISTEN TO [DIALLED] | forge TO DIALLED KEY_ID | proxy LISTEN TO MODE [FILE] | ucx-steal FILE"
+            "usage: peer-attacker relay LISTEN TO [DIALLED] | forge TO DIALLED KEY_ID | proxy LISTEN TO MODE [FILE] | ucx-steal FILE | ucx-forge PID OWN_PORTS ADDR LEN"
         );
         std::process::exit(2)
     };
@@ -69,6 +73,20 @@ fn main() {
             let Some(file) = arg(1) else { usage() };
             let r = kvnode_e2e::ucxsteal::steal(&std::fs::read(file).expect("read the recording"));
             for line in r.0 {
+                println!("{line}");
+            }
+            return;
+        }
+        Some("ucx-forge") => {
+            let (Some(pid), Some(own), Some(addr), Some(len)) = (arg(1), arg(2), arg(3), arg(4))
+            else {
+                usage()
+            };
+            let own: Vec<u16> = own.split(',').filter_map(|p| p.parse().ok()).collect();
+            let addr =
+                u64::from_str_radix(addr.trim_start_matches("0x"), 16).unwrap_or_else(|_| usage());
+            let len = len.parse().unwrap_or_else(|_| usage());
+            for line in kvnode_e2e::ucxforge::attack(pid, &own, addr, len).0 {
                 println!("{line}");
             }
             return;

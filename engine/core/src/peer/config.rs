@@ -48,6 +48,23 @@ pub struct PeerConfig {
     /// UCX GETs each connection keeps in flight at once (the destination's read window;
     /// the source leases up to 4 requests of `batch_keys` blocks ahead). Default: 16.
     pub ucx_gets_in_flight: u32,
+    /// Let UCX serve one-sided reads in software (UCX's `tcp` and shared-memory transports,
+    /// which never check a memory key): every process that reaches the UCX worker can then
+    /// read and overwrite the whole DRAM tier and crash the daemon. Only for a network where
+    /// every host and every local user is trusted (and for tests, where no RDMA device
+    /// exists). Without it a `ucx` transport needs verbs RC/DC (the NIC checks every access)
+    /// and start-up fails otherwise; `auto` falls back to TCP. Default: false.
+    pub ucx_insecure_software_rma: bool,
+    /// Serve peers without a cluster key: the listener then authenticates nobody, and every
+    /// local user (whatever the client socket's mode says) can complete its handshake on
+    /// loopback and pull every block it can name. Without a key a listener needs this
+    /// switch; it is refused beside a tenant map or a client allowlist. Default: false.
+    pub keyless_serves_every_local_user: bool,
+    /// `UCX_NET_DEVICES` for software RMA: the only network devices UCX listens and connects
+    /// on. Default: none, meaning the interface that holds the `listen` address (else the
+    /// `advertise` address, else the interfaces whose networks hold the `peers` entries); a
+    /// daemon with none of these must name it.
+    pub ucx_net_devices: Option<String>,
     /// Fault injection on dialled connections (test builds only, feature `test-seams`; see
     /// `transport::FaultPlan`). Default: none.
     #[cfg(feature = "test-seams")]
@@ -69,6 +86,9 @@ impl Default for PeerConfig {
             batch_keys: 16,
             transport: TransportKind::Tcp,
             ucx_gets_in_flight: 16,
+            ucx_insecure_software_rma: false,
+            keyless_serves_every_local_user: false,
+            ucx_net_devices: None,
             #[cfg(feature = "test-seams")]
             debug_fault: None,
         }

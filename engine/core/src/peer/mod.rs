@@ -226,26 +226,7 @@ impl Peers {
                     .or_else(|_| Endpoint::parse(&format!("tcp://{a}")))
                     .ok()
             });
-        let (ucx, ucx_off) = match cfg.transport {
-            TransportKind::Tcp => (None, None),
-            TransportKind::Ucx => {
-                let n = transport::UcxNode::start(&store, cfg.ucx_gets_in_flight as usize).map_err(|e| {
-                    PeerError::Config(format!(
-                        "peer transport ucx: {e} (is libucx0 installed and UCX_TLS valid? `ucx_info -d` lists the transports)"
-                    ))
-                })?;
-                (Some(Arc::new(n)), None)
-            }
-            TransportKind::Auto => {
-                match transport::UcxNode::start(&store, cfg.ucx_gets_in_flight as usize) {
-                    Ok(n) => (Some(Arc::new(n)), None),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "peer transport auto: UCX did not initialize; pulling over TCP");
-                        (None, Some(e.to_string()))
-                    }
-                }
-            }
-        };
+        let (ucx, ucx_off) = Self::start_ucx(cfg, &store)?;
         Ok(Self {
             ucx,
             ucx_off,
@@ -272,6 +253,34 @@ impl Peers {
             store,
             metrics,
         })
+    }
+
+    /// UCX as `cfg.transport` asks: none for `tcp`; for `ucx` a start-up failure is the
+    /// daemon's (a clear error, e.g. software RMA without the trusted-network switch); for
+    /// `auto` it falls back to TCP, and the reason is kept for the start-up line.
+    fn start_ucx(
+        cfg: &PeerConfig,
+        store: &Arc<Store>,
+    ) -> Result<(Option<Arc<transport::UcxNode>>, Option<String>), PeerError> {
+        if cfg.transport == TransportKind::Tcp {
+            return Ok((None, None));
+        }
+        let setup = transport::UcxSetup::from_config(cfg).map_err(PeerError::Config)?;
+        let started = transport::UcxNode::start(store, &setup).map_err(|e| match e {
+            transport::UcxStartError::Ucx(e) => PeerError::Config(format!(
+                "peer transport ucx: {e} (is libucx0 installed, UCX_TLS valid and an RDMA device present? \
+                 `ucx_info -d` lists the transports)"
+            )),
+            e => PeerError::Config(format!("peer transport ucx: {e}")),
+        });
+        match (cfg.transport, started) {
+            (_, Ok(n)) => Ok((Some(Arc::new(n)), None)),
+            (TransportKind::Auto, Err(e)) => {
+                tracing::warn!(error = %e, "peer transport auto: UCX not used; pulling over TCP");
+                Ok((None, Some(e.to_string())))
+            }
+            (_, Err(e)) => Err(e),
+        }
     }
 
     /// The configuration in force (`connections` resolved: never 0).

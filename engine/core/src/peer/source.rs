@@ -288,7 +288,8 @@ async fn offer_ucx(
                 .to_owned()
         }
         Some(u) => match u.offer() {
-            Ok((offer, generation)) => {
+            Ok(None) => "this daemon exposes no memory over UCX".to_owned(),
+            Ok(Some((offer, generation))) => {
                 w.send(&offer, &[], limit).await?;
                 *ucx = Some(generation);
                 tracing::debug!(peer = %w.remote(), "peer reads blocks with UCX GETs");
@@ -316,7 +317,8 @@ async fn serve_ucx<S: BlockSource>(
     {
         let (offer, generation) = u
             .offer()
-            .map_err(|e| PeerError::Protocol(format!("UCX key unavailable: {e}")))?;
+            .map_err(|e| PeerError::Protocol(format!("UCX key unavailable: {e}")))?
+            .ok_or_else(|| PeerError::Protocol("UCX exposure withdrawn mid-connection".into()))?;
         w.send(&offer, &[], limit).await?;
         *given = generation;
     }

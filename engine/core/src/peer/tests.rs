@@ -105,6 +105,7 @@ fn dest_on(
         debug_fault: plan,
         transport: t,
         ucx_gets_in_flight: gets,
+        ucx_insecure_software_rma: true,
         ..crate::peer::PeerConfig::default()
     });
     let ns = dst.store.register(&spec()).unwrap().ns;
@@ -139,8 +140,12 @@ pub(super) async fn pair_gets(
     dt: TransportKind,
     gets: u32,
 ) -> Pair {
+    // Loopback over UCX's software transports (no RDMA device here): the explicit switch,
+    // and a listener address so the source exposes its arena.
     let src = node(&crate::peer::PeerConfig {
         transport: st,
+        listen: Some("127.0.0.1:0".into()),
+        ucx_insecure_software_rma: true,
         ..crate::peer::PeerConfig::default()
     });
     let sns = src.store.register(&spec()).unwrap().ns;

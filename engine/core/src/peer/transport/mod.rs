@@ -26,6 +26,7 @@ mod faulty;
 mod tcp;
 mod tcp_pull;
 mod ucx;
+mod ucx_setup;
 
 use std::io;
 use std::net::SocketAddr;
@@ -41,7 +42,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub use faulty::{FaultPlan, FaultyConn};
 pub use tcp::TcpConn;
 pub use tcp_pull::TcpPull;
-pub use ucx::{UcxNode, UcxPeer, UcxPull};
+pub use ucx::{UcxExposure, UcxNode, UcxPeer, UcxPull, UcxSetup, UcxStartError};
+pub use ucx_setup::interface_of;
 
 use super::PeerError;
 

@@ -5,7 +5,7 @@
 use std::io::{self, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd as _;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvnode_proto::frame::PREFIX_LEN;
 use kvnode_proto::peer::PeerMsg;
@@ -128,8 +128,10 @@ impl TcpPull {
     /// Fills `dst` from the buffer, then from the socket. Each blocking read returns as soon
     /// as any byte arrives (the kernel wakes this thread directly) and waits at most `limit`
     /// (`SO_RCVTIMEO`), so no gap without progress exceeds `limit`. (`MSG_WAITALL` measured
-    /// no faster, and its timeout covers a whole call rather than a gap.) A close part-way
-    /// reports `Truncated(bytes got, dst.len())`.
+    /// no faster, and its timeout covers a whole call rather than a gap.) The whole read
+    /// must also finish within [`read_budget`] (`limit` plus its length at [`MIN_RATE`]): a
+    /// peer trickling a byte at a time, never silent for `limit`, is cut off there. A close
+    /// part-way reports `Truncated(bytes got, dst.len())`.
     fn read_exact(
         &mut self,
         dst: &mut [u8],
@@ -141,7 +143,16 @@ impl TcpPull {
         let mut got = (self.end - self.pos).min(dst.len());
         dst[..got].copy_from_slice(&self.buf[self.pos..self.pos + got]);
         self.pos += got;
+        let budget = read_budget(limit, dst.len() - got);
+        let end = Instant::now() + budget;
         while got < dst.len() {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(PeerError::Timeout(what, budget));
+            }
+            if left < limit {
+                self.bound(left)?;
+            }
             let rest = &mut dst[got..];
             let n = if rest.len() >= HEADER_BUF / 2 {
                 self.s.read(rest)
@@ -164,6 +175,17 @@ impl TcpPull {
         }
         Ok(())
     }
+}
+
+/// The slowest a peer may deliver a frame's bytes once it has started: 1 MiB/s, far below
+/// any link a pull is worth taking (a 64 KiB block then has 62 ms beyond the io timeout, a
+/// 16 MiB one 16 s), and far above a peer that trickles to hold a pull open.
+pub const MIN_RATE: u64 = 1 << 20;
+
+/// How long one read of `len` bytes may take in all: `limit` (the longest silence) plus
+/// `len` at [`MIN_RATE`].
+pub fn read_budget(limit: Duration, len: usize) -> Duration {
+    limit + Duration::from_micros(len as u64 * 1_000_000 / MIN_RATE)
 }
 
 fn send_error(e: io::Error, limit: Duration) -> PeerError {
@@ -301,6 +323,43 @@ mod tests {
             assert!(body.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
         }
         t.join().unwrap();
+    }
+
+    #[test]
+    fn a_body_trickled_a_byte_at_a_time_is_cut_off_at_its_budget() {
+        let (mut w, r) = pair();
+        let (mut src, dst) = session();
+        let wire = block(&mut src, 4096);
+        let head = wire.len() - 4096;
+        w.write_all(&wire[..head]).unwrap();
+        let mut p = TcpPull::new(r, &[], dst).unwrap();
+        let limit = Duration::from_millis(300);
+        p.recv(limit).unwrap();
+        // One byte every 100 ms: never silent for `limit`, 410 s for the whole body.
+        let body_bytes = wire[head..].to_vec();
+        let trickle = std::thread::spawn(move || {
+            for b in body_bytes {
+                std::thread::sleep(Duration::from_millis(100));
+                if w.write_all(&[b]).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut body = vec![0u8; 4096];
+        let t = Instant::now();
+        let e = p.read_payload(&mut body, limit).unwrap_err();
+        let took = t.elapsed();
+        assert!(
+            matches!(e, PeerError::Timeout("peer block bytes", _)),
+            "{e}"
+        );
+        let budget = read_budget(limit, 4096);
+        assert!(
+            took >= budget && took < budget + limit,
+            "budget {budget:?}, cut off after {took:?}"
+        );
+        drop(p);
+        trickle.join().unwrap();
     }
 
     #[test]

@@ -27,49 +27,133 @@ use std::time::Duration;
 
 use kvnode_proto::peer::PeerMsg;
 use kvnode_ucx::{
-    Access, Context, MemoryKind, PackedRkey, Progress, Region, Remote, UcxError, WorkerAddress,
+    Access, Context, MemoryKind, PackedRkey, Progress, Region, Remote, Resource, Resources,
+    UcxError, WorkerAddress,
 };
 
 use super::{Frame, PullConn, TcpPull};
 use crate::peer::PeerError;
 use crate::store::Store;
 
+/// Which transports this daemon lets UCX expose its memory over (`[peer]
+/// ucx_insecure_software_rma`, `ucx_net_devices`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UcxExposure {
+    /// Only transports whose NIC checks every RDMA access against the memory key (verbs
+    /// RC/DC; UD for wire-up): the context gets [`kvnode_ucx::HARDWARE_TLS`] unless
+    /// `UCX_TLS` names the transports, and start-up fails if any selected transport would
+    /// serve RMA in software. The default.
+    HardwareOnly,
+    /// Whatever `UCX_TLS` selects, software RMA included, on these network devices only
+    /// (`UCX_NET_DEVICES`: the peer interface). Every process that reaches them can read
+    /// and overwrite the whole arena and crash the daemon: a trusted network only.
+    TrustedNetwork {
+        /// `UCX_NET_DEVICES` value (`lo`, `eth1`, ...).
+        net_devices: String,
+    },
+}
+
+/// How this daemon's UCX starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UcxSetup {
+    /// GETs each connection keeps in flight at most (`[peer] ucx_gets_in_flight`).
+    pub window: usize,
+    /// Which transports may carry RMA.
+    pub exposure: UcxExposure,
+    /// Whether this daemon serves pulls (has a peer listener): only then is a worker
+    /// started for peers to read from and the arena registered for remote reads.
+    pub serve: bool,
+}
+
+/// Why UCX did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UcxStartError {
+    /// UCX itself failed (not installed, no usable transport, ...).
+    #[error("{0}")]
+    Ucx(#[from] UcxError),
+    /// UCX would serve remote memory access in software (no NIC checks the memory key).
+    #[error(
+        "UCX would serve one-sided reads in software over {}: anyone who reaches this daemon's UCX worker \
+         could read and overwrite every tenant's blocks and crash the daemon with one GET. The UCX transport \
+         needs an RDMA (verbs RC/DC) device; use --peer-transport tcp, or, only on a network where every host \
+         and local user is trusted, --peer-ucx-insecure-software-rma (docs/peer-protocol.md, threat model)",
+        list(.0)
+    )]
+    SoftwareRma(Vec<Resource>),
+}
+
+fn list(r: &[Resource]) -> String {
+    r.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// This daemon's UCX state: context, two registrations of the arena and the worker peers
 /// read through (driven by its own thread).
 ///
 /// The arena is registered twice: `exposed` is the one whose key peers get (re-registered to
 /// revoke it), `landing` is the local registration GETs land in (its key is never packed),
-/// so revoking does not wait for this daemon's own pooled connections to go away.
+/// so revoking does not wait for this daemon's own pooled connections to go away. A daemon
+/// without a peer listener has neither `serving` nor `exposed`: no worker of its own listens
+/// and no key to its arena exists.
 #[derive(Debug)]
 pub struct UcxNode {
     /// Dropped before `store` (field order): no registration outlives the arena.
-    serving: Progress,
-    exposed: RwLock<Region>,
+    serving: Option<Progress>,
+    exposed: RwLock<Option<Region>>,
     landing: Arc<Region>,
     generation: AtomicU64,
     /// GETs each connection keeps in flight at most (`[peer] ucx_gets_in_flight`).
     window: usize,
     /// The most GETs any connection had in flight at once (a statistic, and for tests).
     max_in_flight: AtomicUsize,
+    /// The transports the context selected (for the start-up line).
+    resources: Resources,
     ctx: Context,
     store: Arc<Store>,
 }
 
 impl UcxNode {
-    /// Initializes UCX (reading `UCX_*` from the environment), registers `store`'s arena
-    /// and starts the progress thread. Each connection keeps up to `window` GETs in flight.
-    pub fn start(store: &Arc<Store>, window: usize) -> Result<Self, UcxError> {
-        let ctx = Context::new()?;
-        let exposed = Self::map(&ctx, store, Access::RemoteRead)?;
+    /// Initializes UCX under `setup.exposure` (reading `UCX_*` from the environment, then
+    /// overriding what the exposure fixes), registers `store`'s arena and, when serving,
+    /// starts the progress thread peers read through.
+    pub fn start(store: &Arc<Store>, setup: &UcxSetup) -> Result<Self, UcxStartError> {
+        let ctx = match &setup.exposure {
+            UcxExposure::HardwareOnly if std::env::var_os("UCX_TLS").is_none() => {
+                Context::with_settings(&[("TLS", kvnode_ucx::HARDWARE_TLS)])?
+            }
+            UcxExposure::HardwareOnly => Context::new()?,
+            UcxExposure::TrustedNetwork { net_devices } => {
+                Context::with_settings(&[("NET_DEVICES", net_devices)])?
+            }
+        };
+        let resources = ctx.resources()?;
+        match (&setup.exposure, resources.check_hardware_rma()) {
+            (_, Ok(())) => {}
+            (UcxExposure::HardwareOnly, Err(soft)) => return Err(UcxStartError::SoftwareRma(soft)),
+            (UcxExposure::TrustedNetwork { .. }, Err(soft)) => tracing::warn!(
+                transports = %list(&soft),
+                "UCX SERVES REMOTE MEMORY ACCESS IN SOFTWARE (--peer-ucx-insecure-software-rma): every process \
+                 that reaches these transports can read and overwrite this daemon's DRAM tier and crash it"
+            ),
+        }
+        let (serving, exposed) = if setup.serve {
+            let exposed = Self::map(&ctx, store, Access::RemoteRead)?;
+            (Some(Progress::start(&ctx, "kvnode-ucx")?), Some(exposed))
+        } else {
+            (None, None)
+        };
         let landing = Self::map(&ctx, store, Access::Local)?;
-        let serving = Progress::start(&ctx, "kvnode-ucx")?;
         Ok(Self {
             serving,
             exposed: RwLock::new(exposed),
             landing: Arc::new(landing),
             generation: AtomicU64::new(1),
-            window: window.max(1),
+            window: setup.window.max(1),
             max_in_flight: AtomicUsize::new(0),
+            resources,
             ctx,
             store: Arc::clone(store),
         })
@@ -102,30 +186,38 @@ impl UcxNode {
         self.max_in_flight.load(Ordering::Relaxed)
     }
 
-    /// What a destination needs to read this arena, and the generation it belongs to.
-    pub fn offer(&self) -> Result<(PeerMsg, u64), UcxError> {
+    /// What a destination needs to read this arena, and the generation it belongs to;
+    /// `None` when this daemon serves no pulls.
+    pub fn offer(&self) -> Result<Option<(PeerMsg, u64)>, UcxError> {
         let g = self.exposed.read().expect("ucx region lock");
+        let (Some(region), Some(serving)) = (g.as_ref(), &self.serving) else {
+            return Ok(None);
+        };
         let gen_now = self.generation();
-        let rkey = g.pack_rkey()?;
-        Ok((
+        let rkey = region.pack_rkey()?;
+        Ok(Some((
             PeerMsg::UcxOffer {
-                worker: self.serving.address().0.clone(),
+                worker: serving.address().0.clone(),
                 rkey: rkey.0,
-                base: g.base(),
-                len: g.len() as u64,
+                base: region.base(),
+                len: region.len() as u64,
             },
             gen_now,
-        ))
+        )))
     }
 
     /// Revokes every key handed out: registers the arena afresh (new key) and unmaps the old
     /// registration at once. On verbs the old key stops working then (a GET with it fails);
-    /// UCX's TCP transport does not check keys (see docs/peer-protocol.md). Open
-    /// connections receive the new key before their next answer. Returns the new generation.
+    /// software transports do not check keys (see docs/peer-protocol.md). Open
+    /// connections receive the new key before their next answer. Returns the new generation
+    /// (unchanged when this daemon exposes nothing).
     pub fn reregister(&self) -> Result<u64, UcxError> {
+        if self.serving.is_none() {
+            return Ok(self.generation());
+        }
         let fresh = Self::map(&self.ctx, &self.store, Access::RemoteRead)?;
         let mut g = self.exposed.write().expect("ucx region lock");
-        let old = std::mem::replace(&mut *g, fresh);
+        let old = g.replace(fresh);
         let gen_now = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         drop(g);
         drop(old); // ucp_mem_unmap: the revocation
@@ -157,9 +249,15 @@ impl UcxNode {
     /// One line for the start-up log (no key material).
     pub fn describe(&self) -> String {
         let r = &self.landing;
+        let what = if self.serving.is_some() {
+            "registered for one-sided reads by peers (remote read only)"
+        } else {
+            "registered for landing pulls only (no peer listener: nothing exposed, no serving worker)"
+        };
         format!(
-            "UCX {} ready: {} arena bytes registered for one-sided reads (remote read only)",
+            "UCX {} ready over {}: {} arena bytes {what}",
             Context::version(),
+            list(&self.resources.0),
             r.len()
         )
     }

@@ -1,0 +1,237 @@
+//! From `[peer]` to how UCX starts ([`UcxSetup`]): which transports may carry remote memory
+//! access, and on which network device software RMA is confined.
+//!
+//! The rule (issue 38, item 1): UCX exposes the arena only over transports whose NIC checks
+//! the memory key, unless `ucx_insecure_software_rma` says the network is trusted; then UCX
+//! listens and connects only on the peer interface (`ucx_net_devices`, else the interface
+//! holding the `listen` address, else the `advertise` address, else those holding the
+//! `peers` entries), never on every NIC. A
+//! daemon without a peer listener starts no serving worker and exposes nothing.
+
+use std::ffi::CStr;
+use std::net::IpAddr;
+
+use kvnode_proto::hint::Endpoint;
+
+use super::ucx::{UcxExposure, UcxSetup};
+use crate::peer::config::PeerConfig;
+
+impl UcxSetup {
+    /// The setup `cfg` asks for; an error says what to configure.
+    pub fn from_config(cfg: &PeerConfig) -> Result<Self, String> {
+        let exposure = if cfg.ucx_insecure_software_rma {
+            UcxExposure::TrustedNetwork {
+                net_devices: net_devices(cfg)?,
+            }
+        } else {
+            UcxExposure::HardwareOnly
+        };
+        Ok(Self {
+            window: cfg.ucx_gets_in_flight as usize,
+            exposure,
+            serve: cfg.listen.is_some(),
+        })
+    }
+}
+
+/// The device list software RMA is confined to.
+fn net_devices(cfg: &PeerConfig) -> Result<String, String> {
+    if let Some(d) = &cfg.ucx_net_devices {
+        return Ok(d.clone());
+    }
+    let own = [cfg.listen.as_deref(), cfg.advertise.as_deref()]
+        .into_iter()
+        .flatten()
+        .find_map(specific_ip);
+    if let Some(ip) = own {
+        return interface_of(ip).ok_or_else(|| {
+            format!(
+                "peer ucx_insecure_software_rma: no network interface holds {ip}: set [peer] ucx_net_devices"
+            )
+        });
+    }
+    // A daemon that only dials: the interfaces whose networks hold its listed peers.
+    let mut devs: Vec<String> = Vec::new();
+    for ip in cfg.peers.iter().filter_map(|p| peer_ip(p)) {
+        let d = interface_of(ip).ok_or_else(|| {
+            format!(
+                "peer ucx_insecure_software_rma: no local network holds peer address {ip}: set [peer] ucx_net_devices"
+            )
+        })?;
+        if !devs.contains(&d) {
+            devs.push(d);
+        }
+    }
+    if devs.is_empty() {
+        return Err(
+            "peer ucx_insecure_software_rma: UCX must listen only on the peer interface, and neither \
+             --peer-listen, --advertise nor --peers names a specific address: give one, or set [peer] ucx_net_devices"
+                .into(),
+        );
+    }
+    Ok(devs.join(","))
+}
+
+/// The address a `--peers` entry names (`tcp://HOST:PORT` or a CIDR's network address).
+fn peer_ip(p: &str) -> Option<IpAddr> {
+    match p.split_once('/') {
+        Some((a, _)) if !p.starts_with("tcp://") => a.parse().ok(),
+        _ => specific_ip(p),
+    }
+}
+
+/// The address of `HOST:PORT` or `tcp://HOST:PORT` when it is a specific IP (no wildcard).
+fn specific_ip(a: &str) -> Option<IpAddr> {
+    let e = Endpoint::parse(a)
+        .or_else(|_| Endpoint::parse(&format!("tcp://{a}")))
+        .ok()?;
+    e.ip().filter(|ip| !ip.is_unspecified())
+}
+
+/// The name of the interface whose network holds `ip` (`lo` for any 127.0.0.0/8 address).
+pub fn interface_of(ip: IpAddr) -> Option<String> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local; freed below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut at = head;
+    while !at.is_null() && found.is_none() {
+        // SAFETY: a node of the list getifaddrs returned, alive until freeifaddrs.
+        let i = unsafe { &*at };
+        at = i.ifa_next;
+        // SAFETY: each pointer is NULL or points at a sockaddr of the family it says.
+        let (addr, mask) = unsafe { (sockaddr_ip(i.ifa_addr), sockaddr_ip(i.ifa_netmask)) };
+        if let (Some(a), Some(m)) = (addr, mask)
+            && same_network(ip, a, m)
+        {
+            // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+            found = Some(
+                unsafe { CStr::from_ptr(i.ifa_name) }
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    found
+}
+
+/// The IP a `sockaddr` holds, for IPv4 and IPv6.
+///
+/// # Safety
+/// `sa` is NULL or points at a valid sockaddr of the family it names.
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's guarantee; the family says which struct it is.
+    unsafe {
+        match i32::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let v4 = sa.cast::<libc::sockaddr_in>().read_unaligned();
+                Some(IpAddr::from(u32::from_be(v4.sin_addr.s_addr).to_be_bytes()))
+            }
+            libc::AF_INET6 => {
+                let v6 = sa.cast::<libc::sockaddr_in6>().read_unaligned();
+                Some(IpAddr::from(v6.sin6_addr.s6_addr))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn same_network(ip: IpAddr, addr: IpAddr, mask: IpAddr) -> bool {
+    match (ip, addr, mask) {
+        (IpAddr::V4(i), IpAddr::V4(a), IpAddr::V4(m)) => {
+            let m = u32::from(m);
+            u32::from(i) & m == u32::from(a) & m
+        }
+        (IpAddr::V6(i), IpAddr::V6(a), IpAddr::V6(m)) => {
+            let m = u128::from(m);
+            u128::from(i) & m == u128::from(a) & m
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(listen: Option<&str>, advertise: Option<&str>, trusted: bool) -> PeerConfig {
+        PeerConfig {
+            listen: listen.map(str::to_owned),
+            advertise: advertise.map(str::to_owned),
+            ucx_insecure_software_rma: trusted,
+            ..PeerConfig::default()
+        }
+    }
+
+    #[test]
+    fn loopback_addresses_are_on_lo() {
+        assert_eq!(
+            interface_of("127.0.0.1".parse().unwrap()).as_deref(),
+            Some("lo")
+        );
+        assert_eq!(
+            interface_of("127.4.5.6".parse().unwrap()).as_deref(),
+            Some("lo")
+        );
+        assert_eq!(interface_of("192.0.2.77".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn the_default_exposes_only_hardware_checked_rma_and_serves_only_with_a_listener() {
+        let s = UcxSetup::from_config(&cfg(None, None, false)).unwrap();
+        assert_eq!(s.exposure, UcxExposure::HardwareOnly);
+        assert!(!s.serve);
+        assert!(
+            UcxSetup::from_config(&cfg(Some("0.0.0.0:7000"), None, false))
+                .unwrap()
+                .serve
+        );
+    }
+
+    #[test]
+    fn software_rma_is_confined_to_the_peer_interface_or_refused() {
+        let s = UcxSetup::from_config(&cfg(Some("127.0.0.1:7000"), None, true)).unwrap();
+        assert_eq!(
+            s.exposure,
+            UcxExposure::TrustedNetwork {
+                net_devices: "lo".into()
+            }
+        );
+        let s = UcxSetup::from_config(&cfg(
+            Some("0.0.0.0:7000"),
+            Some("tcp://127.0.0.9:7000"),
+            true,
+        ))
+        .unwrap();
+        assert!(
+            matches!(s.exposure, UcxExposure::TrustedNetwork { net_devices } if net_devices == "lo")
+        );
+        let e = UcxSetup::from_config(&cfg(Some("0.0.0.0:7000"), None, true)).unwrap_err();
+        assert!(e.contains("ucx_net_devices"), "{e}");
+        let e = UcxSetup::from_config(&cfg(None, None, true)).unwrap_err();
+        assert!(e.contains("ucx_net_devices"), "{e}");
+        let dialler = PeerConfig {
+            peers: vec!["tcp://127.0.0.1:7000".into(), "127.0.0.0/8".into()],
+            ..cfg(None, None, true)
+        };
+        assert!(matches!(
+            UcxSetup::from_config(&dialler).unwrap().exposure,
+            UcxExposure::TrustedNetwork { net_devices } if net_devices == "lo"
+        ));
+        let named = PeerConfig {
+            ucx_net_devices: Some("eth1".into()),
+            ..cfg(None, None, true)
+        };
+        assert!(matches!(
+            UcxSetup::from_config(&named).unwrap().exposure,
+            UcxExposure::TrustedNetwork { net_devices } if net_devices == "eth1"
+        ));
+    }
+}
