@@ -31,6 +31,17 @@ fn cluster_key() -> String {
     k.to_str().unwrap().to_owned()
 }
 
+/// A keyed daemon (64 MiB) with a peer listener on loopback `port`, UCX's TCP transport
+/// enabled, `--peer-transport transport`, plus `extra`.
+fn keyed_listener(port: u16, transport: &str, extra: &[&str]) -> Daemon {
+    let listen = format!("127.0.0.1:{port}");
+    let key_file = cluster_key();
+    let mut args = vec!["--dram", "64MiB", "--no-pin", "--cluster-key", &key_file];
+    args.extend_from_slice(&["--peer-listen", &listen, "--peer-transport", transport]);
+    args.extend_from_slice(extra);
+    Daemon::start_env(&tcp(), &args)
+}
+
 /// Runs the forged-address attack on `d`: one GET of `len` bytes at `addr` through every
 /// listening port of the daemon but `own`. Returns the attacker's report.
 fn forge(d: &Daemon, own: &[u16], addr: u64, len: usize) -> String {
@@ -71,22 +82,7 @@ fn a_forged_ucx_worker_address_finds_no_worker_and_cannot_crash_the_daemon() {
     // As the issue ran it: a UCX-capable daemon (auto) on a node with no RDMA device, UCX's
     // TCP transport enabled, a peer listener on loopback.
     let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let key_file = cluster_key();
-    let mut d = Daemon::start_env(
-        &tcp(),
-        &[
-            "--dram",
-            "64MiB",
-            "--no-pin",
-            "--cluster-key",
-            &key_file,
-            "--peer-listen",
-            &listen,
-            "--peer-transport",
-            "auto",
-        ],
-    );
+    let mut d = keyed_listener(port, "auto", &[]);
     let mut c = d.client();
     let ns = c.register(&spec("m", PAGE)).unwrap().ns;
     let secret = vec![0x5a_u8; PAGE as usize];
@@ -159,23 +155,7 @@ fn ucx_over_software_rma_refuses_to_start_without_the_trusted_network_switch() {
 #[test]
 fn ucx_on_a_trusted_network_listens_on_the_peer_interface_only() {
     let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let key_file = cluster_key();
-    let d = Daemon::start_env(
-        &tcp(),
-        &[
-            "--dram",
-            "64MiB",
-            "--no-pin",
-            "--cluster-key",
-            &key_file,
-            "--peer-listen",
-            &listen,
-            "--peer-transport",
-            "ucx",
-            "--peer-ucx-insecure-software-rma",
-        ],
-    );
+    let d = keyed_listener(port, "ucx", &["--peer-ucx-insecure-software-rma"]);
     assert!(
         d.log().contains("transport ucx")
             && d.log().contains("SERVES REMOTE MEMORY ACCESS IN SOFTWARE"),

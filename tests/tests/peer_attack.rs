@@ -752,12 +752,7 @@ fn a_daemon_with_a_tenant_map_or_an_allowlist_opens_no_keyless_peer_port() {
         ("tenant map", tenants, "kvnode-tenant:a"),
         ("allowlist", allow, ""),
     ] {
-        let dir = temp_dir("keyless-restricted");
-        let file = dir.join("kvnode.toml");
-        std::fs::write(&file, cfg).unwrap();
-        let port = free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let sock = dir.join("kvnode.sock");
+        let (dir, file, sock, listen) = configured("keyless-restricted", &cfg);
         let args = [
             "--dram",
             "64MiB",
@@ -803,6 +798,17 @@ fn a_daemon_with_a_tenant_map_or_an_allowlist_opens_no_keyless_peer_port() {
         drop(keyed);
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// A private directory holding config file `cfg`: (the directory, the file, a socket path
+/// in it, a free loopback peer address).
+fn configured(tag: &str, cfg: &str) -> (PathBuf, PathBuf, PathBuf, String) {
+    let dir = temp_dir(tag);
+    let file = dir.join("kvnode.toml");
+    std::fs::write(&file, cfg).unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let sock = dir.join("kvnode.sock");
+    (dir, file, sock, listen)
 }
 
 /// Waits until `d` either exits (its status) or serves both its socket and `listen` (None).
@@ -858,11 +864,7 @@ fn a_keyless_peer_listener_needs_the_switch_that_says_every_local_user_is_served
         } else {
             "0600"
         };
-        let dir = temp_dir("keyless-plain");
-        let file = dir.join("kvnode.toml");
-        std::fs::write(&file, mode).unwrap();
-        let listen = format!("127.0.0.1:{}", free_port());
-        let sock = dir.join("kvnode.sock");
+        let (dir, file, sock, listen) = configured("keyless-plain", mode);
         let args = [
             "--dram",
             "64MiB",

@@ -369,7 +369,7 @@ fn an_encrypted_session_is_never_offered_ucx_and_pulls_over_tcp() {
     let port = free_port();
     let src = source(
         port,
-        &[UCX[0], UCX[1], "--cluster-key", k.to_str().unwrap()],
+        &[UCX[0], UCX[1], UCX[2], "--cluster-key", k.to_str().unwrap()],
     );
     assert!(src.log().contains("transport ucx (UCX 1."), "{}", src.log());
     let keys: Vec<Key> = (0..3).map(key).collect();
@@ -379,6 +379,7 @@ fn an_encrypted_session_is_never_offered_ucx_and_pulls_over_tcp() {
         &[
             UCX[0],
             UCX[1],
+            UCX[2],
             "--cluster-key",
             k.to_str().unwrap(),
             "--peer-encrypt",
@@ -418,8 +419,8 @@ fn sighup_reloads_the_keys_and_re_issues_the_ucx_arena_key() {
     std::fs::write(&k, "cluster-key-hhhhhhhhhhhhhhhhhhhhhhhh\n").unwrap();
     let port = free_port();
     let key_args = ["--cluster-key", k.to_str().unwrap()];
-    let src = source(port, &[UCX[0], UCX[1], key_args[0], key_args[1]]);
-    let dst = dest(port, &[UCX[0], UCX[1], key_args[0], key_args[1]]);
+    let src = source(port, &[UCX[0], UCX[1], UCX[2], key_args[0], key_args[1]]);
+    let dst = dest(port, &[UCX[0], UCX[1], UCX[2], key_args[0], key_args[1]]);
     let keys: Vec<Key> = (0..8).map(key).collect();
     fill(&src, &keys);
     assert_eq!(pull(&dst, port, &keys[..4]).0.state, OpState::Done);
