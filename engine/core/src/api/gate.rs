@@ -6,7 +6,9 @@
 //! the connection is closed (after at most [`REFUSED_LINGER`] so that a `Hello` already on
 //! its way does not turn the reply into a reset). An admitted uid may hold at most
 //! `max_pre_hello_per_uid` connections that have not completed their `Hello`; the next is
-//! refused the same way. Neither path allocates a session or read buffers.
+//! refused the same way. An admitted uid may hold at most its tenant's `connections_per_uid`
+//! connections at once (`[tenants.limits]`); the next is refused with `Error { LimitReached }`
+//! and counted on the tenant. Neither path allocates a session or read buffers.
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -22,7 +24,7 @@ use tokio::net::UnixStream;
 use super::tenancy::admit;
 use crate::engine::Engine;
 use crate::obs::Refusal;
-use crate::tenant::TenantId;
+use crate::tenant::{Charge, Held, TenantId};
 
 /// How long a refused connection is kept to let the client read the refusal.
 pub const REFUSED_LINGER: Duration = Duration::from_secs(1);
@@ -83,12 +85,15 @@ pub struct Admitted {
     pub tenant: TenantId,
     /// Its pre-`Hello` slot, held until the handshake ends.
     pub slot: PreHelloSlot,
+    /// Its place under the uid's `connections_per_uid`, held until the connection ends.
+    pub charge: Charge,
 }
 
 /// A connection turned away at accept: [`Refused::answer`] tells it why and closes it.
 #[derive(Debug)]
 pub struct Refused {
     stream: UnixStream,
+    code: ErrorCode,
     msg: String,
 }
 
@@ -104,6 +109,11 @@ pub fn screen(
     let cred: PeerCred = got.unwrap_or_default();
     let refused = |stream: UnixStream, why: Refusal, msg: String| {
         engine.metrics.client_refused(why);
+        let code = if why == Refusal::ConnectionCap {
+            ErrorCode::LimitReached
+        } else {
+            ErrorCode::Handshake
+        };
         tracing::warn!(
             pid = cred.pid,
             uid = cred.uid,
@@ -111,7 +121,7 @@ pub fn screen(
             reason = %msg,
             "client refused at accept (see kvnode_clients_refused_total)"
         );
-        Refused { stream, msg }
+        Refused { stream, code, msg }
     };
     let tenant = match admission {
         Ok(t) => t,
@@ -125,25 +135,34 @@ pub fn screen(
         );
         return Err(refused(stream, Refusal::PreHelloCap, msg));
     };
+    let charge = match engine
+        .tenants()
+        .charge(cred.uid, tenant, Held::Connections, 1)
+    {
+        Ok(c) => c,
+        Err(over) => return Err(refused(stream, Refusal::ConnectionCap, over.to_string())),
+    };
     Ok(Admitted {
         stream,
         cred,
         tenant,
         slot,
+        charge,
     })
 }
 
 impl Refused {
-    /// Sends `Error { Handshake, msg }` at once, then closes once the client has closed or
+    /// Sends `Error { code, msg }` (`Handshake`, or `LimitReached` at the connection cap) at once, then closes once the client has closed or
     /// [`REFUSED_LINGER`] passed, reading (and dropping) at most 4 KiB meanwhile.
     pub async fn answer(self) {
-        let Self { mut stream, msg } = self;
+        let Self {
+            mut stream,
+            code,
+            msg,
+        } = self;
         let reply = Response {
             id: 0,
-            reply: Reply::Error {
-                code: ErrorCode::Handshake,
-                message: msg,
-            },
+            reply: Reply::Error { code, message: msg },
         };
         let Ok(frame) = encode_frame(&reply, 0) else {
             return;

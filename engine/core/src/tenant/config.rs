@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::limits::{ClientLimits, LimitsError, fd_hard_limit};
 use crate::size_serde::{de_opt_size, ser_opt_size};
 
 /// Longest tenant name.
@@ -39,6 +40,9 @@ pub struct TenantsConfig {
     /// quotas, the client's `tenant_salt` used as given and the arena shared (as before
     /// tenants existed).
     pub tenant: Vec<TenantSettings>,
+    /// Per-uid caps on connections, attached regions and leased blocks (`[tenants.limits]`,
+    /// in force with or without a map). Default: each cap's own default (limits.rs).
+    pub limits: ClientLimits,
 }
 
 /// One `[[tenants.tenant]]`.
@@ -62,6 +66,9 @@ pub struct TenantSettings {
     /// mapping shows every tenant's blocks, so only a tenant trusted with all of them may
     /// have it. Default: false (inline gets/puts, regions and GPU ops still work).
     pub share_arena: bool,
+    /// Per-uid caps for this tenant's uids (`[tenants.tenant.limits]`); a field left out
+    /// comes from `[tenants.limits]`. Default: none of its own.
+    pub limits: ClientLimits,
 }
 
 /// A `[tenants]` section that cannot work.
@@ -92,6 +99,9 @@ pub enum TenantConfigError {
     /// `unmapped = "refuse"` but nobody is mapped.
     #[error("[tenants] unmapped = \"refuse\" with no tenant listed would refuse every client")]
     RefuseAll,
+    /// Per-uid caps that cannot work or would let one uid starve the others.
+    #[error(transparent)]
+    Limits(#[from] LimitsError),
 }
 
 /// Whether a tenant name is acceptable.
@@ -133,8 +143,15 @@ impl TenantsConfig {
         cfg
     }
 
-    /// Checks names, duplicates and quotas.
+    /// Checks names, duplicates, quotas and per-uid caps (against the daemon's hard
+    /// descriptor limit, to which it raises its own at start).
     pub fn validate(&self) -> Result<(), TenantConfigError> {
+        let nofile = fd_hard_limit();
+        self.limits.validate("[tenants.limits]", nofile)?;
+        for t in &self.tenant {
+            let scope = format!("tenant {:?}", t.name);
+            t.limits.or(self.limits).validate(&scope, nofile)?;
+        }
         if self.unmapped == Unmapped::Refuse
             && self
                 .tenant
@@ -275,6 +292,7 @@ mod tests {
                     dram_quota,
                     nvme_quota,
                     share_arena,
+                    limits: ClientLimits::default(),
                 }
             })
     }
@@ -290,6 +308,7 @@ mod tests {
             let c = TenantsConfig {
                 unmapped: if refuse { Unmapped::Refuse } else { Unmapped::Default },
                 tenant: tenants,
+                limits: ClientLimits::default(),
             };
             let text = toml::to_string(&Top { tenants: c.clone() }).unwrap();
             let back: Top = toml::from_str(&text).unwrap();
