@@ -95,7 +95,9 @@ fn attach(s: &UnixStream) -> Result<(), String> {
     let fd = memfd();
     let sent = kvnode_fdpass::send_with_fd(s.as_raw_fd(), &frame, std::os::fd::AsFd::as_fd(&fd))
         .map_err(|e| format!("io: {e}"))?;
-    (&*s).write_all(&frame[sent..]).map_err(|e| format!("io: {e}"))?;
+    (&*s)
+        .write_all(&frame[sent..])
+        .map_err(|e| format!("io: {e}"))?;
     match recv(s) {
         Ok(Reply::RegionAttached { .. }) => Ok(()),
         Ok(Reply::Error { code, .. }) => Err(format!("{code:?}")),
@@ -169,7 +171,9 @@ fn register(c: &mut Client, len: u64) -> u32 {
 }
 
 fn busy(r: &OpReport) -> bool {
-    r.reason.as_ref().is_some_and(|f| f.code == FailCode::PeerBusy)
+    r.reason
+        .as_ref()
+        .is_some_and(|f| f.code == FailCode::PeerBusy)
         || r.results
             .iter()
             .any(|o| matches!(o, KeyOutcome::Failed(f) if f.code == FailCode::PeerBusy))
@@ -183,7 +187,9 @@ fn flood(c: &mut Client, port: u16, secs: u64, n: u64) {
     while t.elapsed() < Duration::from_secs(secs) {
         let keys: Vec<Key> = (next..next + n).map(key).collect();
         next += n;
-        let (_, r) = c.exists_hinted(ns, &keys, Some(&hint(port, &keys))).expect("exists");
+        let (_, r) = c
+            .exists_hinted(ns, &keys, Some(&hint(port, &keys)))
+            .expect("exists");
         floods += 1;
         busy_n += u64::from(r.as_ref().is_some_and(busy));
     }
@@ -247,7 +253,10 @@ fn main() {
             let b = block(7, 4096);
             c.put(ns, &[key(7)], &[b.as_slice()]).expect("put");
             let got = c.get(ns, &[key(7)]).expect("get");
-            out("victim_ok", u8::from(got[0].as_deref() == Some(b.as_slice())));
+            out(
+                "victim_ok",
+                u8::from(got[0].as_deref() == Some(b.as_slice())),
+            );
         }
         "flood" => flood(&mut c, num(3) as u16, num(4), num(5)),
         "pulls" => pulls(&mut c, num(3) as u16, num(4), num(5), num(6) as usize),

@@ -89,7 +89,9 @@ impl Session {
             .tenants()
             .charge(self.cred.uid, self.tenant, what, n);
         if let Err(over) = &r {
-            self.engine.metrics.client_refused(crate::obs::Refusal::over(what));
+            self.engine
+                .metrics
+                .client_refused(crate::obs::Refusal::over(what));
             tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %over, "request refused at a per-uid cap");
         }
         r

@@ -11,7 +11,9 @@
 //!
 //! A tenant's keys are counted from admission until each is answered or its op ends
 //! ([`Share`], held by the op); the link's own count (`PeerLink::outstanding`) runs per
-//! chunk and stays the authority for the cap.
+//! chunk and stays the authority for the cap. Keys the link still counts that no live op
+//! claims (an ended op's chunk still on the wire) count as one more party, so a tenant
+//! arriving just as a flood's op ends is not refused for keys that are nobody's.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -52,10 +54,13 @@ impl FairShares {
         let mut m = self.by_peer.lock().unwrap_or_else(PoisonError::into_inner);
         let tenants = m.entry(link.name.clone()).or_default();
         let own = tenants.get(&tenant).copied().unwrap_or(0);
-        let others = tenants.len() - usize::from(own > 0);
+        let before = link.outstanding.fetch_add(n, Ordering::Relaxed);
+        // Keys still on the wire for ops that have ended (their chunk has not finished yet)
+        // belong to no tenant here: together they count as one more party.
+        let stale = before.saturating_sub(tenants.values().sum());
+        let others = tenants.len() - usize::from(own > 0) + usize::from(stale > 0);
         let active = others as u64 + 1;
         let share = (cap / active).max(1);
-        let before = link.outstanding.fetch_add(n, Ordering::Relaxed);
         let fits = before + n <= cap;
         let fair = others > 0 && own + n <= share && before + n <= 2 * cap;
         if !fits && !fair {
@@ -88,7 +93,10 @@ impl FairShares {
     /// Keys of `tenant` in flight to `peer` (tests and reports).
     pub fn held(&self, peer: &str, tenant: TenantId) -> u64 {
         let m = self.by_peer.lock().unwrap_or_else(PoisonError::into_inner);
-        m.get(peer).and_then(|t| t.get(&tenant)).copied().unwrap_or(0)
+        m.get(peer)
+            .and_then(|t| t.get(&tenant))
+            .copied()
+            .unwrap_or(0)
     }
 
     fn give_back(&self, peer: &str, tenant: TenantId, k: u64) {
@@ -159,6 +167,11 @@ mod tests {
         // A's answered keys come back one by one.
         a.release(4);
         assert_eq!(t.held(&l.name, 1), 0);
+        // B's op ends with its chunk still on the wire: A, alone in the table, still gets
+        // its share of the full link.
+        drop(b);
+        assert!(t.admit(&l, 1, 4, 8).is_ok());
+        let b = t.admit(&l, 2, 1, 8);
         drop((a, b));
         l.outstanding.store(0, Ordering::Relaxed);
         assert!(t.admit(&l, 2, 8, 8).is_ok());

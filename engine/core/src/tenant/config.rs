@@ -234,6 +234,43 @@ mod tests {
     }
 
     #[test]
+    fn per_uid_caps_parse_globally_and_per_tenant() {
+        let c = parse(
+            r#"
+            [tenants.limits]
+            connections_per_uid = 32
+            leased_blocks_per_uid = 4096
+            [[tenants.tenant]]
+            name = "a"
+            uids = [64001]
+            [tenants.tenant.limits]
+            regions_per_uid = 8
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.limits.connections_per_uid, Some(32));
+        let caps = c.tenant[0].limits.or(c.limits).caps(1 << 20);
+        assert_eq!(
+            (caps.connections, caps.regions, caps.leased_blocks),
+            (32, 8, 4096)
+        );
+        for (text, says) in [
+            (
+                "[tenants.limits]\nconnections_per_uid = 0\n",
+                "connections_per_uid = 0",
+            ),
+            ("[tenants.limits]\nsessions = 3\n", "unknown field"),
+            (
+                "[[tenants.tenant]]\nname = \"a\"\n[tenants.tenant.limits]\nregions_per_uid = 0\n",
+                "tenant \"a\": regions_per_uid = 0",
+            ),
+        ] {
+            let err = parse(text).expect_err(text);
+            assert!(err.contains(says), "{text}: {err}");
+        }
+    }
+
+    #[test]
     fn bad_maps_are_refused_with_what_to_fix() {
         for (text, says) in [
             ("[[tenants.tenant]]\nname = \"a b\"\n", "is not 1-64"),

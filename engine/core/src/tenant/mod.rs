@@ -8,6 +8,9 @@
 //!  every op naming a handle ─> Tenants::owns(tenant, ns)?   (else: unknown namespace)
 //!  Store::reserve ─> Tenants::dram_scope ─> quota (evict the tenant's own blocks first)
 //!  demotion ─> nvme ledger ─> Tenants::nvme_quota (drop the tenant's oldest NVMe blocks first)
+//!  accept / AttachRegion / AttachGpu / lease-mode Get / OnloadAsync
+//!        ─> Tenants::charge(uid, what, n) against the tenant's per-uid caps (limits.rs,
+//!           usage.rs) ─> Charge (RAII) or OverCap (LimitReached to the client)
 //! ```
 //!
 //! The daemon, not the client, chooses the tenant part of the salt, so a client cannot name

@@ -112,7 +112,11 @@ impl Tenants {
     ) -> Result<Charge, OverCap> {
         let t = self.get(tenant);
         let cap = t.cap(what);
-        let mut m = self.usage.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut m = self
+            .usage
+            .by_uid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let held = m.get(&uid).map_or(0, |c| c[what as usize]);
         if held.saturating_add(n) > cap {
             drop(m);
@@ -139,7 +143,11 @@ impl Tenants {
 
     /// What `uid` holds now, by [`Held`] index.
     pub fn held_by_uid(&self, uid: u32) -> [u64; 3] {
-        let m = self.usage.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
+        let m = self
+            .usage
+            .by_uid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         m.get(&uid).copied().unwrap_or_default()
     }
 
@@ -147,7 +155,11 @@ impl Tenants {
         if n == 0 {
             return;
         }
-        let mut m = self.usage.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut m = self
+            .usage
+            .by_uid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(c) = m.get_mut(&uid) {
             c[what as usize] = c[what as usize].saturating_sub(n);
             if c.iter().all(|&x| x == 0) {
@@ -166,7 +178,8 @@ impl Charge {
         if keep < self.n {
             let back = self.n - keep;
             self.n = keep;
-            self.tenants.give_back(self.uid, self.tenant, self.what, back);
+            self.tenants
+                .give_back(self.uid, self.tenant, self.what, back);
         }
     }
 
