@@ -178,16 +178,16 @@ fn one_uid_opening_connections_and_regions_cannot_lock_another_tenant_out() {
     // Meanwhile tenant b's uid connects, puts and gets.
     eprintln!("tenant a holds: {held:?}");
     let victim = probe(UID_B, d.socket(), &["victim"], Duration::from_secs(20));
-    let stats = d.client().stats().expect("stats as the operator");
-    let text = stats_text(d.socket());
-    drop(hog.stdin.take());
-    let _ = hog.wait();
     let victim = victim.unwrap_or_else(|| {
         panic!(
             "tenant b could not connect and get within 20 s while tenant a held {held:?}; daemon log tail:\n{}",
             tail(&d.log())
         )
     });
+    let stats = d.client().stats().expect("stats as the operator");
+    let text = stats_text(d.socket());
+    drop(hog.stdin.take());
+    let _ = hog.wait();
     assert_eq!(get(&victim, "victim_ok"), "1", "tenant b: {victim:?}");
     // a was refused past its caps with the typed error, and never failed otherwise.
     assert_eq!(get(&held, "connections_code"), "LimitReached", "{held:?}");
@@ -249,9 +249,9 @@ fn one_connection_leasing_one_block_again_and_again_is_refused_at_its_cap_with_b
     c.put(ns, &[key(1)], &[block(1, 4096).as_slice()]).unwrap();
     let batch = vec![key(1); 64 << 10];
     let before = rss(&d);
-    // 8 Mi leases of one block (the attacker took 21.6 M), none released.
+    // 12 Mi leases of one block (the attacker took 21.6 M), none released.
     let (mut leased, mut refused) = (0u64, None);
-    for _ in 0..128 {
+    for _ in 0..192 {
         match c.get_lease(ns, &batch) {
             Ok(l) => leased += l.extents.iter().flatten().count() as u64,
             Err(ClientError::Server { code, message }) => {
@@ -267,7 +267,7 @@ fn one_connection_leasing_one_block_again_and_again_is_refused_at_its_cap_with_b
         grown >> 20
     );
     assert!(
-        grown < 256 << 20,
+        grown < 200 << 20,
         "the daemon grew by {} MiB holding {leased} leases of one block",
         grown >> 20
     );

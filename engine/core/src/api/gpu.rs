@@ -69,7 +69,8 @@ impl Session {
             Op::OnloadLayerWait { ticket, layer } => self.onload_layer_wait(ticket, layer).await,
             Op::OnloadWait { ticket } | Op::OnloadCancel { ticket } => {
                 let cancel = matches!(op, Op::OnloadCancel { .. });
-                self.gpu.charges.remove(&ticket);
+                // Given back after the copies, with the leases.
+                let _charge = self.gpu.charges.remove(&ticket);
                 match self.gpu.onloads.remove(&ticket) {
                     Some(p) => {
                         if cancel {
