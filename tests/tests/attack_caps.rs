@@ -173,7 +173,7 @@ fn one_uid_opening_connections_and_regions_cannot_lock_another_tenant_out() {
     // Tenant a's uid opens 200 connections and attaches 16 regions on each (3,400
     // descriptors in a daemon that may have 1,024), and holds them.
     let mut hog = spawn_probe(UID_A, d.socket(), &["hog", "200", "16"]);
-    let held = lines(&mut hog, Some("ready"), Duration::from_secs(180))
+    let held = lines(&mut hog, Some("ready"), Duration::from_mins(3))
         .expect("the hog reports what it holds");
     // Meanwhile tenant b's uid connects, puts and gets.
     eprintln!("tenant a holds: {held:?}");
@@ -316,7 +316,7 @@ fn a_tenants_flood_of_hinted_exists_does_not_get_another_tenants_hinted_gets_ref
         UID_A,
         src.socket(),
         &["put", "80", &len],
-        Duration::from_secs(60),
+        Duration::from_mins(1),
     )
     .unwrap();
     assert_eq!(get(&put, "stored"), "80");
@@ -332,11 +332,11 @@ fn a_tenants_flood_of_hinted_exists_does_not_get_another_tenants_hinted_gets_ref
         UID_A,
         dst.socket(),
         &["pulls", &p, "20", "4", &len],
-        Duration::from_secs(60),
+        Duration::from_mins(1),
     );
     let (mut ops, mut busy) = (0, 0);
     for f in &mut floods {
-        let m = lines(f, None, Duration::from_secs(60)).expect("the flood ends");
+        let m = lines(f, None, Duration::from_mins(1)).expect("the flood ends");
         let _ = f.wait();
         (ops, busy) = (ops + num(&m, "floods"), busy + num(&m, "flood_busy"));
     }
