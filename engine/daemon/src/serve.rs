@@ -257,7 +257,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async move {
         match kvnode_engine::api::raise_fd_limit() {
-            Ok((soft, hard)) => tracing::debug!(soft, hard, "descriptor limit"),
+            // Per-uid caps left to their defaults follow this limit ([tenants.limits]).
+            Ok((soft, hard)) => tracing::info!(soft, hard, "descriptor limit raised to the hard limit"),
             Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
         }
         let (listener, handover) = match inherited {

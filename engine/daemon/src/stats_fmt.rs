@@ -221,9 +221,45 @@ fn render_tenants(o: &mut String, s: &StatsReport) {
     let r = &s.refused;
     let _ = writeln!(
         o,
-        "clients refused at accept: allowlist {}, unmapped {}, no credentials {}, pre-Hello cap {}",
-        r.allowlist, r.unmapped, r.no_credentials, r.pre_hello
+        "clients refused at accept: allowlist {}, unmapped {}, no credentials {}, pre-Hello cap {}, connection cap {}",
+        r.allowlist, r.unmapped, r.no_credentials, r.pre_hello, r.connections
     );
+    render_limits(o, s);
+}
+
+/// Per tenant: connections, regions and leased blocks held now against the per-uid caps,
+/// and how many were refused at those caps.
+fn render_limits(o: &mut String, s: &StatsReport) {
+    let _ = writeln!(
+        o,
+        "\n{:<16} {:>11} {:>8} {:>8} {:>11} {:>8} {:>8} {:>13} {:>9} {:>8}",
+        "tenant (caps)",
+        "connections",
+        "cap/uid",
+        "refused",
+        "regions",
+        "cap/uid",
+        "refused",
+        "leased blocks",
+        "cap/uid",
+        "refused"
+    );
+    for t in &s.tenants {
+        let _ = writeln!(
+            o,
+            "{:<16} {:>11} {:>8} {:>8} {:>11} {:>8} {:>8} {:>13} {:>9} {:>8}",
+            t.name,
+            t.connections,
+            t.connections_per_uid,
+            t.refused_connections,
+            t.regions,
+            t.regions_per_uid,
+            t.refused_regions,
+            t.leased_blocks,
+            t.leased_blocks_per_uid,
+            t.refused_leases
+        );
+    }
 }
 
 /// Per-tier movement and health: demotions, promotions, drops, errors, IO queue, poisoning.

@@ -330,6 +330,10 @@ pub enum ErrorCode {
     ShuttingDown,
     /// Internal failure (a bug, logged by the daemon).
     Internal,
+    /// The client's uid is at one of its per-uid caps (connections, attached regions,
+    /// leased blocks; `[tenants.limits]`): the message names the cap. Release what it
+    /// holds, or have the operator raise the cap; nothing changed.
+    LimitReached,
 }
 
 /// One reply frame's header.

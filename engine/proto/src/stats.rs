@@ -81,9 +81,27 @@ pub struct TenantStats {
     pub quota_refusals: u64,
     /// Whether the tenant's clients get the arena mapping.
     pub share_arena: bool,
+    /// Client connections of the tenant's uids open now.
+    pub connections: u64,
+    /// Regions and GPU buffers its clients have attached now.
+    pub regions: u64,
+    /// Blocks its clients hold leased now.
+    pub leased_blocks: u64,
+    /// Connections refused at accept: the uid was at `connections_per_uid`.
+    pub refused_connections: u64,
+    /// Attaches refused: the uid was at `regions_per_uid`.
+    pub refused_regions: u64,
+    /// Holding requests refused: the uid would pass `leased_blocks_per_uid`.
+    pub refused_leases: u64,
+    /// Its per-uid caps in force (`[tenants.limits]`, docs/operations.md).
+    pub connections_per_uid: u32,
+    /// See `connections_per_uid`.
+    pub regions_per_uid: u32,
+    /// See `connections_per_uid`.
+    pub leased_blocks_per_uid: u64,
 }
 
-/// Connections refused at accept, by reason.
+/// Connections refused at accept, by reason, and requests refused at a per-uid cap.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RefusedStats {
@@ -95,6 +113,13 @@ pub struct RefusedStats {
     pub no_credentials: u64,
     /// The uid already had `max_pre_hello_per_uid` connections waiting for their `Hello`.
     pub pre_hello: u64,
+    /// The uid already had `connections_per_uid` connections open.
+    pub connections: u64,
+    /// Attaches refused (not connections): the uid was at `regions_per_uid`.
+    pub regions: u64,
+    /// Holding requests refused (not connections): the uid would pass
+    /// `leased_blocks_per_uid`.
+    pub leased_blocks: u64,
 }
 
 /// Counters of one tier.

@@ -34,7 +34,7 @@ enum End {
 impl Connection {
     pub fn new(engine: Arc<Engine>, a: Admitted, stop: watch::Receiver<bool>) -> Self {
         Self {
-            s: Session::new(engine, SockIo::new(a.stream), a.cred, a.tenant),
+            s: Session::new(engine, SockIo::new(a.stream), a.cred, a.tenant, a.charge),
             slot: Some(a.slot),
             stop,
         }

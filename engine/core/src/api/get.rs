@@ -7,19 +7,22 @@
 //!   window is leased whole before the header, as before.
 //! - **Lease**: the client holds the pages, so they must all fit now: `Store::lease_prefix`;
 //!   when it stops short nothing is kept and the reply is `TooLarge` with the number of
-//!   leading keys that can be leased.
+//!   leading keys that can be leased. Every key named is charged to the uid's
+//!   `leased_blocks_per_uid` first (the charge then shrinks to what was leased), so a get
+//!   that would pass the cap is refused `LimitReached` before anything is leased.
 
 use std::io::{self, IoSlice};
 use std::sync::Arc;
 
 use kvnode_proto::Key;
-use kvnode_proto::client::{GetMode, Reply};
+use kvnode_proto::client::{ErrorCode, GetMode, Reply};
 use kvnode_proto::frame::MAX_PAYLOAD;
 use kvnode_proto::pull::OpReport;
 
-use super::errors::{invalid, tier_error, too_large};
-use super::session::Session;
+use super::errors::{error, invalid, tier_error, too_large};
+use super::session::{HeldLease, Session};
 use crate::store::{Lease, Store};
+use crate::tenant::Held;
 
 type Window = tokio::task::JoinHandle<Result<Vec<Option<Lease>>, crate::dram::TierError>>;
 
@@ -60,6 +63,13 @@ impl Session {
         keys: &[Key],
         pull: Option<Box<OpReport>>,
     ) -> io::Result<()> {
+        let mut charge = match self.charge(Held::LeasedBlocks, keys.len() as u64) {
+            Ok(c) => c,
+            Err(over) => {
+                let reply = error(ErrorCode::LimitReached, over.to_string());
+                return self.send(id, reply, &[]).await;
+            }
+        };
         let store = Arc::clone(&self.engine.store);
         let got = match store.lease_prefix(ns, keys, store.hold_limit()).await {
             Ok(l) => l,
@@ -76,12 +86,17 @@ impl Session {
             .map(|l| l.as_ref().map(Lease::extent))
             .collect();
         let held: Vec<Lease> = leased.into_iter().flatten().collect();
+        charge.shrink(held.len() as u64);
         let lease = if held.is_empty() {
             0
         } else {
             let l = self.next_id();
             let now = self.engine.metrics.now_ns();
             self.watch.lease_begin(l, held.len() as u64, now);
+            let held = HeldLease {
+                blocks: held,
+                _charge: charge,
+            };
             self.leases.insert(l, held);
             l
         };

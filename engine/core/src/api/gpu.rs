@@ -11,12 +11,13 @@ use kvnode_gpu::{CopyOp, Dir, GpuError};
 use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply};
 use kvnode_proto::gpu::{AttachGpu, LayoutError, OnloadStatus, PageMove, check_handle};
 
-use super::errors::{tier_error, too_large};
+use super::errors::{error, tier_error, too_large};
 use super::gpu_conn::{Attached, Onload, PendingOnload};
 use super::gpu_pulled::{self, PulledOnload, Target};
 use super::session::Session;
 use crate::peer::{Arrivals, PullRequest};
 use crate::store::Reservation;
+use crate::tenant::Held;
 
 fn gpu_error(e: &GpuError) -> Reply {
     let code = match e {
@@ -53,14 +54,23 @@ impl Session {
                 Ok(p) => Ok(self.finish_any(p).await),
                 Err(r) => Err(r),
             },
-            Op::OnloadAsync(m) => self.start_any_onload(&m).await.map(|p| {
-                let ticket = self.next_id();
-                self.gpu.onloads.insert(ticket, p);
-                Reply::OnloadStarted { ticket }
-            }),
+            Op::OnloadAsync(m) => {
+                // Its leases outlive the request (until OnloadWait): charged per key named.
+                match self.charge(Held::LeasedBlocks, m.keys.len() as u64) {
+                    Ok(charge) => self.start_any_onload(&m).await.map(|p| {
+                        let ticket = self.next_id();
+                        self.gpu.onloads.insert(ticket, p);
+                        self.gpu.charges.insert(ticket, charge);
+                        Reply::OnloadStarted { ticket }
+                    }),
+                    Err(over) => Err(error(ErrorCode::LimitReached, over.to_string())),
+                }
+            }
             Op::OnloadLayerWait { ticket, layer } => self.onload_layer_wait(ticket, layer).await,
             Op::OnloadWait { ticket } | Op::OnloadCancel { ticket } => {
                 let cancel = matches!(op, Op::OnloadCancel { .. });
+                // Given back after the copies, with the leases.
+                let _charge = self.gpu.charges.remove(&ticket);
                 match self.gpu.onloads.remove(&ticket) {
                     Some(p) => {
                         if cancel {
@@ -82,6 +92,10 @@ impl Session {
     async fn attach_gpu(&mut self, a: AttachGpu) -> Result<Reply, Reply> {
         let handle = check_handle(&a.handle).map_err(layout_error)?;
         a.layout.validate(a.len).map_err(layout_error)?;
+        // A mapping in the daemon, like a region: charged under the uid's regions_per_uid.
+        let charge = self
+            .charge(Held::Regions, 1)
+            .map_err(|over| error(ErrorCode::LimitReached, over.to_string()))?;
         let worker = self
             .engine
             .gpu
@@ -106,6 +120,7 @@ impl Session {
             worker,
             dev,
             layout: a.layout,
+            _charge: charge,
         });
         self.engine
             .gpu
@@ -402,6 +417,8 @@ impl Session {
     /// connection's IPC mappings. Runs when the connection ends, whatever the reason.
     pub(super) async fn gpu_cleanup(&mut self) {
         let pending: Vec<Onload> = self.gpu.onloads.drain().map(|(_, p)| p).collect();
+        // Given back once the copies below are done (their leases with them).
+        let _charges = std::mem::take(&mut self.gpu.charges);
         for o in pending {
             o.cancel();
             match o {

@@ -16,6 +16,8 @@ pub(super) struct Attached {
     pub worker: Arc<DeviceWorker>,
     pub dev: u64,
     pub layout: GpuLayout,
+    /// Its place under the uid's `regions_per_uid`.
+    pub _charge: crate::tenant::Charge,
 }
 
 /// An onload whose copies were submitted. Its leases must outlive the copies: they are
@@ -115,4 +117,7 @@ impl Onload {
 pub(super) struct GpuConn {
     pub buffers: Vec<Attached>,
     pub onloads: HashMap<u64, Onload>,
+    /// Per async onload ticket: its keys under the uid's `leased_blocks_per_uid`, removed
+    /// with the onload.
+    pub charges: HashMap<u64, crate::tenant::Charge>,
 }

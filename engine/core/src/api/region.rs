@@ -13,7 +13,7 @@ use std::sync::Arc;
 use kvnode_proto::Key;
 use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply};
 
-use super::errors::{invalid, tier_error};
+use super::errors::{error, invalid, tier_error};
 use super::region_copy::{CopyError, Region};
 use super::session::Session;
 use crate::peer::{Arrivals, PullRequest};
@@ -136,12 +136,18 @@ impl Session {
                 "this connection already holds {MAX_REGIONS} regions: detach one first"
             ));
         }
+        // Charged before the mapping is made: a uid at its cap costs no mapping.
+        let charge = match self.charge(crate::tenant::Held::Regions, 1) {
+            Ok(c) => c,
+            Err(over) => return error(ErrorCode::LimitReached, over.to_string()),
+        };
         match Region::attach(
             fd,
             len,
             self.engine.config.region_copy == crate::config::RegionCopy::Guarded,
         ) {
-            Ok(r) => {
+            Ok(mut r) => {
+                r.charge = Some(charge);
                 self.next_region += 1;
                 let id = self.next_region;
                 r.count(&self.engine.regions);

@@ -42,6 +42,8 @@ pub struct Region {
     pub(super) len: u64,
     fd: OwnedFd,
     mode: Mode,
+    /// Its place under the uid's `regions_per_uid` (given back when the region drops).
+    pub(super) charge: Option<crate::tenant::Charge>,
 }
 
 fn fd_size(fd: &OwnedFd) -> std::io::Result<(u64, u32, i32)> {
@@ -112,7 +114,12 @@ impl Region {
             Some(m) => Mode::Guarded(m),
             None => Mode::Pread,
         };
-        Ok(Self { len, fd, mode })
+        Ok(Self {
+            len,
+            fd,
+            mode,
+            charge: None,
+        })
     }
 
     /// `sealed`, `guarded` or `pread`.

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::conn::Connection;
-use super::gate::{PreHello, screen};
+use super::gate::{Gate, screen};
 use crate::engine::Engine;
 
 /// Failure to bind or serve.
@@ -120,13 +120,13 @@ pub fn raise_fd_limit() -> std::io::Result<(u64, u64)> {
 pub async fn serve(engine: Arc<Engine>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
     let mut conns = JoinSet::new();
     let mut failures = 0u32;
-    let pre_hello = Arc::new(PreHello::default());
+    let gate = Gate::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     failures = 0u32;
-                    match screen(&engine, &pre_hello, stream) {
+                    match screen(&engine, &gate, stream) {
                         Ok(a) => {
                             let c = Connection::new(Arc::clone(&engine), a, stop.clone());
                             conns.spawn(c.run());

@@ -17,7 +17,14 @@ use crate::engine::Engine;
 use crate::obs::{ConnWatch, ReplyInfo};
 use crate::residency::RouterMeta;
 use crate::store::{Lease, Reservation};
-use crate::tenant::TenantId;
+use crate::tenant::{Charge, Held, OverCap, TenantId};
+
+/// The blocks of one lease id, and their charge under the uid's `leased_blocks_per_uid`.
+#[derive(Debug)]
+pub(super) struct HeldLease {
+    pub blocks: Vec<Lease>,
+    pub _charge: Charge,
+}
 
 /// State owned by one connection. Everything it holds is released when it drops.
 #[derive(Debug)]
@@ -29,7 +36,7 @@ pub(super) struct Session {
     /// The client's tenant (0 without a tenant map).
     pub tenant: TenantId,
     /// Lease id -> leased blocks (released when removed).
-    pub leases: HashMap<u64, Vec<Lease>>,
+    pub leases: HashMap<u64, HeldLease>,
     /// Alloc handle -> reservation (aborted when removed uncommitted).
     pub reservations: HashMap<u64, Reservation>,
     pub next_handle: u64,
@@ -42,10 +49,18 @@ pub(super) struct Session {
     pub next_region: u32,
     /// Attached GPU buffers and pending onloads.
     pub gpu: GpuConn,
+    /// This connection under its uid's `connections_per_uid` (given back when it drops).
+    _conn: Charge,
 }
 
 impl Session {
-    pub fn new(engine: Arc<Engine>, io: SockIo, cred: PeerCred, tenant: TenantId) -> Self {
+    pub fn new(
+        engine: Arc<Engine>,
+        io: SockIo,
+        cred: PeerCred,
+        tenant: TenantId,
+        conn: Charge,
+    ) -> Self {
         let id = engine.client_connected();
         let watch = engine.metrics.watch.add(id);
         Self {
@@ -62,7 +77,24 @@ impl Session {
             regions: HashMap::new(),
             next_region: 0,
             gpu: GpuConn::default(),
+            _conn: conn,
         }
+    }
+
+    /// Charges `n` of `what` to this client's uid, or says (to log and to the client) why
+    /// not: the uid is at its cap. Counted per tenant and in `kvnode_clients_refused_total`.
+    pub fn charge(&self, what: Held, n: u64) -> Result<Charge, OverCap> {
+        let r = self
+            .engine
+            .tenants()
+            .charge(self.cred.uid, self.tenant, what, n);
+        if let Err(over) = &r {
+            self.engine
+                .metrics
+                .client_refused(crate::obs::Refusal::over(what));
+            tracing::warn!(conn = self.id, pid = self.cred.pid, reason = %over, "request refused at a per-uid cap");
+        }
+        r
     }
 
     /// A fresh handle (lease id, alloc handle, onload ticket) unique on this connection.
@@ -106,7 +138,7 @@ impl Session {
     pub fn release_all(&mut self) {
         let back = self.engine.peers.cancel_conn(self.id);
         self.reservations.extend(back);
-        let leases: usize = self.leases.values().map(Vec::len).sum();
+        let leases: usize = self.leases.values().map(|l| l.blocks.len()).sum();
         let reservations = self.reservations.len();
         self.watch.leases_end();
         if leases > 0 || reservations > 0 {

@@ -24,7 +24,7 @@ pub use regions::{RegionCounters, RegionMode};
 pub use watch::{ConnWatch, watchdog};
 
 /// Why a request or a key was refused (label of `kvnode_rejections_total`).
-pub const REJECTIONS: [&str; 11] = [
+pub const REJECTIONS: [&str; 12] = [
     "no_space",
     "too_large",
     "bad_segment",
@@ -36,6 +36,7 @@ pub const REJECTIONS: [&str; 11] = [
     "unsupported",
     "shutting_down",
     "internal",
+    "limit_reached",
 ];
 
 fn rejection_index(code: ErrorCode) -> usize {
@@ -48,6 +49,7 @@ fn rejection_index(code: ErrorCode) -> usize {
         ErrorCode::Unsupported => 8,
         ErrorCode::ShuttingDown => 9,
         ErrorCode::Internal => 10,
+        ErrorCode::LimitReached => 11,
     }
 }
 
@@ -80,6 +82,23 @@ pub enum Refusal {
     NoCredentials = 2,
     /// Its uid already has `max_pre_hello_per_uid` connections that have not sent `Hello`.
     PreHelloCap = 3,
+    /// Its uid already has `connections_per_uid` connections open.
+    ConnectionCap = 4,
+    /// Not a connection: an attach refused at `regions_per_uid`.
+    RegionCap = 5,
+    /// Not a connection: a holding request refused at `leased_blocks_per_uid`.
+    LeaseCap = 6,
+}
+
+impl Refusal {
+    /// The refusal of a request over a per-uid cap on `what`.
+    pub fn over(what: crate::tenant::Held) -> Self {
+        match what {
+            crate::tenant::Held::Connections => Refusal::ConnectionCap,
+            crate::tenant::Held::Regions => Refusal::RegionCap,
+            crate::tenant::Held::LeasedBlocks => Refusal::LeaseCap,
+        }
+    }
 }
 
 /// Every counter and histogram of one daemon.
@@ -96,8 +115,8 @@ pub struct Metrics {
     pub leases_overdue_total: AtomicU64,
     /// Client connections the listener failed to accept (out of descriptors or memory).
     pub accept_failures_total: AtomicU64,
-    /// Client connections refused at accept, by [`Refusal`].
-    clients_refused: [AtomicU64; 4],
+    /// Client connections refused at accept (and requests at a per-uid cap), by [`Refusal`].
+    clients_refused: [AtomicU64; 7],
     /// Puts whose payload did not arrive within its deadline (connection closed).
     pub put_payload_timeouts_total: AtomicU64,
     /// Blocks stored without their router metadata: the tenant's metadata budget was full.
@@ -326,6 +345,9 @@ impl Metrics {
             unmapped: n(Refusal::Unmapped),
             no_credentials: n(Refusal::NoCredentials),
             pre_hello: n(Refusal::PreHelloCap),
+            connections: n(Refusal::ConnectionCap),
+            regions: n(Refusal::RegionCap),
+            leased_blocks: n(Refusal::LeaseCap),
         }
     }
 

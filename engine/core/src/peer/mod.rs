@@ -15,6 +15,7 @@
 //! - [`source`]: answering pulls from the local tier.
 //! - [`fetch`]: per-peer connection pools and pulling into reserved DRAM slots.
 //! - [`op`]: operations, their outcomes and the buffer fence.
+//! - [`fair`]: each tenant's fair share of a peer's cap on keys in flight.
 //! - [`arrivals`]: following an op's leading keys as they land (for onward copies).
 //! - [`timeouts`]: latency histograms and the declared timeout model.
 
@@ -23,6 +24,7 @@ pub mod auth;
 pub mod block_mac;
 pub mod config;
 pub mod conns;
+pub mod fair;
 pub mod fetch;
 pub mod hashes;
 pub mod membership;

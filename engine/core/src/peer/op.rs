@@ -14,6 +14,7 @@ use kvnode_proto::Key;
 use kvnode_proto::pull::{FailCode, Failure, KeyOutcome, OpReport, OpState};
 use tokio::sync::watch;
 
+use super::fair::{FairShares, Share};
 use crate::store::Reservation;
 
 #[derive(Debug)]
@@ -25,6 +26,9 @@ struct Inner {
     into: Vec<(u64, Reservation)>,
     pending: usize,
     ended: Option<Instant>,
+    /// Its tenant's keys in flight to the peer (fair.rs): one given back per key answered,
+    /// the rest when the op ends.
+    share: Option<Share>,
 }
 
 /// One operation.
@@ -91,6 +95,7 @@ impl PullOp {
                 into,
                 pending,
                 ended: None,
+                share: None,
             }),
             done: watch::channel(false).0,
             changes: watch::channel(0).0,
@@ -116,6 +121,21 @@ impl PullOp {
             OpState::Failed
         });
         i.ended = Some(Instant::now());
+        i.share = None;
+    }
+
+    /// Holds the op's tenant's share of the peer's in-flight cap until its keys are
+    /// answered (given back at once if the op has already ended).
+    pub fn hold(&self, share: Share) {
+        let late = self.with(|i| {
+            if i.state.is_terminal() {
+                Some(share)
+            } else {
+                i.share = Some(share);
+                None
+            }
+        });
+        drop(late);
     }
 
     /// Records key `idx`'s outcome. Ignored once the op has ended (the block itself is
@@ -127,6 +147,9 @@ impl PullOp {
             }
             i.results[idx] = outcome;
             i.pending -= 1;
+            if let Some(s) = &mut i.share {
+                s.release(1);
+            }
             if i.pending == 0 {
                 Self::finish(i, None);
                 return Some(true);
@@ -263,11 +286,13 @@ impl PullOp {
     }
 }
 
-/// Live and recently ended operations.
+/// Live and recently ended operations, and each tenant's keys in flight per peer.
 #[derive(Debug, Default)]
 pub struct OpTable {
     ops: Mutex<Ops>,
     next: std::sync::atomic::AtomicU64,
+    /// Keys in flight per peer and tenant (fair.rs).
+    pub fair: Arc<FairShares>,
 }
 
 /// The table and when it was last swept for long-ended ops.

@@ -1,6 +1,7 @@
 //! Starting an operation, in four steps, none of which dials before the previous said yes:
 //! local lookup (through the store: DRAM, then NVMe), parse + authorize the hint, admit the
-//! keys against the peer's in-flight cap, then spawn the chunked pulls and the deadline.
+//! keys against the peer's in-flight cap (with each tenant's fair share of it: fair.rs),
+//! then spawn the chunked pulls and the deadline.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -126,10 +127,19 @@ impl Peers {
             return (op, None);
         }
         let link = self.link(&plan.endpoint);
-        if let Err(why) = Self::admit(&link, pending.len() as u64, self.cfg.max_outstanding_keys) {
-            self.ops.remove(op.id);
-            op.refuse(&why);
-            return (op, None);
+        let tenant = self.store().tenants().of_handle(req.ns).unwrap_or(0);
+        let n = pending.len() as u64;
+        match self
+            .ops
+            .fair
+            .admit(&link, tenant, n, self.cfg.max_outstanding_keys)
+        {
+            Ok(share) => op.hold(share),
+            Err(why) => {
+                self.ops.remove(op.id);
+                op.refuse(&why);
+                return (op, None);
+            }
         }
         let run = self.spawn(&link, &op, &pending, deadline, inline);
         (op, run)
@@ -193,22 +203,6 @@ impl Peers {
             endpoint: h.endpoint,
             covered,
         })
-    }
-
-    /// Counts `n` keys in flight to `link`, unless that would pass `cap`.
-    fn admit(link: &PeerLink, n: u64, cap: u32) -> Result<(), Failure> {
-        let before = link.outstanding.fetch_add(n, Ordering::Relaxed);
-        if before + n > u64::from(cap) {
-            link.outstanding.fetch_sub(n, Ordering::Relaxed);
-            return Err(Failure::new(
-                FailCode::PeerBusy,
-                format!(
-                    "peer {} already has {before} keys in flight (limit {cap}): not adding {n} more",
-                    link.name
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Spawns one pull per chunk of `pending` (each releases its keys from `outstanding`

@@ -44,6 +44,7 @@ fn store() -> (Arc<Store>, u32, u32) {
                 ..TenantSettings::default()
             },
         ],
+        ..TenantsConfig::default()
     }));
     let s = Store::with_tenants(arena, dram, None, announcer, Arc::clone(&tenants));
     let mut handles = [0; 2];

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::limits::{ClientLimits, LimitsError, fd_hard_limit};
 use crate::size_serde::{de_opt_size, ser_opt_size};
 
 /// Longest tenant name.
@@ -39,6 +40,9 @@ pub struct TenantsConfig {
     /// quotas, the client's `tenant_salt` used as given and the arena shared (as before
     /// tenants existed).
     pub tenant: Vec<TenantSettings>,
+    /// Per-uid caps on connections, attached regions and leased blocks (`[tenants.limits]`,
+    /// in force with or without a map). Default: each cap's own default (limits.rs).
+    pub limits: ClientLimits,
 }
 
 /// One `[[tenants.tenant]]`.
@@ -62,6 +66,9 @@ pub struct TenantSettings {
     /// mapping shows every tenant's blocks, so only a tenant trusted with all of them may
     /// have it. Default: false (inline gets/puts, regions and GPU ops still work).
     pub share_arena: bool,
+    /// Per-uid caps for this tenant's uids (`[tenants.tenant.limits]`); a field left out
+    /// comes from `[tenants.limits]`. Default: none of its own.
+    pub limits: ClientLimits,
 }
 
 /// A `[tenants]` section that cannot work.
@@ -92,6 +99,9 @@ pub enum TenantConfigError {
     /// `unmapped = "refuse"` but nobody is mapped.
     #[error("[tenants] unmapped = \"refuse\" with no tenant listed would refuse every client")]
     RefuseAll,
+    /// Per-uid caps that cannot work or would let one uid starve the others.
+    #[error(transparent)]
+    Limits(#[from] LimitsError),
 }
 
 /// Whether a tenant name is acceptable.
@@ -133,8 +143,15 @@ impl TenantsConfig {
         cfg
     }
 
-    /// Checks names, duplicates and quotas.
+    /// Checks names, duplicates, quotas and per-uid caps (against the daemon's hard
+    /// descriptor limit, to which it raises its own at start).
     pub fn validate(&self) -> Result<(), TenantConfigError> {
+        let nofile = fd_hard_limit();
+        self.limits.validate("[tenants.limits]", nofile)?;
+        for t in &self.tenant {
+            let scope = format!("tenant {:?}", t.name);
+            t.limits.or(self.limits).validate(&scope, nofile)?;
+        }
         if self.unmapped == Unmapped::Refuse
             && self
                 .tenant
@@ -217,6 +234,43 @@ mod tests {
     }
 
     #[test]
+    fn per_uid_caps_parse_globally_and_per_tenant() {
+        let c = parse(
+            r#"
+            [tenants.limits]
+            connections_per_uid = 32
+            leased_blocks_per_uid = 4096
+            [[tenants.tenant]]
+            name = "a"
+            uids = [64001]
+            [tenants.tenant.limits]
+            regions_per_uid = 8
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.limits.connections_per_uid, Some(32));
+        let caps = c.tenant[0].limits.or(c.limits).caps(1 << 20);
+        assert_eq!(
+            (caps.connections, caps.regions, caps.leased_blocks),
+            (32, 8, 4096)
+        );
+        for (text, says) in [
+            (
+                "[tenants.limits]\nconnections_per_uid = 0\n",
+                "connections_per_uid = 0",
+            ),
+            ("[tenants.limits]\nsessions = 3\n", "unknown field"),
+            (
+                "[[tenants.tenant]]\nname = \"a\"\n[tenants.tenant.limits]\nregions_per_uid = 0\n",
+                "tenant \"a\": regions_per_uid = 0",
+            ),
+        ] {
+            let err = parse(text).expect_err(text);
+            assert!(err.contains(says), "{text}: {err}");
+        }
+    }
+
+    #[test]
     fn bad_maps_are_refused_with_what_to_fix() {
         for (text, says) in [
             ("[[tenants.tenant]]\nname = \"a b\"\n", "is not 1-64"),
@@ -275,6 +329,7 @@ mod tests {
                     dram_quota,
                     nvme_quota,
                     share_arena,
+                    limits: ClientLimits::default(),
                 }
             })
     }
@@ -290,6 +345,7 @@ mod tests {
             let c = TenantsConfig {
                 unmapped: if refuse { Unmapped::Refuse } else { Unmapped::Default },
                 tenant: tenants,
+                limits: ClientLimits::default(),
             };
             let text = toml::to_string(&Top { tenants: c.clone() }).unwrap();
             let back: Top = toml::from_str(&text).unwrap();

@@ -8,6 +8,9 @@
 //!  every op naming a handle ─> Tenants::owns(tenant, ns)?   (else: unknown namespace)
 //!  Store::reserve ─> Tenants::dram_scope ─> quota (evict the tenant's own blocks first)
 //!  demotion ─> nvme ledger ─> Tenants::nvme_quota (drop the tenant's oldest NVMe blocks first)
+//!  accept / AttachRegion / AttachGpu / lease-mode Get / OnloadAsync
+//!        ─> Tenants::charge(uid, what, n) against the tenant's per-uid caps (limits.rs,
+//!           usage.rs) ─> Charge (RAII) or OverCap (LimitReached to the client)
 //! ```
 //!
 //! The daemon, not the client, chooses the tenant part of the salt, so a client cannot name
@@ -21,6 +24,8 @@
 //! This module imports nothing from the crate but its config helpers.
 
 pub mod config;
+pub mod limits;
+pub mod usage;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -30,6 +35,8 @@ use kvnode_proto::stats::TenantStats;
 use kvnode_proto::{NamespaceId, NamespaceSpec};
 
 pub use config::{TenantConfigError, TenantSettings, TenantsConfig, Unmapped};
+pub use limits::{Caps, ClientLimits};
+pub use usage::{Charge, Held, OverCap};
 
 /// Index of a tenant in the map (0 is the only tenant without a map).
 pub type TenantId = u16;
@@ -71,6 +78,23 @@ pub struct Tenant {
     /// Bytes of router metadata its blocks hold outside the arena (charged by
     /// `residency::MetaCharge`, bounded in `api/meta.rs`).
     pub meta_bytes: Arc<AtomicU64>,
+    /// Its per-uid caps (`[tenants.limits]`, overridden by its own `limits`).
+    pub caps: Caps,
+    /// Held now by its clients, by [`Held`] index (usage.rs).
+    pub held: [AtomicU64; 3],
+    /// Requests (and connections) of its clients refused at a per-uid cap, by [`Held`].
+    pub limit_refusals: [AtomicU64; 3],
+}
+
+impl Tenant {
+    /// Its per-uid cap on `what`.
+    pub fn cap(&self, what: Held) -> u64 {
+        match what {
+            Held::Connections => u64::from(self.caps.connections),
+            Held::Regions => u64::from(self.caps.regions),
+            Held::LeasedBlocks => self.caps.leased_blocks,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -91,9 +115,10 @@ pub struct Tenants {
     by_gid: HashMap<u32, TenantId>,
     default: Option<TenantId>,
     bound: RwLock<Bound>,
+    usage: usage::Usage,
 }
 
-fn tenant(s: &TenantSettings) -> Tenant {
+fn tenant(s: &TenantSettings, base: ClientLimits, nofile: u64) -> Tenant {
     Tenant {
         name: s.name.clone(),
         salt: format!("{SALT_PREFIX}{}", s.name),
@@ -106,6 +131,9 @@ fn tenant(s: &TenantSettings) -> Tenant {
         quota_refusals: AtomicU64::new(0),
         nvme_bytes: AtomicU64::new(0),
         meta_bytes: Arc::new(AtomicU64::new(0)),
+        caps: s.limits.or(base).caps(nofile),
+        held: Default::default(),
+        limit_refusals: Default::default(),
     }
 }
 
@@ -115,16 +143,20 @@ impl Tenants {
         Self::new(&TenantsConfig::default())
     }
 
-    /// The map of a validated `[tenants]` section.
+    /// The map of a validated `[tenants]` section; caps left to their defaults follow the
+    /// daemon's descriptor limit.
     pub fn new(cfg: &TenantsConfig) -> Self {
-        let mut list: Vec<Tenant> = cfg.tenant.iter().map(tenant).collect();
+        let nofile = limits::fd_hard_limit();
+        let base = cfg.limits;
+        let mut list: Vec<Tenant> = cfg.tenant.iter().map(|t| tenant(t, base, nofile)).collect();
         let mut default = list.iter().position(|t| t.name == config::DEFAULT_TENANT);
         if default.is_none() && (cfg.unmapped == Unmapped::Default || !cfg.enabled()) {
-            list.push(tenant(&TenantSettings {
+            let settings = TenantSettings {
                 name: config::DEFAULT_TENANT.into(),
                 share_arena: !cfg.enabled(),
                 ..TenantSettings::default()
-            }));
+            };
+            list.push(tenant(&settings, base, nofile));
             default = Some(list.len() - 1);
         }
         let default = if cfg.unmapped == Unmapped::Default {
@@ -150,6 +182,7 @@ impl Tenants {
                 handles,
                 ..Bound::default()
             }),
+            usage: usage::Usage::default(),
         }
     }
 
@@ -279,6 +312,15 @@ impl Tenants {
                 nvme_quota_evictions: t.nvme_quota_evictions.load(Relaxed),
                 quota_refusals: t.quota_refusals.load(Relaxed),
                 share_arena: t.share_arena,
+                connections: t.held[Held::Connections as usize].load(Relaxed),
+                regions: t.held[Held::Regions as usize].load(Relaxed),
+                leased_blocks: t.held[Held::LeasedBlocks as usize].load(Relaxed),
+                refused_connections: t.limit_refusals[Held::Connections as usize].load(Relaxed),
+                refused_regions: t.limit_refusals[Held::Regions as usize].load(Relaxed),
+                refused_leases: t.limit_refusals[Held::LeasedBlocks as usize].load(Relaxed),
+                connections_per_uid: t.caps.connections,
+                regions_per_uid: t.caps.regions,
+                leased_blocks_per_uid: t.caps.leased_blocks,
             })
             .collect()
     }

@@ -20,6 +20,7 @@ fn map(unmapped: Unmapped) -> Tenants {
                 ..TenantSettings::default()
             },
         ],
+        ..TenantsConfig::default()
     })
 }
 

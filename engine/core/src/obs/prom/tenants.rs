@@ -68,7 +68,7 @@ pub(super) fn tenants(o: &mut Out<'_>, s: &StatsReport) -> fmt::Result {
     let mut f = o.family(
         "clients_refused",
         MetricType::Counter,
-        "Client connections refused at accept, by reason.",
+        "Client connections refused at accept, by reason; connections, regions and leased_blocks: a uid at its per-uid cap (regions and leased_blocks count refused requests).",
     )?;
     let r = &s.refused;
     for (reason, n) in [
@@ -76,8 +76,47 @@ pub(super) fn tenants(o: &mut Out<'_>, s: &StatsReport) -> fmt::Result {
         ("unmapped", r.unmapped),
         ("no_credentials", r.no_credentials),
         ("pre_hello", r.pre_hello),
+        ("connections", r.connections),
+        ("regions", r.regions),
+        ("leased_blocks", r.leased_blocks),
     ] {
         counter_at(&mut f, &[("reason", reason)], n)?;
+    }
+    limits(o, s)
+}
+
+/// `kvnode_tenant_held` (gauge) and `kvnode_tenant_limit_refusals_total` (labels `tenant`,
+/// `what`: connections, regions, leased_blocks).
+fn limits(o: &mut Out<'_>, s: &StatsReport) -> fmt::Result {
+    let mut f = o.family(
+        "tenant_held",
+        MetricType::Gauge,
+        "What a tenant's clients hold now: connections, attached regions, leased blocks.",
+    )?;
+    for t in &s.tenants {
+        let name = t.name.as_str();
+        for (what, n) in [
+            ("connections", t.connections),
+            ("regions", t.regions),
+            ("leased_blocks", t.leased_blocks),
+        ] {
+            gauge_at(&mut f, &[("tenant", name), ("what", what)], n)?;
+        }
+    }
+    let mut f = o.family(
+        "tenant_limit_refusals",
+        MetricType::Counter,
+        "Connections and requests of a tenant's uids refused at a per-uid cap, by what.",
+    )?;
+    for t in &s.tenants {
+        let name = t.name.as_str();
+        for (what, n) in [
+            ("connections", t.refused_connections),
+            ("regions", t.refused_regions),
+            ("leased_blocks", t.refused_leases),
+        ] {
+            counter_at(&mut f, &[("tenant", name), ("what", what)], n)?;
+        }
     }
     Ok(())
 }
