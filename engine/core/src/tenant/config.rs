@@ -62,6 +62,10 @@ pub struct TenantSettings {
     /// mapping shows every tenant's blocks, so only a tenant trusted with all of them may
     /// have it. Default: false (inline gets/puts, regions and GPU ops still work).
     pub share_arena: bool,
+    /// Announce this tenant's blocks as KV events (with a tenant map; see docs/events.md).
+    /// Events carry the blocks' exact prompt token ids and the tenant's salt to whoever
+    /// reads the events socket. Default: false (its blocks are not announced).
+    pub publish_events: bool,
 }
 
 /// A `[tenants]` section that cannot work.
@@ -266,17 +270,21 @@ mod tests {
             proptest::option::of(1u64..1 << 50),
             proptest::option::of(1u64..1 << 50),
             any::<bool>(),
+            any::<bool>(),
         )
-            .prop_map(|(name, uids, gids, dram_quota, nvme_quota, share_arena)| {
-                TenantSettings {
-                    name,
-                    uids,
-                    gids,
-                    dram_quota,
-                    nvme_quota,
-                    share_arena,
-                }
-            })
+            .prop_map(
+                |(name, uids, gids, dram_quota, nvme_quota, share_arena, publish_events)| {
+                    TenantSettings {
+                        name,
+                        uids,
+                        gids,
+                        dram_quota,
+                        nvme_quota,
+                        share_arena,
+                        publish_events,
+                    }
+                },
+            )
     }
 
     proptest! {
