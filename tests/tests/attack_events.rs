@@ -60,7 +60,11 @@ fn daemon(a_uid: u32, tenant_a: &str, replay: bool, extra: &[&str]) -> (Daemon, 
     let (events, replay_ep) = endpoints(private);
     let dir = temp_dir("events-cfg");
     let cfg = dir.join("kvnode.toml");
-    let publish = if private { "publish_events = true\n" } else { "" };
+    let publish = if private {
+        "publish_events = true\n"
+    } else {
+        ""
+    };
     let ops = if a_uid == 0 {
         ""
     } else {
@@ -128,7 +132,12 @@ fn a_puts(socket: &Path, salt: &str) {
 
 /// Runs `event_spy` as `uid` for 1.5 s while tenant A keeps putting new chains (one before
 /// the spy starts, so the replay ring holds A's blocks too).
-fn spy_while_a_puts(uid: u32, socket: &Path, events: &str, replay: &str) -> HashMap<String, String> {
+fn spy_while_a_puts(
+    uid: u32,
+    socket: &Path,
+    events: &str,
+    replay: &str,
+) -> HashMap<String, String> {
     a_puts(socket, &format!("first-{uid}"));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (s2, sock) = (std::sync::Arc::clone(&stop), socket.to_owned());
@@ -153,7 +162,10 @@ fn spy_while_a_puts(uid: u32, socket: &Path, events: &str, replay: &str) -> Hash
 
 #[test]
 fn a_uid_refused_at_the_socket_cannot_read_tenant_a_tokens_live_or_by_replay() {
-    if !prerequisite("root", not_root("the test runs clients as uids 64001 and 64002")) {
+    if !prerequisite(
+        "root",
+        not_root("the test runs clients as uids 64001 and 64002"),
+    ) {
         return;
     }
     let (d, events, replay) = daemon(UID_A, "", true, &[]);
@@ -162,12 +174,21 @@ fn a_uid_refused_at_the_socket_cannot_read_tenant_a_tokens_live_or_by_replay() {
         env!("CARGO_BIN_EXE_tenant_probe"),
         &[d.socket.to_str().unwrap(), "connect"],
     );
-    assert!(b.contains_key("connect_error"), "B is refused at the client socket: {b:?}");
+    assert!(
+        b.contains_key("connect_error"),
+        "B is refused at the client socket: {b:?}"
+    );
     // The router's view (the daemon's own uid): A's stores are published, with A's salt.
     let router = spy_while_a_puts(0, &d.socket, &events, &replay);
     assert_eq!(get(&router, "sub"), "connected", "{router:?}");
-    assert!(get(&router, "stored_tokens") != "0", "no events flowed: {router:?}");
-    assert!(get(&router, "salts").contains("kvnode-tenant:a/"), "{router:?}");
+    assert!(
+        get(&router, "stored_tokens") != "0",
+        "no events flowed: {router:?}"
+    );
+    assert!(
+        get(&router, "salts").contains("kvnode-tenant:a/"),
+        "{router:?}"
+    );
     // The attacker's view: nothing of A's, live or replayed.
     let spy = spy_while_a_puts(UID_B, &d.socket, &events, &replay);
     assert_eq!(
@@ -206,7 +227,11 @@ fn tcp_events_are_refused_at_start_unless_the_network_is_declared_trusted() {
         &tcp,
         "--events-tcp-readable-by-anyone",
     ]);
-    assert!(d.log().contains("KV EVENTS ON TCP ARE READABLE BY ANYONE"), "{}", d.log());
+    assert!(
+        d.log().contains("KV EVENTS ON TCP ARE READABLE BY ANYONE"),
+        "{}",
+        d.log()
+    );
 }
 
 /// Resident set and anonymous memory of `pid`, in KiB.
@@ -245,7 +270,12 @@ fn flood(d: &Daemon, secs: u64) -> (u64, u64) {
     while t.elapsed() < Duration::from_secs(secs) {
         let metas = keys
             .iter()
-            .map(|_| Some(BlockMeta { tokens: tokens.clone(), parent: None }))
+            .map(|_| {
+                Some(BlockMeta {
+                    tokens: tokens.clone(),
+                    parent: None,
+                })
+            })
             .collect();
         c.put_with_meta(ns, &keys, &blocks, metas).unwrap();
         c.delete(ns, &keys).unwrap();
@@ -257,7 +287,10 @@ fn flood(d: &Daemon, secs: u64) -> (u64, u64) {
             }
         }
     }
-    eprintln!("{round} put/delete rounds in {secs} s; VmRSS grew by up to {} MiB", grown >> 10);
+    eprintln!(
+        "{round} put/delete rounds in {secs} s; VmRSS grew by up to {} MiB",
+        grown >> 10
+    );
     (grown, ring_max)
 }
 
@@ -285,10 +318,20 @@ fn a_metadata_flood_with_replay_keeps_memory_and_the_ring_bounded() {
         grown >> 10
     );
     let e = d.client().stats().unwrap().events.expect("events stats");
-    assert!(ring_max <= RING_BYTES, "ring held {ring_max} bytes > {RING_BYTES}");
+    assert!(
+        ring_max <= RING_BYTES,
+        "ring held {ring_max} bytes > {RING_BYTES}"
+    );
     assert!(e.replay_ring_bytes <= RING_BYTES, "{e:?}");
-    let a = e.tenants.iter().find(|t| t.name == "a").expect("tenant a's row");
-    assert!(a.replay_ring_bytes <= a.limit_bytes && a.limit_bytes == (8 << 20) / 16, "{a:?}");
+    let a = e
+        .tenants
+        .iter()
+        .find(|t| t.name == "a")
+        .expect("tenant a's row");
+    assert!(
+        a.replay_ring_bytes <= a.limit_bytes && a.limit_bytes == (8 << 20) / 16,
+        "{a:?}"
+    );
     assert!(e.replay_ring_evicted > 0, "evictions counted: {e:?}");
     eprintln!(
         "published {} dropped queue_full {} tenant_budget {} evicted {}",
@@ -306,6 +349,10 @@ fn a_metadata_flood_without_replay_keeps_memory_bounded_and_no_ring() {
         grown >> 10
     );
     let e = d.client().stats().unwrap().events.expect("events stats");
-    assert_eq!((ring_max, e.replay_ring_bytes, e.replay_ring_batches), (0, 0, 0), "{e:?}");
+    assert_eq!(
+        (ring_max, e.replay_ring_bytes, e.replay_ring_batches),
+        (0, 0, 0),
+        "{e:?}"
+    );
     assert!(e.published > 0, "{e:?}");
 }

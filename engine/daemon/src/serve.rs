@@ -139,16 +139,25 @@ fn start_events(cfg: &EngineConfig) -> anyhow::Result<Option<kvnode_events::Publ
     };
     let p = kvnode_events::Publisher::start(pc).context("starting the KV event publisher")?;
     if cfg.events.tcp_readable_by_anyone {
-        tracing::warn!(endpoint = p.endpoint(), "KV EVENTS ON TCP ARE READABLE BY ANYONE WHO REACHES THE PORT (every local user included): prompt token ids of every published tenant (tcp_readable_by_anyone)");
+        tracing::warn!(
+            endpoint = p.endpoint(),
+            "KV EVENTS ON TCP ARE READABLE BY ANYONE WHO REACHES THE PORT (every local user included): prompt token ids of every published tenant (tcp_readable_by_anyone)"
+        );
     }
     tracing::info!(endpoint = p.endpoint(), replay = ?p.replay_endpoint(), "KV events on");
     Ok(Some(p))
 }
 
 /// The announcer: every block without a tenant map, else only tenants that publish.
-fn announcer(cfg: &EngineConfig, publisher: Option<&kvnode_events::Publisher>) -> std::sync::Arc<kvnode_engine::residency::Announcer> {
+fn announcer(
+    cfg: &EngineConfig,
+    publisher: Option<&kvnode_events::Publisher>,
+) -> std::sync::Arc<kvnode_engine::residency::Announcer> {
     let policy = kvnode_engine::residency::policy::Policy::for_tenants(&cfg.tenants, cfg.dram);
-    kvnode_engine::residency::Announcer::with_policy(publisher.map(kvnode_events::Publisher::sink), policy)
+    kvnode_engine::residency::Announcer::with_policy(
+        publisher.map(kvnode_events::Publisher::sink),
+        policy,
+    )
 }
 
 fn init_logging() {

@@ -246,12 +246,21 @@ mod tests {
             .validate()
             .unwrap_err()
             .to_string();
-        assert!(e.contains("ipc://PATH") && e.contains("tcp_readable_by_anyone"), "{e}");
+        assert!(
+            e.contains("ipc://PATH") && e.contains("tcp_readable_by_anyone"),
+            "{e}"
+        );
         let e = PublisherConfig::new("ipc:///a/e.sock")
             .with_replay("tcp://h:1")
             .validate()
             .unwrap_err();
-        assert!(matches!(e, PublisherError::InvalidConfig { field: "replay_endpoint", .. }));
+        assert!(matches!(
+            e,
+            PublisherError::InvalidConfig {
+                field: "replay_endpoint",
+                ..
+            }
+        ));
     }
 
     #[test]

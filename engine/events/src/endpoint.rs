@@ -122,7 +122,8 @@ mod tests {
 
     fn endpoint() -> impl Strategy<Value = Endpoint> {
         prop_oneof![
-            ("[a-z0-9.-]{1,20}", any::<u16>()).prop_map(|(host, port)| Endpoint::Tcp { host, port }),
+            ("[a-z0-9.-]{1,20}", any::<u16>())
+                .prop_map(|(host, port)| Endpoint::Tcp { host, port }),
             "(/[a-zA-Z0-9._-]{1,12}){1,6}".prop_map(|p| Endpoint::Ipc(p.into())),
         ]
     }

@@ -84,7 +84,8 @@ pub struct IpcPath {
 
 impl Drop for IpcPath {
     fn drop(&mut self) {
-        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
+        let ours =
+            std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
         if ours {
             let _ = std::fs::remove_file(&self.path);
         }
@@ -194,7 +195,8 @@ mod tests {
     use super::*;
 
     fn private_dir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("kvnode-events-ipc-{}-{tag}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("kvnode-events-ipc-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::DirBuilder::new().mode(0o755).create(&d).unwrap();
         d

@@ -37,8 +37,8 @@ pub mod stats;
 pub mod validate;
 pub mod wire;
 
-pub use batch::EventBatch;
 pub use account::{Account, AccountStats};
+pub use batch::EventBatch;
 pub use config::{Access, PublisherConfig};
 pub use endpoint::Endpoint;
 pub use error::{PublisherError, SinkError};

@@ -172,7 +172,10 @@ async fn bind<S: Socket>(
         }
         Endpoint::Ipc(path) => {
             let (listener, guard) =
-                ipc::bind(path, access).map_err(|source| PublisherError::Ipc { socket: name, source })?;
+                ipc::bind(path, access).map_err(|source| PublisherError::Ipc {
+                    socket: name,
+                    source,
+                })?;
             socket.bind_listener(listener).await.map_err(zmq)?;
             Ok((endpoint.to_string(), Some(guard)))
         }

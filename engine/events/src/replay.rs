@@ -257,9 +257,17 @@ mod tests {
         let a = Account::new("a", 100);
         let b = Account::new("b", 1000);
         let mut ring = Ring::new(100, u64::MAX, Arc::default());
-        ring.push(0, Bytes::from_static(b"b"), ring_shares([(&b, 50)].into_iter()));
+        ring.push(
+            0,
+            Bytes::from_static(b"b"),
+            ring_shares([(&b, 50)].into_iter()),
+        );
         for s in 1..4 {
-            ring.push(s, Bytes::from_static(b"a"), ring_shares([(&a, 40)].into_iter()));
+            ring.push(
+                s,
+                Bytes::from_static(b"a"),
+                ring_shares([(&a, 40)].into_iter()),
+            );
         }
         // a's third batch put it at 120 > 100: the oldest batches (b's, then a's first) went.
         let seqs: Vec<u64> = ring.since(0).iter().map(|(s, _)| *s).collect();

@@ -89,7 +89,11 @@ impl EventSink {
     /// Validates and queues any event charged to `account`. A rejection, a full queue, a
     /// full account share (stores only) or a closed publisher is counted, logged the first
     /// time, and returned.
-    pub fn submit_as(&self, account: Option<&Arc<Account>>, event: KvEvent) -> Result<(), SinkError> {
+    pub fn submit_as(
+        &self,
+        account: Option<&Arc<Account>>,
+        event: KvEvent,
+    ) -> Result<(), SinkError> {
         let valid = validate(event).map_err(|rejection| {
             let reason = rejection.reason();
             if bump(&self.counters.rejected[reason.index()], 1) == 0 {
@@ -103,23 +107,27 @@ impl EventSink {
         })?;
         let store = valid.event().kind() == EventKind::Stored;
         let bytes = valid.footprint();
-        let charge = match QueueCharge::try_new(&self.counters, account, bytes, self.queue_bytes, store) {
-            Ok(c) => c,
-            Err(Refused::Global) => return Err(self.full()),
-            Err(Refused::Account) => {
-                let account = account.expect("only an account refuses for its share");
-                account.count_drop();
-                if bump(&self.counters.dropped_account, 1) == 0 {
-                    tracing::warn!(
-                        account = account.name(),
-                        "a tenant's share of the KV event queue is full: dropping its stores \
+        let charge =
+            match QueueCharge::try_new(&self.counters, account, bytes, self.queue_bytes, store) {
+                Ok(c) => c,
+                Err(Refused::Global) => return Err(self.full()),
+                Err(Refused::Account) => {
+                    let account = account.expect("only an account refuses for its share");
+                    account.count_drop();
+                    if bump(&self.counters.dropped_account, 1) == 0 {
+                        tracing::warn!(
+                            account = account.name(),
+                            "a tenant's share of the KV event queue is full: dropping its stores \
                          (logged once; see kvnode_events_dropped_total{{cause=\"tenant_budget\"}})"
-                    );
+                        );
+                    }
+                    return Err(SinkError::AccountFull);
                 }
-                return Err(SinkError::AccountFull);
-            }
-        };
-        match self.tx.try_send(Queued { event: valid, charge }) {
+            };
+        match self.tx.try_send(Queued {
+            event: valid,
+            charge,
+        }) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(self.full()),
             Err(TrySendError::Closed(_)) => {
@@ -153,7 +161,10 @@ mod tests {
 
     fn sink(capacity: usize) -> (EventSink, mpsc::Receiver<Queued>) {
         let (tx, rx) = mpsc::channel(capacity);
-        (EventSink::new(tx, Arc::new(Counters::default()), u64::MAX), rx)
+        (
+            EventSink::new(tx, Arc::new(Counters::default()), u64::MAX),
+            rx,
+        )
     }
 
     #[test]
@@ -211,12 +222,18 @@ mod tests {
         let sink = EventSink::new(tx, Arc::new(Counters::default()), 1600);
         let a = Account::new("a", 600);
         let store = |h| BlockStored::new(Medium::CpuPinned, 64).block(h, &[9; 64]);
-        let one = ValidEvent::try_from(KvEvent::Stored(store(0))).unwrap().footprint();
+        let one = ValidEvent::try_from(KvEvent::Stored(store(0)))
+            .unwrap()
+            .footprint();
         assert!(one > 400 && one < 600, "{one}");
         sink.stored_as(Some(&a), store(1)).unwrap();
-        assert_eq!(sink.stored_as(Some(&a), store(2)), Err(SinkError::AccountFull));
+        assert_eq!(
+            sink.stored_as(Some(&a), store(2)),
+            Err(SinkError::AccountFull)
+        );
         // A removal is not held to the share; the global bound still holds.
-        sink.removed_as(Some(&a), Medium::CpuPinned, vec![1]).unwrap();
+        sink.removed_as(Some(&a), Medium::CpuPinned, vec![1])
+            .unwrap();
         sink.stored(store(3)).unwrap();
         sink.stored(store(4)).unwrap();
         assert_eq!(sink.stored(store(5)), Err(SinkError::QueueFull));
@@ -225,7 +242,11 @@ mod tests {
         assert_eq!(a.stats().dropped, 1);
         assert!(s.queued_bytes <= 1600);
         drop(rx);
-        assert_eq!(sink.stats().queued_bytes, 0, "charges go back with the queue");
+        assert_eq!(
+            sink.stats().queued_bytes,
+            0,
+            "charges go back with the queue"
+        );
         assert_eq!(a.stats().queued_bytes, 0);
     }
 }

@@ -343,7 +343,10 @@ async fn ipc_endpoints_publish_and_replay_with_the_configured_mode() {
     let ep = format!("ipc://{}", d.join("ev.sock").display());
     let rp = format!("ipc://{}", d.join("replay.sock").display());
     let publisher = Publisher::start(PublisherConfig::new(&ep).with_replay(&rp)).unwrap();
-    assert_eq!((publisher.endpoint(), publisher.replay_endpoint()), (ep.as_str(), Some(rp.as_str())));
+    assert_eq!(
+        (publisher.endpoint(), publisher.replay_endpoint()),
+        (ep.as_str(), Some(rp.as_str()))
+    );
     for f in ["ev.sock", "replay.sock"] {
         let mode = std::fs::metadata(d.join(f)).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "{f}");

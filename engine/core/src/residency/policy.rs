@@ -134,8 +134,14 @@ mod tests {
             panic!("a publishes");
         };
         assert_eq!((a.name(), a.stats().limit), ("a", 512 << 10));
-        assert!(matches!(p.decide(Some("kvnode-tenant:b")), Decision::Withhold));
-        assert!(matches!(p.decide(Some("kvnode-tenant:default")), Decision::Withhold));
+        assert!(matches!(
+            p.decide(Some("kvnode-tenant:b")),
+            Decision::Withhold
+        ));
+        assert!(matches!(
+            p.decide(Some("kvnode-tenant:default")),
+            Decision::Withhold
+        ));
         assert!(matches!(p.decide(Some("a")), Decision::Withhold));
         assert!(matches!(p.decide(None), Decision::Withhold));
         assert_eq!(p.withheld(), 4);

@@ -1,10 +1,10 @@
 //! `[events]`: where KV events are published, who may read them, and how much memory they
 //! may hold. Every default documented; `deny_unknown_fields`.
 
+use kvnode_events::PublisherConfig;
 use kvnode_events::config::{
     Access, DEFAULT_IPC_MODE, DEFAULT_QUEUE_BYTES, DEFAULT_REPLAY_RING_BYTES,
 };
-use kvnode_events::PublisherConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::size_serde::{de_size, ser_size};
@@ -126,12 +126,24 @@ mod tests {
     #[test]
     fn unsafe_or_malformed_sections_are_refused_with_what_to_change() {
         for (text, says) in [
-            ("endpoint = \"tcp://0.0.0.0:5557\"\n", "tcp_readable_by_anyone"),
-            ("endpoint = \"ipc:///e\"\nsocket_mode = 0o666\n", "grants others"),
+            (
+                "endpoint = \"tcp://0.0.0.0:5557\"\n",
+                "tcp_readable_by_anyone",
+            ),
+            (
+                "endpoint = \"ipc:///e\"\nsocket_mode = 0o666\n",
+                "grants others",
+            ),
             ("endpoint = \"ipc://rel\"\n", "ABSOLUTE"),
             ("replay = \"ipc:///r\"\n", "needs an endpoint"),
-            ("endpoint = \"ipc:///e\"\nreplay_ring_bytes = 0\n", "replay_ring_bytes"),
-            ("endpoint = \"ipc:///e\"\nsocket_modes = 1\n", "unknown field"),
+            (
+                "endpoint = \"ipc:///e\"\nreplay_ring_bytes = 0\n",
+                "replay_ring_bytes",
+            ),
+            (
+                "endpoint = \"ipc:///e\"\nsocket_modes = 1\n",
+                "unknown field",
+            ),
             ("replay_ring_bytes = \"lots\"\n", ""),
         ] {
             let e = parse(text).unwrap_err();
