@@ -78,12 +78,11 @@ impl Policy {
         let tenant = salt
             .and_then(|s| s.strip_prefix(SALT_PREFIX))
             .map(|rest| rest.split('/').next().unwrap_or(rest));
-        match tenant.and_then(|t| map.get(t)) {
-            Some(a) => Decision::Publish(Some(a)),
-            None => {
-                self.withheld.fetch_add(1, Relaxed);
-                Decision::Withhold
-            }
+        if let Some(a) = tenant.and_then(|t| map.get(t)) {
+            Decision::Publish(Some(a))
+        } else {
+            self.withheld.fetch_add(1, Relaxed);
+            Decision::Withhold
         }
     }
 
