@@ -180,7 +180,7 @@ impl Drop for RingShare {
     }
 }
 
-/// Adds each `(account, bytes)` to the share of the same account in `shares`.
+/// One ring share per account, summing the `(account, bytes)` of a batch's events.
 pub(crate) fn ring_shares<'a>(
     items: impl Iterator<Item = (&'a Arc<Account>, u64)>,
 ) -> Vec<RingShare> {
