@@ -52,8 +52,8 @@ fn endpoints(private: bool) -> (String, String) {
     }
 }
 
-/// A daemon with `tenant_a` lines for tenant `a` (uid `a_uid`), root in tenant `ops` when
-/// it is not `a`, unmapped uids refused, a socket every uid may open, and events (with
+/// A daemon with `tenant_a` lines for tenant `a` (uid `a_uid`), this process (root) in
+/// tenant `ops` when it is not `a`, unmapped uids refused, a socket every uid may open, and events (with
 /// replay when `replay`).
 fn daemon(a_uid: u32, tenant_a: &str, replay: bool, extra: &[&str]) -> (Daemon, String, String) {
     let private = private_events();
@@ -65,7 +65,8 @@ fn daemon(a_uid: u32, tenant_a: &str, replay: bool, extra: &[&str]) -> (Daemon, 
     } else {
         ""
     };
-    let ops = if a_uid == 0 {
+    // SAFETY: geteuid has no preconditions.
+    let ops = if a_uid == unsafe { libc::geteuid() } {
         ""
     } else {
         "[[tenants.tenant]]\nname = \"ops\"\nuids = [0]\n"
@@ -249,7 +250,7 @@ fn rss_kib(pid: u32) -> (u64, u64) {
 const PAGE: u32 = 16 << 10;
 const RING_BYTES: u64 = 4 << 20;
 
-/// Tenant A (this process, uid 0; 8 MiB DRAM quota) puts 64 blocks carrying 16 Ki-token
+/// Tenant A (this process; 8 MiB DRAM quota) puts 64 blocks carrying 16 Ki-token
 /// metadata and deletes them, for `secs`; returns the most VmRSS grew (KiB) and the most
 /// the replay ring held, read from `stats` as it went.
 fn flood(d: &Daemon, secs: u64) -> (u64, u64) {
@@ -300,8 +301,10 @@ fn flood_daemon(replay: bool) -> Daemon {
     } else {
         String::new()
     };
-    // Tenant A is uid 0 (this process), with the quota of the attacker.
-    let (d, _, _) = daemon(0, &format!("dram_quota = \"8MiB\"\n{ring}"), replay, &[]);
+    // Tenant A is this process's uid, with the quota of the attacker.
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let (d, _, _) = daemon(me, &format!("dram_quota = \"8MiB\"\n{ring}"), replay, &[]);
     d
 }
 
