@@ -1,6 +1,6 @@
 //! `kvnode bench events`: KV events a live ZMQ subscriber receives while the daemon serves puts.
 //!
-//! Starts `kvnode serve --events tcp://127.0.0.1:PORT` with a small DRAM tier (so puts also
+//! Starts `kvnode serve --events ipc://DIR/events.sock` with a small DRAM tier (so puts also
 //! evict: every put is a `BlockStored`, every eviction a `BlockRemoved`), subscribes, puts
 //! token-annotated pages for `--duration` seconds, then checks that the subscriber saw every
 //! batch (consecutive sequence numbers) and as many events as the daemon's stores + evictions.
@@ -131,10 +131,7 @@ fn start_daemon(
 pub fn run(a: &EventsArgs) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("kvnode-bench-events-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let endpoint = format!("ipc://{}", dir.join("events.sock").display());
     let (_daemon, mut c) = start_daemon(&a.dram, &dir, &endpoint)?;
     let spec = NamespaceSpec {
         model: "bench-events".into(),

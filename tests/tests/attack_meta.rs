@@ -23,7 +23,8 @@ fn anon_kib(pid: u32) -> u64 {
 }
 
 fn with_events(extra: &[&str]) -> Daemon {
-    let events = format!("tcp://127.0.0.1:{}", free_port());
+    let dir = kvnode_e2e::temp_dir("meta-events");
+    let events = format!("ipc://{}", dir.join("ev.sock").display());
     let mut args = vec![
         "--dram",
         "64MiB",

@@ -19,7 +19,7 @@ use dynamo_kv_router::zmq_wire::{RawKvEvent, ZmqEventNormalizer, decode_event_ba
 use dynamo_kv_router::{LocalBlockHash, compute_block_hash_for_seq};
 use kvnode_client::Client;
 use kvnode_client::kvnode_proto::client::BlockMeta;
-use kvnode_e2e::{Daemon, SpillDir, block, key, spill_dir};
+use kvnode_e2e::{Daemon, SpillDir, block, key, spill_dir, temp_dir};
 use kvnode_proto::{Key, NamespaceSpec};
 use proptest::prelude::*;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
@@ -89,8 +89,10 @@ struct Fixture {
 
 fn start() -> Fixture {
     let dir = spill_dir(&format!("events-{}", free_port()));
-    let events = format!("tcp://127.0.0.1:{}", free_port());
-    let replay = format!("tcp://127.0.0.1:{}", free_port());
+    // The events sockets: ipc paths in a private directory, mode 0600 (the default).
+    let sockets = temp_dir("events-ipc");
+    let events = format!("ipc://{}", sockets.join("ev.sock").display());
+    let replay = format!("ipc://{}", sockets.join("replay.sock").display());
     let daemon = Daemon::start_spilling(
         &dir,
         "48MiB",

@@ -369,11 +369,12 @@ fn published_events_carry_the_daemon_derived_salt() {
     if !can_switch_uids() {
         return;
     }
-    let events = format!("tcp://127.0.0.1:{}", free_port());
-    let replay = format!("tcp://127.0.0.1:{}", free_port());
+    let sockets = temp_dir("tenant-events");
+    let events = format!("ipc://{}", sockets.join("ev.sock").display());
+    let replay = format!("ipc://{}", sockets.join("replay.sock").display());
     let d = daemon(
         "",
-        "",
+        "publish_events = true",
         &[
             "--events",
             &events,

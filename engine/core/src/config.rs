@@ -179,6 +179,7 @@ impl EngineConfig {
         }
         self.tenants.validate().map_err(|e| e.to_string())?;
         self.spill.validate()?;
+        self.events.validate()?;
         self.peer.validate()?;
         self.check_keyless_peer_listener()
     }

@@ -315,6 +315,7 @@ impl Engine {
             peer: self.peers.peer_stats(),
             peer_connections: self.peers.config().connections,
             peer_connections_basis: self.peers.connections_basis().to_owned(),
+            events: self.store.announcer().report(),
         }
     }
 

@@ -16,9 +16,14 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use kvnode_events::{BlockStored, EventSink, Medium};
+use kvnode_events::{Account, BlockStored, EventSink, Medium};
 use kvnode_proto::NamespaceSpec;
 use kvnode_proto::client::BlockMeta;
+
+pub mod policy;
+pub mod settings;
+
+use policy::{Decision, Policy};
 
 /// What the router needs to announce one block, shared by all its residencies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +131,8 @@ pub struct Announcer {
     sink: Option<Out>,
     /// Clears so far; see the module doc for why publishing happens under this lock.
     epoch: RwLock<u64>,
+    /// Whose blocks are announced, charged to which account.
+    policy: Policy,
 }
 
 /// Where events go: the publisher's sink, or (unit tests) a recorder.
@@ -137,18 +144,22 @@ enum Out {
 }
 
 impl Out {
-    fn stored(&self, ev: BlockStored) {
+    /// Whether the store was queued (a rejected or dropped event is counted and logged by
+    /// the sink, and gets no residency: no removal follows a store never published).
+    fn stored(&self, account: Option<&Arc<Account>>, ev: BlockStored) -> bool {
         match self {
-            // A rejected or dropped event is counted and logged by the sink.
-            Self::Sink(s) => drop(s.stored(ev)),
+            Self::Sink(s) => s.stored_as(account, ev).is_ok(),
             #[cfg(test)]
-            Self::Record(r) => r.stored(&ev),
+            Self::Record(r) => {
+                r.stored(&ev);
+                true
+            }
         }
     }
 
-    fn removed(&self, medium: Medium, hash: u64) {
+    fn removed(&self, account: Option<&Arc<Account>>, medium: Medium, hash: u64) {
         match self {
-            Self::Sink(s) => drop(s.removed(medium, vec![hash])),
+            Self::Sink(s) => drop(s.removed_as(account, medium, vec![hash])),
             #[cfg(test)]
             Self::Record(r) => r.removed(hash),
         }
@@ -164,11 +175,17 @@ impl Out {
 }
 
 impl Announcer {
-    /// An announcer publishing through `sink` (or nothing).
+    /// An announcer publishing every block through `sink` (or nothing).
     pub fn new(sink: Option<EventSink>) -> Arc<Self> {
+        Self::with_policy(sink, Policy::all())
+    }
+
+    /// An announcer publishing through `sink` the blocks `policy` allows.
+    pub fn with_policy(sink: Option<EventSink>, policy: Policy) -> Arc<Self> {
         Arc::new(Self {
             sink: sink.map(Out::Sink),
             epoch: RwLock::new(0),
+            policy,
         })
     }
 
@@ -182,7 +199,8 @@ impl Announcer {
     }
 
     /// The block became resident in `medium`: publishes `BlockStored` and returns the
-    /// residency whose drop publishes the removal. `None` without a sink or metadata.
+    /// residency whose drop publishes the removal. `None` without a sink or metadata, when
+    /// the block's tenant does not publish, or when the store was not queued.
     pub fn reside(
         self: &Arc<Self>,
         medium: Medium,
@@ -190,14 +208,20 @@ impl Announcer {
     ) -> Option<Residency> {
         let sink = self.sink.as_ref()?;
         let meta = Arc::clone(meta?);
+        let Decision::Publish(account) = self.policy.decide(meta.salt.as_deref()) else {
+            return None;
+        };
         let ev = BlockStored::new(medium, meta.block_size)
             .with_parent(meta.parent)
             .with_salt(meta.salt.clone())
             .block(meta.hash, &meta.tokens);
         let epoch = self.epoch_read();
-        sink.stored(ev);
+        if !sink.stored(account, ev) {
+            return None;
+        }
         Some(Residency {
             announcer: Arc::clone(self),
+            account: account.cloned(),
             meta,
             medium,
             epoch: *epoch,
@@ -222,12 +246,46 @@ impl Announcer {
             Out::Record(_) => None,
         }
     }
+
+    /// The events report for `stats` and `/metrics`, if events are on.
+    pub fn report(&self) -> Option<kvnode_proto::stats::EventsStats> {
+        let s = self.stats()?;
+        Some(kvnode_proto::stats::EventsStats {
+            published: s.events_total(),
+            batches: s.batches,
+            bytes: s.bytes,
+            dropped_queue_full: s.dropped_full,
+            dropped_tenant_budget: s.dropped_account,
+            dropped_closed: s.dropped_closed,
+            rejected: s.rejected_total(),
+            withheld: self.policy.withheld(),
+            queued_bytes: s.queued_bytes,
+            replay_ring_bytes: s.ring_bytes,
+            replay_ring_batches: s.ring_batches,
+            replay_ring_evicted: s.ring_evicted,
+            replay_requests: s.replay_requests,
+            tenants: self
+                .policy
+                .accounts()
+                .into_iter()
+                .map(|a| kvnode_proto::stats::EventsTenantStats {
+                    name: a.name,
+                    limit_bytes: a.limit,
+                    queued_bytes: a.queued_bytes,
+                    replay_ring_bytes: a.ring_bytes,
+                    dropped: a.dropped,
+                })
+                .collect(),
+        })
+    }
 }
 
 /// One block resident in one tier; dropping it announces the block left that tier.
 #[derive(Debug)]
 pub struct Residency {
     announcer: Arc<Announcer>,
+    /// The account its store was charged to; its removal is charged there too.
+    account: Option<Arc<Account>>,
     meta: Arc<RouterMeta>,
     medium: Medium,
     epoch: u64,
@@ -247,7 +305,7 @@ impl Drop for Residency {
         };
         let epoch = self.announcer.epoch_read();
         if *epoch == self.epoch {
-            sink.removed(self.medium, self.meta.hash);
+            sink.removed(self.account.as_ref(), self.medium, self.meta.hash);
         }
     }
 }

@@ -15,7 +15,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Store pages.
     Put(PutArgs),
     /// Fetch pages; prints how many leading pages hit.
@@ -142,12 +142,28 @@ pub struct ServeArgs {
     /// its takeover socket. Off by default (the daemon refuses to start there).
     #[arg(long)]
     pub allow_shared_socket_dir: bool,
-    /// Publish KV events on a ZMQ PUB socket bound here (tcp://HOST:PORT).
-    #[arg(long)]
+    /// Publish KV events on a ZMQ PUB socket bound here: ipc:///PATH (a Unix socket created
+    /// with --events-socket-mode/--events-socket-group), or tcp://HOST:PORT with
+    /// --events-tcp-readable-by-anyone. Events carry prompt token ids: see docs/events.md.
+    #[arg(long, value_name = "ipc:///PATH")]
     pub events: Option<String>,
-    /// Serve event replay on a ZMQ ROUTER socket bound here (tcp://HOST:PORT).
-    #[arg(long, requires = "events")]
+    /// Serve event replay on a ZMQ ROUTER socket bound here (same forms as --events).
+    /// Without it no replay ring is kept.
+    #[arg(long, requires = "events", value_name = "ipc:///PATH")]
     pub events_replay: Option<String>,
+    /// Mode of the ipc:// event socket files, octal (0600, or 0660 with a group).
+    #[arg(long, requires = "events", value_parser = parse_octal_mode, value_name = "MODE")]
+    pub events_socket_mode: Option<u32>,
+    /// Group (gid) of the ipc:// event socket files: the router's.
+    #[arg(long, requires = "events", value_name = "GID")]
+    pub events_socket_group: Option<u32>,
+    /// Allow tcp:// event endpoints. Anyone who reaches the port, every local user
+    /// included, then reads every published block's prompt token ids and tenant salt.
+    #[arg(long, requires = "events")]
+    pub events_tcp_readable_by_anyone: bool,
+    /// Most payload bytes kept for event replay (default 64MiB).
+    #[arg(long, requires = "events_replay", value_name = "SIZE")]
+    pub events_replay_bytes: Option<String>,
     /// Data-parallel rank written into every event batch.
     #[arg(long, requires = "events")]
     pub dp_rank: Option<u32>,
@@ -289,4 +305,10 @@ pub struct ClearArgs {
     /// Clear every namespace (instead of the one named by --model and the other flags).
     #[arg(long, conflicts_with = "model")]
     pub all: bool,
+}
+
+/// Parses an octal file mode (`0600`, `0o660`, `660`).
+pub fn parse_octal_mode(s: &str) -> Result<u32, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    u32::from_str_radix(digits, 8).map_err(|_| format!("{s:?} is not an octal mode such as 0600"))
 }

@@ -119,21 +119,45 @@ fn apply_tiering_flags(a: &ServeArgs, cfg: &mut EngineConfig) -> anyhow::Result<
     if a.dp_rank.is_some() {
         cfg.events.dp_rank = a.dp_rank;
     }
+    if let Some(m) = a.events_socket_mode {
+        cfg.events.socket_mode = m;
+    }
+    if a.events_socket_group.is_some() {
+        cfg.events.socket_group = a.events_socket_group;
+    }
+    cfg.events.tcp_readable_by_anyone |= a.events_tcp_readable_by_anyone;
+    if let Some(b) = &a.events_replay_bytes {
+        cfg.events.replay_ring_bytes = parse_size(b).context("--events-replay-bytes")?;
+    }
     Ok(())
 }
 
 /// Binds the KV event publisher when `[events]` names an endpoint.
 fn start_events(cfg: &EngineConfig) -> anyhow::Result<Option<kvnode_events::Publisher>> {
-    let Some(ep) = &cfg.events.endpoint else {
+    let Some(pc) = cfg.events.publisher_config() else {
         return Ok(None);
     };
-    let mut pc = kvnode_events::PublisherConfig::new(ep.clone()).with_dp_rank(cfg.events.dp_rank);
-    if let Some(r) = &cfg.events.replay {
-        pc = pc.with_replay(r.clone());
-    }
     let p = kvnode_events::Publisher::start(pc).context("starting the KV event publisher")?;
+    if cfg.events.tcp_readable_by_anyone {
+        tracing::warn!(
+            endpoint = p.endpoint(),
+            "KV EVENTS ON TCP ARE READABLE BY ANYONE WHO REACHES THE PORT (every local user included): prompt token ids of every published tenant (tcp_readable_by_anyone)"
+        );
+    }
     tracing::info!(endpoint = p.endpoint(), replay = ?p.replay_endpoint(), "KV events on");
     Ok(Some(p))
+}
+
+/// The announcer: every block without a tenant map, else only tenants that publish.
+fn announcer(
+    cfg: &EngineConfig,
+    publisher: Option<&kvnode_events::Publisher>,
+) -> std::sync::Arc<kvnode_engine::residency::Announcer> {
+    let policy = kvnode_engine::residency::policy::Policy::for_tenants(&cfg.tenants, cfg.dram);
+    kvnode_engine::residency::Announcer::with_policy(
+        publisher.map(kvnode_events::Publisher::sink),
+        policy,
+    )
 }
 
 fn init_logging() {
@@ -271,7 +295,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let listener_fd = std::os::fd::AsFd::as_fd(&listener).try_clone_to_owned()?;
         let socket = cfg.socket.clone();
         let publisher = start_events(&cfg)?;
-        let announcer = kvnode_engine::residency::Announcer::new(publisher.as_ref().map(kvnode_events::Publisher::sink));
+        let announcer = announcer(&cfg, publisher.as_ref());
         let took_over = handover.is_some();
         let engine = kvnode_engine::Engine::start_from(cfg, announcer, handover).context("starting the engine")?;
         let mut term = signal(SignalKind::terminate())?;

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use dynamo_kv_router::zmq_wire::decode_event_batch;
-use kvnode_events::{BlockStored, Medium, Publisher, PublisherConfig, SinkError};
+use kvnode_events::{Access, BlockStored, Medium, Publisher, PublisherConfig, SinkError};
 use zeromq::{Socket, SocketRecv, SubSocket};
 
 const PROBE: u64 = u64::MAX;
@@ -21,6 +21,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = PublisherConfig {
         // Room for the whole run, so the measurement shows the pipeline, not drop policy.
         queue_capacity: usize::try_from(events)? + 1024,
+        // Loopback on a dev machine: tcp is allowed only by saying so.
+        access: Access {
+            tcp_readable_by_anyone: true,
+            ..Access::default()
+        },
         ..PublisherConfig::new("tcp://127.0.0.1:0").with_replay("tcp://127.0.0.1:0")
     };
     let max_batch = config.max_batch_events;

@@ -24,6 +24,15 @@ pub enum PublisherError {
         /// The transport's error.
         source: zeromq::ZmqError,
     },
+    /// An `ipc://` socket could not be created safely (directory others may write, a
+    /// file in the way, a group the daemon is not in).
+    #[error("cannot bind the KV events {socket} socket: {source}")]
+    Ipc {
+        /// `"PUB"` or `"replay ROUTER"`.
+        socket: &'static str,
+        /// What went wrong and what to change.
+        source: crate::ipc::IpcError,
+    },
     /// The runtime or thread that owns the sockets could not be created.
     #[error("cannot start the KV events thread: {0}")]
     Start(#[source] std::io::Error),
@@ -44,6 +53,11 @@ pub enum SinkError {
     /// affected blocks' next store or remove.
     #[error("KV event queue is full; event dropped")]
     QueueFull,
+    /// The event's account (its tenant) already holds its share of the queue; the store
+    /// was dropped (counted on the account and in `dropped_account`). The block is not
+    /// announced; its removal will not be either.
+    #[error("the tenant's share of the KV event queue is full; store dropped")]
+    AccountFull,
     /// The publisher has shut down; the event was dropped (counted).
     #[error("KV event publisher is shut down; event dropped")]
     Closed,

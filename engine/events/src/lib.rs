@@ -11,6 +11,12 @@
 //!  counted, logged once) -------->+-----------------------------------------------------+
 //! ```
 //!
+//! Access: events carry prompt token ids, so the sockets bind `ipc://` paths created with a
+//! configured mode and group ([`ipc`]); `tcp://` needs [`Access::tcp_readable_by_anyone`].
+//! Memory: the queue is bounded in events and bytes, the replay ring (kept only with a
+//! replay endpoint) in batches and bytes, and each [`Account`] (a tenant) in its share of
+//! both ([`account`]).
+//!
 //! The wire layout is interop.md §1 (and `docs/events.md`): positional arrays with every
 //! slot up to `ownership` filled, media `"CPU_PINNED"` / `"DISK"`, the tenant salt in
 //! `extra_keys[0]`. Every event is validated before it may join a batch, because the
@@ -18,9 +24,12 @@
 //! residencies: the engine decides when a block is stored or removed and keeps parents
 //! before children; this crate keeps that order and gets it onto the wire.
 
+pub mod account;
 pub mod batch;
 pub mod config;
+pub mod endpoint;
 pub mod error;
+pub mod ipc;
 pub mod publisher;
 pub mod replay;
 pub mod sink;
@@ -28,8 +37,10 @@ pub mod stats;
 pub mod validate;
 pub mod wire;
 
+pub use account::{Account, AccountStats};
 pub use batch::EventBatch;
-pub use config::PublisherConfig;
+pub use config::{Access, PublisherConfig};
+pub use endpoint::Endpoint;
 pub use error::{PublisherError, SinkError};
 pub use publisher::Publisher;
 pub use replay::END_OF_REPLAY_SEQ;

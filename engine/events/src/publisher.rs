@@ -8,11 +8,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketSend, ZmqMessage};
 
+use crate::account::{QueueCharge, ring_shares};
 use crate::batch::EventBatch;
-use crate::config::PublisherConfig;
+use crate::config::{Access, PublisherConfig};
+use crate::endpoint::Endpoint;
 use crate::error::PublisherError;
+use crate::ipc::{self, IpcPath};
 use crate::replay::{self, Ring, SharedRing};
-use crate::sink::EventSink;
+use crate::sink::{EventSink, Queued};
 use crate::stats::{Counters, Stats, bump, kind_index};
 use crate::validate::ValidEvent;
 use crate::wire::now_ts;
@@ -44,9 +47,10 @@ impl Publisher {
     /// Validates `config`, binds the sockets and starts the publisher thread. Returns once
     /// both sockets are bound, or with the bind error.
     pub fn start(config: PublisherConfig) -> Result<Self, PublisherError> {
-        config.validate()?;
+        let endpoints = config.validate()?;
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel(config.queue_capacity);
+        let queue_bytes = config.queue_bytes;
         let (stop_tx, stop_rx) = watch::channel(false);
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -56,7 +60,15 @@ impl Publisher {
         let thread_counters = Arc::clone(&counters);
         let thread = std::thread::Builder::new()
             .name("kvnode-events".into())
-            .spawn(move || runtime.block_on(run(config, rx, thread_counters, stop_rx, ready_tx)))
+            .spawn(move || {
+                let chan = Channel {
+                    rx,
+                    counters: thread_counters,
+                    stop: stop_rx,
+                    ready: ready_tx,
+                };
+                runtime.block_on(run(config, endpoints, chan));
+            })
             .map_err(PublisherError::Start)?;
         let bound = match ready_rx.recv() {
             Ok(Ok(bound)) => bound,
@@ -75,7 +87,7 @@ impl Publisher {
             "KV event publisher bound"
         );
         Ok(Self {
-            sink: EventSink::new(tx, Arc::clone(&counters)),
+            sink: EventSink::new(tx, Arc::clone(&counters), queue_bytes),
             counters,
             endpoint: bound.endpoint,
             replay_endpoint: bound.replay_endpoint,
@@ -131,45 +143,91 @@ impl Drop for Publisher {
 
 type Ready = std::sync::mpsc::SyncSender<Result<Bound, PublisherError>>;
 
+/// What the publisher thread is handed besides its config.
+struct Channel {
+    rx: mpsc::Receiver<Queued>,
+    counters: Arc<Counters>,
+    stop: watch::Receiver<bool>,
+    ready: Ready,
+}
+
+/// Binds `socket` at `endpoint`: a tcp address as is, an ipc path through
+/// [`ipc::bind`] (mode and group set before anyone can connect). Returns the endpoint as
+/// bound and, for ipc, the guard that removes the socket file.
+async fn bind<S: Socket>(
+    socket: &mut S,
+    name: &'static str,
+    endpoint: &Endpoint,
+    access: &Access,
+) -> Result<(String, Option<IpcPath>), PublisherError> {
+    let zmq = |source| PublisherError::Bind {
+        socket: name,
+        endpoint: endpoint.to_string(),
+        source,
+    };
+    match endpoint {
+        Endpoint::Tcp { .. } => {
+            let bound = socket.bind(&endpoint.to_string()).await.map_err(zmq)?;
+            Ok((bound.to_string(), None))
+        }
+        Endpoint::Ipc(path) => {
+            let (listener, guard) =
+                ipc::bind(path, access).map_err(|source| PublisherError::Ipc {
+                    socket: name,
+                    source,
+                })?;
+            socket.bind_listener(listener).await.map_err(zmq)?;
+            Ok((endpoint.to_string(), Some(guard)))
+        }
+    }
+}
+
 /// The publisher thread's body: bind, report, batch until stopped, drain, linger.
 async fn run(
     config: PublisherConfig,
-    mut rx: mpsc::Receiver<ValidEvent>,
-    counters: Arc<Counters>,
-    mut stop: watch::Receiver<bool>,
-    ready: Ready,
+    (endpoint, replay): (Endpoint, Option<Endpoint>),
+    chan: Channel,
 ) {
+    let Channel {
+        mut rx,
+        counters,
+        mut stop,
+        ready,
+    } = chan;
     let mut socket = PubSocket::new();
-    let endpoint = match socket.bind(&config.endpoint).await {
-        Ok(ep) => ep.to_string(),
-        Err(source) => {
-            let _ = ready.send(Err(PublisherError::Bind {
-                socket: "PUB",
-                endpoint: config.endpoint,
-                source,
-            }));
+    let (endpoint, _pub_path) = match bind(&mut socket, "PUB", &endpoint, &config.access).await {
+        Ok(bound) => bound,
+        Err(e) => {
+            let _ = ready.send(Err(e));
             return;
         }
     };
-    let ring: SharedRing = Arc::new(Mutex::new(Ring::new(config.replay_ring_len)));
     let (replay_stop_tx, replay_stop_rx) = watch::channel(false);
     let mut replay_task = None;
     let mut replay_endpoint = None;
-    if let Some(replay_ep) = &config.replay_endpoint {
+    let mut _replay_path = None;
+    // No replay endpoint, no ring: nothing is kept after a batch is sent.
+    let mut ring = None;
+    if let Some(replay_ep) = &replay {
         let mut router = RouterSocket::new();
-        match router.bind(replay_ep).await {
-            Ok(ep) => replay_endpoint = Some(ep.to_string()),
-            Err(source) => {
-                let _ = ready.send(Err(PublisherError::Bind {
-                    socket: "replay ROUTER",
-                    endpoint: replay_ep.clone(),
-                    source,
-                }));
+        match bind(&mut router, "replay ROUTER", replay_ep, &config.access).await {
+            Ok((ep, path)) => {
+                replay_endpoint = Some(ep);
+                _replay_path = path;
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
                 return;
             }
         }
-        let serve = replay::serve(router, ring.clone(), counters.clone(), replay_stop_rx);
+        let r: SharedRing = Arc::new(Mutex::new(Ring::new(
+            config.replay_ring_len,
+            config.replay_ring_bytes,
+            Arc::clone(&counters),
+        )));
+        let serve = replay::serve(router, Arc::clone(&r), counters.clone(), replay_stop_rx);
         replay_task = Some(tokio::spawn(serve));
+        ring = Some(r);
     }
     let _ = ready.send(Ok(Bound {
         endpoint,
@@ -182,14 +240,15 @@ async fn run(
         counters,
         dp_rank: config.dp_rank,
         buf: Vec::with_capacity(config.max_batch_events),
+        charges: Vec::with_capacity(config.max_batch_events),
         max_events: config.max_batch_events,
         seq: 0,
     };
     batcher.run(&mut rx, &mut stop, config.flush_interval).await;
     // Nothing new is accepted from here; what is already queued still goes out.
     rx.close();
-    while let Some(event) = rx.recv().await {
-        batcher.buf.push(event);
+    while let Some(queued) = rx.recv().await {
+        batcher.take(queued);
         if batcher.buf.len() == batcher.max_events {
             batcher.publish().await;
         }
@@ -205,20 +264,28 @@ async fn run(
 /// Collects events into batches and publishes them with consecutive sequence numbers.
 struct Batcher {
     socket: PubSocket,
-    ring: SharedRing,
+    /// `None` without a replay endpoint.
+    ring: Option<SharedRing>,
     counters: Arc<Counters>,
     dp_rank: Option<u32>,
     buf: Vec<ValidEvent>,
+    /// The queue charges of `buf`'s events, given back once their batch is sent.
+    charges: Vec<QueueCharge>,
     max_events: usize,
     seq: u64,
 }
 
 impl Batcher {
+    fn take(&mut self, queued: Queued) {
+        self.buf.push(queued.event);
+        self.charges.push(queued.charge);
+    }
+
     /// Seals a batch when it holds `max_events`, or `interval` after its first event
     /// arrived, whichever is first. Returns when `stop` flips or every sink is gone.
     async fn run(
         &mut self,
-        rx: &mut mpsc::Receiver<ValidEvent>,
+        rx: &mut mpsc::Receiver<Queued>,
         stop: &mut watch::Receiver<bool>,
         interval: std::time::Duration,
     ) {
@@ -230,13 +297,13 @@ impl Batcher {
                 first = rx.recv() => first,
             };
             let Some(first) = first else { break };
-            self.buf.push(first);
+            self.take(first);
             let deadline = tokio::time::sleep_until(Instant::now() + interval);
             tokio::pin!(deadline);
             while self.buf.len() < self.max_events {
                 match rx.try_recv() {
                     Ok(event) => {
-                        self.buf.push(event);
+                        self.take(event);
                         continue;
                     }
                     Err(mpsc::error::TryRecvError::Disconnected) => break,
@@ -251,7 +318,7 @@ impl Batcher {
                     }
                     () = &mut deadline => break,
                     event = rx.recv() => match event {
-                        Some(event) => self.buf.push(event),
+                        Some(event) => self.take(event),
                         None => break,
                     },
                 }
@@ -278,16 +345,20 @@ impl Batcher {
                     tracing::error!(%error, events = self.buf.len(), "KV event batch failed to encode; dropped");
                 }
                 self.buf.clear();
+                self.charges.clear();
                 return;
             }
         };
         let seq = self.seq;
         self.seq += 1;
-        // Into the ring before the wire, so any seq a subscriber sees live is replayable.
-        self.ring
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(seq, payload.clone());
+        // Into the ring before the wire, so any seq a subscriber sees live is replayable
+        // (while the ring keeps it).
+        if let Some(ring) = &self.ring {
+            let shares = ring_shares(self.charges.iter().filter_map(QueueCharge::share));
+            ring.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(seq, payload.clone(), shares);
+        }
         let len = payload.len() as u64;
         let frames = vec![
             Bytes::new(),
@@ -299,6 +370,7 @@ impl Batcher {
             // PUB never blocks and drops for absent or slow subscribers; replay covers it.
             tracing::debug!(%error, seq, "PUB send failed; batch stays replayable");
         }
+        self.charges.clear();
         for event in self.buf.drain(..) {
             let i = kind_index(event.event().kind());
             bump(&self.counters.events[i], 1);

@@ -1,6 +1,7 @@
 //! Replay: a bounded ring of recent batches and the ROUTER loop that re-sends them on request.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -8,43 +9,99 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
+use crate::account::RingShare;
 use crate::stats::{Counters, bump};
 
 /// The sequence frame that closes a replay answer: -1 as an 8-byte big-endian i64.
 pub const END_OF_REPLAY_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 
+/// One kept batch: its seq, its payload, and the accounts its events are charged to.
+#[derive(Debug)]
+struct Kept {
+    seq: u64,
+    payload: Bytes,
+    /// Given back (RAII) when the batch is evicted.
+    shares: Vec<RingShare>,
+}
+
 /// The most recent published batches, oldest first, with consecutive sequence numbers.
+///
+/// Bounded three ways after every push: at most `max_batches` batches, at most
+/// `max_bytes` payload bytes, and no account over its limit. The oldest batches go first,
+/// so a batch larger than `max_bytes` (or an account's limit) is not kept at all.
 #[derive(Debug)]
 pub(crate) struct Ring {
-    capacity: usize,
-    batches: VecDeque<(u64, Bytes)>,
+    max_batches: usize,
+    max_bytes: u64,
+    bytes: u64,
+    batches: VecDeque<Kept>,
+    counters: Arc<Counters>,
 }
 
 impl Ring {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(max_batches: usize, max_bytes: u64, counters: Arc<Counters>) -> Self {
         Self {
-            capacity,
-            batches: VecDeque::with_capacity(capacity.min(1024)),
+            max_batches,
+            max_bytes,
+            bytes: 0,
+            batches: VecDeque::with_capacity(max_batches.min(1024)),
+            counters,
         }
     }
 
-    /// Appends the batch published as `seq` (always the previous seq + 1), evicting the oldest.
-    pub(crate) fn push(&mut self, seq: u64, payload: Bytes) {
-        debug_assert!(self.batches.back().is_none_or(|(last, _)| last + 1 == seq));
-        if self.batches.len() == self.capacity {
-            self.batches.pop_front();
+    /// Appends the batch published as `seq` (always the previous seq + 1), then evicts
+    /// the oldest batches until every bound holds.
+    pub(crate) fn push(&mut self, seq: u64, payload: Bytes, shares: Vec<RingShare>) {
+        debug_assert!(self.batches.back().is_none_or(|k| k.seq + 1 == seq));
+        self.bytes += payload.len() as u64;
+        self.batches.push_back(Kept {
+            seq,
+            payload,
+            shares,
+        });
+        let newest = self.batches.len() - 1;
+        let mut evicted = 0;
+        while self.batches.len() > self.max_batches
+            || self.bytes > self.max_bytes
+            || self.batches[newest - evicted]
+                .shares
+                .iter()
+                .any(|s| s.account().ring_over_limit())
+        {
+            let Some(old) = self.batches.pop_front() else {
+                break;
+            };
+            self.bytes -= old.payload.len() as u64;
+            evicted += 1;
+            if evicted > newest {
+                break;
+            }
         }
-        self.batches.push_back((seq, payload));
+        bump(&self.counters.ring_evicted, evicted as u64);
+        self.counters.ring_bytes.store(self.bytes, Relaxed);
+        self.counters
+            .ring_batches
+            .store(self.batches.len() as u64, Relaxed);
     }
 
     /// Every kept batch with `seq >= start`, oldest first. Starts at the oldest kept batch
     /// when `start` was already evicted: the requester sees the gap from the first seq.
     pub(crate) fn since(&self, start: u64) -> Vec<(u64, Bytes)> {
-        let Some((first, _)) = self.batches.front() else {
+        let Some(first) = self.batches.front() else {
             return Vec::new();
         };
-        let skip = usize::try_from(start.saturating_sub(*first)).unwrap_or(usize::MAX);
-        self.batches.iter().skip(skip).cloned().collect()
+        let skip = usize::try_from(start.saturating_sub(first.seq)).unwrap_or(usize::MAX);
+        self.batches
+            .iter()
+            .skip(skip)
+            .map(|k| (k.seq, k.payload.clone()))
+            .collect()
+    }
+
+    /// Payload bytes kept.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
     }
 }
 
@@ -150,9 +207,9 @@ mod tests {
     use super::*;
 
     fn ring_of(capacity: usize, seqs: std::ops::Range<u64>) -> Ring {
-        let mut ring = Ring::new(capacity);
+        let mut ring = Ring::new(capacity, u64::MAX, Arc::default());
         for s in seqs {
-            ring.push(s, Bytes::from(s.to_string()));
+            ring.push(s, Bytes::from(s.to_string()), Vec::new());
         }
         ring
     }
@@ -175,7 +232,49 @@ mod tests {
         assert_eq!(got[0].1, Bytes::from("6"));
         assert!(ring.since(10).is_empty());
         assert!(ring.since(u64::MAX).is_empty());
-        assert!(Ring::new(4).since(0).is_empty());
+        assert!(Ring::new(4, 1, Arc::default()).since(0).is_empty());
+    }
+
+    #[test]
+    fn ring_stays_within_its_byte_bound_and_drops_a_batch_larger_than_it() {
+        let counters = Arc::new(Counters::default());
+        let mut ring = Ring::new(100, 10, Arc::clone(&counters));
+        for s in 0..5 {
+            ring.push(s, Bytes::from_static(b"abcd"), Vec::new());
+            assert!(ring.bytes() <= 10);
+        }
+        assert_eq!(ring.since(0).len(), 2);
+        ring.push(5, Bytes::from(vec![0u8; 11]), Vec::new());
+        assert!(ring.since(0).is_empty() && ring.bytes() == 0);
+        assert_eq!(counters.ring_evicted.load(Relaxed), 6);
+        ring.push(6, Bytes::from_static(b"ab"), Vec::new());
+        assert_eq!(ring.since(0)[0].0, 6);
+    }
+
+    #[test]
+    fn an_account_over_its_share_evicts_oldest_first_and_gets_its_bytes_back() {
+        use crate::account::{Account, ring_shares};
+        let a = Account::new("a", 100);
+        let b = Account::new("b", 1000);
+        let mut ring = Ring::new(100, u64::MAX, Arc::default());
+        ring.push(
+            0,
+            Bytes::from_static(b"b"),
+            ring_shares([(&b, 50)].into_iter()),
+        );
+        for s in 1..4 {
+            ring.push(
+                s,
+                Bytes::from_static(b"a"),
+                ring_shares([(&a, 40)].into_iter()),
+            );
+        }
+        // a's third batch put it at 120 > 100: the oldest batches (b's, then a's first) went.
+        let seqs: Vec<u64> = ring.since(0).iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, [2, 3]);
+        assert_eq!((a.stats().ring_bytes, b.stats().ring_bytes), (80, 0));
+        drop(ring);
+        assert_eq!(a.stats().ring_bytes, 0);
     }
 
     #[test]

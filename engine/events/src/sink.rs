@@ -4,10 +4,18 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::{self, error::TrySendError};
 
+use crate::account::{Account, QueueCharge, Refused};
 use crate::error::SinkError;
 use crate::stats::{Counters, Stats, bump};
 use crate::validate::{ValidEvent, validate};
-use crate::wire::{AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium};
+use crate::wire::{AllBlocksCleared, BlockRemoved, BlockStored, EventKind, KvEvent, Medium};
+
+/// A validated event on its way to the publisher thread, with the bytes it is charged.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub(crate) event: ValidEvent,
+    pub(crate) charge: QueueCharge,
+}
 
 /// Queues validated events for the publisher thread.
 ///
@@ -15,38 +23,77 @@ use crate::wire::{AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium};
 /// the event is validated on the caller's thread, then queued or dropped (never waited
 /// for). Events from all clones are published in the order their calls completed, so a
 /// caller that submits parents before children keeps that order on the wire.
+///
+/// The queue is bounded in events (`queue_capacity`) and in bytes (`queue_bytes`, each
+/// event's [`footprint`](ValidEvent::footprint)); a store submitted `_as` an
+/// [`Account`] is also held to that account's share.
 #[derive(Debug, Clone)]
 pub struct EventSink {
-    tx: mpsc::Sender<ValidEvent>,
+    tx: mpsc::Sender<Queued>,
     counters: Arc<Counters>,
+    queue_bytes: u64,
 }
 
 impl EventSink {
-    pub(crate) fn new(tx: mpsc::Sender<ValidEvent>, counters: Arc<Counters>) -> Self {
-        Self { tx, counters }
+    pub(crate) fn new(tx: mpsc::Sender<Queued>, counters: Arc<Counters>, queue_bytes: u64) -> Self {
+        Self {
+            tx,
+            counters,
+            queue_bytes,
+        }
     }
 
     /// Announces blocks that became resident in `event.medium`.
     pub fn stored(&self, event: BlockStored) -> Result<(), SinkError> {
-        self.submit(KvEvent::Stored(event))
+        self.submit_as(None, KvEvent::Stored(event))
+    }
+
+    /// Announces blocks that became resident, charged to `account`.
+    pub fn stored_as(
+        &self,
+        account: Option<&Arc<Account>>,
+        event: BlockStored,
+    ) -> Result<(), SinkError> {
+        self.submit_as(account, KvEvent::Stored(event))
     }
 
     /// Announces that `block_hashes` left `medium` (the medium their store used).
     pub fn removed(&self, medium: Medium, block_hashes: Vec<u64>) -> Result<(), SinkError> {
-        self.submit(KvEvent::Removed(BlockRemoved {
+        self.removed_as(None, medium, block_hashes)
+    }
+
+    /// Announces a removal, charged to `account` (never refused for its share).
+    pub fn removed_as(
+        &self,
+        account: Option<&Arc<Account>>,
+        medium: Medium,
+        block_hashes: Vec<u64>,
+    ) -> Result<(), SinkError> {
+        let event = KvEvent::Removed(BlockRemoved {
             block_hashes,
             medium,
-        }))
+        });
+        self.submit_as(account, event)
     }
 
     /// Announces that every block of this publisher is gone.
     pub fn cleared(&self) -> Result<(), SinkError> {
-        self.submit(KvEvent::Cleared(AllBlocksCleared))
+        self.submit_as(None, KvEvent::Cleared(AllBlocksCleared))
     }
 
-    /// Validates and queues any event. A rejection, a full queue or a closed publisher is
-    /// counted, logged the first time, and returned.
+    /// Validates and queues any event, charged to nobody but the queue.
     pub fn submit(&self, event: KvEvent) -> Result<(), SinkError> {
+        self.submit_as(None, event)
+    }
+
+    /// Validates and queues any event charged to `account`. A rejection, a full queue, a
+    /// full account share (stores only) or a closed publisher is counted, logged the first
+    /// time, and returned.
+    pub fn submit_as(
+        &self,
+        account: Option<&Arc<Account>>,
+        event: KvEvent,
+    ) -> Result<(), SinkError> {
         let valid = validate(event).map_err(|rejection| {
             let reason = rejection.reason();
             if bump(&self.counters.rejected[reason.index()], 1) == 0 {
@@ -58,22 +105,47 @@ impl EventSink {
             }
             SinkError::from(rejection)
         })?;
-        match self.tx.try_send(valid) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => {
-                if bump(&self.counters.dropped_full, 1) == 0 {
-                    tracing::warn!(
-                        capacity = self.tx.max_capacity(),
-                        "KV event queue full: dropping events (logged once; see dropped_full)"
-                    );
+        let store = valid.event().kind() == EventKind::Stored;
+        let bytes = valid.footprint();
+        let charge =
+            match QueueCharge::try_new(&self.counters, account, bytes, self.queue_bytes, store) {
+                Ok(c) => c,
+                Err(Refused::Global) => return Err(self.full()),
+                Err(Refused::Account) => {
+                    let account = account.expect("only an account refuses for its share");
+                    account.count_drop();
+                    if bump(&self.counters.dropped_account, 1) == 0 {
+                        tracing::warn!(
+                            account = account.name(),
+                            "a tenant's share of the KV event queue is full: dropping its stores \
+                         (logged once; see kvnode_events_dropped_total{{cause=\"tenant_budget\"}})"
+                        );
+                    }
+                    return Err(SinkError::AccountFull);
                 }
-                Err(SinkError::QueueFull)
-            }
+            };
+        match self.tx.try_send(Queued {
+            event: valid,
+            charge,
+        }) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(self.full()),
             Err(TrySendError::Closed(_)) => {
                 bump(&self.counters.dropped_closed, 1);
                 Err(SinkError::Closed)
             }
         }
+    }
+
+    fn full(&self) -> SinkError {
+        if bump(&self.counters.dropped_full, 1) == 0 {
+            tracing::warn!(
+                capacity = self.tx.max_capacity(),
+                bytes = self.queue_bytes,
+                "KV event queue full: dropping events (logged once; see dropped_full)"
+            );
+        }
+        SinkError::QueueFull
     }
 
     /// The publisher's counters now.
@@ -87,9 +159,12 @@ mod tests {
     use super::*;
     use crate::validate::RejectReason;
 
-    fn sink(capacity: usize) -> (EventSink, mpsc::Receiver<ValidEvent>) {
+    fn sink(capacity: usize) -> (EventSink, mpsc::Receiver<Queued>) {
         let (tx, rx) = mpsc::channel(capacity);
-        (EventSink::new(tx, Arc::new(Counters::default())), rx)
+        (
+            EventSink::new(tx, Arc::new(Counters::default()), u64::MAX),
+            rx,
+        )
     }
 
     #[test]
@@ -116,7 +191,7 @@ mod tests {
         assert_eq!(sink.cleared(), Err(SinkError::QueueFull));
         assert_eq!(sink.stats().dropped_full, 2);
         assert_eq!(
-            rx.try_recv().unwrap().event(),
+            rx.try_recv().unwrap().event.event(),
             &KvEvent::Cleared(AllBlocksCleared)
         );
         rx.close();
@@ -133,11 +208,45 @@ mod tests {
         b.removed(Medium::CpuPinned, vec![2]).unwrap();
         a.removed(Medium::CpuPinned, vec![3]).unwrap();
         let order: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|e| match e.into_event() {
+            .map(|q| match q.event.into_event() {
                 KvEvent::Removed(r) => r.block_hashes[0],
                 other => panic!("unexpected {other:?}"),
             })
             .collect();
         assert_eq!(order, [1, 2, 3]);
+    }
+
+    #[test]
+    fn the_byte_bound_and_an_accounts_share_drop_stores_and_count() {
+        let (tx, rx) = mpsc::channel(100);
+        let sink = EventSink::new(tx, Arc::new(Counters::default()), 1600);
+        let a = Account::new("a", 600);
+        let store = |h| BlockStored::new(Medium::CpuPinned, 64).block(h, &[9; 64]);
+        let one = ValidEvent::try_from(KvEvent::Stored(store(0)))
+            .unwrap()
+            .footprint();
+        assert!(one > 400 && one < 600, "{one}");
+        sink.stored_as(Some(&a), store(1)).unwrap();
+        assert_eq!(
+            sink.stored_as(Some(&a), store(2)),
+            Err(SinkError::AccountFull)
+        );
+        // A removal is not held to the share; the global bound still holds.
+        sink.removed_as(Some(&a), Medium::CpuPinned, vec![1])
+            .unwrap();
+        sink.stored(store(3)).unwrap();
+        sink.stored(store(4)).unwrap();
+        assert_eq!(sink.stored(store(5)), Err(SinkError::QueueFull));
+        let s = sink.stats();
+        assert_eq!((s.dropped_account, s.dropped_full), (1, 1));
+        assert_eq!(a.stats().dropped, 1);
+        assert!(s.queued_bytes <= 1600);
+        drop(rx);
+        assert_eq!(
+            sink.stats().queued_bytes,
+            0,
+            "charges go back with the queue"
+        );
+        assert_eq!(a.stats().queued_bytes, 0);
     }
 }

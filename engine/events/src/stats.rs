@@ -21,6 +21,11 @@ pub(crate) struct Counters {
     pub(crate) replay_batches: AtomicU64,
     pub(crate) replay_bad_requests: AtomicU64,
     pub(crate) replay_send_errors: AtomicU64,
+    pub(crate) dropped_account: AtomicU64,
+    pub(crate) queued_bytes: AtomicU64,
+    pub(crate) ring_bytes: AtomicU64,
+    pub(crate) ring_batches: AtomicU64,
+    pub(crate) ring_evicted: AtomicU64,
 }
 
 /// Adds `n` and returns the previous value (so callers can log only the first time).
@@ -52,6 +57,11 @@ impl Counters {
             replay_batches: load(&self.replay_batches),
             replay_bad_requests: load(&self.replay_bad_requests),
             replay_send_errors: load(&self.replay_send_errors),
+            dropped_account: load(&self.dropped_account),
+            queued_bytes: load(&self.queued_bytes),
+            ring_bytes: load(&self.ring_bytes),
+            ring_batches: load(&self.ring_batches),
+            ring_evicted: load(&self.ring_evicted),
         }
     }
 }
@@ -63,9 +73,12 @@ pub struct Stats {
     events: [u64; EventKind::ALL.len()],
     blocks: [u64; EventKind::ALL.len()],
     rejected: [u64; RejectReason::ALL.len()],
-    /// Events refused because the queue to the publisher thread was full
-    /// (`kvnode_events_dropped_total{cause="queue_full"}`).
+    /// Events refused because the queue to the publisher thread was at its event or byte
+    /// bound (`kvnode_events_dropped_total{cause="queue_full"}`).
     pub dropped_full: u64,
+    /// Stores refused because their account's (tenant's) share of the queue was full
+    /// (`{cause="tenant_budget"}`).
+    pub dropped_account: u64,
     /// Events submitted after the publisher shut down (`{cause="closed"}`).
     pub dropped_closed: u64,
     /// Batches published (`kvnode_events_batches_total`).
@@ -84,6 +97,16 @@ pub struct Stats {
     pub replay_bad_requests: u64,
     /// Replay frames the socket refused to send (peer gone mid-answer).
     pub replay_send_errors: u64,
+    /// Bytes of events (footprints) waiting for the publisher thread now
+    /// (`kvnode_events_queued_bytes`).
+    pub queued_bytes: u64,
+    /// Payload bytes kept for replay now (`kvnode_events_replay_ring_bytes`); 0 without a
+    /// replay endpoint (no ring is kept).
+    pub ring_bytes: u64,
+    /// Batches kept for replay now.
+    pub ring_batches: u64,
+    /// Batches evicted from the replay ring to keep it within its bounds.
+    pub ring_evicted: u64,
 }
 
 impl Stats {
@@ -112,9 +135,9 @@ impl Stats {
         self.rejected.iter().sum()
     }
 
-    /// Events lost before batching (queue full or publisher closed).
+    /// Events lost before batching (queue full, tenant budget full or publisher closed).
     pub fn dropped_total(&self) -> u64 {
-        self.dropped_full + self.dropped_closed
+        self.dropped_full + self.dropped_account + self.dropped_closed
     }
 }
 

@@ -9,13 +9,21 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{Sub, decode_events, dynamo_decode, read_replay, replay, without_probes};
 use kvnode_events::{
-    BlockRemoved, BlockStored, KvEvent, Medium, Publisher, PublisherConfig, PublisherError,
+    Access, BlockRemoved, BlockStored, KvEvent, Medium, Publisher, PublisherConfig, PublisherError,
     RejectReason, SinkError, Stats,
 };
 use zeromq::{DealerSocket, Socket, SocketSend, ZmqMessage};
 
+/// Loopback tcp, which these tests may read: the switch that allows tcp at all.
+fn tcp(endpoint: &str) -> PublisherConfig {
+    PublisherConfig::new(endpoint).with_access(Access {
+        tcp_readable_by_anyone: true,
+        ..Access::default()
+    })
+}
+
 fn config() -> PublisherConfig {
-    PublisherConfig::new("tcp://127.0.0.1:0").with_replay("tcp://127.0.0.1:0")
+    tcp("tcp://127.0.0.1:0").with_replay("tcp://127.0.0.1:0")
 }
 
 fn store(i: u64) -> KvEvent {
@@ -299,8 +307,8 @@ async fn dp_rank_is_written_into_every_batch() {
 
 #[tokio::test]
 async fn a_taken_port_is_reported_as_a_bind_error() {
-    let first = Publisher::start(PublisherConfig::new("tcp://127.0.0.1:0")).unwrap();
-    let err = Publisher::start(PublisherConfig::new(first.endpoint())).unwrap_err();
+    let first = Publisher::start(tcp("tcp://127.0.0.1:0")).unwrap();
+    let err = Publisher::start(tcp(first.endpoint())).unwrap_err();
     assert!(
         matches!(err, PublisherError::Bind { socket: "PUB", .. }),
         "{err}"
@@ -317,4 +325,76 @@ async fn a_taken_port_is_reported_as_a_bind_error() {
         ),
         "{err}"
     );
+}
+
+/// A private directory for ipc sockets (mode 0755: the socket's own mode decides).
+fn ipc_dir(tag: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    let d = std::env::temp_dir().join(format!("kvnode-events-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::DirBuilder::new().mode(0o755).create(&d).unwrap();
+    d
+}
+
+#[tokio::test]
+async fn ipc_endpoints_publish_and_replay_with_the_configured_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = ipc_dir("ipc");
+    let ep = format!("ipc://{}", d.join("ev.sock").display());
+    let rp = format!("ipc://{}", d.join("replay.sock").display());
+    let publisher = Publisher::start(PublisherConfig::new(&ep).with_replay(&rp)).unwrap();
+    assert_eq!(
+        (publisher.endpoint(), publisher.replay_endpoint()),
+        (ep.as_str(), Some(rp.as_str()))
+    );
+    for f in ["ev.sock", "replay.sock"] {
+        let mode = std::fs::metadata(d.join(f)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{f}");
+    }
+    let sink = publisher.sink();
+    let mut sub = Sub::connect(&ep).await;
+    let first = sub.warm_up(&sink).await;
+    sink.submit(store(1)).unwrap();
+    let (seq, payload) = sub.recv().await;
+    assert_eq!(seq, first + 1);
+    assert_eq!(decode_events(&payload), vec![store(1)]);
+    let all = replay(&rp, 0).await;
+    assert_eq!(all.last().map(|(s, _)| *s), Some(seq));
+    drop(publisher);
+    assert!(!d.join("ev.sock").exists() && !d.join("replay.sock").exists());
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[tokio::test]
+async fn without_a_replay_endpoint_no_ring_is_kept() {
+    let publisher = Publisher::start(tcp("tcp://127.0.0.1:0")).unwrap();
+    let sink = publisher.sink();
+    for i in 0..50 {
+        sink.submit(store(i)).unwrap();
+    }
+    let s = eventually(&publisher, |s| s.events_total() == 50).await;
+    assert_eq!((s.ring_bytes, s.ring_batches), (0, 0));
+}
+
+#[tokio::test]
+async fn the_ring_stays_within_its_byte_bound() {
+    let publisher = Publisher::start(PublisherConfig {
+        max_batch_events: 1,
+        replay_ring_bytes: 4096,
+        ..config()
+    })
+    .unwrap();
+    let sink = publisher.sink();
+    let big = |i: u64| {
+        KvEvent::Stored(BlockStored::new(Medium::CpuPinned, 256).block(i, &[0xFFFF_FFF0; 256]))
+    };
+    for i in 0..40 {
+        sink.submit(big(i)).unwrap();
+    }
+    let s = eventually(&publisher, |s| s.events_total() == 40).await;
+    assert!(s.ring_bytes <= 4096 && s.ring_batches >= 1, "{s:?}");
+    assert_eq!(s.ring_evicted + s.ring_batches, 40, "{s:?}");
+    let kept = replay(publisher.replay_endpoint().unwrap(), 0).await;
+    assert_eq!(kept.len() as u64, s.ring_batches);
+    assert!(kept.iter().map(|(_, p)| p.len()).sum::<usize>() <= 4096);
 }

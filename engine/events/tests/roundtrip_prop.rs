@@ -84,6 +84,15 @@ fn encode(events: &[ValidEvent], dp_rank: Option<u32>) -> Vec<u8> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+    /// The bytes an event is charged (queue and replay ring) bound its encoded size, so
+    /// a ring's per-tenant charges never under-count what it keeps.
+    #[test]
+    fn an_events_footprint_bounds_its_encoding(e in event(4)) {
+        let valid = ValidEvent::try_from(e).unwrap();
+        let encoded = rmp_serde::to_vec(&valid).unwrap().len() as u64;
+        prop_assert!(valid.footprint() >= encoded, "{} < {encoded}", valid.footprint());
+    }
+
 
     #[test]
     fn random_sequences_decode_to_the_same_events(

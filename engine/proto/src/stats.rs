@@ -37,6 +37,58 @@ pub struct StatsReport {
     pub peer_connections: u32,
     /// Why: `configured`, or the automatic choice's basis (cores, fastest link).
     pub peer_connections_basis: String,
+    /// KV events, when the daemon publishes them (`--events`).
+    pub events: Option<EventsStats>,
+}
+
+/// KV event publisher counters (`/metrics`: `kvnode_events_*`; docs/events.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventsStats {
+    /// Events published in a batch.
+    pub published: u64,
+    /// Batches published.
+    pub batches: u64,
+    /// Payload bytes published.
+    pub bytes: u64,
+    /// Events dropped because the queue to the publisher was at its event or byte bound.
+    pub dropped_queue_full: u64,
+    /// Stores dropped because their tenant's share of the queue was full.
+    pub dropped_tenant_budget: u64,
+    /// Events submitted after the publisher shut down.
+    pub dropped_closed: u64,
+    /// Events refused before batching (they would break the router's parser).
+    pub rejected: u64,
+    /// Stores not announced because their tenant does not publish events.
+    pub withheld: u64,
+    /// Bytes of events waiting for the publisher now.
+    pub queued_bytes: u64,
+    /// Payload bytes kept for replay now (0 without a replay endpoint).
+    pub replay_ring_bytes: u64,
+    /// Batches kept for replay now.
+    pub replay_ring_batches: u64,
+    /// Batches evicted from the replay ring to keep it within its bounds.
+    pub replay_ring_evicted: u64,
+    /// Replay requests answered.
+    pub replay_requests: u64,
+    /// One entry per tenant that publishes events (none without a tenant map).
+    pub tenants: Vec<EventsTenantStats>,
+}
+
+/// One publishing tenant's share of the publisher's memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventsTenantStats {
+    /// Tenant name.
+    pub name: String,
+    /// Bytes it may hold queued, and again in the replay ring.
+    pub limit_bytes: u64,
+    /// Bytes of its events queued now.
+    pub queued_bytes: u64,
+    /// Bytes of its events kept for replay now.
+    pub replay_ring_bytes: u64,
+    /// Its stores dropped because its share was full.
+    pub dropped: u64,
 }
 
 /// UCX counters of one peer (`/metrics`: the same names with a `kvnode_` prefix and a

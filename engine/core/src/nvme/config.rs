@@ -211,20 +211,7 @@ impl SpillSettings {
     }
 }
 
-/// KV events to the router (`[events]`); off while `endpoint` is unset.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EventsSettings {
-    /// `tcp://HOST:PORT` the ZMQ PUB socket binds (`--events`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
-    /// `tcp://HOST:PORT` of the replay ROUTER socket (`--events-replay`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub replay: Option<String>,
-    /// Data-parallel rank written into every batch (`--dp-rank`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dp_rank: Option<u32>,
-}
+pub use crate::residency::settings::EventsSettings;
 
 #[cfg(test)]
 mod tests {

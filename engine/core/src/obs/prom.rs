@@ -90,12 +90,16 @@ impl Collector for Kvnode {
             cluster(&mut o, c)?;
         }
         tenants::tenants(&mut o, &s)?;
+        if let Some(e) = &s.events {
+            events::events(&mut o, e)?;
+        }
         peers::peers(&mut o, &s)?;
         ops(&mut o, &self.metrics)?;
         counters(&mut o, &self.metrics)
     }
 }
 
+mod events;
 mod peers;
 mod tenants;
 
@@ -516,6 +520,15 @@ mod tests {
                 membership_age_s: 0.5,
                 refused_hints: 2,
                 ..ClusterSummary::default()
+            }),
+            events: Some(kvnode_proto::stats::EventsStats {
+                dropped_tenant_budget: 4,
+                tenants: vec![kvnode_proto::stats::EventsTenantStats {
+                    name: "a".into(),
+                    dropped: 4,
+                    ..Default::default()
+                }],
+                ..Default::default()
             }),
             ..StatsReport::default()
         };

@@ -69,6 +69,7 @@ fn announcer() -> (Arc<Announcer>, Arc<Recorder>) {
     let a = Arc::new(Announcer {
         sink: Some(Out::Record(Arc::clone(&r))),
         epoch: std::sync::RwLock::new(0),
+        policy: super::Policy::all(),
     });
     (a, r)
 }

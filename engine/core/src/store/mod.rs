@@ -146,6 +146,11 @@ impl Store {
         self.nvme.as_ref()
     }
 
+    /// The announcer (KV events), for its counters.
+    pub fn announcer(&self) -> &Arc<Announcer> {
+        &self.announcer
+    }
+
     /// Whether stored blocks are announced to a router (KV events are on).
     pub fn announces(&self) -> bool {
         self.announcer.enabled()

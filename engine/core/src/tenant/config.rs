@@ -69,6 +69,10 @@ pub struct TenantSettings {
     /// Per-uid caps for this tenant's uids (`[tenants.tenant.limits]`); a field left out
     /// comes from `[tenants.limits]`. Default: none of its own.
     pub limits: ClientLimits,
+    /// Announce this tenant's blocks as KV events (with a tenant map; see docs/events.md).
+    /// Events carry the blocks' exact prompt token ids and the tenant's salt to whoever
+    /// reads the events socket. Default: false (its blocks are not announced).
+    pub publish_events: bool,
 }
 
 /// A `[tenants]` section that cannot work.
@@ -320,18 +324,22 @@ mod tests {
             proptest::option::of(1u64..1 << 50),
             proptest::option::of(1u64..1 << 50),
             any::<bool>(),
+            any::<bool>(),
         )
-            .prop_map(|(name, uids, gids, dram_quota, nvme_quota, share_arena)| {
-                TenantSettings {
-                    name,
-                    uids,
-                    gids,
-                    dram_quota,
-                    nvme_quota,
-                    share_arena,
-                    limits: ClientLimits::default(),
-                }
-            })
+            .prop_map(
+                |(name, uids, gids, dram_quota, nvme_quota, share_arena, publish_events)| {
+                    TenantSettings {
+                        name,
+                        uids,
+                        gids,
+                        dram_quota,
+                        nvme_quota,
+                        share_arena,
+                        publish_events,
+                        limits: ClientLimits::default(),
+                    }
+                },
+            )
     }
 
     proptest! {
