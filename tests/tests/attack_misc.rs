@@ -143,12 +143,15 @@ fn a_tenant_sees_only_its_own_figures_in_stats_and_no_histograms() {
          [[tenants.tenant]]\nname = \"b\"\nuids = [64002]\n",
     )
     .unwrap();
+    let events = format!("ipc://{}", dir.join("ev.sock").display());
     let d = Daemon::start(&[
         "--dram",
         "64MiB",
         "--no-pin",
         "--config",
         cfg.to_str().unwrap(),
+        "--events",
+        &events,
     ]);
     // The operator (root, the default tenant) stores 20 blocks and reads them.
     let mut c = d.client();
@@ -168,6 +171,11 @@ fn a_tenant_sees_only_its_own_figures_in_stats_and_no_histograms() {
     assert_eq!(get("tier_hits.dram"), "0", "{s:?}");
     assert_eq!(get("pools"), "0");
     assert_eq!(get("clients"), "0");
+    assert_eq!(
+        get("events"),
+        "false",
+        "node-wide event counters shown: {s:?}"
+    );
     assert!(
         get("histograms_error").contains("only the operator"),
         "{s:?}"
@@ -175,6 +183,7 @@ fn a_tenant_sees_only_its_own_figures_in_stats_and_no_histograms() {
     // The operator still sees everything.
     let all = c.stats().unwrap();
     assert_eq!(all.tiers[0].blocks, 23);
+    assert!(all.events.is_some(), "{all:?}");
     assert!(!c.histograms().unwrap().histograms.is_empty());
     let _ = std::fs::remove_dir_all(dir);
 }

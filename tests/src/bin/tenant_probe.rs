@@ -84,6 +84,7 @@ fn stats(c: &mut Client) {
     }
     out("pools", s.pools.len());
     out("clients", s.clients);
+    out("events", s.events.is_some());
     match c.histograms() {
         Ok(h) => out("histograms", h.histograms.len()),
         Err(e) => out("histograms_error", one_line(e)),

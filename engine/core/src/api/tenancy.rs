@@ -197,6 +197,8 @@ impl Session {
         s.clients = 0;
         s.regions = kvnode_proto::stats::RegionStats::default();
         s.refused = kvnode_proto::stats::RefusedStats::default();
+        // Node-wide event activity (every publishing tenant's stores and drops).
+        s.events = None;
         s
     }
 
