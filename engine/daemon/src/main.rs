@@ -25,10 +25,12 @@ mod report;
 mod sd_notify;
 mod serve;
 mod serve_peer;
+mod seams;
 mod serve_stop;
 mod stats_fmt;
 mod svg;
 mod takeover;
+mod takeover_dir;
 
 use clap::Parser;
 
