@@ -195,7 +195,12 @@ impl EngineConfig {
     /// name>.takeover`. An error when it would sit in the client socket's directory (every
     /// engine that reaches the client socket would see it) or cannot be derived.
     pub fn takeover_path(&self) -> Result<PathBuf, String> {
-        let client_dir = std::path::absolute(self.socket.parent().unwrap_or(Path::new("")))
+        let parent = self
+            .socket
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let client_dir = std::path::absolute(parent)
             .map_err(|e| format!("socket {}: {e}", self.socket.display()))?;
         let path = match &self.takeover_socket {
             Some(p) => std::path::absolute(p)
