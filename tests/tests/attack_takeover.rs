@@ -117,9 +117,20 @@ fn a_socket_dir_others_can_write_is_refused_unless_allowed() {
     assert!(d.log().contains("--allow-shared-socket-dir"), "{}", d.log());
 }
 
+/// A helper process, killed when the test ends (a failed assertion included): one left
+/// running would hold the test's output open.
+struct Script(std::process::Child);
+
+impl Drop for Script {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A script run as another uid (or root): binds `path`, says `ready`, serves one
 /// connection as `mode` says, and prints what it received.
-fn python(uid: u32, path: &Path, mode: &str) -> std::process::Child {
+fn python(uid: u32, path: &Path, mode: &str) -> Script {
     let script = r#"
 import os, socket, sys
 path, mode = sys.argv[1], sys.argv[2]
@@ -147,21 +158,21 @@ if mode == "donor":
         .arg(mode)
         .uid(uid)
         .gid(uid)
-        .stdout(Stdio::piped());
-    let mut child = cmd.spawn().expect("python3");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = Script(cmd.spawn().expect("python3"));
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready");
-    child.stdout = Some(out.into_inner());
+    child.0.stdout = Some(out.into_inner());
     child
 }
 
-fn received(mut child: std::process::Child) -> String {
+/// What the script printed once it ended (it serves one connection, then exits).
+fn received(mut child: Script) -> String {
     let mut s = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut s).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    child.0.stdout.take().unwrap().read_to_string(&mut s).unwrap();
     s
 }
 
@@ -376,12 +387,12 @@ fn neither_root_nor_another_uid_gets_the_arena_from_a_service_users_takeover_soc
     assert_eq!(intact(&d, ns), 16);
 }
 
-/// What `child` printed, after killing it (one that may never have been connected to).
-fn killed_output(mut child: std::process::Child) -> String {
-    let _ = child.kill();
-    let _ = child.wait();
+/// What the script printed, after killing it (one that may never have been connected to).
+fn killed_output(mut child: Script) -> String {
+    let _ = child.0.kill();
+    let _ = child.0.wait();
     let mut s = String::new();
-    let _ = child.stdout.take().unwrap().read_to_string(&mut s);
+    let _ = child.0.stdout.take().unwrap().read_to_string(&mut s);
     s
 }
 
