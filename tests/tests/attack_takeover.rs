@@ -18,8 +18,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvnode_e2e::{
-    Daemon, admin_dir_of, block, key, kvnode_cmd, not_root, prerequisite, spec,
-    takeover_socket_of, temp_dir,
+    Daemon, admin_dir_of, block, key, kvnode_cmd, not_root, prerequisite, spec, takeover_socket_of,
+    temp_dir,
 };
 
 const LEN: usize = 64 << 10;
@@ -172,7 +172,13 @@ if mode == "donor":
 /// What the script printed once it ended (it serves one connection, then exits).
 fn received(mut child: Script) -> String {
     let mut s = String::new();
-    child.0.stdout.take().unwrap().read_to_string(&mut s).unwrap();
+    child
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut s)
+        .unwrap();
     s
 }
 
@@ -337,7 +343,12 @@ fn steal(path: &Path) -> (Vec<u8>, usize) {
     let (mut bytes, mut fds) = (Vec::new(), std::collections::VecDeque::new());
     let mut buf = [0u8; 4096];
     while fds.is_empty() {
-        match kvnode_fdpass::recv_with_fds(std::os::fd::AsRawFd::as_raw_fd(&s), &mut buf, &mut fds, 4) {
+        match kvnode_fdpass::recv_with_fds(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            &mut buf,
+            &mut fds,
+            4,
+        ) {
             Ok(0) | Err(_) => break,
             Ok(n) => bytes.extend_from_slice(&buf[..n]),
         }
@@ -347,7 +358,10 @@ fn steal(path: &Path) -> (Vec<u8>, usize) {
 
 #[test]
 fn neither_root_nor_another_uid_gets_the_arena_from_a_service_users_takeover_socket() {
-    if !prerequisite("root", not_root("the daemon runs as uid 64010, the attacker as root")) {
+    if !prerequisite(
+        "root",
+        not_root("the daemon runs as uid 64010, the attacker as root"),
+    ) {
         return;
     }
     let mut d = start_as_service_user("takeover-uid");
@@ -379,9 +393,17 @@ fn neither_root_nor_another_uid_gets_the_arena_from_a_service_users_takeover_soc
         path.display(),
         String::from_utf8_lossy(&bytes)
     );
-    assert!(bytes.is_empty(), "root was answered: {:?}", String::from_utf8_lossy(&bytes));
+    assert!(
+        bytes.is_empty(),
+        "root was answered: {:?}",
+        String::from_utf8_lossy(&bytes)
+    );
     std::thread::sleep(Duration::from_millis(500));
-    assert!(d.wait_exit(Duration::from_millis(10)).is_none(), "the daemon exited:\n{}", d.log());
+    assert!(
+        d.wait_exit(Duration::from_millis(10)).is_none(),
+        "the daemon exited:\n{}",
+        d.log()
+    );
     d.wait_ready(Duration::from_secs(5));
     assert_eq!(d.client().stats().unwrap().pid, pid);
     assert_eq!(intact(&d, ns), 16);
@@ -398,7 +420,10 @@ fn killed_output(mut child: Script) -> String {
 
 #[test]
 fn a_service_user_successor_refuses_a_root_donor() {
-    if !prerequisite("root", not_root("the successor runs as uid 64010, the impostor as root")) {
+    if !prerequisite(
+        "root",
+        not_root("the successor runs as uid 64010, the impostor as root"),
+    ) {
         return;
     }
     let dir = temp_dir("takeover-root-donor");
@@ -424,8 +449,16 @@ fn a_service_user_successor_refuses_a_root_donor() {
     let seen = (killed_output(impostor), killed_output(legacy));
     let _ = std::fs::remove_dir_all(&admin);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(!seen.1.contains("got "), "the root impostor next to the client socket was asked: {}", seen.1);
+    assert!(
+        !seen.1.contains("got "),
+        "the root impostor next to the client socket was asked: {}",
+        seen.1
+    );
     assert!(!ok, "{text}");
     assert!(text.contains("runs as uid 0"), "{text}");
-    assert!(!seen.0.contains("got ") || seen.0.contains("got 0"), "the root impostor was sent: {}", seen.0);
+    assert!(
+        !seen.0.contains("got ") || seen.0.contains("got 0"),
+        "the root impostor was sent: {}",
+        seen.0
+    );
 }

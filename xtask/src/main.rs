@@ -268,7 +268,10 @@ fn probe_seams(bin: &std::path::Path, dir: &std::path::Path) -> Result<(), Strin
                 out.status
             ));
         }
-        eprintln!("xtask: release-seams: {} refuses [{seam}] debug_fault: ok", bin.display());
+        eprintln!(
+            "xtask: release-seams: {} refuses [{seam}] debug_fault: ok",
+            bin.display()
+        );
     }
     // The panic hook: a test build panics (exit 101) 50 ms after start; a release one serves on.
     // The socket in a directory of its own: the takeover socket's (`sock-admin`) is then

@@ -25,7 +25,9 @@ pub enum TakeoverDirError {
     #[error("{0}")]
     Config(String),
     /// Creating or reading the directory failed.
-    #[error("takeover socket directory {dir}: {err}. Create it (owned by uid {uid}, mode 0700) or set takeover_socket / --takeover-socket")]
+    #[error(
+        "takeover socket directory {dir}: {err}. Create it (owned by uid {uid}, mode 0700) or set takeover_socket / --takeover-socket"
+    )]
     Io {
         /// The directory.
         dir: PathBuf,
@@ -35,10 +37,14 @@ pub enum TakeoverDirError {
         err: std::io::Error,
     },
     /// A symlink or a file where the directory should be.
-    #[error("takeover socket directory {0} is not a directory (a symlink or a file): remove it, or set takeover_socket / --takeover-socket")]
+    #[error(
+        "takeover socket directory {0} is not a directory (a symlink or a file): remove it, or set takeover_socket / --takeover-socket"
+    )]
     NotADirectory(PathBuf),
     /// Owned by another uid, who could bind an impostor in it.
-    #[error("takeover socket directory {dir} is owned by uid {owner}, not by this daemon's uid {uid}: `chown {uid} {dir}` (and chmod 0700), or set takeover_socket / --takeover-socket")]
+    #[error(
+        "takeover socket directory {dir} is owned by uid {owner}, not by this daemon's uid {uid}: `chown {uid} {dir}` (and chmod 0700), or set takeover_socket / --takeover-socket"
+    )]
     NotOwned {
         /// The directory.
         dir: PathBuf,
@@ -48,7 +54,9 @@ pub enum TakeoverDirError {
         uid: u32,
     },
     /// Open to group or others, and not the takeover socket's alone.
-    #[error("takeover socket directory {dir} (mode {mode:04o}) is open to group or others and holds {other:?}: the takeover socket needs a directory of its own, mode 0700 (default <socket dir>-admin); set takeover_socket / --takeover-socket")]
+    #[error(
+        "takeover socket directory {dir} (mode {mode:04o}) is open to group or others and holds {other:?}: the takeover socket needs a directory of its own, mode 0700 (default <socket dir>-admin); set takeover_socket / --takeover-socket"
+    )]
     Shared {
         /// The directory.
         dir: PathBuf,
@@ -74,7 +82,9 @@ pub fn prepare(cfg: &kvnode_engine::EngineConfig) -> Result<PathBuf, TakeoverDir
         err,
     };
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => tracing::info!(dir = %dir.display(), "created the takeover socket's directory (0700)"),
+        Ok(()) => {
+            tracing::info!(dir = %dir.display(), "created the takeover socket's directory (0700)")
+        }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(io(e)),
     }
