@@ -202,26 +202,10 @@ impl EngineConfig {
             .unwrap_or(Path::new("."));
         let client_dir = std::path::absolute(parent)
             .map_err(|e| format!("socket {}: {e}", self.socket.display()))?;
-        let path = match &self.takeover_socket {
-            Some(p) => std::path::absolute(p)
-                .map_err(|e| format!("takeover_socket {}: {e}", p.display()))?,
-            None => {
-                let (Some(parent), Some(dir), Some(name)) = (
-                    client_dir.parent(),
-                    client_dir.file_name(),
-                    self.socket.file_name(),
-                ) else {
-                    return Err(format!(
-                        "socket {}: cannot derive the takeover socket (<socket dir>-admin/<name>.takeover) from it; set takeover_socket",
-                        self.socket.display()
-                    ));
-                };
-                let mut admin = dir.to_owned();
-                admin.push("-admin");
-                let mut file = name.to_owned();
-                file.push(".takeover");
-                parent.join(admin).join(file)
-            }
+        let path = if let Some(p) = &self.takeover_socket {
+            std::path::absolute(p).map_err(|e| format!("takeover_socket {}: {e}", p.display()))?
+        } else {
+            default_takeover_path(&client_dir, &self.socket)?
         };
         if path.parent() == Some(client_dir.as_path()) {
             return Err(format!(
@@ -250,6 +234,25 @@ impl EngineConfig {
         }
         Ok(())
     }
+}
+
+/// `<client_dir>-admin/<socket name>.takeover` (`client_dir` absolute).
+fn default_takeover_path(client_dir: &Path, socket: &Path) -> Result<PathBuf, String> {
+    let (Some(parent), Some(dir), Some(name)) = (
+        client_dir.parent(),
+        client_dir.file_name(),
+        socket.file_name(),
+    ) else {
+        return Err(format!(
+            "socket {}: cannot derive the takeover socket (<socket dir>-admin/<name>.takeover) from it; set takeover_socket",
+            socket.display()
+        ));
+    };
+    let mut admin = dir.to_owned();
+    admin.push("-admin");
+    let mut file = name.to_owned();
+    file.push(".takeover");
+    Ok(parent.join(admin).join(file))
 }
 
 /// `$XDG_RUNTIME_DIR/kvnode/kvnode.sock`, else `/run/kvnode/kvnode.sock`.

@@ -15,7 +15,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Store pages.
     Put(PutArgs),
     /// Fetch pages; prints how many leading pages hit.

@@ -83,7 +83,7 @@ pub fn prepare(cfg: &kvnode_engine::EngineConfig) -> Result<PathBuf, TakeoverDir
     };
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {
-            tracing::info!(dir = %dir.display(), "created the takeover socket's directory (0700)")
+            tracing::info!(dir = %dir.display(), "created the takeover socket's directory (0700)");
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(io(e)),
