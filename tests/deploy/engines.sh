@@ -21,6 +21,8 @@ source "$(dirname "$0")/lib.sh"
 podman image exists "$IMAGE" || fail "image $IMAGE missing: run scripts/build-image.sh"
 py=$(bash "$ROOT/scripts/install-deploy-deps.sh" --print-venv)/bin/python
 dir=$(scratch engines)
+# Engine and daemon uids reach the socket directory inside it from the host too.
+chmod 0755 "$dir"
 names=()
 cleanup() {
   for n in "${names[@]}"; do podman rm -f -t 0 "$n" >/dev/null 2>&1 || true; done
@@ -59,7 +61,7 @@ names+=("kvnode-eng-d-$tag")
   "$IMAGE" serve --config /etc/kvnode/kvnode.toml --takeover --dram 64MiB --slab-size 2MiB \
   2> >(quiet >&2) >/dev/null
 for ((i = 0; i < 300; i++)); do as_daemon stats --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
-as_daemon stats --socket "$sock" >/dev/null || { logs "kvnode-eng-d-$tag" | tail -30; fail "the daemon never answered"; }
+as_daemon stats --socket "$sock" >/dev/null || { as_daemon stats --socket "$sock"; logs "kvnode-eng-d-$tag" | tail -30; fail "the daemon never answered"; }
 [ -S "$dir/admin/kvnode.sock.takeover" ] || fail "no takeover socket in the takeover directory"
 pid=$(as_daemon stats --json --socket "$sock" | python3 -c "import json,sys; print(json.load(sys.stdin)['stats']['pid'])")
 keys=(--model engines-test --page-size 64 --page-bytes 64KiB --tokens "$(seq -s, 1 256)")
