@@ -4,12 +4,13 @@
 #      plus packaging/image/packages.txt), cached as $KVNODE_IMAGE_CACHE/rootfs-<hash>.tar, the
 #      hash covering the package list and mkrootfs.sh;
 #   2. `podman build --format docker` of packaging/image/Containerfile (FROM scratch: nothing is
-#      pulled) over that tarball, target/release/{kvnode,kvtrace} and packaging/image/kvnode-pod;
+#      pulled) over that tarball, kvnode and kvtrace as packaging/build-release.sh builds them
+#      (their own release build in target/package, probed for test seams) and
+#      packaging/image/kvnode-pod;
 #   3. checks that every library the binaries link resolves inside the image (ldd there).
 # Usage: scripts/build-image.sh [TAG]   (default localhost/kvnode:<version>; also tagged :latest)
 # Needs root (mmdebstrap's root mode, rootful podman), podman, mmdebstrap
-# (scripts/install-deploy-deps.sh) and the release binaries (cargo build --release -p kvnode
-# -p kvtrace). Prints the image's tag and size last.
+# (scripts/install-deploy-deps.sh) and cargo. Prints the image's tag and size last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -18,9 +19,7 @@ revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || revision="$revision-dirty"
 tag=${1:-localhost/kvnode:$version}
 cache=${KVNODE_IMAGE_CACHE:-$HOME/.cache/kvnode-image}
-for b in kvnode kvtrace; do
-  [ -x "target/release/$b" ] || { echo "build-image: target/release/$b missing: cargo build --release -p kvnode -p kvtrace" >&2; exit 1; }
-done
+bin=$(bash packaging/build-release.sh)
 mkdir -p "$cache"
 
 key=$(cat packaging/image/packages.txt packaging/image/mkrootfs.sh | sha256sum | cut -c1-16)
@@ -43,7 +42,7 @@ fi
 ctx=$(mktemp -d /var/tmp/kvnode-image-ctx.XXXXXX)
 trap 'rm -rf "$ctx"' EXIT
 ln "$rootfs" "$ctx/rootfs.tar" 2>/dev/null || cp "$rootfs" "$ctx/rootfs.tar"
-install -m 0755 target/release/kvnode target/release/kvtrace packaging/image/kvnode-pod "$ctx/"
+install -m 0755 "$bin/kvnode" "$bin/kvtrace" packaging/image/kvnode-pod "$ctx/"
 # Debug info off (the USDT notes, .note.stapsdt, stay: kvtrace needs them).
 strip --strip-debug "$ctx/kvnode" "$ctx/kvtrace"
 install -m 0644 packaging/image/kvnode.toml "$ctx/"
@@ -62,13 +61,15 @@ if [ -n "$missing" ]; then
   echo "$missing" >&2
   exit 1
 fi
-# The image's daemon carries no test seams (as `cargo xtask release-seams` checks for the
-# release build): a fault-injection setting is refused as an unknown field.
+# The image's daemon carries no test seams (as packaging/build-release.sh checked before
+# copying it): a fault-injection setting is refused as an unknown field, even with the switch a
+# seam build needs to start at all (KVNODE_TEST_SEAMS=1).
 seams=$(printf '[peer]\ndebug_fault = { corrupt_block = 1 }\n' | podman run --rm -i --runtime runc \
   --ulimit "nofile=$nofile:$nofile" --ulimit nproc=4096:4096 --network none --no-healthcheck \
+  --env KVNODE_TEST_SEAMS=1 \
   --entrypoint /bin/sh "$tag" -c 'cat >/tmp/s.toml; /usr/bin/kvnode serve --print-config --config /tmp/s.toml' 2>&1 || true)
 grep -q debug_fault <<<"$seams" && ! grep -q '^socket = ' <<<"$seams" || {
-  echo "build-image: the image's kvnode accepts a fault-injection config (built with test seams?): build it with cargo build --release -p kvnode -p kvtrace" >&2
+  echo "build-image: the image's kvnode accepts a fault-injection config (built with test seams?): packaging/build-release.sh builds it alone" >&2
   exit 1
 }
 # Earlier builds' images, now untagged, would pile up run after run.

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds the kvnode Debian package from the release binaries with dpkg-deb (no cargo-deb):
+# Builds the kvnode Debian package with dpkg-deb (no cargo-deb) from binaries it builds itself
+# (packaging/build-release.sh: `cargo build --release -p kvnode -p kvtrace` in target/package,
+# never the workspace's test build, then the test-seam probe on the daemon):
 #   /usr/bin/kvnode, /usr/bin/kvtrace, /lib/systemd/system/kvnode.service (packaging/kvnode.service
 #   run as the kvnode user from /usr/bin), /etc/kvnode/kvnode.toml (conffile), the docs;
 #   maintainer scripts make the `kvnode` system user and enable the unit (not start it).
@@ -14,14 +16,12 @@ out=$(cd "$out" && pwd)
 cd "$root"
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 arch=$(dpkg --print-architecture)
-for b in kvnode kvtrace; do
-  [ -x "target/release/$b" ] || { echo "build-deb: target/release/$b missing: cargo build --release -p kvnode -p kvtrace" >&2; exit 1; }
-done
+bin=$(bash packaging/build-release.sh)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 pkg=$work/kvnode
 install -d "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/lib/systemd/system" "$pkg/etc/kvnode" "$pkg/usr/share/doc/kvnode"
-install -m 0755 target/release/kvnode target/release/kvtrace "$pkg/usr/bin/"
+install -m 0755 "$bin/kvnode" "$bin/kvtrace" "$pkg/usr/bin/"
 strip --strip-debug "$pkg/usr/bin/kvnode" "$pkg/usr/bin/kvtrace"
 # The unit as shipped in packaging/, with the package's paths and its own user. The kvnode
 # user mlocks the arena through LimitMEMLOCK=infinity (no capability needed).

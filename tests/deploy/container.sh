@@ -8,7 +8,8 @@
 #      reads the daemon's arena through the memfd it passed out of the container): same bytes;
 #   2. `kvnode stats` and /metrics answer; the arena is pinned (IPC_LOCK works as non-root);
 #      the image's health check passes;
-#   3. a second container started with --takeover on the same socket directory takes the
+#   3. a second container started with --takeover on the same socket and takeover directories
+#      (the takeover socket in /run/kvnode-admin, not beside the client socket) takes the
 #      DRAM tier over: every block still in DRAM, same bytes, no block read from NVMe; the
 #      first container's entrypoint then waits (unhealthy) and, restarted, does not take the
 #      tier back; stopped, it exits 0;
@@ -27,6 +28,7 @@ trap cleanup EXIT
 # podman's default seccomp profile refuses io_uring: the spill tier's profile adds it.
 python3 "$ROOT/packaging/image/seccomp.py" >"$dir/seccomp.json"
 install -d -o 10001 -g 10001 -m 0750 "$dir/sock" "$dir/spill" "$dir/state-a" "$dir/state-b" "$dir/state-c"
+install -d -o 10001 -g 10001 -m 0700 "$dir/admin"
 sock=$dir/sock/kvnode.sock
 port=$(free_port)
 tag=$$
@@ -37,7 +39,7 @@ run_pod() { # NAME STATE-DIR: a detached container like the DaemonSet's pod
   names+=("$1")
   "${PODMAN_RUN[@]}" -d --name "$1" --network host --read-only \
     --cap-drop ALL --cap-add IPC_LOCK --security-opt "seccomp=$dir/seccomp.json" \
-    -v "$dir/sock:/run/kvnode" -v "$dir/spill:/var/lib/kvnode/spill" \
+    -v "$dir/sock:/run/kvnode" -v "$dir/admin:/run/kvnode-admin" -v "$dir/spill:/var/lib/kvnode/spill" \
     -v "$2:/var/lib/kvnode-pod" "$IMAGE" "${serve[@]}" 2> >(quiet >&2) >/dev/null
 }
 # podman without systemd says at every start and stop that it cannot set a timer for the

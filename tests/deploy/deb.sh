@@ -4,7 +4,8 @@
 # package is installed into a clean system, not onto this shared machine):
 #   dpkg -i: the kvnode system user, /etc/kvnode/kvnode.toml (a conffile), the unit, the
 #   binaries; the installed unit passes `systemd-analyze verify` (run here, on the host, on the
-#   unit extracted from the package); the installed binary started with the installed config as
+#   unit extracted from the package), is sandboxed and scores an exposure level of at most 3.0
+#   in `systemd-analyze security --offline`; the installed binary started with the installed config as
 #   the kvnode user (systemd is not PID 1 in a container, so the test starts what ExecStart
 #   names, with RuntimeDirectory's directory made as systemd makes it) serves a put and a get
 #   and stops on SIGTERM with exit 0; dpkg --purge removes binary, unit, config, user and state.
@@ -26,6 +27,15 @@ sed -e "s|/usr/bin/kvnode|$dir/x/usr/bin/kvnode|g" "$unit" >"$dir/kvnode.service
 out=$(systemd-analyze verify "$dir/kvnode.service" 2>&1) || fail "systemd-analyze verify: $out"
 # Only warnings about this machine's systemd state may remain, none about the unit itself.
 if grep -i "kvnode.service" <<<"$out" | grep -v "Documentation" | grep -q .; then fail "systemd-analyze verify: $out"; fi
+step "systemd-analyze security (the unit's sandboxing)"
+for k in NoNewPrivileges=yes ProtectSystem=strict PrivateTmp=yes ProtectHome=yes CapabilityBoundingSet= \
+  'RuntimeDirectory=kvnode kvnode-admin' LimitMEMLOCK=infinity Type=notify; do
+  grep -qx "$k" "$unit" || fail "the unit lacks $k"
+done
+sec=$(systemd-analyze security --offline=yes "$dir/kvnode.service" 2>&1 | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+[ -n "$sec" ] || fail "systemd-analyze security --offline gave no exposure level"
+python3 -c "import sys; sys.exit(0 if float('$sec') <= 3.0 else 1)" || fail "the unit's exposure level is $sec (want <= 3.0)"
+echo "systemd-analyze security: exposure $sec" >&2
 step "dpkg -i into a bare Debian 12 container"
 rootfs=$(ls -t "${KVNODE_IMAGE_CACHE:-$HOME/.cache/kvnode-image}"/rootfs-*.tar | head -1)
 [ -s "$rootfs" ] || fail "no cached root file system: run scripts/build-image.sh"
@@ -48,7 +58,7 @@ in_ctr /usr/bin/kvnode serve --config /etc/kvnode/kvnode.toml --print-config | g
 step "start the installed daemon as kvnode with the installed config"
 # One script in the container (each podman exec costs a second on this machine).
 in_ctr sh -eu -c '
-install -d -o kvnode -g kvnode -m 0755 /run/kvnode   # what RuntimeDirectory=kvnode makes
+install -d -o kvnode -g kvnode -m 0755 /run/kvnode /run/kvnode-admin   # what RuntimeDirectory= makes
 setpriv --reuid kvnode --regid kvnode --init-groups \
   /usr/bin/kvnode serve --config /etc/kvnode/kvnode.toml --dram 32MiB --slab-size 2MiB >/tmp/kvnode.log 2>&1 &
 pid=$!
@@ -58,6 +68,9 @@ until /usr/bin/kvnode stats --socket /run/kvnode/kvnode.sock >/dev/null 2>&1; do
   sleep 0.1
 done
 [ "$(stat -c %U /run/kvnode/kvnode.sock)" = kvnode ] || { echo "FAIL: the socket is not the kvnode user'"'"'s"; exit 1; }
+[ "$(ls -A /run/kvnode)" = kvnode.sock ] || { echo "FAIL: /run/kvnode holds more than the client socket: $(ls -A /run/kvnode)"; exit 1; }
+[ -S /run/kvnode-admin/kvnode.sock.takeover ] && [ "$(stat -c %U:%a /run/kvnode-admin)" = kvnode:700 ] ||
+  { echo "FAIL: no takeover socket in a 0700 /run/kvnode-admin: $(stat -c %U:%a /run/kvnode-admin)"; exit 1; }
 [ "$(stat -c %U /proc/$pid)" = kvnode ] || { echo "FAIL: the daemon does not run as kvnode"; exit 1; }
 k="--tokens $(seq -s, 1 128) --model deb --page-size 64 --page-bytes 64KiB"
 /usr/bin/kvnode put --socket /run/kvnode/kvnode.sock $k --seed 3 | grep -q "^stored 2" || { echo "FAIL: put"; exit 1; }

@@ -6,7 +6,8 @@ set -eu
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
 IMAGE=${KVNODE_IMAGE:-localhost/kvnode:$VERSION}
-KVNODE=${KVNODE_BIN:-$ROOT/target/release/kvnode}
+# The packaged build (packaging/build-release.sh), not the workspace's test build.
+KVNODE=${KVNODE_BIN:-$ROOT/target/package/release/kvnode}
 # podman as it works on this machine: the runc runtime (crun refuses the hybrid cgroup
 # layout), descriptor and process limits given explicitly, below the host's hard limits
 # (podman's defaults ask for more than the host allows).

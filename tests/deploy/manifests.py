@@ -5,7 +5,9 @@
    (strict: unknown fields are errors). The ServiceMonitor (a CRD) validates against
    deploy/schemas/servicemonitor.schema.json, the subset of prometheus-operator's CRD it uses.
 2. The invariants (`violations`): socket path, cluster-key path, ports, spill paths, memory
-   sized from `dram`, takeover-ready rolling update, user/groups, the image's defaults.
+   sized from `dram`, takeover-ready rolling update, user/groups, the image's defaults; engine
+   pods non-root at distinct uids the tenant map names, the socket dir mounted read-only, the
+   takeover socket's directory apart and mounted by no engine pod.
 3. Each invariant is seen to fail: copies of deploy/ with one path, port or size changed
    (MUTATIONS) must each be refused with that invariant's message.
 
@@ -108,6 +110,50 @@ def validate_schemas(root: Path, tree: dict) -> list[str]:
     return errors
 
 
+ENGINE_PODS = ("deploy/engines/vllm-pod.yaml", "deploy/engines/sglang-pod.yaml")
+
+
+def engine_pods(tree: dict, cfg: dict, vols: dict, ctr: dict, pod: dict, need) -> None:
+    """Engines can neither reach the takeover socket nor replace the client socket, and each
+    runs as a uid of its own that the tenant map names (issue 38: a root engine beside a
+    writable socket directory took the arena over)."""
+    socket = Path(cfg["socket"])
+    takeover = Path(cfg.get("takeover_socket") or f"{socket.parent}-admin/{socket.name}.takeover")
+    need(takeover.parent != socket.parent, f"takeover: takeover_socket {takeover} is in the client socket's directory {socket.parent}")
+    host_of = lambda m: vols.get(m["name"], {}).get("hostPath", {}).get("path")  # noqa: E731
+    tm = next((m for m in ctr["volumeMounts"] if Path(m["mountPath"]) == takeover.parent), None)
+    host_takeover = host_of(tm) if tm else None
+    sm = next((m for m in ctr["volumeMounts"] if Path(m["mountPath"]) == socket.parent), None)
+    need(host_takeover is not None and host_takeover != (host_of(sm) if sm else None),
+         f"takeover: the DaemonSet mounts no hostPath of its own at {takeover.parent} (the takeover socket's directory)")
+    init = " ".join(" ".join(c.get("command", [])) for c in pod.get("initContainers", []))
+    need(f"chmod 0700 {takeover.parent}" in init, f"takeover: no init container makes {takeover.parent} 0700")
+    daemon_uid = pod["securityContext"].get("runAsUser")
+    tenant_uids = {u: t["name"] for t in cfg.get("tenants", {}).get("tenant", []) for u in t.get("uids", [])}
+    seen = {}
+    for f in ENGINE_PODS:
+        epod = one(tree, "Pod", f)["spec"]
+        (ec,) = epod["containers"]
+        evols = {x["name"]: x for x in epod["volumes"]}
+        sc = epod.get("securityContext", {})
+        uid = ec.get("securityContext", {}).get("runAsUser", sc.get("runAsUser"))
+        need(isinstance(uid, int) and uid != 0 and (ec.get("securityContext", {}).get("runAsNonRoot") or sc.get("runAsNonRoot")),
+             f"engines: {f} runs as root or without runAsNonRoot (runAsUser {uid})")
+        need(uid != daemon_uid, f"engines: {f} runs as the daemon's uid {daemon_uid}")
+        need(uid not in seen, f"engines: {f} shares uid {uid} with {seen.get(uid)}: one tenant to the daemon")
+        seen[uid] = f
+        if tenant_uids:
+            need(uid in tenant_uids, f"engines: {f}: uid {uid} is no tenant's in the ConfigMap's [tenants]")
+        esc = ec.get("securityContext", {})
+        need(esc.get("allowPrivilegeEscalation") is False and esc.get("capabilities", {}).get("drop") == ["ALL"],
+             f"engines: {f} may escalate privileges or keeps capabilities")
+        for m in ec["volumeMounts"]:
+            hp = evols[m["name"]].get("hostPath", {}).get("path")
+            need(hp != host_takeover, f"engines: {f} mounts the takeover directory {hp}")
+            if hp is not None and hp == (host_of(sm) if sm else None):
+                need(m.get("readOnly") is True, f"engines: {f} mounts the socket dir {hp} writable (a relay could replace the socket)")
+
+
 def violations(root: Path) -> list[str]:
     """What breaks the contract between the manifests, the image and the engines."""
     tree = load_tree(root)
@@ -156,6 +202,8 @@ def violations(root: Path) -> list[str]:
         socks = [c.get("socket") or c.get("kv_connector_extra_config", {}).get("socket") for c in configs]
         need(socks == [str(socket)], f"socket: {f}: the connector's socket {socks} is not {socket}")
         need(10001 in epod.get("securityContext", {}).get("supplementalGroups", []), f"socket: {f} is not in the kvnode group 10001")
+
+    engine_pods(tree, cfg, vols, ctr, pod, need)
 
     # Cluster key: the Secret's file, where the DaemonSet mounts it, is the config's cluster_key.
     secret = one(tree, "Secret", "deploy/base/secret.yaml")
@@ -237,6 +285,14 @@ MUTATIONS = [
     ("deploy/base/configmap.yaml", "  etcd: ", "  etcd_url: ", "cluster: --cluster"),
     ("deploy/base/daemonset.yaml", "fieldPath: spec.nodeName", "fieldPath: metadata.name", "cluster: --node-id"),
     ("packaging/image/kvnode.toml", 'socket = "/run/kvnode/kvnode.sock"', 'socket = "/tmp/kvnode.sock"', "socket: the image's default"),
+    ("deploy/engines/vllm-pod.yaml", "runAsUser: 20001", "runAsUser: 0", "engines: deploy/engines/vllm-pod.yaml runs as root"),
+    ("deploy/engines/sglang-pod.yaml", "runAsUser: 20002", "runAsUser: 20001", "engines: deploy/engines/sglang-pod.yaml shares uid 20001"),
+    ("deploy/engines/vllm-pod.yaml", "          readOnly: true\n", "", "engines: deploy/engines/vllm-pod.yaml mounts the socket dir"),
+    ("deploy/engines/sglang-pod.yaml", "path: /run/kvnode\n", "path: /run/kvnode-admin\n", "engines: deploy/engines/sglang-pod.yaml mounts the takeover directory"),
+    ("deploy/engines/vllm-pod.yaml", "allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true", "engines: deploy/engines/vllm-pod.yaml may escalate"),
+    ("deploy/base/configmap.yaml", "uids = [20002]", "uids = [20003]", "engines: deploy/engines/sglang-pod.yaml: uid 20002 is no tenant's"),
+    ("deploy/base/configmap.yaml", 'takeover_socket = "/run/kvnode-admin/kvnode.sock.takeover"', 'takeover_socket = "/run/kvnode/kvnode.sock.takeover"', "takeover: takeover_socket"),
+    ("deploy/base/daemonset.yaml", "chmod 0700 /run/kvnode-admin", "chmod 0750 /run/kvnode-admin", "takeover: no init container"),
 ]
 
 

@@ -3,7 +3,9 @@
 # deploy test and prints "N passed, N failed". Each test is a script that exits non-zero with
 # a FAIL line on the first broken check; none skips. Needs root and
 # scripts/install-deploy-deps.sh (podman, runc, mmdebstrap, dpkg-dev, the validator venv).
-# Usage: tests/deploy/run.sh [TEST...]   (default: all; names: manifests wheel dashboard container deb)
+# The daemon the tests run on the host is the one the packages ship (packaging/build-release.sh:
+# its own release build in target/package, probed for test seams), built first.
+# Usage: tests/deploy/run.sh [TEST...]   (default: all; names: manifests wheel dashboard container engines deb)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -11,11 +13,16 @@ cd "$root"
 [ "$(id -u)" -eq 0 ] || { echo "tests/deploy: needs root (mmdebstrap, rootful podman, dpkg in a container)" >&2; exit 1; }
 venv=$(bash scripts/install-deploy-deps.sh --print-venv)
 tests=("$@")
-((${#tests[@]})) || tests=(manifests wheel dashboard container deb)
+((${#tests[@]})) || tests=(manifests wheel dashboard container engines deb)
 passed=0 failed=0 names=()
 t0=$(date +%s)
 needs_image=0
-for t in "${tests[@]}"; do case $t in container | deb) needs_image=1 ;; esac; done
+for t in "${tests[@]}"; do case $t in container | engines | deb) needs_image=1 ;; esac; done
+if ! bash packaging/build-release.sh >/dev/null; then
+  echo "FAIL release build: packaging/build-release.sh" >&2
+  echo "0 passed, 1 failed"
+  exit 1
+fi
 if ((needs_image)); then
   t=$(date +%s)
   if bash scripts/build-image.sh; then

@@ -39,6 +39,33 @@ pub fn kvnode_bin() -> PathBuf {
     bin
 }
 
+/// The switch a daemon built with the test seams needs to serve (engine/daemon/src/seams.rs);
+/// every daemon this harness starts gets it. A release daemon ignores it.
+pub const SEAMS_SWITCH: (&str, &str) = ("KVNODE_TEST_SEAMS", "1");
+
+/// `kvnode` ([`kvnode_bin`]) with [`SEAMS_SWITCH`] set: how tests start `kvnode serve`.
+pub fn kvnode_cmd() -> Command {
+    let mut c = Command::new(kvnode_bin());
+    c.env(SEAMS_SWITCH.0, SEAMS_SWITCH.1);
+    c
+}
+
+/// The directory of the takeover socket of a daemon serving `socket` by default
+/// (`<socket dir>-admin`, `EngineConfig::takeover_path`).
+pub fn admin_dir_of(socket: &Path) -> PathBuf {
+    let dir = socket.parent().expect("socket has a directory");
+    let mut name = dir.file_name().expect("socket dir has a name").to_owned();
+    name.push("-admin");
+    dir.with_file_name(name)
+}
+
+/// The default takeover socket of a daemon serving `socket`.
+pub fn takeover_socket_of(socket: &Path) -> PathBuf {
+    let mut name = socket.file_name().expect("socket has a name").to_owned();
+    name.push(".takeover");
+    admin_dir_of(socket).join(name)
+}
+
 /// Path of the `kvtrace` binary built alongside the tests (`KVTRACE_BIN` overrides).
 pub fn kvtrace_bin() -> PathBuf {
     std::env::var_os("KVTRACE_BIN")
@@ -105,6 +132,7 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let d = std::env::temp_dir().join(format!("kvnode-e2e-{}-{tag}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(admin_dir_of(&d.join("kvnode.sock")));
     std::fs::create_dir_all(&d).expect("create temp dir");
     d
 }
@@ -123,12 +151,12 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `kvnode serve --socket <dir>/kvnode.sock <args>` and waits until it answers.
     pub fn start(args: &[&str]) -> Self {
-        Self::spawn(Command::new(kvnode_bin()), args)
+        Self::spawn(kvnode_cmd(), args)
     }
 
     /// Like [`Daemon::start`], with extra environment variables.
     pub fn start_env(env: &[(&str, &str)], args: &[&str]) -> Self {
-        let mut cmd = Command::new(kvnode_bin());
+        let mut cmd = kvnode_cmd();
         cmd.envs(env.iter().copied());
         Self::spawn(cmd, args)
     }
@@ -139,7 +167,7 @@ impl Daemon {
         let dir = temp_dir("daemon-fail");
         let log_path = dir.join("daemon.log");
         let log = std::fs::File::create(&log_path).expect("log file");
-        let mut child = Command::new(kvnode_bin())
+        let mut child = kvnode_cmd()
             .arg("serve")
             .arg("--socket")
             .arg(dir.join("kvnode.sock"))
@@ -165,6 +193,7 @@ impl Daemon {
         };
         let text = std::fs::read_to_string(&log_path).unwrap_or_default();
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(admin_dir_of(&dir.join("kvnode.sock")));
         (status, text)
     }
 
@@ -209,7 +238,7 @@ impl Daemon {
     pub fn spawn_at(socket: &Path, args: &[&str]) -> Self {
         let dir = temp_dir("daemon");
         let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
-        let child = Command::new(kvnode_bin())
+        let child = kvnode_cmd()
             .arg("serve")
             .arg("--socket")
             .arg(socket)
@@ -233,12 +262,13 @@ impl Daemon {
     }
 
     /// Starts `cmd serve --socket <dir>/kvnode.sock <args>` (a prepared command: its own
-    /// environment, umask or uid) and waits until it answers.
+    /// environment, umask or uid; [`SEAMS_SWITCH`] is added) and waits until it answers.
     pub fn spawn(mut cmd: Command, args: &[&str]) -> Self {
         let dir = temp_dir("daemon");
         let socket = dir.join("kvnode.sock");
         let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
         let child = cmd
+            .env(SEAMS_SWITCH.0, SEAMS_SWITCH.1)
             .arg("serve")
             .arg("--socket")
             .arg(&socket)
@@ -326,6 +356,10 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+        // The takeover socket's directory, when the harness chose the socket (not spawn_at).
+        if self.socket.parent() == Some(self.dir.as_path()) {
+            let _ = std::fs::remove_dir_all(admin_dir_of(&self.socket));
+        }
     }
 }
 

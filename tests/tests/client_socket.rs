@@ -105,7 +105,7 @@ fn a_regular_file_at_the_socket_path_is_never_replaced() {
     let dir = temp_dir("not-a-socket");
     let path = dir.join("precious.txt");
     std::fs::write(&path, "keep me").unwrap();
-    let out = std::process::Command::new(kvnode_e2e::kvnode_bin())
+    let out = kvnode_e2e::kvnode_cmd()
         .args(["serve", "--dram", "64MiB", "--no-pin", "--socket"])
         .arg(&path)
         .output()

@@ -623,7 +623,7 @@ fn cluster_settings_that_cannot_work_are_refused_at_start() {
         ),
     )
     .unwrap();
-    let out = Command::new(kvnode_bin())
+    let out = kvnode_e2e::kvnode_cmd()
         .args(["serve", "--print-config", "--config"])
         .arg(&cfg)
         .output()

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kvnode_e2e::{Daemon, block, key, kvnode_bin, spec, temp_dir};
+use kvnode_e2e::{Daemon, block, key, kvnode_bin, kvnode_cmd, spec, temp_dir};
 
 #[test]
 fn sixteen_gib_tier_answers_stats_within_one_second() {
@@ -54,7 +54,7 @@ fn config_file_is_overridden_by_flags_and_printed() {
         "dram = \"64MiB\"\neviction = \"s3fifo\"\nslab_size = 4194304\n",
     )
     .unwrap();
-    let out = Command::new(kvnode_bin())
+    let out = kvnode_cmd()
         .args(["serve", "--print-config", "--config"])
         .arg(&cfg)
         .args(["--dram", "128MiB", "--socket", "/tmp/x.sock"])
@@ -68,7 +68,7 @@ fn config_file_is_overridden_by_flags_and_printed() {
     assert!(text.contains("socket = \"/tmp/x.sock\""), "{text}");
     // Unknown keys and bad sizes are refused with the reason.
     std::fs::write(&cfg, "dram = \"lots\"\n").unwrap();
-    let out = Command::new(kvnode_bin())
+    let out = kvnode_cmd()
         .args(["serve", "--print-config", "--config"])
         .arg(&cfg)
         .output()
@@ -76,14 +76,14 @@ fn config_file_is_overridden_by_flags_and_printed() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid size"));
     std::fs::write(&cfg, "drm = \"1GiB\"\n").unwrap();
-    let out = Command::new(kvnode_bin())
+    let out = kvnode_cmd()
         .args(["serve", "--print-config", "--config"])
         .arg(&cfg)
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field"));
     // Zero configuration works: defaults print without any file.
-    let out = Command::new(kvnode_bin())
+    let out = kvnode_cmd()
         .args(["serve", "--print-config"])
         .output()
         .unwrap();
@@ -94,7 +94,7 @@ fn config_file_is_overridden_by_flags_and_printed() {
 #[test]
 fn second_daemon_on_a_live_socket_is_refused_and_stale_socket_is_replaced() {
     let d = Daemon::start(&["--dram", "16MiB"]);
-    let out = Command::new(kvnode_bin())
+    let out = kvnode_cmd()
         .args(["serve", "--dram", "16MiB", "--socket"])
         .arg(d.socket())
         .output()
@@ -107,7 +107,7 @@ fn second_daemon_on_a_live_socket_is_refused_and_stale_socket_is_replaced() {
     let stale = dir.join("s.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     assert!(stale.exists());
-    let mut child = Command::new(kvnode_bin())
+    let mut child = kvnode_cmd()
         .args(["serve", "--dram", "16MiB", "--socket"])
         .arg(&stale)
         .stderr(std::process::Stdio::null())

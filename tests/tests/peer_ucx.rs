@@ -315,7 +315,7 @@ fn auto_falls_back_to_tcp_when_ucx_cannot_start_and_ucx_refuses_to_start() {
     assert_eq!(pull(&dst, port, &keys).0.state, OpState::Done);
     let dir = kvnode_e2e::temp_dir("ucx-refuse");
     let sock = dir.join("k.sock");
-    let out = std::process::Command::new(kvnode_e2e::kvnode_bin())
+    let out = kvnode_e2e::kvnode_cmd()
         .args([
             "serve",
             "--dram",

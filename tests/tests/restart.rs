@@ -398,7 +398,7 @@ fn under_systemd_notify_a_takeover_reports_the_new_main_pid() {
     drop(c);
     // The successor must run on the same socket as `a`.
     let a_sock = a.socket.clone();
-    let mut cmd = std::process::Command::new(kvnode_e2e::kvnode_bin());
+    let mut cmd = kvnode_e2e::kvnode_cmd();
     let log = std::fs::File::create(sock_dir.join("b.log")).unwrap();
     let mut b = cmd
         .args([

@@ -8,7 +8,9 @@
 //!                          in the venv of its lock, scripts/locks/*.lock via scripts/py-venv.sh)
 //! cargo xtask fuzz-smoke   decoder property tests with many more cases (stable-toolchain fuzzing)
 //! cargo xtask bench-smoke  every benchmark but `bench gpu` for a short run (scripts/bench-smoke.sh)
-//! cargo xtask release-seams  `cargo build --release -p kvnode` has no test seams
+//! cargo xtask release-seams [BIN]  the packaged daemon (`cargo build --release -p kvnode
+//!                          -p kvtrace` in its own target dir, target/package) has no test
+//!                          seams; with BIN, probes that binary only (the packaging scripts)
 //! cargo xtask deploy       image (Debian packages only), container, manifest, wheel, .deb and
 //!                          dashboard tests (tests/deploy/run.sh; docs/deploy.md)
 //! cargo xtask ci           all of the above, in that order
@@ -38,6 +40,15 @@ fn run(what: &str, cmd: &mut Command) -> Result<(), String> {
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
+
+/// The switch a daemon built with the test seams needs to serve (engine/daemon/src/seams.rs).
+/// Set for the stages that run the workspace's test build of `target/release/kvnode` (Python
+/// suites, bench smoke); never for anything packaged.
+const SEAMS_SWITCH: (&str, &str) = ("KVNODE_TEST_SEAMS", "1");
+
+/// Where the packaged binaries are built: a target dir of their own, so the workspace's test
+/// build (which turns `test-seams` on by feature unification) never touches them.
+const PACKAGE_TARGET: &str = "target/package";
 
 fn check() -> Result<(), String> {
     run("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
@@ -135,7 +146,8 @@ fn python_tests() -> Result<(), String> {
         Command::new(&py)
             .args(["-m", "pytest", "-q", "clients/python/tests"])
             .env("PATH", &path)
-            .env("KVNODE_BIN", &bin),
+            .env("KVNODE_BIN", &bin)
+            .env(SEAMS_SWITCH.0, SEAMS_SWITCH.1),
     )?;
     // The vLLM connector against the real vllm wheel (its own venv: vllm pins another torch).
     let vllm_py = locked_python("vllm")?;
@@ -143,7 +155,8 @@ fn python_tests() -> Result<(), String> {
         "vllm-tests",
         Command::new(&vllm_py)
             .args(["-m", "pytest", "-q", "clients/python/tests_vllm"])
-            .env("KVNODE_BIN", &bin),
+            .env("KVNODE_BIN", &bin)
+            .env(SEAMS_SWITCH.0, SEAMS_SWITCH.1),
     )?;
     // The TTFT harness's CPU parts (workload, decoder, report, a tiny end-to-end run with
     // real daemons), so the GPU benchmark does not rot (bench/ttft/README.md). It needs torch,
@@ -154,7 +167,8 @@ fn python_tests() -> Result<(), String> {
         Command::new(&py)
             .args(["-m", "pytest", "-q", "bench/ttft/tests"])
             .env("PATH", &path)
-            .env("KVNODE_BIN", &bin),
+            .env("KVNODE_BIN", &bin)
+            .env(SEAMS_SWITCH.0, SEAMS_SWITCH.1),
     )
 }
 
@@ -190,77 +204,106 @@ fn fuzz_smoke() -> Result<(), String> {
 }
 
 fn bench_smoke() -> Result<(), String> {
+    // target/release/kvnode is the workspace's test build here (`cargo xtask test` built it).
     run(
         "bench-smoke",
-        Command::new("bash").arg("scripts/bench-smoke.sh"),
+        Command::new("bash")
+            .arg("scripts/bench-smoke.sh")
+            .env(SEAMS_SWITCH.0, SEAMS_SWITCH.1),
     )
 }
 
-/// The daemon as `./dev serve` builds it (`cargo build --release -p kvnode`) carries no test
-/// seams. Every seam a running daemon could be asked for is probed: each `debug_fault` config
-/// section (peer transport, spill IO engine) is refused as an unknown field, and the panic
-/// hook's environment variable is ignored (the daemon is still serving after it). The fake GPU
-/// has no switch at all (only the gpu crate's own tests construct it).
+/// The packaged daemon carries no test seams: `cargo build --release -p kvnode -p kvtrace`
+/// in [`PACKAGE_TARGET`] (what scripts/build-image.sh and packaging/deb/build-deb.sh ship),
+/// then [`probe_seams`] on it.
 fn release_has_no_seams() -> Result<(), String> {
     run(
         "release-build",
-        cargo().args(["build", "--release", "-p", "kvnode"]),
+        cargo().args([
+            "build",
+            "--release",
+            "-p",
+            "kvnode",
+            "-p",
+            "kvtrace",
+            "--target-dir",
+            PACKAGE_TARGET,
+        ]),
     )?;
+    probe_binary(&std::path::Path::new(PACKAGE_TARGET).join("release/kvnode"))
+}
+
+/// Probes `bin` for test seams in a scratch directory.
+fn probe_binary(bin: &std::path::Path) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("kvnode-seams-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let r = probe_seams(&dir);
+    let r = probe_seams(bin, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     r
 }
 
-fn probe_seams(dir: &std::path::Path) -> Result<(), String> {
+/// Every seam a running daemon could be asked for is probed, with the seam switch set (so a
+/// seam build shows its seams instead of refusing to start): each `debug_fault` config
+/// section (peer transport, spill IO engine) is refused as an unknown field, and the panic
+/// hook's environment variable is ignored (the daemon is still serving after it). The fake
+/// GPU (`KVNODE_TEST_FAKE_GPU`) is compiled in exactly when these are (feature `test-seams`).
+fn probe_seams(bin: &std::path::Path, dir: &std::path::Path) -> Result<(), String> {
     for (seam, toml) in [
         ("peer", "[peer]\ndebug_fault = { corrupt_block = 1 }\n"),
         ("spill", "[spill]\ndebug_fault = { fail_write = 1 }\n"),
     ] {
         let cfg = dir.join(format!("{seam}.toml"));
         std::fs::write(&cfg, toml).map_err(|e| e.to_string())?;
-        let out = Command::new("target/release/kvnode")
+        let out = Command::new(bin)
             .args(["serve", "--print-config", "--config"])
             .arg(&cfg)
+            .env(SEAMS_SWITCH.0, SEAMS_SWITCH.1)
             .output()
-            .map_err(|e| format!("release-seams: cannot run the daemon: {e}"))?;
+            .map_err(|e| format!("release-seams: cannot run {}: {e}", bin.display()))?;
         let text = String::from_utf8_lossy(&out.stderr);
         if out.status.success() || !text.contains("debug_fault") {
             return Err(format!(
-                "release-seams: the release daemon accepted a [{seam}] fault-injection config (status {}): {text}",
+                "release-seams: {} accepted a [{seam}] fault-injection config (status {}): it was built with the test seams; build it alone: cargo build --release -p kvnode. {text}",
+                bin.display(),
                 out.status
             ));
         }
-        eprintln!("xtask: release-seams: the release daemon refuses [{seam}] debug_fault: ok");
+        eprintln!(
+            "xtask: release-seams: {} refuses [{seam}] debug_fault: ok",
+            bin.display()
+        );
     }
     // The panic hook: a test build panics (exit 101) 50 ms after start; a release one serves on.
-    let mut child = Command::new("target/release/kvnode")
+    // The socket in a directory of its own: the takeover socket's (`sock-admin`) is then
+    // inside `dir` too, and goes with it.
+    let mut child = Command::new(bin)
         .args(["serve", "--dram", "16MiB", "--no-pin", "--socket"])
-        .arg(dir.join("kvnode.sock"))
+        .arg(dir.join("sock/kvnode.sock"))
         .env("KVNODE_TEST_PANIC_AFTER_MS", "50")
+        .env(SEAMS_SWITCH.0, SEAMS_SWITCH.1)
         .stderr(std::process::Stdio::null())
         .spawn()
-        .map_err(|e| format!("release-seams: cannot start the daemon: {e}"))?;
+        .map_err(|e| format!("release-seams: cannot start {}: {e}", bin.display()))?;
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let exited = child.try_wait().map_err(|e| e.to_string())?;
     let _ = child.kill();
     let _ = child.wait();
     if let Some(status) = exited {
         return Err(format!(
-            "release-seams: the release daemon ended ({status}) with KVNODE_TEST_PANIC_AFTER_MS set: the panic hook is compiled in"
+            "release-seams: {} ended ({status}) with KVNODE_TEST_PANIC_AFTER_MS set: the panic hook is compiled in",
+            bin.display()
         ));
     }
-    eprintln!("xtask: release-seams: the release daemon ignores KVNODE_TEST_PANIC_AFTER_MS: ok");
+    eprintln!(
+        "xtask: release-seams: {} ignores KVNODE_TEST_PANIC_AFTER_MS: ok",
+        bin.display()
+    );
     Ok(())
 }
 
-/// The deploy stage: the release binaries, then tests/deploy/run.sh (it builds the image).
+/// The deploy stage: tests/deploy/run.sh (the image and the .deb build their own seam-free
+/// binaries in target/package and probe them; the tests' host-side daemon is that build too).
 fn deploy() -> Result<(), String> {
-    run(
-        "deploy-build",
-        cargo().args(["build", "--release", "-p", "kvnode", "-p", "kvtrace"]),
-    )?;
     run("deploy", Command::new("bash").arg("tests/deploy/run.sh"))
 }
 
@@ -271,7 +314,10 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("fuzz-smoke") => fuzz_smoke(),
         Some("bench-smoke") => bench_smoke(),
-        Some("release-seams") => release_has_no_seams(),
+        Some("release-seams") => match args.get(1) {
+            Some(bin) => probe_binary(std::path::Path::new(bin)),
+            None => release_has_no_seams(),
+        },
         Some("deploy") => deploy(),
         Some("ci") => check()
             .and_then(|()| test())
@@ -285,7 +331,10 @@ fn main() -> ExitCode {
                 .args(["run", "--release", "-p", "kvnode", "--", "serve"])
                 .args(&args[1..]),
         ),
-        _ => Err("usage: cargo xtask check|test|fuzz-smoke|bench-smoke|ci|serve [ARGS]".into()),
+        _ => Err(
+            "usage: cargo xtask check|test|fuzz-smoke|bench-smoke|release-seams [BIN]|deploy|ci|serve [ARGS]"
+                .into(),
+        ),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,6 @@
 //! Engine configuration. Every field has a default; `kvnode serve` runs with none given.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +52,12 @@ pub struct EngineConfig {
     /// `--allow-shared-socket-dir`). Default: false, and such a directory is refused at
     /// start-up: another user could replace the socket or bind its takeover socket first.
     pub allow_shared_socket_dir: bool,
+    /// Takeover socket (flag `--takeover-socket`): where a successor (`serve --takeover`)
+    /// asks this daemon for its DRAM tier. Its directory must be the daemon's alone (owned by
+    /// its uid, writable by nobody else; created 0700 when missing) and must not be the
+    /// client socket's directory, which engines see. Default: `<socket dir>-admin/<socket
+    /// name>.takeover`, e.g. `/run/kvnode-admin/kvnode.sock.takeover`.
+    pub takeover_socket: Option<PathBuf>,
     /// Client uids allowed to connect, checked with `SO_PEERCRED` at accept (with
     /// `allow_gids`: a client matching either list is allowed). Default: empty, and with both
     /// lists empty the socket's file mode alone decides who may connect.
@@ -115,6 +121,7 @@ impl Default for EngineConfig {
             drain_timeout_s: 5.0,
             socket_mode: 0o660,
             allow_shared_socket_dir: false,
+            takeover_socket: None,
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
             tenants: TenantsConfig::default(),
@@ -181,7 +188,35 @@ impl EngineConfig {
         self.spill.validate()?;
         self.events.validate()?;
         self.peer.validate()?;
+        self.takeover_path()?;
         self.check_keyless_peer_listener()
+    }
+
+    /// The takeover socket in force: `takeover_socket`, else `<socket dir>-admin/<socket
+    /// name>.takeover`. An error when it would sit in the client socket's directory (every
+    /// engine that reaches the client socket would see it) or cannot be derived.
+    pub fn takeover_path(&self) -> Result<PathBuf, String> {
+        let parent = self
+            .socket
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let client_dir = std::path::absolute(parent)
+            .map_err(|e| format!("socket {}: {e}", self.socket.display()))?;
+        let path = if let Some(p) = &self.takeover_socket {
+            std::path::absolute(p).map_err(|e| format!("takeover_socket {}: {e}", p.display()))?
+        } else {
+            default_takeover_path(&client_dir, &self.socket)?
+        };
+        if path.parent() == Some(client_dir.as_path()) {
+            return Err(format!(
+                "takeover_socket {} is in the client socket's directory {}: every engine that reaches the client socket would see it. Put it in a directory only the daemon's uid may enter (default: {}-admin)",
+                path.display(),
+                client_dir.display(),
+                client_dir.display()
+            ));
+        }
+        Ok(path)
     }
 
     /// A keyless peer listener authenticates nobody: any local user completes its handshake
@@ -212,6 +247,25 @@ impl EngineConfig {
         }
         Ok(())
     }
+}
+
+/// `<client_dir>-admin/<socket name>.takeover` (`client_dir` absolute).
+fn default_takeover_path(client_dir: &Path, socket: &Path) -> Result<PathBuf, String> {
+    let (Some(parent), Some(dir), Some(name)) = (
+        client_dir.parent(),
+        client_dir.file_name(),
+        socket.file_name(),
+    ) else {
+        return Err(format!(
+            "socket {}: cannot derive the takeover socket (<socket dir>-admin/<name>.takeover) from it; set takeover_socket",
+            socket.display()
+        ));
+    };
+    let mut admin = dir.to_owned();
+    admin.push("-admin");
+    let mut file = name.to_owned();
+    file.push(".takeover");
+    Ok(parent.join(admin).join(file))
 }
 
 /// `$XDG_RUNTIME_DIR/kvnode/kvnode.sock`, else `/run/kvnode/kvnode.sock`.

@@ -137,9 +137,14 @@ pub struct ServeArgs {
     /// runs there; fails, with the reason, if it refuses (e.g. another --dram).
     #[arg(long)]
     pub takeover: bool,
+    /// Takeover socket (config `takeover_socket`): in a directory only the daemon's uid may
+    /// enter, never the client socket's. Default: <socket dir>-admin/<socket name>.takeover.
+    #[arg(long, value_name = "PATH")]
+    pub takeover_socket: Option<PathBuf>,
     /// Serve even though the socket's directory may be written by other users (group- or
-    /// world-writable, e.g. /tmp): someone else could then replace the socket or answer on
-    /// its takeover socket. Off by default (the daemon refuses to start there).
+    /// world-writable, e.g. /tmp): someone else could then replace the socket. Off by
+    /// default (the daemon refuses to start there). The takeover socket's directory is
+    /// checked on its own and must be the daemon's alone either way.
     #[arg(long)]
     pub allow_shared_socket_dir: bool,
     /// Publish KV events on a ZMQ PUB socket bound here: ipc:///PATH (a Unix socket created

@@ -23,12 +23,14 @@ mod metrics_http;
 mod ops;
 mod report;
 mod sd_notify;
+mod seams;
 mod serve;
 mod serve_peer;
 mod serve_stop;
 mod stats_fmt;
 mod svg;
 mod takeover;
+mod takeover_dir;
 
 use clap::Parser;
 

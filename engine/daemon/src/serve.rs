@@ -42,6 +42,9 @@ pub fn effective_config(
     cfg.populate &= !a.no_populate;
     cfg.hugetlb |= a.hugetlb;
     cfg.allow_shared_socket_dir |= a.allow_shared_socket_dir;
+    if let Some(t) = &a.takeover_socket {
+        cfg.takeover_socket = Some(t.clone());
+    }
     if let Some(r) = a.region_copy {
         cfg.region_copy = match r {
             RegionCopyArg::Guarded => RegionCopy::Guarded,
@@ -255,6 +258,7 @@ fn relisten(fd: &std::os::fd::OwnedFd) -> anyhow::Result<tokio::net::UnixListene
 /// Runs the daemon until SIGTERM or SIGINT (or a successor takes it over), then drains and
 /// returns.
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
+    crate::seams::refuse_unless_switched()?;
     let (cfg, cluster) = effective_config(a)?;
     let mut shown = toml::to_string(&cfg).context("rendering config")?;
     if let Some(c) = &cluster {
@@ -270,6 +274,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     if let Some(why) = crate::host_mem::dram_too_large(cfg.dram) {
         tracing::warn!("{why}");
     }
+    let takeover_path = crate::takeover_dir::prepare(&cfg)?;
+    tracing::info!(takeover_socket = %takeover_path.display(), "takeover socket");
     let inherited = if a.takeover {
         crate::serve_stop::take_over(&cfg)?
     } else {

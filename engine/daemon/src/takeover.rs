@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!  successor                          running daemon (donor), socket S
-//!  connect S.takeover ──────────────> (owner-only socket; same uid or root)
+//!  connect T ───────────────────────> (takeover socket T: owner-only, in a 0700 directory
+//!                                      apart from S's, crate::takeover_dir; same uid only)
 //!  Ask {config, image format} ──────> compatible? no: Answer{ok:false, why}, keeps serving
 //!                                     yes: stop accepting, drain, stop demoter and
 //!                                          write-behind, wait for spill IO in flight
@@ -12,7 +13,7 @@
 //!  dry-run restore of the image
 //!  "ok\n" / "failed: why\n" ────────> failed: flush DRAM to NVMe (fallback), exit
 //!                                     ok: close the spill files (unlock), remove
-//!                                         S.takeover, drop everything, exit
+//!                                         T, drop everything, exit
 //!  <──────── EOF
 //!  open spill files, rebuild DRAM over the same memfd, serve on the same listener
 //! ```
@@ -25,7 +26,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -38,11 +39,18 @@ use serde::{Deserialize, Serialize};
 /// The image format this build reads and writes (the magic of `dram::image`).
 const IMAGE_FORMAT: &str = "KVNDRAM1";
 
-/// The takeover socket of the daemon serving `socket`.
-pub fn path_for(socket: &Path) -> PathBuf {
-    let mut p = socket.as_os_str().to_owned();
-    p.push(".takeover");
-    PathBuf::from(p)
+/// The takeover socket of the daemon configured by `cfg` (`EngineConfig::takeover_path`).
+fn path_of(cfg: &EngineConfig) -> anyhow::Result<PathBuf> {
+    cfg.takeover_path().map_err(anyhow::Error::msg)
+}
+
+/// Whether a process of `uid` may be the other end of a takeover: only this daemon's own
+/// uid. Root is not let in unless this daemon runs as root: a root process is not the
+/// service (an engine container's default user is root), and the arena holds every
+/// tenant's blocks.
+fn same_uid(uid: u32) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    uid == unsafe { libc::geteuid() }
 }
 
 /// What the successor asks with.
@@ -161,7 +169,7 @@ impl Received {
 /// Asks the daemon on `cfg.socket` for its DRAM tier. `Ok(None)`: no daemon listens for a
 /// takeover there (start cold). An error: it refused, nothing changed on its side.
 pub fn request(cfg: &EngineConfig, limit: Duration) -> anyhow::Result<Option<Received>> {
-    let path = path_for(&cfg.socket);
+    let path = path_of(cfg)?;
     let stream = match UnixStream::connect(&path) {
         Ok(s) => s,
         Err(e)
@@ -174,18 +182,18 @@ pub fn request(cfg: &EngineConfig, limit: Duration) -> anyhow::Result<Option<Rec
         }
         Err(e) => return Err(e).with_context(|| format!("connecting to {}", path.display())),
     };
-    // Whoever answers must be a kvnode of this uid (or root): in a directory others can
-    // write, another user could have bound the takeover socket and would hand us its tier.
+    // Whoever answers must be a kvnode of this uid: anyone else who bound the takeover
+    // socket would hand us its tier (blocks of its choosing under any key).
     let cred = kvnode_fdpass::peer_cred(stream.as_raw_fd())
         .with_context(|| format!("reading SO_PEERCRED of {}", path.display()))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if cred.uid != me && cred.uid != 0 {
+    if !same_uid(cred.uid) {
         bail!(
-            "the process answering on {} (pid {}) runs as uid {}, not as this daemon's uid {me} or root: refusing its DRAM tier",
+            "the process answering on {} (pid {}) runs as uid {}, not as this daemon's uid {}: refusing its DRAM tier",
             path.display(),
             cred.pid,
-            cred.uid
+            cred.uid,
+            // SAFETY: geteuid has no preconditions.
+            unsafe { libc::geteuid() }
         );
     }
     stream.set_read_timeout(Some(limit))?;
@@ -269,14 +277,15 @@ pub struct Pending {
     pid: u32,
 }
 
-/// Binds the takeover socket (owner-only) and accepts successors on a thread: a request
+/// Binds the takeover socket (owner-only; its directory was made ready by
+/// [`crate::takeover_dir::prepare`]) and accepts successors on a thread: a request
 /// that does not fit this configuration is answered at once with the reason (this daemon
 /// keeps serving); the first that fits is sent on `tx`, and the thread ends.
 pub fn listen(
     cfg: &EngineConfig,
     tx: tokio::sync::mpsc::Sender<Pending>,
 ) -> anyhow::Result<PathBuf> {
-    let path = path_for(&cfg.socket);
+    let path = path_of(cfg)?;
     if let Ok(m) = std::fs::symlink_metadata(&path) {
         if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) {
             bail!(
@@ -348,10 +357,13 @@ const SCREEN_TIMEOUT: Duration = Duration::from_secs(2);
 /// Reads one request; answers a refusal itself.
 fn screen(s: UnixStream, cfg: &EngineConfig) -> anyhow::Result<Option<Pending>> {
     let cred = kvnode_fdpass::peer_cred(s.as_raw_fd())?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if cred.uid != me && cred.uid != 0 {
-        bail!("uid {} may not take this daemon over", cred.uid);
+    if !same_uid(cred.uid) {
+        // Dropped unanswered: nothing is read from it, nothing is sent to it.
+        bail!(
+            "uid {} (pid {}) may not take this daemon over: only its own uid may",
+            cred.uid,
+            cred.pid
+        );
     }
     s.set_read_timeout(Some(SCREEN_TIMEOUT))?;
     let mut r = BufReader::new(s.try_clone()?);
@@ -471,10 +483,12 @@ mod tests {
     }
 
     #[test]
-    fn the_takeover_socket_sits_next_to_the_client_socket() {
-        assert_eq!(
-            path_for(Path::new("/run/kvnode/kvnode.sock")),
-            PathBuf::from("/run/kvnode/kvnode.sock.takeover")
-        );
+    fn only_this_daemons_own_uid_passes_the_uid_check() {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        assert!(same_uid(me));
+        assert!(!same_uid(me.wrapping_add(1)));
+        // Root passes only where this daemon is root itself.
+        assert_eq!(same_uid(0), me == 0);
     }
 }
