@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvnode_e2e::ucxforge::listening_ports;
-use kvnode_e2e::{Daemon, free_port, key, kvnode_bin, spec};
+use kvnode_e2e::{Daemon, free_port, key, spec};
 
 const PAGE: u64 = 64 << 10;
 
@@ -113,7 +113,7 @@ fn a_forged_ucx_worker_address_finds_no_worker_and_cannot_crash_the_daemon() {
 fn ucx_over_software_rma_refuses_to_start_without_the_trusted_network_switch() {
     let dir = kvnode_e2e::temp_dir("ucx-soft");
     let port = free_port();
-    let mut child = Command::new(kvnode_bin())
+    let mut child = kvnode_e2e::kvnode_cmd()
         .args(["serve", "--dram", "64MiB", "--no-pin", "--socket"])
         .arg(dir.join("k.sock"))
         .args(["--peer-listen", &format!("127.0.0.1:{port}")])
