@@ -19,7 +19,39 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-use crate::config::Access;
+/// Default for [`Access::ipc_mode`]: the daemon's user only.
+pub const DEFAULT_IPC_MODE: u32 = 0o600;
+
+/// Who may read the events: the transport's access control.
+///
+/// Events carry every announced block's exact prompt token ids and its tenant salt, so the
+/// channel decides who reads other tenants' prompts. `ipc://` sockets are created with
+/// `ipc_mode` and `ipc_group` before anyone can connect ([`bind`]); a `tcp://`
+/// endpoint has no access control at all (the pure-Rust ZMTP stack speaks only the NULL
+/// mechanism, and Dynamo's listener offers no CURVE keys), so it is refused unless
+/// `tcp_readable_by_anyone` says the network is trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// Mode of every `ipc://` socket file: owner and group bits only (connecting needs
+    /// write permission, so a reading group needs `0o660`). Default [`DEFAULT_IPC_MODE`].
+    pub ipc_mode: u32,
+    /// Group of every `ipc://` socket file (the router's group, with `ipc_mode = 0o660`);
+    /// the daemon must be a member. Default `None`: the daemon's own group.
+    pub ipc_group: Option<u32>,
+    /// Allow `tcp://` endpoints, which anyone who reaches the port reads (other local
+    /// users included). Default `false`.
+    pub tcp_readable_by_anyone: bool,
+}
+
+impl Default for Access {
+    fn default() -> Self {
+        Self {
+            ipc_mode: DEFAULT_IPC_MODE,
+            ipc_group: None,
+            tcp_readable_by_anyone: false,
+        }
+    }
+}
 
 /// Why an `ipc://` endpoint could not be bound.
 #[derive(Debug, thiserror::Error)]

@@ -212,6 +212,18 @@ impl PeerConfig {
         Ok(list)
     }
 
+    /// What this configuration asks of UCX (`transport::UcxSetup::resolve`).
+    pub fn ucx_asked(&self) -> super::transport::UcxAsked<'_> {
+        super::transport::UcxAsked {
+            window: self.ucx_gets_in_flight,
+            insecure_software_rma: self.ucx_insecure_software_rma,
+            net_devices: self.ucx_net_devices.as_deref(),
+            listen: self.listen.as_deref(),
+            advertise: self.advertise.as_deref(),
+            peers: &self.peers,
+        }
+    }
+
     /// Checks values that cannot work.
     pub fn validate(&self) -> Result<(), String> {
         self.allowlist()?;

@@ -16,13 +16,22 @@
 //! arriving just as a flood's op ends is not refused for keys that are nobody's.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kvnode_proto::pull::{FailCode, Failure};
 
-use super::fetch::PeerLink;
 use crate::tenant::TenantId;
+
+/// What admission needs of a peer link (`fetch::PeerLink`): its name and its count of
+/// keys in flight, the authority for the cap.
+#[derive(Clone, Copy, Debug)]
+pub struct LinkCount<'a> {
+    /// `tcp://host:port`.
+    pub name: &'a str,
+    /// Keys requested and not yet answered or failed.
+    pub outstanding: &'a AtomicU64,
+}
 
 /// Keys in flight per peer and tenant.
 #[derive(Debug, Default)]
@@ -45,14 +54,14 @@ impl FairShares {
     /// tenant's), unless that passes `cap` and the tenant's fair share (module doc).
     pub fn admit(
         self: &Arc<Self>,
-        link: &PeerLink,
+        link: LinkCount<'_>,
         tenant: TenantId,
         n: u64,
         cap: u32,
     ) -> Result<Share, Failure> {
         let cap = u64::from(cap);
         let mut m = self.by_peer.lock().unwrap_or_else(PoisonError::into_inner);
-        let tenants = m.entry(link.name.clone()).or_default();
+        let tenants = m.entry(link.name.to_owned()).or_default();
         let own = tenants.get(&tenant).copied().unwrap_or(0);
         let before = link.outstanding.fetch_add(n, Ordering::Relaxed);
         // Keys still on the wire for ops that have ended (their chunk has not finished yet)
@@ -66,7 +75,7 @@ impl FairShares {
         if !fits && !fair {
             link.outstanding.fetch_sub(n, Ordering::Relaxed);
             if tenants.is_empty() {
-                m.remove(&link.name);
+                m.remove(link.name);
             }
             let msg = if others > 0 {
                 format!(
@@ -84,7 +93,7 @@ impl FairShares {
         *tenants.entry(tenant).or_default() += n;
         Ok(Share {
             table: Arc::clone(self),
-            peer: link.name.clone(),
+            peer: link.name.to_owned(),
             tenant,
             n,
         })
@@ -137,18 +146,36 @@ impl Drop for Share {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvnode_proto::hint::Endpoint;
 
-    fn link() -> PeerLink {
-        let e = Endpoint::parse("tcp://127.0.0.1:1").expect("endpoint");
-        PeerLink::new(e, 1)
+    struct Link {
+        name: String,
+        outstanding: AtomicU64,
+    }
+
+    impl Link {
+        fn count(&self) -> LinkCount<'_> {
+            LinkCount {
+                name: &self.name,
+                outstanding: &self.outstanding,
+            }
+        }
+    }
+
+    fn link() -> Link {
+        Link {
+            name: "tcp://127.0.0.1:1".into(),
+            outstanding: AtomicU64::new(0),
+        }
     }
 
     #[test]
     fn a_lone_tenant_fills_the_cap_and_no_more() {
         let (t, l) = (Arc::new(FairShares::default()), link());
-        let a = t.admit(&l, 0, 8, 8).unwrap();
-        assert_eq!(t.admit(&l, 0, 1, 8).unwrap_err().code, FailCode::PeerBusy);
+        let a = t.admit(l.count(), 0, 8, 8).unwrap();
+        assert_eq!(
+            t.admit(l.count(), 0, 1, 8).unwrap_err().code,
+            FailCode::PeerBusy
+        );
         drop(a);
         assert_eq!(t.held(&l.name, 0), 0);
     }
@@ -157,12 +184,18 @@ mod tests {
     fn a_flood_cannot_refuse_another_tenant_its_fair_share() {
         let (t, l) = (Arc::new(FairShares::default()), link());
         // B fills the link alone.
-        let b = t.admit(&l, 2, 8, 8).unwrap();
+        let b = t.admit(l.count(), 2, 8, 8).unwrap();
         // A is admitted up to half the cap although the link is full...
-        let mut a = t.admit(&l, 1, 4, 8).unwrap();
-        assert_eq!(t.admit(&l, 1, 1, 8).unwrap_err().code, FailCode::PeerBusy);
+        let mut a = t.admit(l.count(), 1, 4, 8).unwrap();
+        assert_eq!(
+            t.admit(l.count(), 1, 1, 8).unwrap_err().code,
+            FailCode::PeerBusy
+        );
         // ...and B, over its share, is refused while A pulls.
-        assert_eq!(t.admit(&l, 2, 1, 8).unwrap_err().code, FailCode::PeerBusy);
+        assert_eq!(
+            t.admit(l.count(), 2, 1, 8).unwrap_err().code,
+            FailCode::PeerBusy
+        );
         assert_eq!(l.outstanding.load(Ordering::Relaxed), 12);
         // A's answered keys come back one by one.
         a.release(4);
@@ -170,10 +203,10 @@ mod tests {
         // B's op ends with its chunk still on the wire: A, alone in the table, still gets
         // its share of the full link.
         drop(b);
-        assert!(t.admit(&l, 1, 4, 8).is_ok());
-        let b = t.admit(&l, 2, 1, 8);
+        assert!(t.admit(l.count(), 1, 4, 8).is_ok());
+        let b = t.admit(l.count(), 2, 1, 8);
         drop((a, b));
         l.outstanding.store(0, Ordering::Relaxed);
-        assert!(t.admit(&l, 2, 8, 8).is_ok());
+        assert!(t.admit(l.count(), 2, 8, 8).is_ok());
     }
 }

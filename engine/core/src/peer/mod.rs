@@ -267,7 +267,7 @@ impl Peers {
         if cfg.transport == TransportKind::Tcp {
             return Ok((None, None));
         }
-        let setup = transport::UcxSetup::from_config(cfg).map_err(PeerError::Config)?;
+        let setup = transport::UcxSetup::resolve(&cfg.ucx_asked()).map_err(PeerError::Config)?;
         let started = transport::UcxNode::start(store, &setup).map_err(|e| match e {
             transport::UcxStartError::Ucx(e) => PeerError::Config(format!(
                 "peer transport ucx: {e} (is libucx0 installed, UCX_TLS valid and an RDMA device present? \

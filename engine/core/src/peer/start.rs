@@ -129,11 +129,15 @@ impl Peers {
         let link = self.link(&plan.endpoint);
         let tenant = self.store().tenants().of_handle(req.ns).unwrap_or(0);
         let n = pending.len() as u64;
-        match self
-            .ops
-            .fair
-            .admit(&link, tenant, n, self.cfg.max_outstanding_keys)
-        {
+        match self.ops.fair.admit(
+            super::fair::LinkCount {
+                name: &link.name,
+                outstanding: &link.outstanding,
+            },
+            tenant,
+            n,
+            self.cfg.max_outstanding_keys,
+        ) {
             Ok(share) => op.hold(share),
             Err(why) => {
                 self.ops.remove(op.id);

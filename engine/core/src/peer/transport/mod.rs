@@ -43,7 +43,7 @@ pub use faulty::{FaultPlan, FaultyConn};
 pub use tcp::TcpConn;
 pub use tcp_pull::TcpPull;
 pub use ucx::{UcxExposure, UcxNode, UcxPeer, UcxPull, UcxSetup, UcxStartError};
-pub use ucx_setup::interface_of;
+pub use ucx_setup::{UcxAsked, interface_of};
 
 use super::PeerError;
 

@@ -1,5 +1,6 @@
-//! From `[peer]` to how UCX starts ([`UcxSetup`]): which transports may carry remote memory
-//! access, and on which network device software RMA is confined.
+//! From what `[peer]` asks ([`UcxAsked`], built by `PeerConfig::ucx_asked`) to how UCX
+//! starts ([`UcxSetup`]): which transports may carry remote memory access, and on which
+//! network device software RMA is confined.
 //!
 //! The rule (issue 38, item 1): UCX exposes the arena only over transports whose NIC checks
 //! the memory key, unless `ucx_insecure_software_rma` says the network is trusted; then UCX
@@ -14,32 +15,48 @@ use std::net::IpAddr;
 use kvnode_proto::hint::Endpoint;
 
 use super::ucx::{UcxExposure, UcxSetup};
-use crate::peer::config::PeerConfig;
+
+/// What `[peer]` asks of UCX (`PeerConfig::ucx_asked`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UcxAsked<'a> {
+    /// `ucx_gets_in_flight`.
+    pub window: u32,
+    /// `ucx_insecure_software_rma`.
+    pub insecure_software_rma: bool,
+    /// `ucx_net_devices`.
+    pub net_devices: Option<&'a str>,
+    /// `listen`.
+    pub listen: Option<&'a str>,
+    /// `advertise`.
+    pub advertise: Option<&'a str>,
+    /// `peers`.
+    pub peers: &'a [String],
+}
 
 impl UcxSetup {
-    /// The setup `cfg` asks for; an error says what to configure.
-    pub fn from_config(cfg: &PeerConfig) -> Result<Self, String> {
-        let exposure = if cfg.ucx_insecure_software_rma {
+    /// The setup `a` asks for; an error says what to configure.
+    pub fn resolve(a: &UcxAsked<'_>) -> Result<Self, String> {
+        let exposure = if a.insecure_software_rma {
             UcxExposure::TrustedNetwork {
-                net_devices: net_devices(cfg)?,
+                net_devices: net_devices(a)?,
             }
         } else {
             UcxExposure::HardwareOnly
         };
         Ok(Self {
-            window: cfg.ucx_gets_in_flight as usize,
+            window: a.window as usize,
             exposure,
-            serve: cfg.listen.is_some(),
+            serve: a.listen.is_some(),
         })
     }
 }
 
 /// The device list software RMA is confined to.
-fn net_devices(cfg: &PeerConfig) -> Result<String, String> {
-    if let Some(d) = &cfg.ucx_net_devices {
-        return Ok(d.clone());
+fn net_devices(a: &UcxAsked<'_>) -> Result<String, String> {
+    if let Some(d) = a.net_devices {
+        return Ok(d.to_owned());
     }
-    let own = [cfg.listen.as_deref(), cfg.advertise.as_deref()]
+    let own = [a.listen, a.advertise]
         .into_iter()
         .flatten()
         .find_map(specific_ip);
@@ -52,7 +69,7 @@ fn net_devices(cfg: &PeerConfig) -> Result<String, String> {
     }
     // A daemon that only dials: the interfaces whose networks hold its listed peers.
     let mut devs: Vec<String> = Vec::new();
-    for ip in cfg.peers.iter().filter_map(|p| peer_ip(p)) {
+    for ip in a.peers.iter().filter_map(|p| peer_ip(p)) {
         let d = interface_of(ip).ok_or_else(|| {
             format!(
                 "peer ucx_insecure_software_rma: no local network holds peer address {ip}: set [peer] ucx_net_devices"
@@ -163,12 +180,13 @@ fn same_network(ip: IpAddr, addr: IpAddr, mask: IpAddr) -> bool {
 mod tests {
     use super::*;
 
-    fn cfg(listen: Option<&str>, advertise: Option<&str>, trusted: bool) -> PeerConfig {
-        PeerConfig {
-            listen: listen.map(str::to_owned),
-            advertise: advertise.map(str::to_owned),
-            ucx_insecure_software_rma: trusted,
-            ..PeerConfig::default()
+    fn cfg<'a>(listen: Option<&'a str>, advertise: Option<&'a str>, trusted: bool) -> UcxAsked<'a> {
+        UcxAsked {
+            window: 16,
+            insecure_software_rma: trusted,
+            listen,
+            advertise,
+            ..UcxAsked::default()
         }
     }
 
@@ -187,11 +205,11 @@ mod tests {
 
     #[test]
     fn the_default_exposes_only_hardware_checked_rma_and_serves_only_with_a_listener() {
-        let s = UcxSetup::from_config(&cfg(None, None, false)).unwrap();
+        let s = UcxSetup::resolve(&cfg(None, None, false)).unwrap();
         assert_eq!(s.exposure, UcxExposure::HardwareOnly);
         assert!(!s.serve);
         assert!(
-            UcxSetup::from_config(&cfg(Some("0.0.0.0:7000"), None, false))
+            UcxSetup::resolve(&cfg(Some("0.0.0.0:7000"), None, false))
                 .unwrap()
                 .serve
         );
@@ -199,14 +217,14 @@ mod tests {
 
     #[test]
     fn software_rma_is_confined_to_the_peer_interface_or_refused() {
-        let s = UcxSetup::from_config(&cfg(Some("127.0.0.1:0"), None, true)).unwrap();
+        let s = UcxSetup::resolve(&cfg(Some("127.0.0.1:0"), None, true)).unwrap();
         assert_eq!(
             s.exposure,
             UcxExposure::TrustedNetwork {
                 net_devices: "lo".into()
             }
         );
-        let s = UcxSetup::from_config(&cfg(
+        let s = UcxSetup::resolve(&cfg(
             Some("0.0.0.0:7000"),
             Some("tcp://127.0.0.9:7000"),
             true,
@@ -215,24 +233,25 @@ mod tests {
         assert!(
             matches!(s.exposure, UcxExposure::TrustedNetwork { net_devices } if net_devices == "lo")
         );
-        let e = UcxSetup::from_config(&cfg(Some("0.0.0.0:7000"), None, true)).unwrap_err();
+        let e = UcxSetup::resolve(&cfg(Some("0.0.0.0:7000"), None, true)).unwrap_err();
         assert!(e.contains("ucx_net_devices"), "{e}");
-        let e = UcxSetup::from_config(&cfg(None, None, true)).unwrap_err();
+        let e = UcxSetup::resolve(&cfg(None, None, true)).unwrap_err();
         assert!(e.contains("ucx_net_devices"), "{e}");
-        let dialler = PeerConfig {
-            peers: vec!["tcp://127.0.0.1:7000".into(), "127.0.0.0/8".into()],
+        let peers = ["tcp://127.0.0.1:7000".to_owned(), "127.0.0.0/8".to_owned()];
+        let dialler = UcxAsked {
+            peers: &peers,
             ..cfg(None, None, true)
         };
         assert!(matches!(
-            UcxSetup::from_config(&dialler).unwrap().exposure,
+            UcxSetup::resolve(&dialler).unwrap().exposure,
             UcxExposure::TrustedNetwork { net_devices } if net_devices == "lo"
         ));
-        let named = PeerConfig {
-            ucx_net_devices: Some("eth1".into()),
+        let named = UcxAsked {
+            net_devices: Some("eth1"),
             ..cfg(None, None, true)
         };
         assert!(matches!(
-            UcxSetup::from_config(&named).unwrap().exposure,
+            UcxSetup::resolve(&named).unwrap().exposure,
             UcxExposure::TrustedNetwork { net_devices } if net_devices == "eth1"
         ));
     }
