@@ -137,6 +137,27 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
+/// Waits up to `limit` for `child` to exit: its status, or `None` if it still runs.
+pub fn child_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// `key value` lines (a probe binary's report) as a map.
+pub fn key_values(stdout: &[u8]) -> std::collections::HashMap<String, String> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
 /// A running daemon; killed on drop.
 #[derive(Debug)]
 pub struct Daemon {
@@ -335,14 +356,7 @@ impl Daemon {
 
     /// Waits for exit up to `limit`.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let t = Instant::now();
-        while t.elapsed() < limit {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
+        child_exit(&mut self.child, limit)
     }
 
     /// Socket path.

@@ -108,11 +108,7 @@ fn run_as(uid: u32, bin: &str, args: &[&str]) -> HashMap<String, String> {
         "{bin} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
+    kvnode_e2e::key_values(&out.stdout)
 }
 
 fn get<'a>(m: &'a HashMap<String, String>, k: &str) -> &'a str {

@@ -123,11 +123,7 @@ fn probe(uid: u32, socket: &Path, args: &[&str]) -> HashMap<String, String> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
+    kvnode_e2e::key_values(&out.stdout)
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! Run: `cargo test --release -p kvnode-e2e --test attack_seams`.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvnode_e2e::{SEAMS_SWITCH, kvnode_bin, kvnode_cmd, temp_dir};
 
@@ -50,18 +50,11 @@ fn a_seam_build_refuses_to_serve_without_the_test_switch() {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let t = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break Some(s);
-            }
-            if t.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = kvnode_e2e::child_exit(&mut child, Duration::from_secs(10));
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let bound = sock.exists();
         let _ = std::fs::remove_dir_all(&dir);

@@ -124,16 +124,7 @@ fn ucx_over_software_rma_refuses_to_start_without_the_trusted_network_switch() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if t.elapsed() > Duration::from_secs(10) {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = kvnode_e2e::child_exit(&mut child, Duration::from_secs(10));
     let still = status.is_none();
     if still {
         let _ = child.kill();
