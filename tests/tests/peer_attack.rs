@@ -836,11 +836,7 @@ fn serves_or_exits(
 /// the namespace of `salt`), a keyless intruder on loopback pulls them. Always panics.
 fn keyless_intrusion(d: &Daemon, listen: &str, salt: &str, what: &str) -> ! {
     let keys: Vec<Key> = (0..4).map(key).collect();
-    let mut c = d.client();
-    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
-    let data: Vec<Vec<u8>> = (0..4).map(|i| block(i, PAGE)).collect();
-    let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-    c.put(ns, &keys, &refs).unwrap();
+    fill_pages(d, &keys, PAGE);
     let mut s = spec("m", PAGE as u64);
     salt.clone_into(&mut s.tenant_salt);
     let pk: Vec<_> = keys
