@@ -23,6 +23,7 @@ pub mod local;
 pub mod memcpy;
 pub mod pull;
 pub mod relay;
+pub mod replay;
 pub mod restart;
 pub mod socket;
 pub mod spill;

@@ -1,0 +1,180 @@
+//! Offline hit rates of one cache over a trace: the infinite-cache ceiling, Belady's MIN and
+//! the daemon's own eviction policies (the same code the DRAM tier runs), computed from the
+//! trace alone. A request hits its leading run of cached blocks; every block of the request is
+//! then referenced (the hits read, the rest computed and offloaded), as an engine does.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use kvnode_engine::policy::{EvictionPolicy, Policy, PolicyKind};
+
+use super::trace::Request;
+
+/// Block references and hits of one run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Blocks the requests asked for.
+    pub refs: u64,
+    /// Of those, blocks in the leading cached run of their request.
+    pub hits: u64,
+}
+
+impl Outcome {
+    /// Hits over references (0 for an empty run).
+    pub fn hit_rate(&self) -> f64 {
+        if self.refs == 0 {
+            0.0
+        } else {
+            self.hits as f64 / self.refs as f64
+        }
+    }
+}
+
+/// Leading blocks of `blocks` for which `cached` holds.
+fn leading_run(blocks: &[u64], cached: impl Fn(u64) -> bool) -> usize {
+    blocks.iter().take_while(|b| cached(**b)).count()
+}
+
+/// The hit rate with an infinite cache: every block seen before is still there.
+pub fn ceiling(trace: &[Request]) -> Outcome {
+    let mut seen = HashSet::new();
+    let mut out = Outcome::default();
+    for r in trace {
+        out.refs += r.blocks.len() as u64;
+        out.hits += leading_run(&r.blocks, |b| seen.contains(&b)) as u64;
+        seen.extend(r.blocks.iter().copied());
+    }
+    out
+}
+
+/// Position of each reference's next use (`u64::MAX` when never used again), in trace order.
+fn next_uses(trace: &[Request]) -> Vec<u64> {
+    let total: usize = trace.iter().map(|r| r.blocks.len()).sum();
+    let mut next = vec![u64::MAX; total];
+    let mut later: HashMap<u64, u64> = HashMap::new();
+    let flat: Vec<u64> = trace
+        .iter()
+        .flat_map(|r| r.blocks.iter().copied())
+        .collect();
+    for (pos, b) in flat.iter().enumerate().rev() {
+        if let Some(n) = later.insert(*b, pos as u64) {
+            next[pos] = n;
+        }
+    }
+    next
+}
+
+/// Belady's MIN with `capacity` blocks: on overflow, the block used farthest in the future
+/// leaves (possibly the one just referenced: MIN may bypass).
+pub fn belady(trace: &[Request], capacity: usize) -> Outcome {
+    let next = next_uses(trace);
+    // resident block -> its next use; ordered by (next use, block) to find the farthest.
+    let mut due: HashMap<u64, u64> = HashMap::new();
+    let mut order: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut out = Outcome::default();
+    let mut pos = 0usize;
+    for r in trace {
+        out.refs += r.blocks.len() as u64;
+        out.hits += leading_run(&r.blocks, |b| due.contains_key(&b)) as u64;
+        for b in &r.blocks {
+            if let Some(old) = due.insert(*b, next[pos]) {
+                order.remove(&(old, *b));
+            }
+            order.insert((next[pos], *b));
+            pos += 1;
+            if due.len() > capacity {
+                if let Some((_, victim)) = order.pop_last() {
+                    due.remove(&victim);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The daemon's policy `kind` with `capacity` blocks (block ids serve as slot ids).
+pub fn simulate(trace: &[Request], capacity: usize, kind: PolicyKind) -> Outcome {
+    let mut policy = Policy::new(kind);
+    let mut resident: HashSet<u64> = HashSet::new();
+    let mut out = Outcome::default();
+    for r in trace {
+        out.refs += r.blocks.len() as u64;
+        out.hits += leading_run(&r.blocks, |b| resident.contains(&b)) as u64;
+        for b in &r.blocks {
+            if resident.contains(b) {
+                policy.touch(*b);
+                continue;
+            }
+            if resident.len() >= capacity {
+                match policy.victim(&mut |_| true) {
+                    Some(v) => {
+                        resident.remove(&v);
+                    }
+                    None => continue,
+                }
+            }
+            policy.insert(*b, *b);
+            resident.insert(*b);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(blocks: &[u64]) -> Request {
+        Request {
+            at_ms: 0,
+            input_tokens: blocks.len() as u32 * 512,
+            output_tokens: 1,
+            blocks: blocks.to_vec(),
+        }
+    }
+
+    #[test]
+    fn only_the_leading_run_hits() {
+        // 1 2 3, then 1 9 3: block 3 is cached but behind a miss, so one hit.
+        let t = [req(&[1, 2, 3]), req(&[1, 9, 3])];
+        assert_eq!(ceiling(&t), Outcome { refs: 6, hits: 1 });
+    }
+
+    #[test]
+    fn belady_keeps_the_block_used_soonest() {
+        // Capacity 1: after [1] [2], MIN keeps 1 (used next) and bypasses 2.
+        let t = [req(&[1]), req(&[2]), req(&[1]), req(&[2])];
+        let min = belady(&t, 1);
+        assert_eq!(min.hits, 1);
+        // LRU keeps the newest and hits nothing.
+        assert_eq!(simulate(&t, 1, PolicyKind::Lru).hits, 0);
+    }
+
+    #[test]
+    fn nothing_beats_min_or_the_ceiling() {
+        // A small deterministic mix of shared prefixes and one-off tails.
+        let mut t = Vec::new();
+        let mut x = 7u64;
+        for i in 0..400u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let stem = (x >> 60) % 5;
+            t.push(req(&[
+                1000 + stem,
+                2000 + stem * 10 + (x >> 40) % 3,
+                10_000 + i,
+            ]));
+        }
+        for cap in [2, 4, 8, 32] {
+            let min = belady(&t, cap).hits;
+            let top = ceiling(&t).hits;
+            for kind in [PolicyKind::Lru, PolicyKind::S3fifo] {
+                let h = simulate(&t, cap, kind).hits;
+                assert!(
+                    h <= min && min <= top,
+                    "cap {cap} {kind:?}: {h} {min} {top}"
+                );
+            }
+        }
+    }
+}
