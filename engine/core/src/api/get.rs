@@ -1,11 +1,12 @@
 //! `Get`, served in prefix order (store/get.rs):
 //!
-//! - **Inline**: the reply header lists every block found (`Store::plan`); the payload
-//!   then streams window by window (lease a window, promote what is on NVMe, write it to the
-//!   socket, release it), with the next window promoted while the current one is written.
-//!   DRAM use stays bounded by two windows whatever the get's length. A get that fits one
-//!   window is leased whole before the header, as before.
-//! - **Lease**: the client holds the pages, so they must all fit now: `Store::lease_prefix`;
+//! - **Inline** (`Delivery::Stream`): the reply header lists every block found (the
+//!   prefix's plan); the payload then streams window by window (store/prefix.rs leases a
+//!   window, promoting what is on NVMe; it is written to the socket and released), with the
+//!   next window promoted while the current one is written. DRAM use stays bounded by two
+//!   windows whatever the get's length. A get that fits one window is leased whole before
+//!   the header.
+//! - **Lease** (`Delivery::Hold`): the client holds the pages, so they must all fit now;
 //!   when it stops short nothing is kept and the reply is `TooLarge` with the number of
 //!   leading keys that can be leased. Every key named is charged to the uid's
 //!   `leased_blocks_per_uid` first (the charge then shrinks to what was leased), so a get
@@ -21,17 +22,8 @@ use kvnode_proto::pull::OpReport;
 
 use super::errors::{error, invalid, tier_error, too_large};
 use super::session::{HeldLease, Session};
-use crate::store::{Lease, Store};
+use crate::store::{Delivery, Got, Lease};
 use crate::tenant::Held;
-
-type Window = tokio::task::JoinHandle<Result<Vec<Option<Lease>>, crate::dram::TierError>>;
-
-/// Starts leasing (and promoting) one window in its own task.
-fn start_window(store: &Arc<Store>, ns: u32, keys: &[Key]) -> Window {
-    let (s, keys) = (Arc::clone(store), keys.to_vec());
-    // `lease`: in prefix order, waiting (bounded) for room held by other leases.
-    tokio::spawn(async move { s.lease(ns, &keys).await })
-}
 
 /// The error that ends a streamed reply whose promised block is gone: the connection is
 /// closed mid-payload, so the client sees a short frame and never a wrong byte.
@@ -71,7 +63,7 @@ impl Session {
             }
         };
         let store = Arc::clone(&self.engine.store);
-        let got = match store.lease_prefix(ns, keys, store.hold_limit()).await {
+        let got = match store.hold(ns, keys, false).await {
             Ok(l) => l,
             Err(e) => return self.send(id, tier_error(&e), &[]).await,
         };
@@ -116,53 +108,44 @@ impl Session {
         pull: Option<Box<OpReport>>,
     ) -> io::Result<()> {
         let store = Arc::clone(&self.engine.store);
-        let plan = match store.plan(ns, keys) {
+        let mut prefix = match store.prefix(ns, keys, Delivery::Stream) {
             Ok(p) => p,
             Err(e) => return self.send(id, tier_error(&e), &[]).await,
         };
-        let total: u64 = plan.iter().map(|p| p.1).sum();
+        let total: u64 = prefix.plan().iter().map(|p| p.1).sum();
         if total > u64::from(MAX_PAYLOAD) {
             let msg = format!(
                 "{total} bytes found exceed the 1 GiB frame limit: split the batch or use Lease mode"
             );
             return self.send(id, invalid(msg), &[]).await;
         }
-        let windows = store.windows(&plan);
-        if windows.len() <= 1 {
-            // One window: lease it whole, then answer with what was really found.
-            let leased = match store.lease(ns, keys).await {
-                Ok(l) => l,
-                Err(e) => return self.send(id, tier_error(&e), &[]).await,
-            };
-            let payload: Vec<&[u8]> = leased.iter().flatten().map(Lease::bytes).collect();
-            let lens = leased.iter().map(|l| l.as_ref().map(Lease::len)).collect();
-            return self
-                .send(id, Reply::GetInline { lens, pull }, &payload)
-                .await;
-        }
-        // Streamed: the first window is leased before the header, so a get whose head
-        // cannot be had answers cleanly; later windows are promised by the plan.
-        let mut next = Some(start_window(&store, ns, &keys[windows[0].clone()]));
-        let first = join_window(next.take()).await;
-        let first = match first {
+        // The first window is leased before the header, so a get whose head cannot be had
+        // answers cleanly; later windows are promised by the plan (streamed while the next
+        // one is promoted).
+        let first = match prefix.next().await {
             Ok(f) => f,
             Err(e) => return self.send(id, tier_error(&e), &[]).await,
         };
-        let mut lens: Vec<Option<u64>> = plan
-            .iter()
-            .map(|&(at, l)| at.is_local().then_some(l))
-            .collect();
-        let mut windows = windows;
-        for (j, i) in windows[0].clone().enumerate() {
-            if first.get(j).is_none_or(Option::is_none) {
-                lens[i] = None;
-                if plan[i].0.is_local() && store.still_local(ns, &keys[i]) {
-                    // No room even for the first window (DRAM is full of other leases): the
-                    // answer is the prefix leased so far, nothing after it.
-                    lens[i..].iter_mut().for_each(|l| *l = None);
-                    windows.truncate(1);
-                    break;
-                }
+        let mut lens: Vec<Option<u64>> = if prefix.is_streamed() {
+            prefix
+                .plan()
+                .iter()
+                .map(|&(at, l)| at.is_local().then_some(l))
+                .collect()
+        } else {
+            vec![None; keys.len()]
+        };
+        if let Some(w) = &first {
+            for (i, g) in w.range().zip(&w.got) {
+                lens[i] = match g {
+                    Got::Leased(l) => Some(l.len()),
+                    Got::Miss | Got::NoRoom => None,
+                };
+            }
+            if let Some(end) = w.end() {
+                // No room even for the first window (DRAM is full of other leases): the
+                // answer is the prefix leased so far, nothing after it.
+                lens[end..].iter_mut().for_each(|l| *l = None);
             }
         }
         let total: u64 = lens.iter().flatten().sum();
@@ -175,34 +158,24 @@ impl Session {
             total,
         )
         .await?;
-        let mut cur = Some(first);
-        for (n, w) in windows.iter().enumerate() {
-            let leased = match cur.take() {
-                Some(l) => l,
-                None => join_window(next.take()).await.map_err(io::Error::other)?,
-            };
-            if let Some(w) = windows.get(n + 1) {
-                next = Some(start_window(&store, ns, &keys[w.clone()]));
-            }
-            let mut slices = Vec::with_capacity(w.len());
-            for (j, i) in w.clone().enumerate() {
-                match (lens[i], leased.get(j).and_then(Option::as_ref)) {
+        let mut window = first;
+        while let Some(w) = window {
+            let mut slices = Vec::with_capacity(w.got.len());
+            for (i, g) in w.range().zip(&w.got) {
+                match (lens[i], g) {
                     (None, _) => {}
-                    (Some(len), Some(b)) if b.len() == len => slices.push(IoSlice::new(b.bytes())),
+                    (Some(len), Got::Leased(b)) if b.len() == len => {
+                        slices.push(IoSlice::new(b.bytes()));
+                    }
                     (Some(_), _) => return Err(vanished(i)),
                 }
             }
             self.io.write_all(&mut slices).await?;
-            // `leased` drops here: the window's slots may be evicted again.
+            // `w` drops here: the window's slots may be evicted again.
+            drop(slices);
+            drop(w);
+            window = prefix.next().await.map_err(io::Error::other)?;
         }
         Ok(())
-    }
-}
-
-/// Waits for a window started by [`start_window`].
-async fn join_window(w: Option<Window>) -> Result<Vec<Option<Lease>>, crate::dram::TierError> {
-    match w {
-        Some(w) => w.await.unwrap_or_else(|_| Ok(Vec::new())),
-        None => Ok(Vec::new()),
     }
 }

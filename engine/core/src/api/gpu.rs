@@ -301,7 +301,7 @@ impl Session {
         self.buffer(m)?;
         // In prefix order; pages that cannot all be leased now are refused as a whole.
         let got = store
-            .lease_prefix(m.ns, &m.keys, store.hold_limit())
+            .hold(m.ns, &m.keys, false)
             .await
             .map_err(|e| tier_error(&e))?;
         if let Some(n) = got.short {

@@ -194,7 +194,7 @@ impl Stream {
         while at < run.end {
             let got = match self
                 .store
-                .lease_prefix(self.ns, &self.keys[at..run.end], self.store.hold_limit())
+                .hold(self.ns, &self.keys[at..run.end], false)
                 .await
             {
                 Ok(g) => g,

@@ -17,7 +17,7 @@ use super::errors::{error, invalid, tier_error};
 use super::region_copy::{CopyError, Region};
 use super::session::Session;
 use crate::peer::{Arrivals, PullRequest};
-use crate::store::Lease;
+use crate::store::{Delivery, Got, Lease};
 
 /// Most regions one connection may hold at once.
 pub const MAX_REGIONS: usize = 16;
@@ -276,9 +276,12 @@ impl Session {
             format!("the {} keys before it were written", range.start)
         };
         let store = Arc::clone(&self.engine.store);
-        let plan = store.plan(ns, keys).map_err(|e| tier_error(&e))?;
+        let mut prefix = store
+            .prefix(ns, keys, Delivery::Stream)
+            .map_err(|e| tier_error(&e))?;
         // Checked on the plan, before a byte moves (a block's length never changes).
-        let too_long = plan
+        let too_long = prefix
+            .plan()
             .iter()
             .zip(lens)
             .enumerate()
@@ -290,50 +293,42 @@ impl Session {
                 p.1
             )));
         }
-        for w in store.windows(&plan) {
-            let leased = store
-                .lease_window(ns, &keys[w.clone()])
-                .await
-                .map_err(|e| tier_error(&e))?;
+        while let Some(w) = prefix.next().await.map_err(|e| tier_error(&e))? {
             let Some(r) = self.regions.get_mut(&to.region) else {
                 return Err(not_owned(to.region));
             };
-            if let Some((j, b)) = leased.iter().enumerate().find_map(|(j, l)| {
-                l.as_ref()
-                    .filter(|b| b.len() > lens[w.start + j])
-                    .map(|b| (j, b))
-            }) {
+            let leased: Vec<(usize, &Lease)> = w
+                .range()
+                .zip(&w.got)
+                .filter_map(|(i, g)| match g {
+                    Got::Leased(l) => Some((i, l)),
+                    Got::Miss | Got::NoRoom => None,
+                })
+                .collect();
+            if let Some(&(i, b)) = leased.iter().find(|(i, b)| b.len() > lens[*i]) {
                 // Only a key written again with a new length between plan and lease.
                 return Err(invalid(format!(
                     "key {}: stored block is {} bytes but only {} bytes of room were given",
-                    range.start + w.start + j,
+                    range.start + i,
                     b.len(),
-                    lens[w.start + j]
+                    lens[i]
                 )));
             }
-            // Every block stays leased (immutable) until `leased` drops after the copies.
+            // Every block stays leased (immutable) until `w` drops after the copies.
             let copies: Vec<(&[u8], u64)> = leased
                 .iter()
-                .zip(&offsets[w.clone()])
-                .filter_map(|(l, &o)| l.as_ref().map(|b| (b.bytes(), o)))
+                .map(|&(i, b)| (b.bytes(), offsets[i]))
                 .collect();
             if let Err(e) = blocking(|| r.write_all(&copies)) {
                 return Err(self.copy_failed(to.region, Dir::Get, &e));
             }
-            let short = leased.iter().enumerate().position(|(j, l)| {
-                l.is_none()
-                    && plan[w.start + j].0.is_local()
-                    && store.still_local(ns, &keys[w.start + j])
-            });
-            for (j, l) in leased.iter().enumerate() {
-                got[range.start + w.start + j] = l.as_ref().map(Lease::len);
+            for &(i, b) in &leased {
+                got[range.start + i] = Some(b.len());
             }
-            if let Some(j) = short {
+            if let Some(end) = w.end() {
                 // No room for this window's promotion (DRAM is full of leased blocks): the
                 // answer is the prefix copied so far, never a hole in front of later pages.
-                got[range.start + w.start + j..]
-                    .iter_mut()
-                    .for_each(|g| *g = None);
+                got[range.start + end..].iter_mut().for_each(|g| *g = None);
                 return Ok(false);
             }
         }

@@ -255,6 +255,26 @@ impl DramTier {
         })
     }
 
+    /// Commits a reservation and leases the block under one lock; `None` when it was not
+    /// committed.
+    pub(crate) fn commit_leased(
+        &self,
+        owner: u64,
+        r: &Reserved,
+        meta: Option<&Arc<RouterMeta>>,
+        on_lower: bool,
+    ) -> Option<Leased> {
+        self.with(|s| {
+            (s.commit(owner, r, meta, on_lower) == CommitStatus::Committed)
+                .then(|| s.lease_slot(r.ns, r.slot))
+        })
+    }
+
+    /// Counts lookups that found a key below DRAM (planned, then promoted).
+    pub(crate) fn count_misses(&self, ns: u32, n: u64) -> Result<(), TierError> {
+        self.with(|s| s.count_misses(ns, n))
+    }
+
     /// Records the checksum of a block the caller holds a lease on.
     pub(crate) fn remember_checksum(&self, b: &Leased, fingerprint: u64) {
         self.with(|s| s.set_checksum(b.slot, fingerprint));

@@ -515,6 +515,35 @@ impl State {
         Ok(out)
     }
 
+    /// Leases the block just committed in `slot` (counted as a hit, as a lookup would be).
+    pub fn lease_slot(&mut self, ns: u32, slot: SlotId) -> Leased {
+        let offset = self.offset(slot);
+        let c = self.class_of(slot) as usize;
+        let Slot::Block(r) = self.slot_mut(slot) else {
+            unreachable!("a committed slot holds a block")
+        };
+        r.leases += 1;
+        r.reads = r.reads.saturating_add(1);
+        let (len, fingerprint) = (r.len, r.fingerprint);
+        self.pools[c].policy.touch(slot);
+        self.totals.hits += 1;
+        self.totals.leases += 1;
+        self.namespaces[ns as usize].stats.hits += 1;
+        Leased {
+            slot,
+            extent: Extent { offset, len },
+            fingerprint,
+        }
+    }
+
+    /// Counts `n` misses of namespace `ns` (keys a get found only below DRAM).
+    pub fn count_misses(&mut self, ns: u32, n: u64) -> Result<(), TierError> {
+        self.ns(ns)?;
+        self.totals.misses += n;
+        self.namespaces[ns as usize].stats.misses += n;
+        Ok(())
+    }
+
     /// Records a block's checksum. The caller knows the slot still holds the block the bytes
     /// were hashed from: it holds a lease on it, or committed it under this same lock.
     pub fn set_checksum(&mut self, slot: SlotId, fingerprint: u64) {

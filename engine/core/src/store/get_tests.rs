@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kvnode_proto::{Digest, Key, NamespaceSpec};
 
-use super::{Location, Store};
+use super::{Delivery, Got, Location, Store};
 use crate::arena::Arena;
 use crate::dram::{DramTier, TierConfig};
 use crate::nvme::NvmeTier;
@@ -107,42 +107,51 @@ fn keys() -> Vec<Key> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn windows_stream_every_page_of_a_get_larger_than_dram_in_order() {
     let f = filled("stream").await;
-    let plan = f.store.plan(f.ns, &keys()).unwrap();
-    assert_eq!(plan[0].0, Location::Nvme, "the head was demoted: {plan:?}");
-    assert!(plan.iter().all(|p| p.0.is_local() && p.1 == PAGE));
-    let windows = f.store.windows(&plan);
-    assert!(
-        windows.len() >= 12,
-        "1 MiB windows over 12 MiB: {windows:?}"
-    );
-    let mut next = 0;
-    for w in windows {
+    let before = f.store.snapshot().0.tier;
+    let mut p = f.store.prefix(f.ns, &keys(), Delivery::Stream).unwrap();
+    assert_eq!(p.plan()[0].0, Location::Nvme, "the head was demoted");
+    assert!(p.plan().iter().all(|p| p.0.is_local() && p.1 == PAGE));
+    let on_nvme = p.plan().iter().filter(|p| p.0 == Location::Nvme).count() as u64;
+    let (mut next, mut windows) = (0, 0);
+    while let Some(w) = p.next().await.unwrap() {
         assert_eq!(w.start, next, "windows are consecutive");
-        next = w.end;
-        let got = f
-            .store
-            .lease_window(f.ns, &keys()[w.clone()])
-            .await
-            .unwrap();
-        for (i, l) in w.zip(got) {
-            let l = l.unwrap_or_else(|| panic!("page {i} not leased"));
+        next = w.range().end;
+        windows += 1;
+        // This window and the one promoted ahead: DRAM use stays bounded.
+        let held = f.store.snapshot().0.tier.leases;
+        assert!(
+            held <= 2 * 4,
+            "{held} pages leased at once (1 MiB windows of 4 pages)"
+        );
+        for (i, g) in w.range().zip(w.got) {
+            let Got::Leased(l) = g else {
+                panic!("page {i} not leased: {g:?}")
+            };
             assert_eq!(l.bytes(), page(i as u64).as_slice(), "page {i}");
         }
     }
+    assert!(windows >= 12, "1 MiB windows over 12 MiB: {windows}");
     assert_eq!(next, PAGES as usize);
     let t = f.store.snapshot().0.tier;
     assert_eq!((t.leases, t.reserved), (0, 0), "{t:?}");
+    // Each promoted page counts one DRAM miss and one hit (commit_leased leases it without
+    // a lookup after the commit); pages planned in DRAM and evicted by the promotions of
+    // earlier windows are promoted too.
+    let promoted = t.promotions - before.promotions;
+    assert!(promoted >= on_nvme, "{t:?}");
+    assert_eq!(t.misses - before.misses, promoted, "{t:?}");
+    assert_eq!(t.hits - before.hits, PAGES, "{t:?}");
 }
 
 /// What lease-mode gets and GPU onloads get: a prefix, or the point where it stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holding_get_larger_than_the_hold_limit_stops_short_at_a_prefix() {
     let f = filled("hold").await;
-    let limit = f.store.hold_limit();
-    let got = f.store.lease_prefix(f.ns, &keys(), limit).await.unwrap();
+    let got = f.store.hold(f.ns, &keys(), false).await.unwrap();
     let short = got
         .short
         .expect("12 MiB of NVMe pages cannot be held under a 4 MiB limit");
+    assert!(got.over_limit, "cut by the limit, not by room");
     assert!(short > 0 && short < PAGES as usize, "short at {short}");
     for (i, l) in got.leases.iter().enumerate() {
         if i < short {
@@ -156,14 +165,72 @@ async fn a_holding_get_larger_than_the_hold_limit_stops_short_at_a_prefix() {
     }
     drop(got);
     // The leading part it named is leasable whole.
-    let part = f
-        .store
-        .lease_prefix(f.ns, &keys()[..short], limit)
-        .await
-        .unwrap();
+    let part = f.store.hold(f.ns, &keys()[..short], false).await.unwrap();
     assert_eq!(part.short, None);
     assert!(part.leases.iter().all(Option::is_some));
     drop(part);
     let t = f.store.snapshot().0.tier;
     assert_eq!((t.leases, t.reserved), (0, 0), "{t:?}");
+}
+
+/// DRAM full of leased blocks: a get of pages on NVMe ends at its first page with
+/// `NoRoom`, and nothing after it is leased (no hole in front of later pages).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_with_no_room_ends_its_prefix_there() {
+    let f = filled("noroom").await;
+    let plan: Vec<Location> = f.store.locate(f.ns, &keys()).unwrap();
+    let in_dram: Vec<Key> = keys()
+        .into_iter()
+        .zip(&plan)
+        .filter(|(_, l)| **l == Location::Dram)
+        .map(|(k, _)| k)
+        .collect();
+    let on_nvme: Vec<Key> = keys()
+        .into_iter()
+        .zip(&plan)
+        .filter(|(_, l)| **l == Location::Nvme)
+        .map(|(k, _)| k)
+        .collect();
+    // Every resident block leased, and every free slot reserved: no room at all.
+    let held = f.store.hold(f.ns, &in_dram, false).await.unwrap();
+    assert_eq!(held.short, None);
+    let mut fillers = Vec::new();
+    for i in 0.. {
+        let k = key(1000 + i);
+        match f
+            .store
+            .reserve(1, f.ns, &[k], &[PAGE])
+            .unwrap()
+            .pop()
+            .unwrap()
+        {
+            Ok(r) => fillers.push(r),
+            Err(_) => break,
+        }
+    }
+    let mut p = f
+        .store
+        .prefix(
+            f.ns,
+            &on_nvme[..4],
+            Delivery::Hold {
+                limit: u64::MAX,
+                wait: false,
+            },
+        )
+        .unwrap();
+    let w = p.next().await.unwrap().expect("one window");
+    assert!(matches!(w.got[0], Got::NoRoom), "{:?}", w.got[0]);
+    assert!(
+        w.got.iter().all(|g| matches!(g, Got::NoRoom)),
+        "{:?}",
+        w.got
+    );
+    assert_eq!(w.end(), Some(0));
+    assert!(p.next().await.unwrap().is_none(), "the prefix ended");
+    drop((w, fillers, held));
+    // With room again the same keys are leased.
+    let again = f.store.hold(f.ns, &on_nvme[..4], false).await.unwrap();
+    assert_eq!(again.short, None);
+    assert!(again.leases.iter().all(Option::is_some));
 }

@@ -143,6 +143,19 @@ impl Reservation {
         self.commit_as(false, Some(fingerprint))
     }
 
+    /// Publishes the slot and leases the block in the same step (no second lookup, and no
+    /// eviction between the two): `None` when it was not committed (a block of the same key
+    /// was committed first; the slot is freed). `on_lower` as in [`Reservation::commit_as`].
+    pub(super) fn commit_leased(mut self, on_lower: bool) -> Option<Lease> {
+        let raw = self.raw.take().expect("a live reservation holds its slot");
+        let got = self
+            .store
+            .dram
+            .commit_leased(self.owner, &raw, self.meta.as_ref(), on_lower);
+        self.store.quota_release(raw.ns, raw.len);
+        got.map(|l| Lease::new(Arc::clone(&self.store), l))
+    }
+
     /// Publishes the slot; `on_lower` marks a block promoted from the tier below.
     pub(super) fn commit_as(mut self, on_lower: bool, fingerprint: Option<u64>) -> CommitStatus {
         let raw = self.raw.take().expect("a live reservation holds its slot");

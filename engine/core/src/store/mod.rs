@@ -7,15 +7,17 @@
 //!  peer fetch  │   lease / exists /    └─> NvmeTier (adapter over kvnode-spill: reads,
 //!  gpu ops    ─┘   reserve / delete /        write_block, residencies; knows no DRAM)
 //!                  clear
-//!  moves:  promote.rs       NVMe -> DRAM, one window of a get at a time (get.rs: prefix order)
+//!  delivery: prefix.rs      every block handed out, in prefix order, window by window
+//!  moves:  promote.rs       NVMe -> DRAM, one window of a get at a time (for prefix.rs)
 //!          demote.rs        DRAM -> NVMe ahead of need (the demoter task, make_room)
 //!          write_behind.rs  DRAM -> NVMe copies that keep the block (`spill.lag`)
 //!          flush.rs         DRAM -> NVMe copies at stop (`spill.flush_on_stop_s`)
 //! ```
 //!
-//! Every path that looks a block up goes through [`Store::lease`], [`Store::lease_window`]
-//! or [`Store::locate`], so a block on this node's NVMe is found the same way by a plain
-//! `get`, a hinted `get`, a peer's pull and a GPU onload. Slots are handed out only as
+//! Every path that hands a block out goes through [`Store::prefix`] (prefix.rs; [`Store::lease`]
+//! is its holding form), and every lookup that only asks through [`Store::locate`] or
+//! [`Store::exists`], so a block on this node's NVMe is found the same way by a plain `get`,
+//! a hinted `get`, a copy into a region, a peer's pull and a GPU onload. Slots are handed out only as
 //! guards ([`Lease`], [`Reservation`]) that release themselves when dropped.
 //!
 //! Lock order: the DRAM tier's mutex, then the NVMe residency map (taken inside
@@ -24,8 +26,8 @@
 
 mod demote;
 mod flush;
-mod get;
 mod guard;
+mod prefix;
 mod promote;
 mod quota;
 mod write_behind;
@@ -44,8 +46,8 @@ use crate::tenant::Tenants;
 
 pub use demote::spawn_demoter;
 pub use flush::FlushReport;
-pub use get::PrefixLease;
 pub use guard::{Lease, Reservation};
+pub use prefix::{Delivery, Got, Prefix, PrefixLease, Window};
 pub use write_behind::spawn_write_behind;
 
 /// Owner id of reservations the store makes itself (promotions from NVMe).
