@@ -13,6 +13,7 @@ use kvnode_proto::gpu::{AttachGpu, LayoutError, OnloadStatus, PageMove, check_ha
 
 use super::errors::{error, tier_error, too_large};
 use super::gpu_conn::{Attached, Onload, PendingOnload};
+use super::gpu_copies::InFlight;
 use super::gpu_pulled::{self, PulledOnload, Target};
 use super::session::Session;
 use crate::peer::{Arrivals, PullRequest};
@@ -343,9 +344,12 @@ impl Session {
         // SAFETY: every host range is a block leased by `leases`, which the pending onload
         // keeps until its ticket's wait returned (or, dropped unwaited, forever).
         match unsafe { a.worker.submit_with(Dir::HostToDevice, a.dev, ops, layered) } {
-            Ok(ticket) => Ok(
-                PendingOnload::new(ticket, leases, results, ends, page_bytes).layered(layer_ends),
-            ),
+            Ok(ticket) => {
+                Ok(
+                    PendingOnload::new(InFlight::new(ticket, leases), results, ends, page_bytes)
+                        .layered(layer_ends),
+                )
+            }
             Err(e) => Err(gpu_error(&e)),
         }
     }

@@ -3,12 +3,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kvnode_gpu::{CopyTicket, DeviceWorker, GpuError};
+use kvnode_gpu::{DeviceWorker, GpuError};
 use kvnode_proto::gpu::{GpuLayout, OnloadStatus};
 use tokio::sync::watch;
 
+use super::gpu_copies::InFlight;
 use super::gpu_pulled::PulledOnload;
-use crate::store::Lease;
 
 /// A mapped buffer.
 #[derive(Debug)]
@@ -20,12 +20,11 @@ pub(super) struct Attached {
     pub _charge: crate::tenant::Charge,
 }
 
-/// An onload whose copies were submitted. Its leases must outlive the copies: they are
-/// released only by [`PendingOnload::wait`], once every copy has completed.
+/// An onload whose copies were submitted; its leases are released only by
+/// [`PendingOnload::wait`], once every copy has completed ([`InFlight`]).
 #[derive(Debug)]
 pub(super) struct PendingOnload {
-    ticket: Option<CopyTicket>,
-    leases: Vec<Lease>,
+    copies: InFlight,
     pub results: Vec<OnloadStatus>,
     /// Per key: index one past its last copy, for keys whose copies were submitted.
     pub ends: Vec<Option<usize>>,
@@ -38,16 +37,14 @@ pub(super) struct PendingOnload {
 
 impl PendingOnload {
     pub fn new(
-        ticket: CopyTicket,
-        leases: Vec<Lease>,
+        copies: InFlight,
         results: Vec<OnloadStatus>,
         ends: Vec<Option<usize>>,
         bytes_per_page: u64,
     ) -> Self {
         Self {
-            progress: ticket.progress(),
-            ticket: Some(ticket),
-            leases,
+            progress: copies.progress(),
+            copies,
             results,
             ends,
             bytes_per_page,
@@ -63,35 +60,12 @@ impl PendingOnload {
 
     /// Stops issuing copies; those already issued still complete.
     pub fn cancel(&self) {
-        if let Some(t) = &self.ticket {
-            t.cancel();
-        }
+        self.copies.cancel();
     }
 
     /// Waits for every issued copy, then releases the leases; returns how many copies ran.
     pub async fn wait(&mut self) -> Result<usize, GpuError> {
-        let done = match self.ticket.take() {
-            Some(t) => t.wait().await,
-            None => Ok(0),
-        };
-        self.leases.clear();
-        done
-    }
-}
-
-impl Drop for PendingOnload {
-    fn drop(&mut self) {
-        if !self.leases.is_empty() {
-            // Dropped without waiting (the connection task was aborted): copies may still
-            // read these blocks, so their leases are kept for the daemon's life rather
-            // than risk a slot being reused under a DMA.
-            self.cancel();
-            tracing::warn!(
-                blocks = self.leases.len(),
-                "GPU onload abandoned mid-copy: its blocks stay leased"
-            );
-            std::mem::forget(std::mem::take(&mut self.leases));
-        }
+        self.copies.wait().await
     }
 }
 

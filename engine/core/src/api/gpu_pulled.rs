@@ -7,13 +7,14 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use kvnode_gpu::{Canceller, CopyOp, CopyTicket, DeviceWorker, Dir, GpuError};
+use kvnode_gpu::{Canceller, CopyOp, DeviceWorker, Dir, GpuError};
 use kvnode_proto::Key;
 use kvnode_proto::gpu::{GpuLayout, OnloadStatus};
 use kvnode_proto::pull::OpReport;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::gpu_copies::InFlight;
 use crate::peer::{Arrivals, Peers};
 use crate::store::{Lease, Store};
 
@@ -61,13 +62,12 @@ pub(super) struct Target {
     pub layout: GpuLayout,
 }
 
-/// One submitted run: its ticket, the keys it copies (with each key's copy end inside the
-/// ticket) and the leases its copies read.
+/// One submitted run: its copies with the leases they read ([`InFlight`]), and the keys it
+/// copies (with each key's copy end inside the run).
 struct Run {
-    ticket: CopyTicket,
+    copies: InFlight,
     ends: Vec<(usize, usize)>,
     ops: usize,
-    _leases: Vec<Lease>,
 }
 
 struct Stream {
@@ -151,7 +151,7 @@ impl Stream {
         while let Some(first) = self.runs.first() {
             // Waiting on the progress channel (not on the ticket) keeps the run and its
             // leases in place if the cancel branch wins.
-            let (mut progress, ops) = (first.ticket.progress(), first.ops);
+            let (mut progress, ops) = (first.copies.progress(), first.ops);
             let settled = async move {
                 let _ = progress.wait_for(|&d| d >= ops).await;
             };
@@ -255,8 +255,8 @@ impl Stream {
             return (whole, true);
         }
         let n = ops.len();
-        // SAFETY: every host range is a block leased by `leases`, which the `Run` keeps
-        // until its ticket's wait returned (`retire_first`).
+        // SAFETY: every host range is a block leased by `leases`, which the run's `InFlight`
+        // keeps until its copies' wait returned (`retire_first`), or for good if dropped.
         match unsafe {
             self.target
                 .worker
@@ -265,10 +265,9 @@ impl Stream {
             Ok(ticket) => {
                 self.cancels.push(ticket.canceller());
                 self.runs.push(Run {
-                    ticket,
+                    copies: InFlight::new(ticket, leases),
                     ends,
                     ops: n,
-                    _leases: leases,
                 });
                 (whole, true)
             }
@@ -284,7 +283,7 @@ impl Stream {
         while self
             .runs
             .first()
-            .is_some_and(|r| *r.ticket.progress().borrow() >= r.ops)
+            .is_some_and(|r| *r.copies.progress().borrow() >= r.ops)
         {
             self.retire_first().await;
         }
@@ -295,8 +294,8 @@ impl Stream {
         if self.runs.is_empty() {
             return;
         }
-        let run = self.runs.remove(0);
-        let done = match run.ticket.wait().await {
+        let mut run = self.runs.remove(0);
+        let done = match run.copies.wait().await {
             Ok(d) => d,
             Err(e) => {
                 self.error.get_or_insert(e);

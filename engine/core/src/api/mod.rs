@@ -22,6 +22,7 @@ mod gate;
 mod get;
 mod gpu;
 mod gpu_conn;
+mod gpu_copies;
 mod gpu_pulled;
 mod hinted;
 pub mod io;

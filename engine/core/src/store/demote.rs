@@ -28,7 +28,7 @@ use crate::nvme::{NvmeTier, QuotaRoom, spill_key};
 
 impl Store {
     /// Starts demotions if free DRAM is below `high` bytes; returns how many started.
-    fn start_demotions(self: &Arc<Self>, nvme: &NvmeTier, high: u64) -> usize {
+    fn start_demotions(self: &Arc<Self>, nvme: &Arc<NvmeTier>, high: u64) -> usize {
         if nvme.poisoned() {
             return 0;
         }
@@ -40,12 +40,12 @@ impl Store {
             return 0;
         }
         let picks = self.dram.pick_demotions(room, high);
-        for d in &picks {
-            nvme.begin_detached_move();
-            let (s, d) = (Arc::clone(self), d.clone());
-            tokio::spawn(async move { s.demote(d).await });
+        let started = picks.len();
+        for d in picks {
+            let m = Move::begin(self, nvme, d);
+            tokio::spawn(m.run());
         }
-        picks.len()
+        started
     }
 
     /// Waits (bounded) until DRAM has `need` bytes free, demoting to NVMe ahead of need, for
@@ -75,26 +75,52 @@ impl Store {
             }
         }
     }
+}
 
-    /// Moves one picked block down: writes it (unless NVMe has it already, admission or
-    /// its tenant's NVMe quota says no) and ends the demotion in DRAM.
-    async fn demote(&self, d: Demotion) {
-        let Some(nvme) = self.nvme.as_deref() else {
-            return;
-        };
-        let sk = spill_key(&d.key);
-        let mut room = QuotaRoom::Free;
+/// One demotion from its pick to its end. It owns what has to be given back exactly once: the
+/// picked block (ended in DRAM with [`DramTier::finish_demotion`]), its place among the NVMe
+/// moves in flight, and the bytes it holds in its tenant's NVMe quota. [`Move::run`] ends it
+/// with what happened; dropped before that (its task ended early), it ends as failed: the
+/// block stays in DRAM, the quota bytes go back, the move stops counting.
+///
+/// [`DramTier::finish_demotion`]: crate::dram::DramTier::finish_demotion
+struct Move {
+    store: Arc<Store>,
+    nvme: Arc<NvmeTier>,
+    d: Demotion,
+    room: QuotaRoom,
+    ended: bool,
+}
+
+impl Move {
+    /// Counts the move in flight from its pick on.
+    fn begin(store: &Arc<Store>, nvme: &Arc<NvmeTier>, d: Demotion) -> Self {
+        nvme.begin_detached_move();
+        Self {
+            store: Arc::clone(store),
+            nvme: Arc::clone(nvme),
+            d,
+            room: QuotaRoom::Free,
+            ended: false,
+        }
+    }
+
+    /// Moves the picked block down: writes it (unless NVMe has it already, admission or
+    /// its tenant's NVMe quota says no) and ends the move.
+    async fn run(mut self) {
+        let (nvme, d) = (&self.nvme, &self.d);
         let end = if d.on_lower && nvme.has_copy(&d.key) {
             DemoteEnd::Moved
         } else if nvme.settings().admission == Admission::SecondRead && d.reads < 2 {
             DemoteEnd::Dropped
-        } else if nvme.no_quota_room(&mut room, d.key.ns, d.len) {
+        } else if nvme.no_quota_room(&mut self.room, d.key.ns, d.len) {
             // No room within its tenant's NVMe quota (nvme/quota.rs).
             DemoteEnd::Dropped
         } else {
             match nvme.write_block(&d.key, d.offset, d.len).await {
                 Ok(()) => {
-                    crate::probes::demote(self.dram.handle_of(d.key.ns).unwrap_or(u32::MAX), d.len);
+                    let ns = self.store.dram.handle_of(d.key.ns).unwrap_or(u32::MAX);
+                    crate::probes::demote(ns, d.len);
                     DemoteEnd::Moved
                 }
                 Err(e) => {
@@ -105,9 +131,20 @@ impl Store {
                 }
             }
         };
-        nvme.quota_settle(room, sk, d.key.ns, d.len, end == DemoteEnd::Moved);
-        let fin = self.dram.finish_demotion(&d, end, |meta| {
-            if end == DemoteEnd::Moved {
+        self.end(end);
+    }
+
+    /// Settles the quota, ends the demotion in DRAM (announcing the DISK store first when
+    /// the block moved) and stops counting the move.
+    fn end(&mut self, end: DemoteEnd) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        let (nvme, d) = (&self.nvme, &self.d);
+        let moved = end == DemoteEnd::Moved;
+        nvme.quota_settle(self.room, spill_key(&d.key), d.key.ns, d.len, moved);
+        let fin = self.store.dram.finish_demotion(d, end, |meta| {
+            if moved {
                 nvme.announce_stored(&d.key, meta);
             }
         });
@@ -115,6 +152,12 @@ impl Store {
             nvme.drop_written(&d.key);
         }
         nvme.end_move();
+    }
+}
+
+impl Drop for Move {
+    fn drop(&mut self) {
+        self.end(DemoteEnd::Failed);
     }
 }
 
@@ -195,5 +238,36 @@ impl Monitor {
             );
             self.dropped = dropped;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::get_tests::{filled, key, page};
+
+    /// A demotion whose task ends before it wrote (dropped): the move stops counting, the
+    /// block stays in DRAM, readable, and nothing is left leased or demoting.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_move_dropped_before_its_write_ends_as_failed() {
+        let f = filled("move-drop").await;
+        let nvme = f.store.nvme.clone().expect("an NVMe tier");
+        let cap = f.store.dram.free_and_capacity().1;
+        let picks = f.store.dram.pick_demotions(1, cap);
+        let d = picks.into_iter().next().expect("a block to demote");
+        let slot_key = d.key;
+        let before = nvme.in_flight();
+        let m = Move::begin(&f.store, &nvme, d);
+        assert_eq!(nvme.in_flight(), before + 1, "counted from its pick");
+        drop(m);
+        assert_eq!(nvme.in_flight(), before, "the move stopped counting");
+        let t = f.store.dram.snapshot().tier;
+        assert_eq!((t.in_flight, t.leases), (0, 0), "{t:?}");
+        let i = (0..48)
+            .find(|&i| key(i).0 == slot_key.digest)
+            .expect("the demoted key is one of the fixture's");
+        let l = f.store.lease(f.ns, &[key(i)]).await.unwrap();
+        let l = l[0].as_ref().expect("the block stayed");
+        assert_eq!(l.bytes(), page(i).as_slice());
     }
 }

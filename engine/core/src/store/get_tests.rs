@@ -19,22 +19,22 @@ use crate::residency::Announcer;
 const PAGE: u64 = 256 << 10;
 const PAGES: u64 = 48;
 
-fn key(i: u64) -> Key {
+pub(super) fn key(i: u64) -> Key {
     let mut d = [0u8; 32];
     d[..8].copy_from_slice(&i.to_be_bytes());
     d[31] = 0x5a;
     Key::page(Digest(d))
 }
 
-fn page(i: u64) -> Vec<u8> {
+pub(super) fn page(i: u64) -> Vec<u8> {
     (0..PAGE)
         .map(|j| (i as u8) ^ (j as u8).rotate_left(3))
         .collect()
 }
 
-struct Fixture {
-    store: Arc<Store>,
-    ns: u32,
+pub(super) struct Fixture {
+    pub store: Arc<Store>,
+    pub ns: u32,
     dir: std::path::PathBuf,
 }
 
@@ -44,7 +44,7 @@ impl Drop for Fixture {
     }
 }
 
-async fn filled(tag: &str) -> Fixture {
+pub(super) async fn filled(tag: &str) -> Fixture {
     let dir = std::env::temp_dir().join(format!("kvnode-get-tests-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let arena = Arc::new(Arena::create(8 << 20, false).expect("arena"));
