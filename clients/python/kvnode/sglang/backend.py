@@ -3,7 +3,8 @@
 Both of SGLang 0.5.23's page interfaces: v1 (`batch_get_v1` / `batch_set_v1` on the KV
 anchor pool) and v2 (`register_mem_host_pool_v2`, `batch_exists_v2` / `batch_get_v2` /
 `batch_set_v2` with `PoolTransfer`s: KV, Mamba state, SWA, DSA indexer, draft pools), each
-pool in its own kvnode namespace. See docs/sglang.md.
+pool in its own kvnode namespace. SGLang loads it by `module_path` `kvnode.sglang.backend`
+(`kvnode.sglang_backend` re-exports it), `class_name` `KvnodeStorage`. See docs/sglang.md.
 """
 
 from __future__ import annotations
@@ -11,15 +12,16 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
-import os
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from kvnode import hitpolicy, transfer
+from kvnode.common import default_socket, hint_field, hinted_exists, pull_budget_ms
 from kvnode.hints import extract_router_hint
 from kvnode.metrics import Metrics
 from kvnode.namespace import digest_of, namespace_spec
+from kvnode.outcomes import stored, usable
 from kvnode.pool import RANK_SHARDED_POOLS, Extent, PoolBinding, UnsupportedPool, probe_layout, shm_extents
 from kvnode.wire import Connection, KvnodeError, Region
 from kvnode.wire import key as wire_key
@@ -29,22 +31,15 @@ try:  # The real base class whenever SGLang is installed; the library imports wi
     HAVE_SGLANG = True
 except ImportError:  # pragma: no cover - exercised only where sglang is absent
     class _Base:  # type: ignore[no-redef]
-        """Stand-in so `import kvnode.sglang_backend` works without SGLang."""
+        """Stand-in so `import kvnode.sglang.backend` works without SGLang."""
 
     HAVE_SGLANG = False
 
-logger = logging.getLogger(__name__)
-_OK_PUT = ("Stored", "Exists")
-_DONE = ("HitLocal", "Pulled")
+# The name operators' log configs know the backend by (its module path before kvnode.sglang).
+logger = logging.getLogger("kvnode.sglang_backend")
 #: The daemon maps at most this many regions per connection.
 MAX_REGIONS = 16
 KV = "kv"
-
-
-def default_socket() -> str:
-    """The daemon's default socket (same rule as `kvnode serve`)."""
-    run = os.environ.get("XDG_RUNTIME_DIR")
-    return os.path.join(run, "kvnode", "kvnode.sock") if run else "/run/kvnode/kvnode.sock"
 
 
 def router_hint_fields(hint: Optional[dict], daemon_supports_hints: bool) -> dict:
@@ -53,11 +48,7 @@ def router_hint_fields(hint: Optional[dict], daemon_supports_hints: bool) -> dic
     Returns the extra header fields merged into those ops. Until the daemon answers the
     `Timeouts` probe (peer pulls), nothing is attached and requests stay local.
     """
-    if not hint or not daemon_supports_hints:
-        return {}
-    # The daemon takes the hint as untrusted JSON text (compact form) and validates it again.
-    compact = {"source_control_endpoint": hint["source"], "block_hashes": hint["block_hashes"]}
-    return {"hint": json.dumps(compact)}
+    return hint_field(hint) if daemon_supports_hints else {}
 
 
 def _pool_key(name: Any) -> str:
@@ -76,7 +67,7 @@ class KvnodeStorage(_Base):
     def __init__(self, storage_config: Any, kwargs: Optional[dict] = None):
         self.config = storage_config
         extra = getattr(storage_config, "extra_config", None) or {}
-        self.socket_path = str(extra.get("socket") or os.environ.get("KVNODE_SOCKET") or default_socket())
+        self.socket_path = str(extra.get("socket") or default_socket())
         self.is_mla = bool(getattr(storage_config, "is_mla_model", False))
         writer = getattr(storage_config, "is_storage_writer", None)
         self.is_writer = bool(writer) if writer is not None else (not self.is_mla or getattr(storage_config, "tp_rank", 0) == 0)
@@ -243,11 +234,6 @@ class KvnodeStorage(_Base):
         return transfer.put_pages(c, lambda e: self._region(c, e), b, keys, host_indices)
 
     # -- presence --------------------------------------------------------------------------
-    def _pull_budget_ms(self, pages: int) -> int:
-        """The daemon's declared time for a hinted pull of `pages` pages."""
-        t = self.daemon_timeouts or {}
-        return int(1000 * (float(t.get("base_s", 1.0)) + float(t.get("per_page_s", 0.0)) * pages))
-
     def _available(self, b: PoolBinding, keys: Sequence[str], hint: dict) -> Optional[List[bool]]:
         """Per page: present locally or pulled by the hint (None without a hint's report).
 
@@ -257,14 +243,11 @@ class KvnodeStorage(_Base):
         """
         if not hint:
             return None
-        c = self._conn()
-        count, report = c.exists_report(b.ns, b.keys(keys), extra=hint)
-        if not report:
+        budget = pull_budget_ms(self.daemon_timeouts, len(keys))
+        found = hinted_exists(self._conn(), b.ns, b.keys(keys), hint, budget, recount=False)
+        if not found.report:
             return None
-        if report.get("state") == "Pulling":
-            report = c.wait(report["op"], self._pull_budget_ms(len(keys)))
-        ok = [(r if isinstance(r, str) else next(iter(r))) in _DONE for r in report["results"]]
-        return b.pages(ok, len(keys))
+        return b.pages([usable(o) for o in found.outcomes], len(keys))
 
     def _leading(self, b: PoolBinding, keys: Sequence[str], hint: dict) -> int:
         """Leading pages present, counting those the hint's pull brought in."""
@@ -387,7 +370,7 @@ class KvnodeStorage(_Base):
             v = v.contiguous()
             blobs.append(ctypes.string_at(v.data_ptr(), v.numel() * v.element_size()))
         st = self._conn().put(self._flat(), [wire_key(digest_of(k)) for k in keys], blobs)
-        return all(s in _OK_PUT for s in st)
+        return all(stored(s) for s in st)
 
     # -- lifecycle -------------------------------------------------------------------------
     def _record(self, prefetch: bool, res: List[bool], page_bytes: int, t0: float) -> None:
