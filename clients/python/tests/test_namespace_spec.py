@@ -62,10 +62,10 @@ def test_to_wire_is_one_plain_map_entry_per_field():
     assert wire["layer_range"] is None and wire["tp_size"] == 0
 
 
+#: A registrable spec: the fields not given keep their defaults (head_range, layer_range: None).
 BASE = NamespaceSpec(model="m", dtype="bf16", page_size=16, layout="page_first", kv_shape=(2, 4),
                      tp_rank=0, tp_size=2, pp_rank=0, pp_size=2, cp_rank=0, cp_size=2,
-                     head_range=None, layer_range=None, mla=False, tenant_salt="",
-                     segments=(4096,))
+                     mla=False, tenant_salt="", segments=(4096,))
 #: One change per field, each registrable (ranks stay below their sizes).
 CHANGED = {
     "model": "m2", "dtype": "fp8", "page_size": 32, "layout": "layer_first", "kv_shape": (2, 5),
