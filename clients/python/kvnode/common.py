@@ -149,7 +149,7 @@ def hinted_exists(conn: Connection, ns: int, keys: Sequence[list], fields: Mappi
     """Exists with the hint `fields` (`hint_field`), then, while its pull runs, Wait up to
     `budget_ms` (`pull_budget_ms`), then (with `recount`) Exists again without the hint.
 
-    `ask` replaces the plain `Exists` call (a caller that times its calls); `Wait` goes to `conn`.
+    `ask`, when given, makes both `Exists` calls (a caller that times them); `Wait` goes to `conn`.
     """
     keys = list(keys)
 

@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - exercised only where sglang is absent
 
     HAVE_SGLANG = False
 
-# The name operators' log configs know the backend by (its module path before kvnode.sglang).
+# Named by the path deployments configure (kvnode.sglang_backend), which their log configs use.
 logger = logging.getLogger("kvnode.sglang_backend")
 #: The daemon maps at most this many regions per connection.
 MAX_REGIONS = 16
