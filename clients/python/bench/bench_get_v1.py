@@ -12,7 +12,7 @@ the same host pages, and the ratio.
 from common import GEOMETRY, measure, report, start_daemon
 
 import sglang_pools as sp
-from kvnode.sglang_backend import KvnodeStorage
+from kvnode.sglang.backend import KvnodeStorage
 from test_sglang_backend import config
 
 PAGES = 128

@@ -12,7 +12,7 @@ from common import GEOMETRY, measure, report, start_daemon
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
 import sglang_pools as sp
-from kvnode.sglang_backend import KvnodeStorage
+from kvnode.sglang.backend import KvnodeStorage
 from test_sglang_backend import config
 
 PAGES = 64  # per pool

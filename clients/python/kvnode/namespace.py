@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from kvnode.common import NamespaceSpec
+
 
 def _int(obj: Any, name: str, default: int = 0) -> int:
     v = getattr(obj, name, default)
@@ -12,7 +14,7 @@ def _int(obj: Any, name: str, default: int = 0) -> int:
 
 def namespace_spec(config: Any, host_pool: Any, segments: List[int], flavor: str = "",
                    pool: str = "", replicated: Optional[bool] = None) -> Dict[str, Any]:
-    """A NamespaceSpec (engine/proto/src/namespace.rs) as a msgpack-ready dict.
+    """A `NamespaceSpec` (kvnode.common) as its msgpack-ready wire map.
 
     `segments` are the byte sizes of one page's objects (K and V, or one per layer and K/V
     for layer_first, or one for MLA). `flavor` separates byte arrangements that share a
@@ -49,24 +51,23 @@ def namespace_spec(config: Any, host_pool: Any, segments: List[int], flavor: str
         _int(host_pool, "start_layer", 0),
     ]
     mla = bool(getattr(config, "is_mla_model", False)) if replicated is None else replicated
-    return {
-        "model": str(getattr(config, "model_name", None) or ""),
-        "dtype": str(getattr(host_pool, "dtype", "")),
-        "page_size": _int(host_pool, "page_size", 1) or 1,
-        "layout": layout,
-        "kv_shape": shape,
-        "tp_rank": tp_rank,
-        "tp_size": tp_size,
-        "pp_rank": _int(config, "pp_rank", 0),
-        "pp_size": max(1, _int(config, "pp_size", 1)),
-        "cp_rank": _int(config, "attn_cp_rank", 0),
-        "cp_size": max(1, _int(config, "attn_cp_size", 1)),
-        "head_range": None if mla or not head_num else [tp_rank * head_num, (tp_rank + 1) * head_num],
-        "layer_range": None,
-        "mla": mla,
-        "tenant_salt": str(extra.get("tenant_salt", "")),
-        "segments": [int(s) for s in segments],
-    }
+    return NamespaceSpec(
+        model=str(getattr(config, "model_name", None) or ""),
+        dtype=str(getattr(host_pool, "dtype", "")),
+        page_size=_int(host_pool, "page_size", 1) or 1,
+        layout=layout,
+        kv_shape=tuple(shape),
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=_int(config, "pp_rank", 0),
+        pp_size=max(1, _int(config, "pp_size", 1)),
+        cp_rank=_int(config, "attn_cp_rank", 0),
+        cp_size=max(1, _int(config, "attn_cp_size", 1)),
+        head_range=None if mla or not head_num else (tp_rank * head_num, (tp_rank + 1) * head_num),
+        mla=mla,
+        tenant_salt=str(extra.get("tenant_salt", "")),
+        segments=tuple(int(s) for s in segments),
+    ).to_wire()
 
 
 def digest_of(key: str) -> bytes:

@@ -1,4 +1,9 @@
-"""Outcomes of hinted operations, mirrored from the daemon (docs/client-protocol.md).
+"""Per-key outcomes, mirrored from the daemon (docs/client-protocol.md): of a store (`PutStatus`,
+`CommitStatus`) and of a hinted operation (`KeyOutcome`, `FailCode`).
+
+A store answers one `PutStatus` per key (Put, PutFromRegion, Offload, an Alloc's refusal) and
+one `CommitStatus` per handle of a Commit; `stored` and `committed` say whether the block is in
+the daemon now (stored by this call or already there: blocks are immutable).
 
 A per-key outcome in an ``OpReport`` is the string ``"HitLocal"``, ``"Pulled"``, ``"Pending"``
 or ``"Missed"``, or a map ``{"Failed": {"code": <FailCode name>, "message": str}}``; the
@@ -35,6 +40,20 @@ class FailCode(str, enum.Enum):
 
 
 USABLE = ("HitLocal", "Pulled")
+#: PutStatus values after which the block is in the daemon (kvnode_proto::client::PutStatus).
+PUT_OK = frozenset({"Stored", "Exists"})
+#: CommitStatus values after which the block is in the daemon (kvnode_proto::client::CommitStatus).
+COMMIT_OK = frozenset({"Committed", "Duplicate"})
+
+
+def stored(status: Any) -> bool:
+    """Whether a PutStatus means the block is in the daemon now (new or already present)."""
+    return status in PUT_OK
+
+
+def committed(status: Any) -> bool:
+    """Whether a CommitStatus means the block is in the daemon now (ours or a racing writer's)."""
+    return status in COMMIT_OK
 
 
 def failure_of(value: Any) -> Optional[Tuple[FailCode, str]]:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable, List, Optional, Sequence
 
+from kvnode.outcomes import committed, stored
 from kvnode.pool import Extent, PoolBinding
 from kvnode.wire import Connection, KvnodeError, Region
-
-_OK_PUT = ("Stored", "Exists")
 
 
 def _by_extent(spots):
@@ -55,12 +54,12 @@ def put_pages(c: Connection, region: Callable[[Extent], Region], b: PoolBinding,
             if idx is None:
                 res = c.put_from_region(b.ns, pk, region(b.extents[ext]),
                                         [o for _, o in spots], sizes)
-                flags = [r in _OK_PUT for r in res]
+                flags = [stored(r) for r in res]
                 break
             res = c.put_from_region(b.ns, [pk[j] for j in idx], region(b.extents[ext]),
                                     [spots[j][1] for j in idx], [sizes[j] for j in idx])
             for j, r in zip(idx, res):
-                flags[j] = r in _OK_PUT
+                flags[j] = stored(r)
     return b.pages(flags, len(keys))
 
 
@@ -96,6 +95,6 @@ def copy_out(c: Connection, ns: int, pk: list, ptrs: List[int], sizes: List[int]
             handles.append(g["handle"])
             flags.append(None)
         else:
-            flags.append(slot["Refused"]["status"] == "Exists")
+            flags.append(stored(slot["Refused"]["status"]))  # refused: only Exists is stored
     done = iter(c.commit(handles))
-    return [next(done) in ("Committed", "Duplicate") if f is None else f for f in flags]
+    return [committed(next(done)) if f is None else f for f in flags]

@@ -142,8 +142,10 @@ class Connection:
                 self.arena.close()
 
     # -- ops -------------------------------------------------------------------------------
-    def register(self, spec: Dict[str, Any]) -> Dict[str, Any]:
-        return self.call({"Register": {"spec": spec}})[1]
+    def register(self, spec: Any) -> Dict[str, Any]:
+        """Registers a namespace: a `kvnode.common.NamespaceSpec` or its wire map."""
+        wire = spec.to_wire() if hasattr(spec, "to_wire") else spec
+        return self.call({"Register": {"spec": wire}})[1]
 
     def exists(self, ns: int, keys: List[list], extra: Optional[dict] = None) -> int:
         return self.exists_report(ns, keys, extra)[0]

@@ -5,7 +5,7 @@ import json
 from types import SimpleNamespace
 
 from kvnode.hints import extract_router_hint
-from kvnode.sglang_backend import router_hint_fields
+from kvnode.sglang.backend import router_hint_fields
 
 EP = "tcp://10.0.0.2:7000"
 
@@ -60,7 +60,7 @@ def test_hint_is_attached_only_when_the_daemon_supports_it():
 
 
 def test_recommended_timeouts_scale_the_daemon_model_and_short_sglang_ones_warn(caplog):
-    from kvnode.sglang_backend import KvnodeStorage
+    from kvnode.sglang.backend import KvnodeStorage
 
     s = KvnodeStorage.__new__(KvnodeStorage)
     s.daemon_timeouts = {"base_s": 2.0, "per_page_s": 0.01, "measured": False}

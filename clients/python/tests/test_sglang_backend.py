@@ -15,7 +15,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 from sglang.srt.mem_cache.utils import get_hash_str, get_storage_hash_str
 
 import sglang_pools as sp
-from kvnode.sglang_backend import HAVE_SGLANG, KvnodeStorage
+from kvnode.sglang.backend import HAVE_SGLANG, KvnodeStorage
 from kvnode.wire import Connection, KvnodeError
 
 LAYOUTS = ["page_first", "page_first_direct", "layer_first"]
@@ -43,6 +43,20 @@ def test_connector_subclasses_the_real_sglang_base_class():
     assert HAVE_SGLANG
     assert issubclass(KvnodeStorage, HiCacheStorage)
     assert KvnodeStorage.__abstractmethods__ == frozenset()
+
+
+@pytest.mark.parametrize("module_path", ["kvnode.sglang.backend", "kvnode.sglang_backend"])
+def test_sglang_loads_the_backend_by_its_module_path_and_by_the_old_one(daemon, module_path):
+    """SGLang's own loader for `--hicache-storage-backend dynamic`, with the extra-config of
+    docs/sglang.md (deployments written before the move name `kvnode.sglang_backend`)."""
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    cfg = config(daemon, backend_name="kvnode", module_path=module_path, class_name="KvnodeStorage")
+    s = StorageBackendFactory.create_backend("dynamic", cfg, None)
+    try:
+        assert type(s) is KvnodeStorage and s.socket_path == daemon.socket
+    finally:
+        s.close()
 
 
 class _Tokens(list):

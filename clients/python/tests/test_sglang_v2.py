@@ -15,7 +15,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 import sglang_pools as sp
 from kvnode.pool import UnsupportedPool
-from kvnode.sglang_backend import KvnodeStorage
+from kvnode.sglang.backend import KvnodeStorage
 from test_sglang_backend import config, hashes
 
 

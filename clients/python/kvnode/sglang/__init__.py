@@ -1,4 +1,5 @@
-"""kvnode's engine-side seam for SGLang 0.5.23: the per-request KV-hint path, as a patch.
+"""kvnode for SGLang 0.5.23: the HiCache storage backend (`kvnode.sglang.backend`, imported on
+its own: it imports SGLang) and the engine-side seam for the per-request KV-hint path, a patch.
 
 `python -m kvnode.sglang patch --check | --apply | --revert` (see `kvnode.sglang.seam`).
 """

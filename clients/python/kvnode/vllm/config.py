@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional
 
+from kvnode.common import default_socket
 
 #: vLLM 0.33's KVCacheLayout names (and "" = no preference).
 _LAYOUTS = {"", "LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC", "NHD", "HND"}
@@ -13,16 +13,6 @@ _LAYOUTS = {"", "LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC", "NHD", "HN
 
 class ConfigError(ValueError):
     """A `kv_connector_extra_config` entry kvnode cannot use; the message names it."""
-
-
-def default_socket() -> str:
-    """The daemon's default socket: $KVNODE_SOCKET, else $XDG_RUNTIME_DIR/kvnode/kvnode.sock,
-    else /run/kvnode/kvnode.sock (the daemon's own default, README)."""
-    env = os.environ.get("KVNODE_SOCKET")
-    if env:
-        return env
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    return os.path.join(xdg, "kvnode", "kvnode.sock") if xdg else "/run/kvnode/kvnode.sock"
 
 
 @dataclass(frozen=True)

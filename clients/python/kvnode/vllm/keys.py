@@ -21,6 +21,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from kvnode.common import NamespaceSpec
+
 _U64 = (1 << 64) - 1
 
 
@@ -88,33 +90,30 @@ class RankGeometry:
     tenant_salt: str = ""
 
     def namespace_spec(self) -> Dict[str, Any]:
-        """A NamespaceSpec (docs/client-protocol.md) as a msgpack-ready dict.
+        """A `NamespaceSpec` (kvnode.common) as its msgpack-ready wire map.
 
         The layout name is prefixed `vllm:` and carries the hash algorithm, so SGLang pages and
         vLLM blocks of the same model never share a namespace, nor do two hash algorithms.
         """
         if not self.segments or any(s.block_bytes <= 0 for s in self.segments):
             raise ValueError(f"namespace needs non-empty segments, got {self.segments}")
-        return {
-            "model": self.model,
-            "dtype": self.dtype,
-            "page_size": int(self.block_size),
-            "layout": f"vllm:{self.layout}:{self.hash_algo}",
-            "kv_shape": [self.num_layers, self.num_kv_heads, self.head_size,
-                         self.dcp_rank, max(1, self.dcp_size)]
-                        + [v for s in self.segments for v in (s.layers, s.page_bytes)],
-            "tp_rank": int(self.tp_rank),
-            "tp_size": max(1, int(self.tp_size)),
-            "pp_rank": int(self.pp_rank),
-            "pp_size": max(1, int(self.pp_size)),
-            "cp_rank": 0,
-            "cp_size": 1,
-            "head_range": None,
-            "layer_range": None,
-            "mla": bool(self.mla),
-            "tenant_salt": self.tenant_salt,
-            "segments": [s.block_bytes for s in self.segments],
-        }
+        return NamespaceSpec(
+            model=self.model,
+            dtype=self.dtype,
+            page_size=int(self.block_size),
+            layout=f"vllm:{self.layout}:{self.hash_algo}",
+            kv_shape=(self.num_layers, self.num_kv_heads, self.head_size, self.dcp_rank,
+                      max(1, self.dcp_size), *(v for s in self.segments for v in (s.layers, s.page_bytes))),
+            tp_rank=int(self.tp_rank),
+            tp_size=max(1, int(self.tp_size)),
+            pp_rank=int(self.pp_rank),
+            pp_size=max(1, int(self.pp_size)),
+            cp_rank=0,
+            cp_size=1,
+            mla=bool(self.mla),
+            tenant_salt=self.tenant_salt,
+            segments=tuple(s.block_bytes for s in self.segments),
+        ).to_wire()
 
 
 def keys_of(digests: Sequence[bytes], nseg: int) -> List[list]:

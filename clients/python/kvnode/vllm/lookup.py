@@ -14,13 +14,13 @@ A daemon that is down or refuses answers "0 blocks" (the request is computed, ne
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from kvnode.common import hint_field, hinted_exists, pull_budget_ms
 from kvnode.wire import Connection, KvnodeError, exists, open_namespace
 
 logger = logging.getLogger("kvnode.vllm")
@@ -36,12 +36,6 @@ class Lookup:
     blocks: int = 0
     pulled: bool = False
     reason: Optional[str] = None
-
-
-def hint_field(hint: dict) -> Dict[str, Any]:
-    """The `hint` request field: the compact form as JSON text (the daemon re-validates it)."""
-    compact = {"source_control_endpoint": hint["source"], "block_hashes": list(hint["block_hashes"])}
-    return {"hint": json.dumps(compact)}
 
 
 class LookupService:
@@ -130,17 +124,9 @@ class LookupService:
         conn = self._connection()
         if lk.hint is None or self._timeouts is None:
             return self._exists(keys)["count"] // self._nseg, False
-        body = self._exists(keys, hint_field(lk.hint))
-        pull = body.get("pull") or {}
-        if pull.get("reason"):
-            lk.reason = pull["reason"]
-        if pull.get("state") == "Pulling":
-            pages = len(lk.digests)
-            declared = self._timeouts["base_s"] + self._timeouts["per_page_s"] * pages
-            limit_ms = int(1000 * min(declared, self._hint_wait_s))
-            report = conn.call({"Wait": {"op": pull["op"], "timeout_ms": max(1, limit_ms)}})[1]
-            if report.get("reason"):
-                lk.reason = report["reason"]
-            body = self._exists(keys)
-            return body["count"] // self._nseg, True
-        return body["count"] // self._nseg, bool(pull.get("peer"))
+        budget = pull_budget_ms(self._timeouts, len(lk.digests), cap_s=self._hint_wait_s)
+        found = hinted_exists(conn, self._ns, keys, hint_field(lk.hint), budget)
+        if found.reason:
+            lk.reason = found.reason
+        pulled = found.waited or bool((found.started or {}).get("peer"))
+        return found.count // self._nseg, pulled

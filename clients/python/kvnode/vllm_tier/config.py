@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping
 
-from kvnode.vllm.config import default_socket
+from kvnode.common import default_socket
 
 #: How the daemon moves bytes between its tier and vLLM's primary (CPU) tier.
 COPY_MODES = ("auto", "region", "arena")

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from kvnode import transfer
+from kvnode.outcomes import stored
 from kvnode.vllm_tier.namespace import split_key, wire_key
 from kvnode.vllm_tier.primary import Extent, locate
 from kvnode.wire import Connection, KvnodeError, Region
 
 logger = logging.getLogger("kvnode.vllm_tier")
-_OK_PUT = ("Stored", "Exists")
 
 
 @dataclass
@@ -193,7 +193,7 @@ class Transfers:
             else:
                 res = c.put_from_region(lane.ns, ks, region, fo, [row] * len(idxs))
                 for i, r in zip(idxs, res):
-                    ok[valid[i]] = r in _OK_PUT
+                    ok[valid[i]] = stored(r)
         return ok
 
 

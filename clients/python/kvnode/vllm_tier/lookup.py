@@ -16,7 +16,6 @@ answers like a plain lookup. Pulled blocks are then ordinary local hits and load
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set
@@ -24,6 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 
+from kvnode.common import hint_field, hinted_exists, pull_budget_ms
 from kvnode.vllm_tier.namespace import split_key, wire_key
 from kvnode.wire import Connection, KvnodeError, exists, open_namespace
 
@@ -35,9 +35,7 @@ class Hint:
         self.hint = hint
 
     def field(self) -> Dict[str, Any]:
-        compact = {"source_control_endpoint": self.hint["source"],
-                   "block_hashes": list(self.hint["block_hashes"])}
-        return {"hint": json.dumps(compact)}
+        return hint_field(self.hint)
 
 
 class LookupCounters:
@@ -128,17 +126,15 @@ class DaemonLookup(AsyncLookupManager):
         return out
 
     def _pull(self, wk: List[list], hint: Hint) -> None:
-        body = self._exists(wk, hint.field())
-        report = body.get("pull") or {}
-        if not report or (report.get("state") == "Failed" and report.get("reason")):
+        """The hint's pull, waited for; the plain lookup that follows counts what it brought."""
+        budget = pull_budget_ms(self._timeouts, len(wk), cap_s=self._hint_wait_s)
+        found = hinted_exists(self._connection(), self._ns, wk, hint.field(), budget, recount=False,
+                              ask=self._exists)
+        started = found.started or {}
+        if not started or (started.get("state") == "Failed" and started.get("reason")):
             return  # refused at once (not authorized, malformed, not covered): local only
         self._counters.add("hinted_pulls")
-        if report.get("state") == "Pulling":
-            declared = self._timeouts["base_s"] + self._timeouts["per_page_s"] * len(wk)
-            limit_ms = max(1, int(1000 * min(declared, self._hint_wait_s)))
-            report = self._conn.call({"Wait": {"op": report["op"], "timeout_ms": limit_ms}})[1]
-        outcomes = report.get("results") or []
-        self._counters.add("hinted_pulled_blocks", sum(1 for o in outcomes if o == "Pulled"))
+        self._counters.add("hinted_pulled_blocks", sum(1 for o in found.outcomes if o == "Pulled"))
 
     def cleanup(self, req_id: str) -> None:
         super().cleanup(req_id)

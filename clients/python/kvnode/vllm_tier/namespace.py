@@ -22,10 +22,8 @@ import hashlib
 import json
 from typing import Any, Dict, List, Optional, Sequence
 
+from kvnode.common import MAX_SEGMENTS, NamespaceSpec
 from kvnode.vllm.keys import digest_of
-
-#: The daemon's limit on segments per namespace (docs/client-protocol.md, NamespaceSpec).
-MAX_SEGMENTS = 1024
 
 
 class UnsupportedLayout(ValueError):
@@ -76,7 +74,7 @@ def check_layout(config: Any, row_bytes: int) -> int:
 
 def namespace_spec(config: Any, row_bytes: int, none_hash: Optional[bytes], model_name: str = "",
                    tenant_salt: str = "") -> Dict[str, Any]:
-    """A NamespaceSpec (docs/client-protocol.md) for one engine's offloaded chunks."""
+    """A `NamespaceSpec` (kvnode.common) for one engine's offloaded chunks, as its wire map."""
     nseg = check_layout(config, row_bytes)
     par = config.parallel
     agnostic = bool(par.is_parallelism_agnostic)
@@ -91,25 +89,23 @@ def namespace_spec(config: Any, row_bytes: int, none_hash: Optional[bytes], mode
                         "world": 1 if agnostic else int(par.world_size)},
                        sort_keys=True, separators=(",", ":"))
     shape_tag = hashlib.sha256(ident.encode()).hexdigest()[:32]
-    return {
-        "model": model_name or str(config.model.name),
-        "dtype": str(config.model.dtype),
-        "page_size": int(config.groups[0].tokens_per_block) * int(config.cache.blocks_per_chunk),
-        "layout": f"vllm-tier:{config.kv_cache_layout or 'default'}:{shape_tag}:seed={seed_tag(none_hash)}",
-        "kv_shape": [int(config.cache.tokens_per_hash), int(config.cache.blocks_per_chunk),
-                     int(config.worker_kv_bytes_per_block), int(row_bytes), nseg],
-        "tp_rank": 0,
-        "tp_size": 1 if agnostic else max(1, int(par.tp_size)),
-        "pp_rank": 0,
-        "pp_size": 1 if agnostic else max(1, int(par.pp_size)),
-        "cp_rank": 0,
-        "cp_size": 1,
-        "head_range": None,
-        "layer_range": None,
-        "mla": False,
-        "tenant_salt": tenant_salt,
-        "segments": [int(row_bytes)] * nseg,
-    }
+    return NamespaceSpec(
+        model=model_name or str(config.model.name),
+        dtype=str(config.model.dtype),
+        page_size=int(config.groups[0].tokens_per_block) * int(config.cache.blocks_per_chunk),
+        layout=f"vllm-tier:{config.kv_cache_layout or 'default'}:{shape_tag}:seed={seed_tag(none_hash)}",
+        kv_shape=(int(config.cache.tokens_per_hash), int(config.cache.blocks_per_chunk),
+                  int(config.worker_kv_bytes_per_block), int(row_bytes), nseg),
+        tp_rank=0,
+        tp_size=1 if agnostic else max(1, int(par.tp_size)),
+        pp_rank=0,
+        pp_size=1 if agnostic else max(1, int(par.pp_size)),
+        cp_rank=0,
+        cp_size=1,
+        mla=False,
+        tenant_salt=tenant_salt,
+        segments=(int(row_bytes),) * nseg,
+    ).to_wire()
 
 
 def keys_of(keys: Sequence[bytes]) -> List[list]:
