@@ -255,6 +255,35 @@ fn relisten(fd: &std::os::fd::OwnedFd) -> anyhow::Result<tokio::net::UnixListene
     Ok(tokio::net::UnixListener::from_std(l)?)
 }
 
+/// Lets go of what the daemon held, in the order a successor relies on.
+fn finish(
+    engine: std::sync::Arc<kvnode_engine::Engine>,
+    publisher: Option<kvnode_events::Publisher>,
+    accepted: Option<crate::takeover::Accepted>,
+    takeover_path: Option<&std::path::Path>,
+    socket: &std::path::Path,
+) {
+    // After a takeover the arena stays mapped here until the successor was told to go:
+    // unmapping a populated arena takes ~0.3 s per GiB of 4 KiB pages, which the
+    // successor's first hit must not wait for.
+    let arena = accepted
+        .as_ref()
+        .map(|_| std::sync::Arc::clone(engine.store.arena()));
+    // Dropping the engine's last handle closes the spill files (sealed, synced); the
+    // publisher then sends what is queued and lingers.
+    drop(engine);
+    drop(publisher);
+    if let Some(p) = takeover_path {
+        let _ = std::fs::remove_file(p);
+    }
+    if accepted.is_none() {
+        let _ = std::fs::remove_file(socket);
+    }
+    // The successor waits for this: the spill files are closed and unlocked now.
+    drop(accepted);
+    drop(arena);
+}
+
 /// Runs the daemon until SIGTERM or SIGINT (or a successor takes it over), then drains and
 /// returns.
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
@@ -346,23 +375,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 crate::serve_stop::Stopped::Flushed => break (None, takeover_path),
             }
         };
-        // After a takeover the arena stays mapped here until the successor was told to go:
-        // unmapping a populated arena takes ~0.3 s per GiB of 4 KiB pages, which the
-        // successor's first hit must not wait for.
-        let arena = accepted.as_ref().map(|_| std::sync::Arc::clone(engine.store.arena()));
-        // Dropping the engine's last handle closes the spill files (sealed, synced); the
-        // publisher then sends what is queued and lingers.
-        drop(engine);
-        drop(publisher);
-        if let Some(p) = &takeover_path {
-            let _ = std::fs::remove_file(p);
-        }
-        if accepted.is_none() {
-            let _ = std::fs::remove_file(&socket);
-        }
-        // The successor waits for this: the spill files are closed and unlocked now.
-        drop(accepted);
-        drop(arena);
+        finish(engine, publisher, accepted, takeover_path.as_deref(), &socket);
         tracing::info!("kvnode stopped");
         anyhow::Ok(())
     })
