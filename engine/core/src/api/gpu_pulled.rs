@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::gpu_copies::InFlight;
+use super::listed_op::ListedOp;
 use crate::peer::{Arrivals, Peers};
 use crate::store::{Lease, Store};
 
@@ -140,14 +141,13 @@ impl Stream {
                 break;
             }
         }
-        let op = Arc::clone(arrivals.op());
+        // Left running (stopped early on a lease or copy failure), the pull goes on into the
+        // DRAM tier until its deadline; the op table forgets it when this guard drops.
+        let op = ListedOp::new(Arc::clone(&peers), Arc::clone(arrivals.op()));
         if cancelled_by_client {
-            peers.cancel(&op);
+            peers.cancel(op.op());
             self.cancel_copies();
         }
-        // Left running (stopped early on a lease or copy failure), the pull goes on into the
-        // DRAM tier until its deadline; the op table forgets it now either way.
-        peers.ops.remove(op.id);
         while let Some(first) = self.runs.first() {
             // Waiting on the progress channel (not on the ticket) keeps the run and its
             // leases in place if the cancel branch wins.

@@ -8,6 +8,7 @@ use kvnode_proto::client::{ErrorCode, Op, Reply};
 use kvnode_proto::pull::OpReport;
 
 use super::errors::error;
+use super::listed_op::ListedOp;
 use super::session::Session;
 use crate::peer::{PullOp, PullRequest};
 use crate::store::Reservation;
@@ -67,10 +68,10 @@ impl Session {
                 () = tokio::time::sleep(left) => drop(tokio::spawn(run)),
             }
         }
+        let op = ListedOp::new(peers, op);
         op.wait(op.deadline.saturating_duration_since(Instant::now()))
             .await;
         op.expire();
-        peers.ops.remove(op.id);
         op.report()
     }
 

@@ -26,6 +26,7 @@ mod gpu_copies;
 mod gpu_pulled;
 mod hinted;
 pub mod io;
+mod listed_op;
 mod meta;
 mod region;
 mod region_copy;

@@ -14,6 +14,7 @@ use kvnode_proto::Key;
 use kvnode_proto::client::{CommitStatus, ErrorCode, Op, PutStatus, Reply};
 
 use super::errors::{error, invalid, tier_error};
+use super::listed_op::ListedOp;
 use super::region_copy::{CopyError, Region};
 use super::session::Session;
 use crate::peer::{Arrivals, PullRequest};
@@ -235,19 +236,16 @@ impl Session {
                 deadline_ms,
             })
             .await;
-        let mut arrivals = Arrivals::new(Arc::clone(&op));
+        let op = ListedOp::new(peers, op);
+        let mut arrivals = Arrivals::new(Arc::clone(op.op()));
         let mut got: Vec<Option<u64>> = vec![None; keys.len()];
         while let Some(run) = arrivals.next_run().await {
             match self.copy_to_region(ns, keys, to, run, &mut got).await {
                 Ok(true) => {}
                 Ok(false) => break,
-                Err(reply) => {
-                    peers.ops.remove(op.id);
-                    return reply;
-                }
+                Err(reply) => return reply,
             }
         }
-        peers.ops.remove(op.id);
         Reply::GotToRegion {
             lens: got,
             pull: Some(Box::new(op.report())),
