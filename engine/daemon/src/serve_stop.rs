@@ -121,7 +121,7 @@ pub fn notify_ready() {
     crate::sd_notify::notify("READY=1");
 }
 
-/// Starts the bounded write-behind when `spill.lag` is set.
+/// Starts write-behind when `spill.lag` is set (the lag is a target, not a bound).
 pub fn spawn_write_behind(
     engine: &Engine,
     stop: tokio::sync::watch::Receiver<bool>,
