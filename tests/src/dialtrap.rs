@@ -67,8 +67,19 @@ impl DialTrap {
         let from_ns = fabric.ns(from).to_owned();
         let port_s = port.to_string();
         let rule = [
-            "-p", "tcp", "--syn", "-d", &ip, "--dport", &port_s, "-m", "comment", "--comment",
-            &tag, "-j", "ACCEPT",
+            "-p",
+            "tcp",
+            "--syn",
+            "-d",
+            &ip,
+            "--dport",
+            &port_s,
+            "-m",
+            "comment",
+            "--comment",
+            &tag,
+            "-j",
+            "ACCEPT",
         ];
         iptables(&from_ns, &[&["-I", "OUTPUT"][..], &rule].concat()).expect("arm the SYN counter");
         let listener = Fabric::in_netns(fabric.ns(to), || TcpListener::bind(addr.as_str())).ok();
@@ -85,7 +96,8 @@ impl DialTrap {
 
     /// SYNs counted so far.
     fn syns(&self) -> u64 {
-        let table = iptables(&self.from_ns, &["-L", "OUTPUT", "-v", "-n", "-x"]).expect("read counters");
+        let table =
+            iptables(&self.from_ns, &["-L", "OUTPUT", "-v", "-n", "-x"]).expect("read counters");
         let line = table
             .lines()
             .find(|l| l.contains(&self.tag))

@@ -264,5 +264,10 @@ fn cancel_is_a_fence_no_late_byte_lands_in_reused_buffers_and_late_blocks_are_ke
     );
     assert_eq!(c.abort(&handles).unwrap(), N as u32);
     // Under UCX both the blocks landed before the cancel and the late ones came by GET.
-    assert_gets_since(&dst, before, N as u64, "the cancelled pull and its late blocks");
+    assert_gets_since(
+        &dst,
+        before,
+        N as u64,
+        "the cancelled pull and its late blocks",
+    );
 }
