@@ -8,8 +8,9 @@
 # target/release then obeys KVNODE_TEST_FAKE_GPU (any client reads and writes files as the
 # daemon's uid), fault-injection sections and a panic hook. Packaging whatever target/release
 # holds would ship that. Here the daemon is built alone (-p kvnode -p kvtrace) where no test
-# build ever writes, then probed (`cargo xtask release-seams BIN`: fault sections refused,
-# panic hook ignored). A seam build would not serve anyway: it refuses to start without
+# build ever writes, then probed (`cargo xtask release-seams BIN`: the fake GPU's switch
+# KVNODE_TEST_FAKE_GPU absent from the binary's bytes, fault sections refused, panic hook
+# ignored). A seam build would not serve anyway: it refuses to start without
 # KVNODE_TEST_SEAMS=1 (engine/daemon/src/seams.rs).
 # Usage: packaging/build-release.sh   (KVNODE_PACKAGE_TARGET overrides target/package)
 set -euo pipefail

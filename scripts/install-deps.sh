@@ -30,6 +30,8 @@ command -v fio >/dev/null || need+=(fio)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v openssl >/dev/null || need+=(openssl)
 command -v iperf3 >/dev/null || need+=(iperf3)
+# tests/src/dialtrap.rs counts the SYNs a daemon in a test namespace sends (cluster suites).
+command -v iptables >/dev/null || need+=(iptables)
 # kvtrace: clang compiles the BPF programs, bpftool generates vmlinux.h, libbpf (vendored by
 # libbpf-sys) links against the system libelf and zlib found through pkg-config; asm/ headers
 # come from linux-libc-dev.

@@ -15,8 +15,10 @@ use kvnode_proto::pull::OpState;
 use kvnode_proto::size::{ByteSize, parse_size};
 use kvnode_proto::{Digest, Key, NamespaceSpec};
 
+mod moved;
 mod report;
 
+use moved::{Counters, Moved};
 use report::{Results, Round};
 
 #[derive(Debug, Args)]
@@ -45,7 +47,8 @@ pub struct PullArgs {
     pub connections: u32,
     /// Peer transport of both daemons (`--peer-transport`): tcp, ucx or auto. With ucx the
     /// daemons inherit `UCX_*` from this process (e.g. `UCX_TLS=tcp` or `UCX_TLS=sm`), and the
-    /// run fails unless the destination really pulled with UCX GETs.
+    /// run fails unless the destination's counters show every block of the measured pulls
+    /// read by a UCX GET and no fallback to TCP.
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "ucx", "auto"])]
     pub transport: String,
     /// Pass `--peer-ucx-insecure-software-rma` to both daemons: let UCX run over its software
@@ -273,20 +276,6 @@ fn latency(
     Ok(h)
 }
 
-/// Prints how the destination moved the blocks; with `--transport ucx`, fails unless by GETs.
-fn moved_by(a: &PullArgs, dst: &Proc) -> anyhow::Result<()> {
-    let log = std::fs::read_to_string(dst.1.join("log")).unwrap_or_default();
-    let used_ucx = log.contains("pulling from this peer with UCX GETs");
-    if a.transport == "ucx" && !used_ucx {
-        bail!("--transport ucx, but the destination did not pull with UCX; its log:\n{log}");
-    }
-    println!(
-        "blocks moved by: {}",
-        if used_ucx { "UCX GETs" } else { "TCP" }
-    );
-    Ok(())
-}
-
 /// The source and destination daemons; the source listens for peers on `port`.
 struct Daemons {
     port: u16,
@@ -419,9 +408,12 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
     let big_hint = hint(port, &big);
     let bytes = page as f64 * a.pages as f64;
     let first = bytes / pull(&mut d, db, &big, &big_hint)?;
+    let before = Counters::read(&mut d)?;
     let rounds = (0..a.rounds.max(1))
         .map(|_| round(a, &dm, &mut d, (db, &big, &big_hint), page))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let measured: usize = rounds.iter().map(|r| r.pulls.len() * big.len()).sum();
+    let moved = Moved::between(before, Counters::read(&mut d)?, measured as u64);
     let deliver = crate::deliver::measure(
         &mut d,
         db,
@@ -431,7 +423,7 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         a.iterations.min(5),
         &page_bytes(page),
     )?;
-    moved_by(a, &dm.dst)?;
+    moved.check(&a.transport)?;
     let r = Results {
         page,
         small,
@@ -441,6 +433,7 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
         first,
         rounds,
         deliver,
+        moved,
     };
     report::report(a, &r, &d.timeouts()?);
     Ok(())

@@ -3,6 +3,7 @@
 //! The `kvnode` binary is found next to the test executable (`target/<profile>/kvnode`);
 //! `cargo test --workspace` builds it before running these tests.
 
+pub mod dialtrap;
 pub mod fabric;
 pub mod keyless;
 pub mod peerstats;

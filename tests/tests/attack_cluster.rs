@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use kvnode_e2e::dialtrap::DialTrap;
 use kvnode_e2e::fabric::{Etcd, Fabric};
 use kvnode_e2e::{Daemon, key, spec, temp_dir};
 use kvnode_proto::cluster::ClusterReport;
@@ -109,6 +110,9 @@ fn a_forged_own_record_is_undone_and_members_outside_the_cidrs_are_refused() {
         r#"{{"source_control_endpoint":"{rogue}","block_hashes":[{}]}}"#,
         hashes.join(",")
     );
+    // Watched from outside the daemon: a listener at the rogue endpoint, and a count of SYNs
+    // n1 sends there.
+    let trap = DialTrap::arm(&fabric, 1, 2, 7702);
     let mut c = d.client();
     let ns = c.register(&spec("cluster", 4096)).unwrap().ns;
     let (_, op) = c.get_hinted(ns, &keys, Some(&hint), Some(2000)).unwrap();
@@ -118,6 +122,7 @@ fn a_forged_own_record_is_undone_and_members_outside_the_cidrs_are_refused() {
     assert_eq!(why.code, FailCode::NotAuthorized);
     assert!(why.message.contains("outside every CIDR"), "{why:?}");
     assert!(op.peer.is_none(), "nothing may be dialled");
+    trap.assert_never_dialled("a hint naming a member outside --peers' CIDRs");
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }

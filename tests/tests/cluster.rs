@@ -1,7 +1,8 @@
 //! Cluster membership on a real etcd with real daemons, each in its own network namespace
 //! on a switched test network (`kvnode_e2e::fabric`): hinted pulls between members with no
 //! `--peers`; a SIGKILLed daemon leaves within its lease TTL and hints naming it are refused
-//! before any dial; a daemon back at a new address is accepted there only; a partitioned
+//! before any dial (a `DialTrap` at the endpoint sees none: a listener where the address is
+//! free, and a count of SYNs sent to it); a daemon back at a new address is accepted there only; a partitioned
 //! node is dropped by the others and stops trusting its stale view after the grace; an etcd
 //! outage keeps known members usable for the grace, then refuses, and everyone re-registers
 //! when etcd is back (with its data wiped); a member with another peer protocol is listed
@@ -12,6 +13,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use kvnode_e2e::dialtrap::DialTrap;
 use kvnode_e2e::fabric::{Etcd, Fabric};
 use kvnode_e2e::{Daemon, block, key, kvnode_bin, spec, temp_dir};
 use kvnode_proto::Key;
@@ -200,7 +202,21 @@ fn assert_pulled(op: &OpReport, log: &str) {
     );
 }
 
-/// Refused before any dial: `NotAuthorized`, with `why` in the reason, and fast.
+/// A hinted get on node `from` naming node `to`'s `port` (two fresh keys of node `to`):
+/// refused with `why`, and a [`DialTrap`] on that endpoint saw no dial.
+fn assert_refused_undialled(
+    cl: &mut Cluster,
+    n: &[Daemon],
+    (from, to, port): (usize, usize, u16),
+    why: &str,
+) {
+    let trap = DialTrap::arm(&cl.fabric, from, to, port);
+    let keys = cl.fresh(to);
+    assert_refused(&pull(&n[from - 1], &cl.endpoint(to, port), &keys), why);
+    trap.assert_never_dialled(&format!("n{from} hinted at n{to}:{port} ({why})"));
+}
+
+/// Refused before any dial: `NotAuthorized`, with `why` in the reason.
 fn assert_refused(op: &OpReport, why: &str) {
     assert_eq!(op.state, OpState::Failed, "{op:?}");
     let r = op.reason.as_ref().expect("a refused hint says why");
@@ -255,11 +271,7 @@ fn members_pull_without_peers_and_crashes_restarts_and_partitions_show_in_the_me
         assert_pulled(&op, &n[src - 1].log());
     }
     // An endpoint no member advertises (a member's address, another port).
-    let keys = cl.fresh(1);
-    assert_refused(
-        &pull(&n[1], &cl.endpoint(1, 7799), &keys),
-        "not a live cluster member",
-    );
+    assert_refused_undialled(&mut cl, &n, (2, 1, 7799), "not a live cluster member");
 
     crash_and_restart_at_a_new_port(&mut cl, &mut n);
     partition_and_heal(&mut cl, &n);
@@ -285,11 +297,7 @@ fn crash_and_restart_at_a_new_port(cl: &mut Cluster, n: &mut [Daemon]) {
     let gone = t.elapsed();
     eprintln!("SIGKILLed member left the membership after {gone:?} (ttl {TTL_S} s)");
     assert!(gone <= Duration::from_secs(TTL_S + 2), "{gone:?}");
-    let keys = cl.fresh(3);
-    assert_refused(
-        &pull(&n[0], &cl.endpoint(3, 7700), &keys),
-        "not a live cluster member",
-    );
+    assert_refused_undialled(cl, n, (1, 3, 7700), "not a live cluster member");
 
     // Node 3 back at a new port: accepted there, refused at the old one.
     n[2] = cl.start(3, 7701);
@@ -302,11 +310,7 @@ fn crash_and_restart_at_a_new_port(cl: &mut Cluster, n: &mut [Daemon]) {
                 .any(|m| m.node_id == "n3" && m.endpoints == [new_ep.clone()])
         });
     }
-    let keys = cl.fresh(3);
-    assert_refused(
-        &pull(&n[0], &cl.endpoint(3, 7700), &keys),
-        "not a live cluster member",
-    );
+    assert_refused_undialled(cl, n, (1, 3, 7700), "not a live cluster member");
     let keys = cl.fresh(3);
     assert_pulled(&pull(&n[0], &new_ep, &keys), &n[2].log());
 }
@@ -357,11 +361,7 @@ fn partition_and_heal(cl: &mut Cluster, n: &[Daemon]) {
         "partitioned member dropped by the others after {:?}",
         t.elapsed()
     );
-    let keys = cl.fresh(2);
-    assert_refused(
-        &pull(&n[0], &cl.endpoint(2, 7700), &keys),
-        "not a live cluster member",
-    );
+    assert_refused_undialled(cl, n, (1, 2, 7700), "not a live cluster member");
     // Node 2 itself: etcd unreachable -> degraded (last view in force) -> expired.
     wait_for(&n[1], "n2 degraded", Duration::from_secs(5), |r| {
         r.summary.state == ClusterState::Degraded && !r.summary.etcd_healthy
@@ -373,11 +373,7 @@ fn partition_and_heal(cl: &mut Cluster, n: &[Daemon]) {
         |r| r.summary.state == ClusterState::Expired && !r.summary.in_force,
     );
     eprintln!("partitioned node's own membership expired {expired:?} after it was seen degraded");
-    let keys = cl.fresh(1);
-    assert_refused(
-        &pull(&n[1], &cl.endpoint(1, 7700), &keys),
-        "past the membership grace",
-    );
+    assert_refused_undialled(cl, n, (2, 1, 7700), "past the membership grace");
 
     // Heal: node 2 registers again and everyone sees three members.
     cl.fabric.set_connected(2, true);
@@ -413,11 +409,7 @@ fn etcd_outage_keeps_known_members_for_the_grace_then_refuses_and_all_reregister
         assert_eq!(r.summary.state, ClusterState::Connecting, "{r:?}");
         assert!(!r.summary.in_force);
     }
-    let keys = cl.fresh(2);
-    assert_refused(
-        &pull(&n[0], &cl.endpoint(2, 7700), &keys),
-        "etcd has not answered",
-    );
+    assert_refused_undialled(&mut cl, &n, (1, 2, 7700), "etcd has not answered");
     wait_log(&n[0], "cannot reach etcd");
 
     let mut etcd = Etcd::start(&cl.fabric, &cl.dir);
@@ -505,11 +497,8 @@ fn incompatible_member_is_listed_and_refused(cl: &mut Cluster, etcd: &Etcd, n: &
                     .any(|m| m.node_id == "future" && !m.compatible)
         },
     );
-    let keys = cl.fresh(3);
-    assert_refused(
-        &pull(&n[0], &future, &keys),
-        &format!("peer protocol v{next}"),
-    );
+    let why = format!("peer protocol v{next}");
+    assert_refused_undialled(cl, n, (1, 3, 7702), &why);
 }
 
 /// etcd killed: degraded within the grace, expired after it.
@@ -537,11 +526,7 @@ fn outage_grace_expiry(cl: &mut Cluster, etcd: &mut Etcd, n: &[Daemon]) {
         Duration::from_secs(cl.grace_s + 3),
         |r| r.summary.state == ClusterState::Expired,
     );
-    let keys = cl.fresh(2);
-    assert_refused(
-        &pull(&n[0], &cl.endpoint(2, 7700), &keys),
-        "past the membership grace",
-    );
+    assert_refused_undialled(cl, n, (1, 2, 7700), "past the membership grace");
     let s = n[0]
         .client()
         .stats()

@@ -1,9 +1,12 @@
 //! Peer pulls between real daemons on loopback: hinted gets, refused hints, authorization
-//! before dialling, cluster keys, and nothing completed thrown away.
+//! before dialling, cluster keys, and nothing completed thrown away. Under the UCX pass
+//! (`KVNODE_E2E_PEER_TRANSPORT=ucx`) every successful pull is shown by the UCX counters to
+//! have moved its blocks by GET.
 //! Run: `cargo test --release -p kvnode-e2e --test peer`.
 
 use std::io::ErrorKind;
 
+use kvnode_e2e::peerstats::UcxCounts;
 use kvnode_e2e::{block, free_port, hint, key, peer_dest, peer_source, spec};
 use kvnode_proto::Key;
 use kvnode_proto::pull::{FailCode, KeyOutcome, OpState};
@@ -197,6 +200,7 @@ fn wrong_or_missing_cluster_key_is_refused_and_nothing_is_committed() {
         let op = op.unwrap();
         if want.is_empty() {
             assert_eq!(op.state, OpState::Done, "same key must work: {op:?}");
+            kvnode_e2e::peerstats::assert_pulled_over_ucx(&dst, &src);
             continue;
         }
         assert_eq!(op.state, OpState::Failed, "{op:?}");
@@ -238,6 +242,13 @@ fn each_request_follows_its_own_hint_to_its_own_peer() {
     );
     assert_eq!(ra.peer, Some(format!("tcp://127.0.0.1:{pa}")));
     assert_eq!(rb.peer, Some(format!("tcp://127.0.0.1:{pb}")));
+    // Under the UCX pass each peer's three blocks came by GET from that peer.
+    if kvnode_e2e::peer_transport() == "ucx" {
+        for p in [pa, pb] {
+            let got = UcxCounts::of_peer(&dst, &format!("tcp://127.0.0.1:{p}"));
+            assert_eq!((got.gets, got.fallbacks), (3, 0), "peer {p}: {got:?}");
+        }
+    }
     // A hint naming the wrong peer for a prefix pulls nothing wrong: the peer misses.
     let (pages, r) = c
         .get_hinted(ns, &kb[..1], Some(&hint(pa, &kb[..1])), Some(3000))
@@ -303,6 +314,7 @@ fn cli_get_takes_a_hint_from_a_file_and_stats_show_the_declared_timeouts() {
     );
     assert!(got.contains("Done, 2 leading usable"), "{got}");
     assert!(got.contains("2 of 2 leading pages hit"), "{got}");
+    kvnode_e2e::peerstats::assert_pulled_over_ucx(&dst, &src);
     let stats = run(&dst, &["stats"]);
     assert!(
         stats.contains("prefetch timeout: base_s") && stats.contains("(measured)"),

@@ -2,7 +2,10 @@
 //! protocol inside the sealed channel (garbage frames, a truncated block, a wrong content
 //! hash, out-of-protocol frames), and garbage thrown at a real source: clear per-key errors,
 //! nothing committed, both daemons carry on. Attacks by someone without the session keys are
-//! in peer_attack.rs. Run: `cargo test --release -p kvnode-e2e --test peer_bad_frames`.
+//! in peer_attack.rs. Under the UCX pass (`KVNODE_E2E_PEER_TRANSPORT=ucx`) the scripted
+//! source declines UCX, so its cases test TCP frames in both passes (the destination's
+//! fallback counter shows it); the pulls from a real source are shown by the UCX counters to
+//! have moved by GET. Run: `cargo test --release -p kvnode-e2e --test peer_bad_frames`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -72,6 +75,7 @@ fn pull_from(port: u16, keys: &[Key]) -> (kvnode_proto::pull::OpReport, kvnode_e
         (committed, 0),
         "{op:?}"
     );
+    kvnode_e2e::peerstats::assert_declined_to_tcp(&dst);
     (op, dst)
 }
 
@@ -234,6 +238,7 @@ fn garbage_sent_to_a_real_source_is_refused_and_it_keeps_serving() {
         .get_hinted(dns, &keys, Some(&hint(port, &keys)), Some(3000))
         .unwrap();
     assert_eq!(op.unwrap().state, OpState::Done);
+    kvnode_e2e::peerstats::assert_pulled_over_ucx(&dst, &src);
     assert!(src.log().contains("peer refused"), "{}", src.log());
 }
 
@@ -311,5 +316,6 @@ fn a_destination_that_stops_reading_costs_the_source_one_io_timeout_then_its_lea
         .get_hinted(dns, &keys[..4], Some(&hint(port, &keys[..4])), Some(3000))
         .unwrap();
     assert_eq!(op.unwrap().state, OpState::Done);
+    kvnode_e2e::peerstats::assert_pulled_over_ucx(&dst, &src);
     drop(s);
 }

@@ -1,10 +1,14 @@
 //! Peer faults with real daemons: a frozen (SIGSTOP), killed and restarted source, and the
 //! cancel fence (no byte lands in a cancelled op's buffers, yet late blocks are kept).
+//! Under the UCX pass (`KVNODE_E2E_PEER_TRANSPORT=ucx`) each test also proves by the UCX
+//! counters that the pulls after the fault (SIGCONT, the restart, the cancel) moved their
+//! blocks by GET: a fault is where a destination could switch a peer to TCP for good.
 //! Run: `cargo test --release -p kvnode-e2e --test peer_faults`.
 
 use std::time::{Duration, Instant};
 
 use kvnode_client::kvnode_proto::client::{AllocSlot, Extent};
+use kvnode_e2e::peerstats::{UcxCounts, assert_gets_since};
 use kvnode_e2e::{block, free_port, hint, key, peer_dest, peer_source, spec};
 use kvnode_proto::Key;
 use kvnode_proto::pull::{FailCode, KeyOutcome, OpState};
@@ -39,10 +43,12 @@ fn frozen_source_costs_at_most_the_heartbeat_and_recovers_after_sigcont() {
     let mut c = dst.client();
     let ns = c.register(&spec("m", 64 << 10)).unwrap().ns;
     // Warm a pooled connection, then freeze the source.
+    let before = UcxCounts::of(&dst);
     let (_, op) = c
         .get_hinted(ns, &keys[..1], Some(&hint(port, &keys[..1])), Some(3000))
         .unwrap();
     assert_eq!(op.unwrap().state, OpState::Done);
+    assert_gets_since(&dst, before, 1, "the pull before SIGSTOP");
     src.freeze();
     for _ in 0..5 {
         let t = Instant::now();
@@ -97,6 +103,8 @@ fn frozen_source_costs_at_most_the_heartbeat_and_recovers_after_sigcont() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Every transfer has ended, so what the counters gain from here is the recovery's.
+    let before = UcxCounts::of(&dst);
     src.signal(libc::SIGCONT);
     let t = Instant::now();
     loop {
@@ -112,6 +120,7 @@ fn frozen_source_costs_at_most_the_heartbeat_and_recovers_after_sigcont() {
         );
     }
     assert_eq!(c.exists(ns, &keys).unwrap(), 4);
+    assert_gets_since(&dst, before, 3, "the pull after SIGCONT");
 }
 
 #[test]
@@ -123,10 +132,12 @@ fn killed_source_fails_fast_and_a_restarted_one_serves_the_next_pull_within_a_se
     fill(&src, &keys, 64 << 10);
     let mut c = dst.client();
     let ns = c.register(&spec("m", 64 << 10)).unwrap().ns;
+    let before = UcxCounts::of(&dst);
     let (_, op) = c
         .get_hinted(ns, &keys[..2], Some(&hint(port, &keys)), Some(3000))
         .unwrap();
     assert_eq!(op.unwrap().state, OpState::Done);
+    assert_gets_since(&dst, before, 2, "the pull before SIGKILL");
     src.signal(libc::SIGKILL);
     src.wait_exit(Duration::from_secs(5))
         .expect("source exited");
@@ -149,6 +160,9 @@ fn killed_source_fails_fast_and_a_restarted_one_serves_the_next_pull_within_a_se
     let src = peer_source(port, &[]);
     let ready = Instant::now();
     fill(&src, &keys, 64 << 10);
+    // The pooled connection died with the old source and the dial after SIGKILL was
+    // refused: neither may leave this peer on TCP for good.
+    let before = UcxCounts::of(&dst);
     let (pages, op) = c
         .get_hinted(ns, &keys, Some(&hint(port, &keys)), Some(1000))
         .unwrap();
@@ -162,6 +176,11 @@ fn killed_source_fails_fast_and_a_restarted_one_serves_the_next_pull_within_a_se
         ready.elapsed()
     );
     assert_eq!(pages[3].as_deref(), Some(block(3, 64 << 10).as_slice()));
+    assert_gets_since(&dst, before, 2, "the pull from the restarted source");
+    if kvnode_e2e::peer_transport() == "ucx" {
+        let served = UcxCounts::of(&src).slots_served;
+        assert_eq!(served, 2, "the restarted source served its blocks by Slot");
+    }
 }
 
 #[test]
@@ -178,6 +197,7 @@ fn cancel_is_a_fence_no_late_byte_lands_in_reused_buffers_and_late_blocks_are_ke
     fill(&src, &keys, PAGE);
     let mut c = dst.client();
     let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
+    let before = UcxCounts::of(&dst);
     let slots = c.alloc(ns, &keys, &[PAGE as u64; N]).unwrap();
     let (handles, extents): (Vec<u64>, Vec<(u64, u64)>) = slots
         .iter()
@@ -243,4 +263,11 @@ fn cancel_is_a_fence_no_late_byte_lands_in_reused_buffers_and_late_blocks_are_ke
         Some(block(N as u64 - 1, PAGE).as_slice())
     );
     assert_eq!(c.abort(&handles).unwrap(), N as u32);
+    // Under UCX both the blocks landed before the cancel and the late ones came by GET.
+    assert_gets_since(
+        &dst,
+        before,
+        N as u64,
+        "the cancelled pull and its late blocks",
+    );
 }

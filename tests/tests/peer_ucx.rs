@@ -1,7 +1,9 @@
 //! The UCX peer transport between real daemons over UCX's TCP transport (`UCX_TLS=tcp` on
-//! loopback): what only UCX has. The whole peer suite also runs over UCX with
-//! `KVNODE_E2E_PEER_TRANSPORT=ucx` (byte-identical pulls, SIGSTOP/SIGKILL/restart of the
-//! source, the cancel fence, keys): `cargo xtask test` does both.
+//! loopback): what only UCX has. Four more suites run a second time over UCX with
+//! `KVNODE_E2E_PEER_TRANSPORT=ucx` (`peer`, `peer_faults`, `peer_bad_frames`, `peer_spill`:
+//! byte-identical pulls, SIGSTOP/SIGKILL/restart of the source, the cancel fence, keys), each
+//! pull there shown by the UCX counters to have moved by GET; `cargo xtask test` runs both
+//! passes (docs/peer-protocol.md, "Which suites run over UCX").
 //! Run: `cargo test --release -p kvnode-e2e --test peer_ucx`.
 
 use std::io::{Read, Write};
@@ -104,6 +106,42 @@ fn peer_stats(d: &Daemon, name: &str) -> kvnode_proto::stats::PeerStats {
         .into_iter()
         .find(|p| p.peer == name)
         .unwrap_or_default()
+}
+
+/// Pulls `keys` (the first `done` already pulled) after a re-key of the source's arena, and
+/// shows by the counters that the rest came by GET on the connection that carried on: each
+/// missing block read with a UCX GET, every one a `Slot` served by the source, no fallback.
+fn pull_after_rekey_by_gets(src: &Daemon, dst: &Daemon, port: u16, keys: &[Key], done: usize) {
+    let name = format!("tcp://127.0.0.1:{port}");
+    let (got0, served0) = (peer_stats(dst, &name), slots_served(src));
+    let (op, pages) = pull(dst, port, keys);
+    assert_eq!(op.state, OpState::Done, "{op:?}\n{}", dst.log());
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(
+            p.as_deref(),
+            Some(block(i as u64, PAGE).as_slice()),
+            "page {i}"
+        );
+    }
+    let got = peer_stats(dst, &name);
+    let rest = (keys.len() - done) as u64;
+    assert_eq!(
+        (
+            got.peer_ucx_gets_total - got0.peer_ucx_gets_total,
+            got.peer_ucx_fallbacks_total,
+            slots_served(src) - served0,
+        ),
+        (rest, 0, rest),
+        "the pull after the re-key did not move its {rest} blocks by UCX GET (gets, fallbacks, \
+         slots served): before {got0:?}, after {got:?}\n{}",
+        dst.log()
+    );
+}
+
+/// Blocks `d` answered with a UCX `Slot`, over every destination.
+fn slots_served(d: &Daemon) -> u64 {
+    let s = d.client().stats().unwrap();
+    s.peer.iter().map(|p| p.peer_ucx_slots_served_total).sum()
 }
 
 #[test]
@@ -352,9 +390,7 @@ fn sigusr2_revokes_the_arena_key_and_open_connections_carry_on_with_the_new_one(
         assert!(t.elapsed() < Duration::from_secs(5), "{}", src.log());
         std::thread::sleep(Duration::from_millis(10));
     }
-    let (op, pages) = pull(&dst, port, &keys);
-    assert_eq!(op.state, OpState::Done, "{op:?}");
-    assert!(pages[7].as_deref() == Some(block(7, PAGE).as_slice()));
+    pull_after_rekey_by_gets(&src, &dst, port, &keys, 4);
     leases_drain(&src);
 }
 
@@ -409,6 +445,45 @@ fn an_encrypted_session_is_never_offered_ucx_and_pulls_over_tcp() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The reverse case: the source asks for encryption (`--peer-encrypt`), the destination does
+/// not, so the session is encrypted and only the source knows to keep UCX out. The plain
+/// destination asks for UCX; the source declines (its guard in peer/source), the destination
+/// counts a fallback and pulls over sealed TCP frames, byte-identical, with no GET and no
+/// `Slot` served.
+#[test]
+fn an_encrypting_source_declines_ucx_to_a_plain_destination_and_serves_over_tcp() {
+    let dir = kvnode_e2e::temp_dir("ucx-encrypt-src");
+    let k = dir.join("cluster.key");
+    std::fs::write(&k, "cluster-key-ssssssssssssssssssssssss\n").unwrap();
+    let keyed = [UCX[0], UCX[1], UCX[2], "--cluster-key", k.to_str().unwrap()];
+    let port = free_port();
+    let src = source(port, &[&keyed[..], &["--peer-encrypt"]].concat());
+    assert!(src.log().contains("transport ucx (UCX 1."), "{}", src.log());
+    let keys: Vec<Key> = (0..3).map(key).collect();
+    fill(&src, &keys);
+    let dst = dest(port, &keyed);
+    let (op, pages) = pull(&dst, port, &keys);
+    assert_eq!(op.state, OpState::Done, "{op:?}\n{}", dst.log());
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(
+            p.as_deref(),
+            Some(block(i as u64, PAGE).as_slice()),
+            "page {i}"
+        );
+    }
+    let got = peer_stats(&dst, &format!("tcp://127.0.0.1:{port}"));
+    assert_eq!(
+        got.peer_ucx_gets_total, 0,
+        "an encrypted session moved blocks by UCX GET, in the clear: {got:?}"
+    );
+    assert!(
+        got.peer_ucx_fallbacks_total >= 1,
+        "the plain destination asked for UCX and must have been declined: {got:?}"
+    );
+    assert_eq!(slots_served(&src), 0, "the encrypting source served a Slot");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A cluster-key reload (SIGHUP: key rotation or member removal) also re-issues the UCX arena
 /// key, so a removed member's old remote key reads nothing; the destination's open UCX
 /// connection is handed the new key and its next pull completes byte-identical over UCX.
@@ -430,20 +505,7 @@ fn sighup_reloads_the_keys_and_re_issues_the_ucx_arena_key() {
         assert!(t.elapsed() < Duration::from_secs(5), "{}", src.log());
         std::thread::sleep(Duration::from_millis(10));
     }
-    let (op, pages) = pull(&dst, port, &keys);
-    assert_eq!(op.state, OpState::Done, "{op:?}\n{}", dst.log());
-    for (i, p) in pages.iter().enumerate() {
-        assert_eq!(
-            p.as_deref(),
-            Some(block(i as u64, PAGE).as_slice()),
-            "page {i}"
-        );
-    }
-    assert!(
-        dst.log().contains("pulling from this peer with UCX GETs"),
-        "{}",
-        dst.log()
-    );
+    pull_after_rekey_by_gets(&src, &dst, port, &keys, 4);
     leases_drain(&src);
     let _ = std::fs::remove_dir_all(dir);
 }

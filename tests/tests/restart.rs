@@ -239,7 +239,7 @@ fn takeover_with_another_dram_size_is_refused_clearly_and_loses_nothing() {
     let _ = std::fs::remove_dir_all(&sock_dir);
 }
 
-/// What `--spill-lag` guarantees (it is a target, not a bound: docs/configuration.md): every
+/// What `--spill-lag` guarantees (it is a target, not a bound: docs/operations.md, "Write-behind"): every
 /// block committed to DRAM is copied to NVMe by write-behind, and a block counted as copied
 /// survives SIGKILL. The test waits for the copies the daemon reports (`copied_down`), not
 /// for a span of time; without write-behind nothing is copied and SIGKILL loses it all.

@@ -237,16 +237,39 @@ fn release_has_no_seams() -> Result<(), String> {
 fn probe_binary(bin: &std::path::Path) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("kvnode-seams-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let r = probe_seams(bin, &dir);
+    let r = fake_gpu_absent(bin).and_then(|()| probe_seams(bin, &dir));
     let _ = std::fs::remove_dir_all(&dir);
     r
+}
+
+/// The fake GPU is a switch too: a seam build started with `KVNODE_TEST_FAKE_GPU` set runs its
+/// GPU ops on files (engine/core/src/engine.rs `gpu_hub`, engine/gpu/src/fake.rs). Its only
+/// reader is code compiled with `kvnode-gpu/fake` (pulled in by the engine's `test-seams`), and
+/// the variable's name is a string constant of that module, so the name occurs in a binary
+/// exactly when the switch is compiled in: a seam build of target/release holds it, the
+/// packaged build must not. Checked on the file's bytes, not on a log line.
+fn fake_gpu_absent(bin: &std::path::Path) -> Result<(), String> {
+    const NAME: &[u8] = b"KVNODE_TEST_FAKE_GPU";
+    let bytes = std::fs::read(bin)
+        .map_err(|e| format!("release-seams: cannot read {}: {e}", bin.display()))?;
+    if bytes.windows(NAME.len()).any(|w| w == NAME) {
+        return Err(format!(
+            "release-seams: {} contains the fake GPU's switch (KVNODE_TEST_FAKE_GPU): it was built with the test seams; build it alone: cargo build --release -p kvnode",
+            bin.display()
+        ));
+    }
+    eprintln!(
+        "xtask: release-seams: {} holds no fake GPU switch (KVNODE_TEST_FAKE_GPU absent from its bytes): ok",
+        bin.display()
+    );
+    Ok(())
 }
 
 /// Every seam a running daemon could be asked for is probed, with the seam switch set (so a
 /// seam build shows its seams instead of refusing to start): each `debug_fault` config
 /// section (peer transport, spill IO engine) is refused as an unknown field, and the panic
 /// hook's environment variable is ignored (the daemon is still serving after it). The fake
-/// GPU (`KVNODE_TEST_FAKE_GPU`) is compiled in exactly when these are (feature `test-seams`).
+/// GPU's switch is checked on the binary's bytes first ([`fake_gpu_absent`]).
 fn probe_seams(bin: &std::path::Path, dir: &std::path::Path) -> Result<(), String> {
     for (seam, toml) in [
         ("peer", "[peer]\ndebug_fault = { corrupt_block = 1 }\n"),

@@ -18,8 +18,10 @@ def tiny_run_end_to_end_reuses_kv_from_every_tier_and_loads_the_right_bytes(kvno
     out = tmp_path / "out"
     env = dict(os.environ, KVNODE_BIN=kvnode_bin,
                PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "clients", "python"), os.path.join(ROOT, "bench", "ttft")]))
+    # Two filler prompts before each NVMe rep: one pushes only part of the prefix out of the
+    # 8 MiB DRAM tier (30 of its 32 pages), two push all of it, so every rep reads it all back.
     p = subprocess.run([sys.executable, "-m", "harness.run", "--profile", "tiny", "--out", str(out),
-                        "--spill-root", str(tmp_path / "spill")],
+                        "--spill-root", str(tmp_path / "spill"), "--set", "long_prefix.nvme_filler=2"],
                        cwd=os.path.join(ROOT, "bench", "ttft"), env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     s = json.loads((out / "summary.json").read_text())
@@ -42,8 +44,9 @@ def tiny_run_end_to_end_reuses_kv_from_every_tier_and_loads_the_right_bytes(kvno
     # Read back from the spill dir. Not asserted whole: with an 8 MiB DRAM tier a promotion can
     # find no room while two chunks are leased, which ends the usable prefix there.
     assert lp["nvme"]["tier_hit_tokens"] > 0
-    # Every rep (the median's included) read the prefix back from NVMe, not only the first.
+    # Every rep (the median's included) read the whole prefix back from NVMe, not only the
+    # first rep and not only some of its pages: 512 tokens of 16-token pages.
     per_rep = lp["nvme"]["promoted_pages_per_rep"]
-    assert len(per_rep) == 2 and all(n > 0 for n in per_rep), per_rep
+    assert per_rep == [512 // 16] * 2, f"NVMe reps promoted {per_rep} pages, want the whole 32-page prefix each"
     for f in ("report.md", "ttft.svg", "results.json", "daemon-d1.log"):
         assert (out / f).exists(), f

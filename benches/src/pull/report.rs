@@ -19,6 +19,8 @@ pub(super) struct Results {
     pub(super) rounds: Vec<Round>,
     /// The big pull delivered into a client region, streamed and staged.
     pub(super) deliver: crate::deliver::Delivery,
+    /// How the measured pulls' blocks moved, by the destination's counters.
+    pub(super) moved: super::Moved,
 }
 
 /// One round: an iperf3 run, a memcpy of the same bytes, and the pulls right after them
@@ -271,7 +273,8 @@ fn json(a: &PullArgs, r: &Results, t: &kvnode_proto::pull::TimeoutReport, s: &Su
         "ratio_p": s.ratio_p, "cpu_s_per_gb": s.cpu, "cpu_ratio": s.cpu_ratio,
         "sock_ratio": s.sock.map(|x| x.0), "sock_cpu_ratio": s.sock.map(|x| x.1),
         "deliver_streamed_ms": dv.streamed * 1e3, "deliver_streamed_pull_ms": dv.streamed_pull * 1e3,
-        "deliver_staged_ms": dv.staged * 1e3,
+        "deliver_staged_ms": dv.staged * 1e3, "transport": a.transport, "moved_by": r.moved.by(),
+        "ucx_gets": r.moved.gets, "measured_blocks": r.moved.blocks, "ucx_fallbacks": r.moved.fallbacks,
     })
     .to_string()
 }

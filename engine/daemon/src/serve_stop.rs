@@ -1,5 +1,5 @@
 //! What `serve` does around a restart: take a running daemon's DRAM tier over at start,
-//! run the bounded write-behind, and at stop either hand the tier to a successor or flush
+//! run write-behind (`spill.lag`, a target, not a bound), and at stop either hand the tier to a successor or flush
 //! DRAM-only blocks to the spill tier within a budget.
 
 use std::os::fd::OwnedFd;
@@ -121,7 +121,7 @@ pub fn notify_ready() {
     crate::sd_notify::notify("READY=1");
 }
 
-/// Starts the bounded write-behind when `spill.lag` is set.
+/// Starts write-behind when `spill.lag` is set (the lag is a target, not a bound).
 pub fn spawn_write_behind(
     engine: &Engine,
     stop: tokio::sync::watch::Receiver<bool>,

@@ -1,5 +1,5 @@
 //! Copies of DRAM blocks to the lower tier that leave the block in DRAM: the stop-time flush
-//! and the bounded write-behind (`spill.lag`).
+//! and write-behind (`spill.lag`, a target, not a bound).
 //!
 //! A copied block keeps its slot and stays readable: the copy holds one lease (never
 //! evicted, reclaimed or reused meanwhile) and the `demoting` flag (no second copy and no

@@ -23,7 +23,8 @@ pub struct CopyCounters {
     pub copied: AtomicU64,
     /// Copies that failed (the block stays in DRAM without a copy).
     pub failed: AtomicU64,
-    /// Times the oldest uncopied block was older than the configured lag.
+    /// Write-behind passes (one per tick) that ended with the oldest uncopied block older
+    /// than the configured lag (`kvnode_tier_lag_exceeded_total{tier="nvme"}`).
     pub lag_exceeded: AtomicU64,
 }
 
