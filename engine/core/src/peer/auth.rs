@@ -19,7 +19,7 @@ use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::{HASH_LEN, MAX_KEY_IDS, NONCE_LEN, PEER_PROTOCOL_VERSION, PeerMsg};
 
 use super::PeerError;
-use super::block_mac::BlockMac;
+use kvnode_blockmac::BlockMac;
 use super::transport::TcpConn;
 use super::transport::channel::{Channel, Side};
 

@@ -23,7 +23,7 @@ use kvnode_proto::peer::{PeerMsg, PullKey};
 use tokio::sync::watch;
 
 use super::auth::accept_handshake;
-use super::block_mac::BlockMac;
+use kvnode_blockmac::BlockMac;
 use super::hashes::Sums;
 use super::transport::{PeerListener, TcpConn};
 use super::{PeerError, Peers};

@@ -12,7 +12,7 @@ use kvnode_proto::pull::{KeyOutcome, OpReport, OpState};
 use kvnode_proto::{Digest, Key, NamespaceId, NamespaceSpec};
 use tokio::sync::watch;
 
-use super::block_mac::BlockMac;
+use kvnode_blockmac::BlockMac;
 use super::hashes::fingerprint;
 use super::source::BlockSource;
 use super::source::ahead::{MIN_AHEAD, SumsAhead};

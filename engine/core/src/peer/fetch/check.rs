@@ -1,5 +1,5 @@
 //! How the destination reads a block body off the wire and checks it: in 128 KiB pieces, each
-//! folded into the block MAC (keyed plaintext sessions, `peer::block_mac`) or hashed with
+//! folded into the block MAC (keyed plaintext sessions, `kvnode_blockmac`) or hashed with
 //! BLAKE3 while still in cache (by a helper thread for large blocks), or, encrypted, opened
 //! whole and then hashed.
 
@@ -9,7 +9,7 @@ use kvnode_proto::peer::HASH_LEN;
 
 use super::hash_ahead::{self, HashAhead};
 use crate::peer::PeerError;
-use crate::peer::block_mac::{MacState, TAG_LEN, tags_equal};
+use kvnode_blockmac::{MacState, TAG_LEN, tags_equal};
 use crate::peer::transport::PullWire;
 
 /// Payloads are read and hashed in pieces of this size, so each piece is hashed while it is

@@ -15,7 +15,7 @@ use kvnode_proto::peer::HASH_LEN;
 use std::time::Duration;
 
 use super::{Checked, Chunk, PeerError, PullWire};
-use crate::peer::block_mac::{BlockMac, TAG_LEN, tags_equal};
+use kvnode_blockmac::{BlockMac, TAG_LEN, tags_equal};
 use crate::store::Reservation;
 
 /// Where a block's bytes land: its reserved DRAM slot, or scratch memory when the store

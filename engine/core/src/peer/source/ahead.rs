@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use super::sums::{block_hash, remembered};
 use crate::peer::Peers;
-use crate::peer::block_mac::BlockMac;
+use kvnode_blockmac::BlockMac;
 use crate::peer::hashes::Sums;
 use crate::store::Lease;
 

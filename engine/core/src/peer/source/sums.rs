@@ -7,7 +7,7 @@ use kvnode_proto::NamespaceId;
 use kvnode_proto::peer::PullKey;
 
 use crate::peer::Peers;
-use crate::peer::block_mac::{BlockMac, MacState};
+use kvnode_blockmac::{BlockMac, MacState};
 use crate::peer::hashes::{HashCache, SlotId, Sums, fingerprint};
 use crate::store::Lease;
 

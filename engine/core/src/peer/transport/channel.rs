@@ -32,7 +32,7 @@ use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
 use kvnode_proto::peer::{AEAD_TAG_LEN, PeerMsg, check_prefix, decode_peer};
 
 use crate::peer::PeerError;
-use crate::peer::block_mac::BlockMac;
+use kvnode_blockmac::BlockMac;
 
 /// Which end of a session this daemon is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,7 +193,7 @@ pub struct Channel {
     /// key was removed from the key file is closed at its next request.
     pub key_id: Option<u64>,
     /// The block MAC of a keyed plaintext session, where this CPU computes it fast
-    /// (`peer::block_mac`); `None`: blocks are verified by BLAKE3 only.
+    /// (`kvnode_blockmac`); `None`: blocks are verified by BLAKE3 only.
     pub block_mac: Option<Arc<BlockMac>>,
 }
 

@@ -77,7 +77,7 @@ impl FaultyConn {
     }
 
     /// See [`TcpPull::block_mac`].
-    pub fn block_mac(&self) -> Option<std::sync::Arc<crate::peer::block_mac::BlockMac>> {
+    pub fn block_mac(&self) -> Option<std::sync::Arc<kvnode_blockmac::BlockMac>> {
         self.inner.block_mac()
     }
 

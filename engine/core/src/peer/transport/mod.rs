@@ -133,7 +133,7 @@ impl PullWire {
 
     /// The session's block MAC (keyed plaintext sessions): checks `Block` bodies and, on UCX
     /// connections, the bytes of `Slot` GETs.
-    pub fn block_mac(&self) -> Option<std::sync::Arc<crate::peer::block_mac::BlockMac>> {
+    pub fn block_mac(&self) -> Option<std::sync::Arc<kvnode_blockmac::BlockMac>> {
         match self {
             Self::Tcp(c) => c.block_mac(),
             Self::Ucx(c) => c.tcp().block_mac(),

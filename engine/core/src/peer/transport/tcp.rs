@@ -57,7 +57,7 @@ impl TcpConn {
     }
 
     /// The session's block MAC (keyed plaintext sessions on a CPU that computes it fast).
-    pub fn block_mac(&self) -> Option<&std::sync::Arc<crate::peer::block_mac::BlockMac>> {
+    pub fn block_mac(&self) -> Option<&std::sync::Arc<kvnode_blockmac::BlockMac>> {
         self.chan.as_ref().and_then(|c| c.block_mac.as_ref())
     }
 

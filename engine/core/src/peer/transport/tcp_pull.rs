@@ -102,7 +102,7 @@ impl TcpPull {
     }
 
     /// The session's block MAC (keyed plaintext sessions on a CPU that computes it fast).
-    pub fn block_mac(&self) -> Option<std::sync::Arc<crate::peer::block_mac::BlockMac>> {
+    pub fn block_mac(&self) -> Option<std::sync::Arc<kvnode_blockmac::BlockMac>> {
         self.chan.block_mac.clone()
     }
 
