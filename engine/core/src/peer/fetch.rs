@@ -22,6 +22,7 @@ use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 use tokio::sync::Semaphore;
 
 use super::auth::dial_handshake;
+use super::error::{Expected, HandshakeError, PullError, Stage, Verbatim, Violation};
 use super::hashes::{SlotId, Sums, fingerprint};
 use super::op::PullOp;
 use super::transport::{PullWire, TcpConn, UcxNode, UcxPeer};
@@ -73,7 +74,7 @@ impl PeerLink {
 
     async fn dial(&self, p: &Peers) -> Result<PullWire, PeerError> {
         match self.dial_once(p).await {
-            Err(PeerError::UcxConnect(why)) => {
+            Err(PeerError::Pull(PullError::UcxConnect(why))) => {
                 // The source offered UCX but no endpoint to it could be opened (no common
                 // UCX transport): remember, and pull from it over TCP from now on.
                 tracing::warn!(peer = %self.name, error = %why, "cannot open a UCX endpoint to this peer; using TCP for it");
@@ -87,27 +88,23 @@ impl PeerLink {
     async fn dial_once(&self, p: &Peers) -> Result<PullWire, PeerError> {
         let limit = p.connect_timeout();
         let t = Instant::now();
-        let connect = p
-            .transport()
-            .dial(self.endpoint.host.as_str(), self.endpoint.port, |a| {
-                p.is_self(a)
-            });
+        let connect = p.transport().dial(&self.endpoint, |a| p.is_self(a));
         let mut w = tokio::time::timeout(limit, connect)
             .await
-            .map_err(|_| PeerError::Timeout("peer connect", limit))??;
+            .map_err(|_| PeerError::timeout(Stage::Connect, limit))??;
         let left = limit.saturating_sub(t.elapsed());
         let ring = p.keys();
         let shake = dial_handshake(
             &mut w,
             ring.as_deref(),
             p.node(),
-            &self.name,
+            &self.endpoint,
             p.encrypt(),
             left,
         );
         tokio::time::timeout(left, shake)
             .await
-            .map_err(|_| PeerError::Timeout("peer handshake", limit))??;
+            .map_err(|_| PeerError::timeout(Stage::Handshake, limit))??;
         // Encrypted sessions never use UCX (GETs would move the bytes in the clear): not a
         // fallback. A peer that declines, or whose endpoint could not be opened, is one.
         let ucx = match p.ucx() {
@@ -146,7 +143,7 @@ impl PeerLink {
             } => {
                 let peer = u
                     .connect(&worker, &rkey, base, len)
-                    .map_err(|e| PeerError::UcxConnect(e.to_string()))?;
+                    .map_err(PullError::UcxConnect)?;
                 tracing::info!(peer = %self.name, "pulling from this peer with UCX GETs");
                 Ok(Some((peer, Arc::clone(u))))
             }
@@ -154,10 +151,12 @@ impl PeerLink {
                 tracing::info!(peer = %self.name, reason, "peer declined UCX; pulling over TCP");
                 Ok(None)
             }
-            PeerMsg::Refused { reason } => Err(PeerError::Refused(reason)),
-            other => Err(PeerError::Protocol(format!(
-                "expected UcxOffer or UcxDecline, got {other:?}"
-            ))),
+            PeerMsg::Refused { reason } => Err(HandshakeError::Refused(Verbatim(reason)).into()),
+            other => Err(HandshakeError::Unexpected {
+                expected: Expected::UcxOfferOrDecline,
+                got: Box::new(other),
+            }
+            .into()),
         }
     }
 
@@ -169,7 +168,7 @@ impl PeerLink {
 /// Whether an error on a pooled connection, before any answer, means it went stale (the
 /// peer restarted): then one retry on a fresh connection is safe.
 fn stale(e: &PeerError) -> bool {
-    matches!(e, PeerError::Io(_) | PeerError::Truncated(..))
+    e.is_broken_connection()
 }
 
 /// Where a block's bytes come from.
@@ -286,7 +285,9 @@ impl Chunk {
         )
         .await;
         let Ok(permit) = permit else {
-            let busy = PeerError::Busy(self.link.name.clone());
+            let busy = PeerError::from(PullError::Busy {
+                peer: self.link.endpoint.clone(),
+            });
             return (self, Err(busy));
         };
         let permit = permit.expect("semaphore never closed");
@@ -350,8 +351,8 @@ impl Chunk {
         if self.in_place && multi {
             let r = tokio::task::block_in_place(|| self.pull_on(&mut w));
             let r = match r {
-                Err(PeerError::Timeout(..)) if Instant::now() >= self.op.deadline => {
-                    Err(PeerError::Deadline)
+                Err(e) if e.timed_out().is_some() && Instant::now() >= self.op.deadline => {
+                    Err(PullError::Deadline.into())
                 }
                 r => r,
             };
@@ -374,9 +375,7 @@ impl Chunk {
         if self.flights.is_empty() {
             return r;
         }
-        let r = r.and(Err(PeerError::Protocol(
-            "requests ended with GETs in flight".into(),
-        )));
+        let r = r.and(Err(Violation::GetsOutlivedRequests.into()));
         self.abandon_gets(w)?;
         r
     }
@@ -386,7 +385,7 @@ impl Chunk {
         self.peers
             .store()
             .namespace_id(self.op.ns)
-            .map_err(|e| PeerError::Protocol(e.to_string()))
+            .map_err(|e| PullError::Namespace(e).into())
     }
 
     /// One `Pull` per `batch_keys` open keys, with fresh request ids.
@@ -431,16 +430,14 @@ impl Chunk {
         let (mut first, mut last, mut blocks, mut page) = (None, sent.elapsed(), 0u32, 0u64);
         while !reqs.is_empty() {
             if self.in_place && Instant::now() >= self.op.deadline {
-                return Err(PeerError::Deadline);
+                return Err(PullError::Deadline.into());
             }
             let (msg, _) = w.recv(io)?;
             let at = |req: u64, idx: u32| {
                 reqs.get(&req)
                     .and_then(|v| v.get(idx as usize))
                     .copied()
-                    .ok_or_else(|| {
-                        PeerError::Protocol(format!("answer for unknown key {req}/{idx}"))
-                    })
+                    .ok_or(Violation::UnknownKey { req, idx })
             };
             let got = match msg {
                 PeerMsg::Block {
@@ -485,13 +482,9 @@ impl Chunk {
                 PeerMsg::Done { req } => {
                     // Every Slot of `req` came before its Done: land their GETs.
                     self.land_where(w, ns, |f| f.req == req)?;
-                    let keys = reqs.remove(&req).ok_or_else(|| {
-                        PeerError::Protocol(format!("Done for unknown request {req}"))
-                    })?;
+                    let keys = reqs.remove(&req).ok_or(Violation::UnknownRequest { req })?;
                     if keys.iter().any(|i| self.open.contains(i)) {
-                        return Err(PeerError::Protocol(format!(
-                            "request {req} ended with keys unanswered"
-                        )));
+                        return Err(Violation::Unanswered { req }.into());
                     }
                     if w.is_ucx() {
                         // Every GET of `req` has landed: the source may release its leases.
@@ -500,11 +493,14 @@ impl Chunk {
                     None
                 }
                 PeerMsg::Pong { .. } => None,
-                PeerMsg::Refused { reason } => return Err(PeerError::Refused(reason)),
+                PeerMsg::Refused { reason } => {
+                    return Err(HandshakeError::Refused(Verbatim(reason)).into());
+                }
                 other => {
-                    return Err(PeerError::Protocol(format!(
-                        "unexpected {other:?} from a source"
-                    )));
+                    return Err(Violation::FromSource {
+                        got: Box::new(other),
+                    }
+                    .into());
                 }
             };
             if let Some(len) = got {
@@ -537,11 +533,11 @@ impl Chunk {
         // Stays open until received (landed), so a failure before fails this key too.
         self.position(i)?;
         if self.flights.contains_key(&i) {
-            return Err(PeerError::Protocol(format!("key {i} answered twice")));
+            return Err(Violation::AnsweredTwice { key: i }.into());
         }
         let hash: [u8; HASH_LEN] = hash
             .try_into()
-            .map_err(|_| PeerError::Protocol("block hash of a bad length".into()))?;
+            .map_err(|h: Vec<u8>| Violation::HashLength { len: h.len() })?;
         if self.receive(w, ns, i, len, body, hash, req)? {
             self.answered(i)?;
         }
@@ -552,7 +548,7 @@ impl Chunk {
         self.open
             .iter()
             .position(|&x| x == i)
-            .ok_or_else(|| PeerError::Protocol(format!("key {i} answered twice")))
+            .ok_or(Violation::AnsweredTwice { key: i }.into())
     }
 
     fn answered(&mut self, i: usize) -> Result<(), PeerError> {

@@ -23,11 +23,12 @@ use kvnode_proto::peer::{PeerMsg, PullKey};
 use tokio::sync::watch;
 
 use super::auth::accept_handshake;
-use kvnode_blockmac::BlockMac;
+use super::error::{PullError, Stage, Violation, WireError};
 use super::hashes::Sums;
 use super::transport::{PeerListener, TcpConn};
 use super::{PeerError, Peers};
 use crate::store::{Lease, Store};
+use kvnode_blockmac::BlockMac;
 
 pub(super) mod ahead;
 pub(super) mod sums;
@@ -237,15 +238,13 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
                 if held.remove(&req).is_some() {
                     Ok(())
                 } else {
-                    Err(PeerError::Protocol(format!(
-                        "Landed for request {req}, which holds nothing"
-                    )))
+                    Err(Violation::LandedUnheld { req }.into())
                 }
             }
             Ok((PeerMsg::UcxRequest, _)) if ucx.is_none() => {
                 offer_ucx(&p, &mut w, limit, &mut ucx).await
             }
-            Err(PeerError::Timeout(..)) if !held.is_empty() => {
+            Err(e) if e.timed_out().is_some() && !held.is_empty() => {
                 let blocks: usize = held.values().map(Vec::len).sum();
                 tracing::warn!(peer = %w.remote(), blocks, "destination did not confirm its UCX GETs within the io timeout; closing and releasing its blocks");
                 return;
@@ -253,17 +252,12 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
             Ok((PeerMsg::Ping { t }, _)) => w.send(&PeerMsg::Pong { t }, &[], limit).await,
             Ok((PeerMsg::Pong { .. }, _)) => Ok(()),
             Ok((other, _)) => {
-                let reason = format!("unexpected {other:?} from a destination");
-                let _ = w
-                    .send(
-                        &PeerMsg::Refused {
-                            reason: reason.clone(),
-                        },
-                        &[],
-                        limit,
-                    )
-                    .await;
-                Err(PeerError::Protocol(reason))
+                let e = PeerError::from(Violation::FromDestination {
+                    got: Box::new(other),
+                });
+                let reason = e.to_string();
+                let _ = w.send(&PeerMsg::Refused { reason }, &[], limit).await;
+                Err(e)
             }
             Err(e) => Err(e),
         };
@@ -317,8 +311,8 @@ async fn serve_ucx<S: BlockSource>(
     {
         let (offer, generation) = u
             .offer()
-            .map_err(|e| PeerError::Protocol(format!("UCX key unavailable: {e}")))?
-            .ok_or_else(|| PeerError::Protocol("UCX exposure withdrawn mid-connection".into()))?;
+            .map_err(PullError::UcxKey)?
+            .ok_or(Violation::ExposureWithdrawn)?;
         w.send(&offer, &[], limit).await?;
         *given = generation;
     }
@@ -328,13 +322,13 @@ async fn serve_ucx<S: BlockSource>(
 /// Logs why a connection ends (telling the peer when it sent a bad frame).
 async fn closed(w: &mut TcpConn, e: PeerError, limit: Duration) {
     match e {
-        PeerError::Timeout("peer send", _) => {
+        _ if e.timed_out() == Some(Stage::Send) => {
             tracing::warn!(peer = %w.remote(), error = %e, "destination stopped reading; closing and releasing its blocks");
         }
-        PeerError::Io(_) | PeerError::Timeout(..) => {
+        PeerError::Wire(WireError::Io(_) | WireError::Timeout { .. }) => {
             tracing::debug!(peer = %w.remote(), error = %e, "peer connection closed");
         }
-        PeerError::Frame(_) | PeerError::Integrity(_) => {
+        _ if e.is_bad_frame() => {
             let _ = w
                 .send(
                     &PeerMsg::Refused {

@@ -12,7 +12,6 @@ use kvnode_proto::pull::{KeyOutcome, OpReport, OpState};
 use kvnode_proto::{Digest, Key, NamespaceId, NamespaceSpec};
 use tokio::sync::watch;
 
-use kvnode_blockmac::BlockMac;
 use super::hashes::fingerprint;
 use super::source::BlockSource;
 use super::source::ahead::{MIN_AHEAD, SumsAhead};
@@ -25,6 +24,7 @@ use crate::obs::Metrics;
 use crate::policy::PolicyKind;
 use crate::residency::Announcer;
 use crate::store::Store;
+use kvnode_blockmac::BlockMac;
 
 /// Larger than two hash pieces, so a block is read and hashed in several pieces.
 pub(super) const PAGE: usize = 300 << 10;

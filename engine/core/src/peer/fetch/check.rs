@@ -9,8 +9,9 @@ use kvnode_proto::peer::HASH_LEN;
 
 use super::hash_ahead::{self, HashAhead};
 use crate::peer::PeerError;
-use kvnode_blockmac::{MacState, TAG_LEN, tags_equal};
+use crate::peer::error::WireError;
 use crate::peer::transport::PullWire;
+use kvnode_blockmac::{MacState, TAG_LEN, tags_equal};
 
 /// Payloads are read and hashed in pieces of this size, so each piece is hashed while it is
 /// still in cache instead of re-reading the whole block from memory afterwards.
@@ -51,7 +52,11 @@ pub(super) fn read_hashed(
 /// A short read of the piece at `at` as a short read of the whole `total`-byte body.
 fn at_offset(at: usize, total: usize) -> impl Fn(PeerError) -> PeerError {
     move |e| match e {
-        PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
+        PeerError::Wire(WireError::Truncated { got, .. }) => WireError::Truncated {
+            got: at + got,
+            want: total,
+        }
+        .into(),
         e => e,
     }
 }

@@ -15,8 +15,9 @@ use kvnode_proto::peer::HASH_LEN;
 use std::time::Duration;
 
 use super::{Checked, Chunk, PeerError, PullWire};
-use kvnode_blockmac::{BlockMac, TAG_LEN, tags_equal};
+use crate::peer::error::{PullError, Violation};
 use crate::store::Reservation;
+use kvnode_blockmac::{BlockMac, TAG_LEN, tags_equal};
 
 /// Where a block's bytes land: its reserved DRAM slot, or scratch memory when the store
 /// refused one (`refused`: why). Its bytes do not move when it moves.
@@ -109,9 +110,7 @@ impl Chunk {
     ) -> Result<(), PeerError> {
         let i = tag as usize;
         let Some(mut f) = self.flights.remove(&i) else {
-            return Err(PeerError::Protocol(format!(
-                "a GET landed for key {i}, not in flight"
-            )));
+            return Err(Violation::GetNotInFlight { key: i }.into());
         };
         r?; // the buffer is quiet: dropping `f` frees its slot
         self.link
@@ -148,20 +147,18 @@ impl Chunk {
 
     /// After a failure: commits the GETs that already finished, cancels the rest (closing
     /// the endpoint) and frees their slots once UCX hands them back, retiring any it keeps
-    /// ([`PeerError::Stuck`] then).
+    /// ([`PullError::Stuck`] then).
     pub(super) fn abandon_gets(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
         let io = self.io;
         let mac = w.block_mac();
         let Ok(u) = w.ucx() else {
-            return Err(PeerError::Protocol(
-                "GETs in flight on a TCP connection".into(),
-            ));
+            return Err(Violation::GetsOnTcp.into());
         };
         let ns = self
             .peers
             .store()
             .namespace_id(self.op.ns)
-            .map_err(|e| PeerError::Protocol(e.to_string()))?;
+            .map_err(PullError::Namespace)?;
         while let Ok((tag, r)) = u.land_one(Duration::ZERO) {
             // Late completions are kept; a failed one only drops its flight.
             let _ = self.landed(ns, tag, r, mac.as_deref());
@@ -175,11 +172,10 @@ impl Chunk {
         if kept.is_empty() {
             return Ok(());
         }
-        let e = PeerError::Stuck(format!(
-            "{} GETs from {} were never handed back by UCX",
-            kept.len(),
-            self.link.name
-        ));
+        let e = PeerError::from(PullError::Stuck {
+            gets: kept.len(),
+            peer: self.link.endpoint.clone(),
+        });
         tracing::error!(error = %e, "retiring the slots under uncancellable GETs");
         Err(e)
     }

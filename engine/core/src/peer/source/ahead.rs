@@ -14,9 +14,9 @@ use tokio::sync::mpsc;
 
 use super::sums::{block_hash, remembered};
 use crate::peer::Peers;
-use kvnode_blockmac::BlockMac;
 use crate::peer::hashes::Sums;
 use crate::store::Lease;
+use kvnode_blockmac::BlockMac;
 
 /// Bytes to sum below which a request's blocks are summed in line by the send: about 150 µs
 /// of BLAKE3 on one core, against the tens of µs a thread takes to wake.

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Frame, PullConn, TcpPull};
 use crate::peer::PeerError;
+use crate::peer::error::WireError;
 
 /// Which received blocks go wrong. Blocks are numbered from 1 in the order this daemon
 /// receives their headers, over all its dialled connections. Default: no faults.
@@ -84,7 +85,7 @@ impl FaultyConn {
     /// A cut connection is closed.
     fn gate(&self) -> Result<(), PeerError> {
         if self.dead {
-            return Err(PeerError::Io(io::ErrorKind::BrokenPipe.into()));
+            return Err(io::Error::from(io::ErrorKind::BrokenPipe).into());
         }
         Ok(())
     }
@@ -118,7 +119,11 @@ impl PullConn for FaultyConn {
                 let k = at.saturating_sub(self.pos);
                 self.inner.read_payload(&mut dst[..k], limit)?;
                 self.dead = true;
-                Err(PeerError::Truncated(k, dst.len()))
+                Err(WireError::Truncated {
+                    got: k,
+                    want: dst.len(),
+                }
+                .into())
             }
             fault => {
                 self.inner.read_payload(dst, limit)?;

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
+use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::PeerMsg;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -46,6 +47,7 @@ pub use ucx::{UcxExposure, UcxNode, UcxPeer, UcxPull, UcxSetup, UcxStartError};
 pub use ucx_setup::{UcxAsked, interface_of};
 
 use super::PeerError;
+use super::error::{HandshakeError, Stage, Violation};
 
 /// A received frame: the message and, for `Block`, the unread payload length.
 pub type Frame = (PeerMsg, u32);
@@ -79,12 +81,12 @@ pub trait PullConn: Send {
 /// Bounds an I/O future by `limit`.
 async fn bounded<T>(
     limit: Duration,
-    what: &'static str,
+    stage: Stage,
     f: impl Future<Output = io::Result<T>>,
 ) -> Result<T, PeerError> {
     match tokio::time::timeout(limit, f).await {
-        Ok(r) => r.map_err(PeerError::Io),
-        Err(_) => Err(PeerError::Timeout(what, limit)),
+        Ok(r) => Ok(r?),
+        Err(_) => Err(PeerError::timeout(stage, limit)),
     }
 }
 
@@ -202,9 +204,7 @@ impl PullWire {
     /// The UCX end, for GETs of `Slot` answers; a protocol error on other transports.
     pub fn ucx(&mut self) -> Result<&mut UcxPull, PeerError> {
         let Self::Ucx(c) = self else {
-            return Err(PeerError::Protocol(
-                "a Slot answer on a connection that did not negotiate UCX".into(),
-            ));
+            return Err(Violation::SlotWithoutUcx.into());
         };
         Ok(c)
     }
@@ -218,9 +218,7 @@ impl PullWire {
         len: u64,
     ) -> Result<(), PeerError> {
         let Self::Ucx(c) = self else {
-            return Err(PeerError::Protocol(
-                "a UCX offer on a connection that did not ask for UCX".into(),
-            ));
+            return Err(Violation::OfferWithoutUcx.into());
         };
         c.rekey(worker, rkey, base, len)
     }
@@ -270,15 +268,18 @@ impl Transport {
     /// wait and runs the handshake.
     pub async fn dial(
         &self,
-        host: &str,
-        port: u16,
+        target: &Endpoint,
         refuse: impl Fn(SocketAddr) -> bool,
     ) -> Result<TcpConn, PeerError> {
-        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((target.host.as_str(), target.port))
+            .await?
+            .collect();
         if let Some(a) = addrs.iter().find(|a| refuse(**a)) {
-            return Err(PeerError::Auth(format!(
-                "{host}:{port} resolves to {a}, this daemon's own peer listener: not dialling itself"
-            )));
+            return Err(HandshakeError::SelfDial {
+                target: target.clone(),
+                addr: *a,
+            }
+            .into());
         }
         Ok(TcpConn::new(TcpStream::connect(&addrs[..]).await?)?)
     }

@@ -13,6 +13,7 @@ use kvnode_proto::peer::PeerMsg;
 use super::channel::Channel;
 use super::{Frame, PullConn};
 use crate::peer::PeerError;
+use crate::peer::error::{Stage, WireError};
 
 /// Header buffer. Reads of at least half of it bypass it, so a block body is copied by the
 /// kernel straight into its slot; at most one buffer's worth of a body is copied twice.
@@ -94,7 +95,7 @@ impl TcpPull {
             match e.kind() {
                 io::ErrorKind::Interrupted => {}
                 io::ErrorKind::WouldBlock => break,
-                _ => return Err(PeerError::Io(e)),
+                _ => return Err(e.into()),
             }
         }
         self.out.drain(..at);
@@ -136,7 +137,7 @@ impl TcpPull {
         &mut self,
         dst: &mut [u8],
         limit: Duration,
-        what: &'static str,
+        stage: Stage,
     ) -> Result<(), PeerError> {
         self.flush_early(limit)?;
         self.bound(limit)?;
@@ -148,7 +149,7 @@ impl TcpPull {
         while got < dst.len() {
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(PeerError::Timeout(what, budget));
+                return Err(PeerError::timeout(stage, budget));
             }
             if left < limit {
                 self.bound(left)?;
@@ -166,11 +167,17 @@ impl TcpPull {
                 n.map(|n| n.min(rest.len()))
             };
             match n {
-                Ok(0) => return Err(PeerError::Truncated(got, dst.len())),
+                Ok(0) => {
+                    return Err(WireError::Truncated {
+                        got,
+                        want: dst.len(),
+                    }
+                    .into());
+                }
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if timed_out(&e) => return Err(PeerError::Timeout(what, limit)),
-                Err(e) => return Err(PeerError::Io(e)),
+                Err(e) if timed_out(&e) => return Err(PeerError::timeout(stage, limit)),
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())
@@ -190,9 +197,9 @@ pub fn read_budget(limit: Duration, len: usize) -> Duration {
 
 fn send_error(e: io::Error, limit: Duration) -> PeerError {
     if timed_out(&e) {
-        PeerError::Timeout("peer request send", limit)
+        PeerError::timeout(Stage::RequestSend, limit)
     } else {
-        PeerError::Io(e)
+        e.into()
     }
 }
 
@@ -206,7 +213,9 @@ fn timed_out(e: &io::Error) -> bool {
 /// Frames that end a connection early are closes, not truncated blocks.
 fn frame_eof(e: PeerError) -> PeerError {
     match e {
-        PeerError::Truncated(..) => PeerError::Io(io::ErrorKind::UnexpectedEof.into()),
+        PeerError::Wire(WireError::Truncated { .. }) => {
+            io::Error::from(io::ErrorKind::UnexpectedEof).into()
+        }
         e => e,
     }
 }
@@ -227,18 +236,18 @@ impl PullConn for TcpPull {
 
     fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
         let mut p = [0u8; PREFIX_LEN];
-        self.read_exact(&mut p, limit, "peer answer")
+        self.read_exact(&mut p, limit, Stage::Answer)
             .map_err(frame_eof)?;
         let prefix = kvnode_proto::frame::FramePrefix::decode(p)
-            .map_err(|e| PeerError::Frame(e.into()))
-            .and_then(|p| kvnode_proto::peer::check_prefix(p).map_err(PeerError::Frame))?;
+            .map_err(|e| PeerError::from(kvnode_proto::peer::PeerFrameError::from(e)))
+            .and_then(|p| kvnode_proto::peer::check_prefix(p).map_err(PeerError::from))?;
         let mut header = std::mem::take(&mut self.header);
         let mut tag = std::mem::take(&mut self.tag);
         header.resize(prefix.header_len as usize, 0);
         tag.resize(self.chan.recv.tag_len(), 0);
         let r = self
-            .read_exact(&mut header, limit, "peer frame header")
-            .and_then(|()| self.read_exact(&mut tag, limit, "peer frame tag"))
+            .read_exact(&mut header, limit, Stage::FrameHeader)
+            .and_then(|()| self.read_exact(&mut tag, limit, Stage::FrameTag))
             .map_err(frame_eof)
             .and_then(|()| self.chan.recv.open(&p, &mut header, &tag));
         self.header = header;
@@ -249,7 +258,7 @@ impl PullConn for TcpPull {
     }
 
     fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
-        self.read_exact(dst, limit, "peer block bytes")
+        self.read_exact(dst, limit, Stage::BlockBytes)
     }
 
     fn key_id(&self) -> Option<u64> {
@@ -349,10 +358,7 @@ mod tests {
         let t = Instant::now();
         let e = p.read_payload(&mut body, limit).unwrap_err();
         let took = t.elapsed();
-        assert!(
-            matches!(e, PeerError::Timeout("peer block bytes", _)),
-            "{e}"
-        );
+        assert!(e.timed_out() == Some(Stage::BlockBytes), "{e}");
         let budget = read_budget(limit, 4096);
         assert!(
             took >= budget && took < budget + limit,
@@ -375,10 +381,7 @@ mod tests {
         let mut body = vec![0u8; 1 << 20];
         let t = Instant::now();
         let e = p.read_payload(&mut body, limit).unwrap_err();
-        assert!(
-            matches!(e, PeerError::Timeout("peer block bytes", _)),
-            "{e}"
-        );
+        assert!(e.timed_out() == Some(Stage::BlockBytes), "{e}");
         let took = t.elapsed();
         assert!(took >= limit && took < limit * 2, "stall cost {took:?}");
         // 1000 more bytes, then the peer closes inside the next read.
@@ -386,6 +389,15 @@ mod tests {
         w.write_all(&wire[head..head + 1000]).unwrap();
         drop(w);
         let e = p.read_payload(&mut body[..4096], limit).unwrap_err();
-        assert!(matches!(e, PeerError::Truncated(1000, 4096)), "{e}");
+        assert!(
+            matches!(
+                e,
+                PeerError::Wire(WireError::Truncated {
+                    got: 1000,
+                    want: 4096
+                })
+            ),
+            "{e}"
+        );
     }
 }

@@ -33,6 +33,7 @@ use kvnode_ucx::{
 
 use super::{Frame, PullConn, TcpPull};
 use crate::peer::PeerError;
+use crate::peer::error::{PullError, Stage, Violation, WireError};
 use crate::store::Store;
 
 /// Which transports this daemon lets UCX expose its memory over (`[peer]
@@ -327,9 +328,7 @@ impl UcxPull {
                 .checked_add(len as u64)
                 .is_some_and(|end| end <= p.base + p.len);
         if !inside {
-            return Err(PeerError::Protocol(format!(
-                "slot of {len} bytes at an address outside the source's registered arena"
-            )));
+            return Err(Violation::SlotOutsideArena { len }.into());
         }
         // SAFETY: the caller's guarantee, passed on.
         unsafe { p.remote.post_get(dst, len, addr, tag) }.map_err(ucx_error)?;
@@ -339,12 +338,12 @@ impl UcxPull {
     }
 
     /// Waits up to `limit` for some GET in flight to finish: its tag, and its outcome (an
-    /// error there is a failed GET whose buffer is quiet). [`PeerError::Timeout`] when none
+    /// error there is a failed GET whose buffer is quiet). A timeout ([`Stage::Get`]) when none
     /// finished: the caller then abandons them all.
     pub fn land_one(&mut self, limit: Duration) -> Result<(u64, Result<(), PeerError>), PeerError> {
         match self.peer.remote.land_one(limit) {
             Some((tag, r)) => Ok((tag, r.map_err(ucx_error))),
-            None => Err(PeerError::Timeout("peer GET", limit)),
+            None => Err(PeerError::timeout(Stage::Get, limit)),
         }
     }
 
@@ -364,23 +363,21 @@ impl UcxPull {
         len: u64,
     ) -> Result<(), PeerError> {
         if self.in_flight() != 0 {
-            return Err(PeerError::Protocol(
-                "a new UCX key while GETs are in flight".into(),
-            ));
+            return Err(Violation::RekeyInFlight.into());
         }
         self.peer = self
             .node
             .connect(worker, rkey, base, len)
-            .map_err(|e| PeerError::Io(std::io::Error::other(e.to_string())))?;
+            .map_err(WireError::Get)?;
         Ok(())
     }
 }
 
 fn ucx_error(e: UcxError) -> PeerError {
     match e {
-        UcxError::Timeout { limit, .. } => PeerError::Timeout("peer GET", limit),
-        UcxError::Stuck { .. } => PeerError::Stuck(e.to_string()),
-        e => PeerError::Io(std::io::Error::other(e.to_string())),
+        UcxError::Timeout { limit, .. } => PeerError::timeout(Stage::Get, limit),
+        UcxError::Stuck { .. } => PullError::GetStuck(e).into(),
+        e => WireError::Get(e).into(),
     }
 }
 
@@ -398,9 +395,7 @@ impl PullConn for UcxPull {
     }
 
     fn read_payload(&mut self, _dst: &mut [u8], _limit: Duration) -> Result<(), PeerError> {
-        Err(PeerError::Protocol(
-            "a block body arrived on a UCX connection (answers must be Slots)".into(),
-        ))
+        Err(Violation::BodyOnUcx.into())
     }
 
     fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {
