@@ -57,7 +57,7 @@ pub use auth::{ClusterKey, Identity, KeyRing};
 pub use config::{Allowed, PeerConfig, TransportKind};
 pub use error::{ConfigError, HandshakeError, PeerError, PullError, Violation, WireError};
 pub use membership::Membership;
-pub use op::{OpTable, PullOp};
+pub use op::{NewOp, OpTable, PullOp};
 pub use timeouts::PullStats;
 
 use crate::obs::Metrics;

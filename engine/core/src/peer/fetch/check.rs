@@ -10,7 +10,7 @@ use kvnode_proto::peer::HASH_LEN;
 use super::hash_ahead::{self, HashAhead};
 use crate::peer::PeerError;
 use crate::peer::error::WireError;
-use crate::peer::transport::PullWire;
+use crate::peer::transport::{PullConn as _, PullWire};
 use kvnode_blockmac::{MacState, TAG_LEN, tags_equal};
 
 /// Payloads are read and hashed in pieces of this size, so each piece is hashed while it is

@@ -15,6 +15,8 @@ use kvnode_proto::peer::HASH_LEN;
 use std::time::Duration;
 
 use super::{Checked, Chunk, PeerError, PullWire};
+use crate::peer::transport::{PullConn, SlotReads as _};
+
 use crate::peer::error::{PullError, Violation};
 use crate::store::Reservation;
 use kvnode_blockmac::{BlockMac, TAG_LEN, tags_equal};
@@ -81,13 +83,13 @@ impl Chunk {
         addr: u64,
         mut f: Flight,
     ) -> Result<(), PeerError> {
-        while w.ucx()?.in_flight() >= w.ucx()?.window() {
+        while slots(w)?.in_flight() >= slots(w)?.window() {
             self.land_one(w, ns)?;
         }
         let dst = f.landing.dst();
         // SAFETY: the landing moves into `flights` (its bytes stay put) and leaves only when
         // the GET has landed, or was handed back by `abandon`, or is retired if UCX keeps it.
-        unsafe { w.ucx()?.post(dst.as_mut_ptr(), dst.len(), addr, i as u64) }?;
+        unsafe { slots(w)?.post(dst.as_mut_ptr(), dst.len(), addr, i as u64) }?;
         self.flights.insert(i, f);
         Ok(())
     }
@@ -96,7 +98,7 @@ impl Chunk {
     fn land_one(&mut self, w: &mut PullWire, ns: NamespaceId) -> Result<(), PeerError> {
         let io = self.io;
         let mac = w.block_mac();
-        let (tag, r) = w.ucx()?.land_one(io)?;
+        let (tag, r) = slots(w)?.land_one(io)?;
         self.landed(ns, tag, r, mac.as_deref())
     }
 
@@ -151,7 +153,7 @@ impl Chunk {
     pub(super) fn abandon_gets(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
         let io = self.io;
         let mac = w.block_mac();
-        let Ok(u) = w.ucx() else {
+        let Some(u) = w.slots() else {
             return Err(Violation::GetsOnTcp.into());
         };
         let ns = self
@@ -179,4 +181,10 @@ impl Chunk {
         tracing::error!(error = %e, "retiring the slots under uncancellable GETs");
         Err(e)
     }
+}
+
+/// The connection's one-sided reads: a `Slot` on a connection without them breaks the
+/// protocol.
+fn slots(w: &mut PullWire) -> Result<&mut <PullWire as PullConn>::Slots, PeerError> {
+    w.slots().ok_or_else(|| Violation::SlotWithoutUcx.into())
 }

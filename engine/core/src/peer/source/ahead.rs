@@ -8,15 +8,13 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kvnode_proto::NamespaceId;
 use kvnode_proto::peer::PullKey;
 use tokio::sync::mpsc;
 
+use super::Batch;
 use super::sums::{block_hash, remembered};
-use crate::peer::Peers;
 use crate::peer::hashes::Sums;
 use crate::store::Lease;
-use kvnode_blockmac::BlockMac;
 
 /// Bytes to sum below which a request's blocks are summed in line by the send: about 150 µs
 /// of BLAKE3 on one core, against the tens of µs a thread takes to wake.
@@ -52,12 +50,16 @@ impl SumsAhead {
     /// more than summing them in line). Each thread takes the next block in order, so the
     /// first ones are ready first.
     pub(in crate::peer) fn start(
-        p: &Arc<Peers>,
-        (ns, keys): (NamespaceId, &[PullKey]),
+        batch: &Batch<'_>,
         leased: &[Option<Arc<Lease>>],
-        mac: Option<&Arc<BlockMac>>,
         threads: usize,
     ) -> Self {
+        let Batch {
+            peers: p,
+            ns,
+            keys,
+            mac,
+        } = *batch;
         let todo: VecDeque<(usize, Arc<Lease>)> = leased
             .iter()
             .enumerate()

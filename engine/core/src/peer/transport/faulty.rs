@@ -12,7 +12,7 @@ use std::time::Duration;
 use kvnode_proto::peer::PeerMsg;
 use serde::{Deserialize, Serialize};
 
-use super::{Frame, PullConn, TcpPull};
+use super::{Frame, NoSlots, PullConn, TcpPull};
 use crate::peer::PeerError;
 use crate::peer::error::WireError;
 
@@ -71,17 +71,6 @@ impl FaultyConn {
         }
     }
 
-    /// See [`TcpPull::send_early`] (a cut connection refuses it like any send).
-    pub fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
-        self.gate()?;
-        self.inner.send_early(msgs)
-    }
-
-    /// See [`TcpPull::block_mac`].
-    pub fn block_mac(&self) -> Option<std::sync::Arc<kvnode_blockmac::BlockMac>> {
-        self.inner.block_mac()
-    }
-
     /// A cut connection is closed.
     fn gate(&self) -> Result<(), PeerError> {
         if self.dead {
@@ -92,6 +81,22 @@ impl FaultyConn {
 }
 
 impl PullConn for FaultyConn {
+    type Slots = NoSlots;
+
+    /// See [`PullConn::send_early`] (a cut connection refuses it like any send).
+    fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        self.gate()?;
+        self.inner.send_early(msgs)
+    }
+
+    fn block_mac(&self) -> Option<std::sync::Arc<kvnode_blockmac::BlockMac>> {
+        self.inner.block_mac()
+    }
+
+    fn slots(&mut self) -> Option<&mut NoSlots> {
+        None
+    }
+
     fn remote(&self) -> SocketAddr {
         self.inner.remote()
     }

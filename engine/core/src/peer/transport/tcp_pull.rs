@@ -11,7 +11,7 @@ use kvnode_proto::frame::PREFIX_LEN;
 use kvnode_proto::peer::PeerMsg;
 
 use super::channel::Channel;
-use super::{Frame, PullConn};
+use super::{Frame, NoSlots, PullConn};
 use crate::peer::PeerError;
 use crate::peer::error::{Stage, WireError};
 
@@ -34,7 +34,7 @@ pub struct TcpPull {
     chan: Box<Channel>,
     /// Sequence number of the last frame received (its body is opened under it).
     last: u64,
-    /// Sealed bytes [`TcpPull::send_early`] could not hand over without waiting: they go
+    /// Sealed bytes [`PullConn::send_early`] could not hand over without waiting: they go
     /// out first in the next blocking call, so frames stay in their sealed order.
     out: Vec<u8>,
 }
@@ -62,52 +62,7 @@ impl TcpPull {
         })
     }
 
-    /// Seals `msgs` and gives the socket what it takes right now (`MSG_DONTWAIT`): never
-    /// waits, so a runtime worker may call it. What the socket did not take is sent first by
-    /// the next blocking call. Lets a pull's requests leave before the thread that receives
-    /// its answers is even running.
-    pub fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
-        let queued = self.out.len();
-        for m in msgs {
-            let f = self.chan.send.seal(m, 0)?;
-            self.out.extend(f);
-        }
-        if queued > 0 {
-            return Ok(());
-        }
-        let mut at = 0;
-        while at < self.out.len() {
-            let rest = &self.out[at..];
-            // SAFETY: `rest` is a live buffer of `rest.len()` bytes; the fd is this stream's.
-            let n = unsafe {
-                libc::send(
-                    self.s.as_raw_fd(),
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
-            if n >= 0 {
-                at += n.unsigned_abs();
-                continue;
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => {}
-                io::ErrorKind::WouldBlock => break,
-                _ => return Err(e.into()),
-            }
-        }
-        self.out.drain(..at);
-        Ok(())
-    }
-
-    /// The session's block MAC (keyed plaintext sessions on a CPU that computes it fast).
-    pub fn block_mac(&self) -> Option<std::sync::Arc<kvnode_blockmac::BlockMac>> {
-        self.chan.block_mac.clone()
-    }
-
-    /// Sends what [`TcpPull::send_early`] left (blocking, within `limit`).
+    /// Sends what [`PullConn::send_early`] left (blocking, within `limit`).
     fn flush_early(&mut self, limit: Duration) -> Result<(), PeerError> {
         if self.out.is_empty() {
             return Ok(());
@@ -221,6 +176,57 @@ fn frame_eof(e: PeerError) -> PeerError {
 }
 
 impl PullConn for TcpPull {
+    type Slots = NoSlots;
+
+    /// Seals `msgs` and gives the socket what it takes right now (`MSG_DONTWAIT`): never
+    /// waits, so a runtime worker may call it. What the socket did not take is sent first by
+    /// the next blocking call. Lets a pull's requests leave before the thread that receives
+    /// its answers is even running.
+    fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        let queued = self.out.len();
+        for m in msgs {
+            let f = self.chan.send.seal(m, 0)?;
+            self.out.extend(f);
+        }
+        if queued > 0 {
+            return Ok(());
+        }
+        let mut at = 0;
+        while at < self.out.len() {
+            let rest = &self.out[at..];
+            // SAFETY: `rest` is a live buffer of `rest.len()` bytes; the fd is this stream's.
+            let n = unsafe {
+                libc::send(
+                    self.s.as_raw_fd(),
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n >= 0 {
+                at += n.unsigned_abs();
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => break,
+                _ => return Err(e.into()),
+            }
+        }
+        self.out.drain(..at);
+        Ok(())
+    }
+
+    /// The session's block MAC (keyed plaintext sessions on a CPU that computes it fast).
+    fn block_mac(&self) -> Option<std::sync::Arc<kvnode_blockmac::BlockMac>> {
+        self.chan.block_mac.clone()
+    }
+
+    fn slots(&mut self) -> Option<&mut NoSlots> {
+        None
+    }
+
     fn remote(&self) -> SocketAddr {
         self.addr
     }

@@ -25,13 +25,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use kvnode_blockmac::BlockMac;
 use kvnode_proto::peer::PeerMsg;
 use kvnode_ucx::{
     Access, Context, MemoryKind, PackedRkey, Progress, Region, Remote, Resource, Resources,
     UcxError, WorkerAddress,
 };
 
-use super::{Frame, PullConn, TcpPull};
+use super::{Frame, PullConn, SlotReads, TcpPull};
 use crate::peer::PeerError;
 use crate::peer::error::{PullError, Stage, Violation, WireError};
 use crate::store::Store;
@@ -288,34 +289,26 @@ impl UcxPull {
     pub fn new(tcp: TcpPull, peer: UcxPeer, node: Arc<UcxNode>) -> Self {
         Self { tcp, peer, node }
     }
+}
 
-    /// The TCP connection that carries the frames.
-    pub fn tcp(&self) -> &TcpPull {
-        &self.tcp
-    }
-
-    /// The TCP connection that carries the frames.
-    pub fn tcp_mut(&mut self) -> &mut TcpPull {
-        &mut self.tcp
-    }
-
+impl SlotReads for UcxPull {
     /// GETs this connection may keep in flight.
-    pub fn window(&self) -> usize {
+    fn window(&self) -> usize {
         self.node.window
     }
 
     /// GETs posted and not yet landed or abandoned.
-    pub fn in_flight(&self) -> usize {
+    fn in_flight(&self) -> usize {
         self.peer.remote.in_flight()
     }
 
     /// Starts a GET of `len` bytes at the source's `addr` into `dst`, known by `tag` until
-    /// [`UcxPull::land_one`] reports it.
+    /// [`SlotReads::land_one`] reports it.
     ///
     /// # Safety
     /// As [`kvnode_ucx::Remote::post_get`]: `dst..dst + len` stays valid and untouched until
-    /// the GET is landed, or given back by [`UcxPull::abandon`] (never reused if kept).
-    pub unsafe fn post(
+    /// the GET is landed, or given back by [`SlotReads::abandon`] (never reused if kept).
+    unsafe fn post(
         &mut self,
         dst: *mut u8,
         len: usize,
@@ -340,7 +333,7 @@ impl UcxPull {
     /// Waits up to `limit` for some GET in flight to finish: its tag, and its outcome (an
     /// error there is a failed GET whose buffer is quiet). A timeout ([`Stage::Get`]) when none
     /// finished: the caller then abandons them all.
-    pub fn land_one(&mut self, limit: Duration) -> Result<(u64, Result<(), PeerError>), PeerError> {
+    fn land_one(&mut self, limit: Duration) -> Result<(u64, Result<(), PeerError>), PeerError> {
         match self.peer.remote.land_one(limit) {
             Some((tag, r)) => Ok((tag, r.map_err(ucx_error))),
             None => Err(PeerError::timeout(Stage::Get, limit)),
@@ -350,18 +343,12 @@ impl UcxPull {
     /// Cancels every GET in flight and closes the endpoint; waits up to `limit` for UCX to
     /// hand them back. Returns the tags of those it kept: their buffers may still be written
     /// and must be retired, never reused.
-    pub fn abandon(&mut self, limit: Duration) -> Vec<u64> {
+    fn abandon(&mut self, limit: Duration) -> Vec<u64> {
         self.peer.remote.abandon(limit)
     }
 
     /// Takes a new key (and worker address) the source sent after re-registering.
-    pub fn rekey(
-        &mut self,
-        worker: &[u8],
-        rkey: &[u8],
-        base: u64,
-        len: u64,
-    ) -> Result<(), PeerError> {
+    fn rekey(&mut self, worker: &[u8], rkey: &[u8], base: u64, len: u64) -> Result<(), PeerError> {
         if self.in_flight() != 0 {
             return Err(Violation::RekeyInFlight.into());
         }
@@ -382,8 +369,22 @@ fn ucx_error(e: UcxError) -> PeerError {
 }
 
 impl PullConn for UcxPull {
+    type Slots = Self;
+
     fn remote(&self) -> SocketAddr {
         self.tcp.remote()
+    }
+
+    fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        self.tcp.send_early(msgs)
+    }
+
+    fn block_mac(&self) -> Option<Arc<BlockMac>> {
+        self.tcp.block_mac()
+    }
+
+    fn slots(&mut self) -> Option<&mut Self> {
+        Some(self)
     }
 
     fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
