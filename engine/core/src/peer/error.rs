@@ -20,7 +20,8 @@ use std::fmt;
 
 use kvnode_proto::pull::{FailCode, Failure};
 
-pub use config::{ConfigError, EntryProblem, KeyProblem, UcxSetupError};
+pub(crate) use config::list;
+pub use config::{ConfigError, EntryProblem, KeyProblem, UcxSetupError, UcxStartError};
 pub use handshake::{Expected, HandshakeError, KeyIds, Me};
 pub use pull::{PullError, Violation};
 pub use wire::{IntegrityCheck, Stage, WireError};

@@ -6,10 +6,9 @@ use std::path::PathBuf;
 
 use kvnode_proto::hint::HintError;
 use kvnode_proto::pull::FailCode;
-use kvnode_ucx::UcxError;
+use kvnode_ucx::{Resource, UcxError};
 
 use super::Verbatim;
-use crate::peer::transport::UcxStartError;
 
 /// Why a `--peers` entry is not usable.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,4 +192,30 @@ impl ConfigError {
             _ => FailCode::PeerFailed,
         }
     }
+}
+
+/// Why UCX did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UcxStartError {
+    /// UCX itself failed (not installed, no usable transport, ...).
+    #[error("{0}")]
+    Ucx(#[from] UcxError),
+    /// UCX would serve remote memory access in software (no NIC checks the memory key).
+    #[error(
+        "UCX would serve one-sided reads in software over {}: anyone who reaches this daemon's UCX worker \
+         could read and overwrite every tenant's blocks and crash the daemon with one GET. The UCX transport \
+         needs an RDMA (verbs RC/DC) device; use --peer-transport tcp, or, only on a network where every host \
+         and local user is trusted, --peer-ucx-insecure-software-rma (docs/peer-protocol.md, threat model)",
+        list(.0)
+    )]
+    SoftwareRma(Vec<Resource>),
+}
+
+/// UCX resources as the start-up line names them.
+pub(crate) fn list(r: &[Resource]) -> String {
+    r.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }

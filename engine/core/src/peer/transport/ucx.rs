@@ -28,13 +28,14 @@ use std::time::Duration;
 use kvnode_blockmac::BlockMac;
 use kvnode_proto::peer::PeerMsg;
 use kvnode_ucx::{
-    Access, Context, MemoryKind, PackedRkey, Progress, Region, Remote, Resource, Resources,
-    UcxError, WorkerAddress,
+    Access, Context, MemoryKind, PackedRkey, Progress, Region, Remote, Resources, UcxError,
+    WorkerAddress,
 };
 
 use super::{Frame, PullConn, SlotReads, TcpPull};
 use crate::peer::PeerError;
-use crate::peer::error::{PullError, Stage, Violation, WireError};
+pub use crate::peer::error::UcxStartError;
+use crate::peer::error::{PullError, Stage, Violation, WireError, list};
 use crate::store::Store;
 
 /// Which transports this daemon lets UCX expose its memory over (`[peer]
@@ -65,31 +66,6 @@ pub struct UcxSetup {
     /// Whether this daemon serves pulls (has a peer listener): only then is a worker
     /// started for peers to read from and the arena registered for remote reads.
     pub serve: bool,
-}
-
-/// Why UCX did not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum UcxStartError {
-    /// UCX itself failed (not installed, no usable transport, ...).
-    #[error("{0}")]
-    Ucx(#[from] UcxError),
-    /// UCX would serve remote memory access in software (no NIC checks the memory key).
-    #[error(
-        "UCX would serve one-sided reads in software over {}: anyone who reaches this daemon's UCX worker \
-         could read and overwrite every tenant's blocks and crash the daemon with one GET. The UCX transport \
-         needs an RDMA (verbs RC/DC) device; use --peer-transport tcp, or, only on a network where every host \
-         and local user is trusted, --peer-ucx-insecure-software-rma (docs/peer-protocol.md, threat model)",
-        list(.0)
-    )]
-    SoftwareRma(Vec<Resource>),
-}
-
-fn list(r: &[Resource]) -> String {
-    r.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// This daemon's UCX state: context, two registrations of the arena and the worker peers
