@@ -187,7 +187,7 @@ impl EngineConfig {
         self.tenants.validate().map_err(|e| e.to_string())?;
         self.spill.validate()?;
         self.events.validate()?;
-        self.peer.validate()?;
+        self.peer.validate().map_err(|e| e.to_string())?;
         self.takeover_path()?;
         self.check_keyless_peer_listener()
     }

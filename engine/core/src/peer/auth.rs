@@ -18,10 +18,12 @@ use std::time::Duration;
 use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::{HASH_LEN, MAX_KEY_IDS, NONCE_LEN, PEER_PROTOCOL_VERSION, PeerMsg};
 
-use super::PeerError;
-use super::block_mac::BlockMac;
+use kvnode_blockmac::BlockMac;
+
+use super::error::{Expected, HandshakeError, KeyIds, KeyProblem, Me, Verbatim};
 use super::transport::TcpConn;
 use super::transport::channel::{Channel, Side};
+use super::{ConfigError, PeerError, WireError};
 
 const KEY_ID_CTX: &str = "kvnode 2026-12 peer cluster key id";
 const SOURCE_PROOF_CTX: &str = "kvnode 2026-12 peer v2 source proof";
@@ -72,23 +74,27 @@ pub const MAX_KEY_FILE: u64 = 64 << 10;
 fn read_key_file(path: &Path) -> Result<Vec<u8>, PeerError> {
     use std::io::Read as _;
     use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    let bad = |why: String| PeerError::Key(format!("{}: {why}", path.display()));
+    let bad = |problem| -> PeerError {
+        ConfigError::Key {
+            path: path.to_owned(),
+            problem,
+        }
+        .into()
+    };
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
-        .map_err(|e| bad(format!("cannot open: {e}")))?;
-    let md = f.metadata().map_err(|e| bad(format!("cannot stat: {e}")))?;
+        .map_err(|e| bad(KeyProblem::Open(e)))?;
+    let md = f.metadata().map_err(|e| bad(KeyProblem::Stat(e)))?;
     if !md.file_type().is_file() {
-        return Err(bad(
-            "not a regular file (a FIFO, device or directory); give a file holding the key".into(),
-        ));
+        return Err(bad(KeyProblem::NotRegular));
     }
     if md.len() > MAX_KEY_FILE {
-        return Err(bad(format!(
-            "{} bytes; a cluster key file holds at most {MAX_KEY_FILE}",
-            md.len()
-        )));
+        return Err(bad(KeyProblem::TooLong {
+            bytes: md.len(),
+            max: MAX_KEY_FILE,
+        }));
     }
     let mode = md.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
@@ -97,9 +103,12 @@ fn read_key_file(path: &Path) -> Result<Vec<u8>, PeerError> {
     let mut raw = Vec::new();
     f.take(MAX_KEY_FILE + 1)
         .read_to_end(&mut raw)
-        .map_err(|e| bad(format!("cannot read: {e}")))?;
+        .map_err(|e| bad(KeyProblem::Read(e)))?;
     if raw.len() as u64 > MAX_KEY_FILE {
-        return Err(bad(format!("longer than {MAX_KEY_FILE} bytes")));
+        return Err(bad(KeyProblem::TooLong {
+            bytes: raw.len() as u64,
+            max: MAX_KEY_FILE,
+        }));
     }
     Ok(raw)
 }
@@ -125,25 +134,24 @@ impl KeyRing {
             .map(<[u8]>::trim_ascii)
             .filter(|l| !l.is_empty())
             .collect();
+        let bad = |problem| -> PeerError {
+            ConfigError::Key {
+                path: path.to_owned(),
+                problem,
+            }
+            .into()
+        };
         if lines.is_empty() || lines.len() > MAX_KEY_IDS {
-            return Err(PeerError::Key(format!(
-                "{} holds {} keys; a cluster key file holds 1 or {MAX_KEY_IDS} (one per line)",
-                path.display(),
-                lines.len()
-            )));
+            return Err(bad(KeyProblem::KeyCount {
+                found: lines.len(),
+                max: MAX_KEY_IDS,
+            }));
         }
         if let Some(short) = lines.iter().find(|l| l.len() < 16) {
-            return Err(PeerError::Key(format!(
-                "{}: a key of {} bytes; a cluster key needs at least 16 (e.g. `head -c 32 /dev/urandom | base64`)",
-                path.display(),
-                short.len()
-            )));
+            return Err(bad(KeyProblem::ShortKey { bytes: short.len() }));
         }
         if lines.len() == 2 && lines[0] == lines[1] {
-            return Err(PeerError::Key(format!(
-                "{} holds the same key twice",
-                path.display()
-            )));
+            return Err(bad(KeyProblem::Duplicate));
         }
         Ok(Self::from_keys(
             lines.into_iter().map(ClusterKey::from_bytes).collect(),
@@ -220,9 +228,11 @@ pub fn transcript(hello: &PeerMsg, challenge: &PeerMsg) -> Result<[u8; 32], Peer
         },
     ) = (hello, challenge)
     else {
-        return Err(PeerError::Protocol(
-            "transcript of frames other than Hello and Challenge".into(),
-        ));
+        return Err(HandshakeError::Unexpected {
+            expected: Expected::Challenge,
+            got: Box::new(challenge.clone()),
+        }
+        .into());
     };
     let mut h = blake3::Hasher::new();
     field(&mut h, TRANSCRIPT_LABEL);
@@ -303,7 +313,7 @@ pub async fn dial_handshake(
     w: &mut TcpConn,
     ring: Option<&KeyRing>,
     me: &str,
-    dialled: &str,
+    dialled: &Endpoint,
     encrypt: bool,
     limit: Duration,
 ) -> Result<String, PeerError> {
@@ -311,7 +321,7 @@ pub async fn dial_handshake(
     let hello = PeerMsg::Hello {
         version: PEER_PROTOCOL_VERSION,
         node: me.to_owned(),
-        dialled: dialled.to_owned(),
+        dialled: dialled.to_string(),
         nonce: mine.clone(),
         key_ids: ring.map(KeyRing::ids).unwrap_or_default(),
         encrypt,
@@ -327,48 +337,33 @@ pub async fn dial_handshake(
             encrypt,
             proof,
         } if *version == PEER_PROTOCOL_VERSION => (nonce, *key_id, *encrypt, proof, node.clone()),
-        PeerMsg::Refused { reason } => return Err(PeerError::Refused(reason.clone())),
-        other => {
-            return Err(PeerError::Protocol(format!(
-                "expected Challenge, got {other:?}"
-            )));
+        PeerMsg::Refused { reason } => {
+            return Err(HandshakeError::Refused(reason.as_str().into()).into());
         }
+        other => return Err(unexpected(Expected::Challenge, other.clone())),
     };
     if *theirs == mine {
-        return Err(PeerError::Auth(
-            "the source echoed this daemon's nonce (a reflection)".into(),
-        ));
+        return Err(HandshakeError::Reflection.into());
     }
     let key = match (ring, key_id) {
-        (Some(r), Some(id)) => Some(r.get(id).ok_or_else(|| {
-            PeerError::Auth(format!(
-                "source chose key {id:016x}, which this daemon does not hold ({})",
-                r.describe()
-            ))
+        (Some(r), Some(id)) => Some(r.get(id).ok_or_else(|| HandshakeError::UnknownKey {
+            id,
+            held: KeyIds(r.ids()),
         })?),
-        (Some(_), None) => {
-            return Err(PeerError::Auth(
-                "source has no cluster key and this daemon requires one".into(),
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(PeerError::Auth(
-                "source uses a cluster key and this daemon has none".into(),
-            ));
-        }
+        (Some(_), None) => return Err(HandshakeError::SourceKeyless.into()),
+        (None, Some(_)) => return Err(HandshakeError::SourceKeyed.into()),
         (None, None) => None,
     };
     if encrypt && !sealed {
-        return Err(PeerError::Auth(
-            "this daemon requires encryption and the source did not agree to it".into(),
-        ));
+        return Err(HandshakeError::EncryptionDeclined.into());
     }
     let th = transcript(&hello, &challenge)?;
     let s = secret(key, &th);
     if !proof_ok(source_proof(&s), proof) {
-        return Err(PeerError::Auth(format!(
-            "source failed the cluster-key proof for {dialled} (wrong cluster key, or not the daemon dialled: a relay?)"
-        )));
+        return Err(HandshakeError::SourceProof {
+            dialled: dialled.clone(),
+        }
+        .into());
     }
     w.send(
         &PeerMsg::Auth {
@@ -386,11 +381,18 @@ pub async fn dial_handshake(
     );
     match w.recv_first_sealed(limit).await? {
         PeerMsg::Ready => Ok(src),
-        PeerMsg::Refused { reason } => Err(PeerError::Refused(reason)),
-        other => Err(PeerError::Protocol(format!(
-            "expected Ready, got {other:?}"
-        ))),
+        PeerMsg::Refused { reason } => Err(HandshakeError::Refused(Verbatim(reason)).into()),
+        other => Err(unexpected(Expected::Ready, other)),
     }
+}
+
+/// A handshake message other than the one due.
+fn unexpected(expected: Expected, got: PeerMsg) -> PeerError {
+    HandshakeError::Unexpected {
+        expected,
+        got: Box::new(got),
+    }
+    .into()
 }
 
 /// Source side: checks the destination, then seals the connection. On failure a plain
@@ -404,7 +406,10 @@ pub async fn accept_handshake(
 ) -> Result<String, PeerError> {
     let r = accept_inner(w, ring, me, encrypt, limit).await;
     if let Err(e) = &r
-        && !matches!(e, PeerError::Io(_) | PeerError::Timeout(..))
+        && !matches!(
+            e,
+            PeerError::Wire(WireError::Io(_) | WireError::Timeout { .. })
+        )
     {
         let _ = w
             .send(
@@ -437,35 +442,23 @@ async fn accept_inner(
             encrypt,
         } if *version == PEER_PROTOCOL_VERSION => (nonce, key_ids, dialled, *encrypt, node.clone()),
         PeerMsg::Hello { version, .. } => {
-            return Err(PeerError::Protocol(format!(
-                "peer protocol version {version} not supported (this daemon speaks {PEER_PROTOCOL_VERSION})"
-            )));
+            return Err(HandshakeError::Version {
+                theirs: *version,
+                ours: PEER_PROTOCOL_VERSION,
+            }
+            .into());
         }
-        other => {
-            return Err(PeerError::Protocol(format!(
-                "expected Hello, got {other:?}"
-            )));
-        }
+        other => return Err(unexpected(Expected::Hello, other.clone())),
     };
     let key = match ring {
-        Some(_) if key_ids.is_empty() => {
-            return Err(PeerError::Auth("this daemon requires a cluster key".into()));
-        }
-        Some(r) => Some(r.pick(key_ids).ok_or_else(|| {
-            let ids: Vec<String> = key_ids.iter().map(|i| format!("{i:016x}")).collect();
-            PeerError::Auth(format!(
-                "no cluster key in common: the peer holds {}, this daemon {}",
-                ids.join(", "),
-                r.describe()
-            ))
+        Some(_) if key_ids.is_empty() => return Err(HandshakeError::KeyRequired.into()),
+        Some(r) => Some(r.pick(key_ids).ok_or_else(|| HandshakeError::NoCommonKey {
+            theirs: KeyIds(key_ids.clone()),
+            ours: KeyIds(r.ids()),
         })?),
-        None if !key_ids.is_empty() => {
-            return Err(PeerError::Auth("this daemon has no cluster key".into()));
-        }
+        None if !key_ids.is_empty() => return Err(HandshakeError::Keyless.into()),
         None if !w.remote().ip().to_canonical().is_loopback() => {
-            return Err(PeerError::Auth(
-                "without a cluster key only loopback peers are served".into(),
-            ));
+            return Err(HandshakeError::KeylessRemote.into());
         }
         None => None,
     };
@@ -474,10 +467,14 @@ async fn accept_inner(
         .await
         .unwrap_or(false);
     if !named {
-        return Err(PeerError::Auth(format!(
-            "the peer dialled {dialled:?}, which is not this daemon ({}, {local}): refusing (a relay?)",
-            me.node
-        )));
+        return Err(HandshakeError::NotDialled {
+            dialled: dialled.as_str().into(),
+            me: Me {
+                advertised: me.advertised.clone(),
+                local,
+            },
+        }
+        .into());
     }
     let sealed = encrypt || want;
     let mut challenge = PeerMsg::Challenge {
@@ -491,7 +488,7 @@ async fn accept_inner(
     if let PeerMsg::Challenge { nonce, .. } = &challenge
         && nonce == theirs
     {
-        return Err(PeerError::Auth("nonce collision".into()));
+        return Err(HandshakeError::NonceCollision.into());
     }
     let th = transcript(&hello, &challenge)?;
     let s = secret(key, &th);
@@ -501,13 +498,10 @@ async fn accept_inner(
     w.send(&challenge, &[], limit).await?;
     let proof = match w.recv(limit).await?.0 {
         PeerMsg::Auth { proof } => proof,
-        other => return Err(PeerError::Protocol(format!("expected Auth, got {other:?}"))),
+        other => return Err(unexpected(Expected::Auth, other)),
     };
     if !proof_ok(dest_proof(&s), &proof) {
-        return Err(PeerError::Auth(
-            "the peer failed the cluster-key proof (wrong cluster key, or a relayed or reflected proof)"
-                .into(),
-        ));
+        return Err(HandshakeError::DestinationProof.into());
     }
     let mac = key.and_then(ClusterKey::block_mac).filter(|_| !sealed);
     w.secure(

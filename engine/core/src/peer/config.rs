@@ -4,6 +4,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use kvnode_proto::hint::Endpoint;
+
+use super::error::{ConfigError, EntryProblem};
 use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "test-seams")]
@@ -150,24 +152,20 @@ pub fn is_loopback(e: &Endpoint) -> bool {
 
 impl Allowed {
     /// Parses `tcp://host:port` or `addr/bits`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, EntryProblem> {
         if s.starts_with("tcp://") {
             return Endpoint::parse(s)
                 .map(Allowed::Endpoint)
-                .map_err(|e| e.to_string());
+                .map_err(EntryProblem::Endpoint);
         }
-        let (a, b) = s
-            .split_once('/')
-            .ok_or_else(|| format!("peer {s:?} is neither tcp://host:port nor a CIDR"))?;
-        let ip: IpAddr = a
-            .parse()
-            .map_err(|_| format!("bad CIDR address in {s:?}"))?;
+        let (a, b) = s.split_once('/').ok_or(EntryProblem::Neither)?;
+        let ip: IpAddr = a.parse().map_err(|_| EntryProblem::CidrAddress)?;
         let max = if ip.is_ipv4() { 32 } else { 128 };
         let bits: u8 = b
             .parse()
             .ok()
             .filter(|&n| n <= max)
-            .ok_or_else(|| format!("bad CIDR prefix length in {s:?}"))?;
+            .ok_or(EntryProblem::CidrBits)?;
         Ok(Allowed::Cidr(ip, bits))
     }
 
@@ -191,23 +189,24 @@ impl Allowed {
 
 impl PeerConfig {
     /// Parses the allowlist; without a key, refuses entries that reach beyond loopback.
-    pub fn allowlist(&self) -> Result<Vec<Allowed>, String> {
+    pub fn allowlist(&self) -> Result<Vec<Allowed>, ConfigError> {
+        let bad = |entry: &str, problem| ConfigError::Entry {
+            entry: entry.into(),
+            problem,
+        };
         let list: Vec<Allowed> = self
             .peers
             .iter()
-            .map(|p| Allowed::parse(p))
+            .map(|p| Allowed::parse(p).map_err(|e| bad(p, e)))
             .collect::<Result<_, _>>()?;
         if self.cluster_key.is_none()
-            && let Some(bad) = self
+            && let Some((p, _)) = self
                 .peers
                 .iter()
                 .zip(&list)
                 .find(|(_, a)| !a.loopback_only())
         {
-            return Err(format!(
-                "peer {:?} is not on loopback: without --cluster-key only loopback peers are allowed",
-                bad.0
-            ));
+            return Err(bad(p, EntryProblem::NotLoopback));
         }
         Ok(list)
     }
@@ -225,28 +224,32 @@ impl PeerConfig {
     }
 
     /// Checks values that cannot work.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.allowlist()?;
         if let Some(a) = &self.advertise {
-            Endpoint::parse(a).map_err(|e| format!("advertise: {e}"))?;
+            Endpoint::parse(a).map_err(ConfigError::Advertise)?;
         }
-        if self.connections > 64 {
-            return Err("peer connections must be 1..=64 (0: chosen from the cores)".into());
-        }
-        if self.batch_keys == 0 || self.batch_keys as usize > kvnode_proto::peer::MAX_PULL_KEYS {
-            return Err("peer batch_keys must be 1..=4096".into());
-        }
-        if self.ucx_gets_in_flight == 0 || self.ucx_gets_in_flight > 256 {
-            return Err("peer ucx_gets_in_flight must be 1..=256".into());
-        }
+        let range = |field, value: u32, min, max| {
+            (min..=max)
+                .contains(&u64::from(value))
+                .then_some(())
+                .ok_or(ConfigError::OutOfRange {
+                    field,
+                    value: u64::from(value),
+                    min,
+                    max,
+                })
+        };
+        // 0 connections: chosen from the cores.
+        range("connections", self.connections, 0, 64)?;
+        let most_keys = kvnode_proto::peer::MAX_PULL_KEYS as u64;
+        range("batch_keys", self.batch_keys, 1, most_keys)?;
+        range("ucx_gets_in_flight", self.ucx_gets_in_flight, 1, 256)?;
         if self.encrypt && self.cluster_key.is_none() {
-            return Err(
-                "peer encryption needs a cluster key (without one the session keys are public)"
-                    .into(),
-            );
+            return Err(ConfigError::EncryptWithoutKey);
         }
         if self.connect_timeout_ms == 0 || self.io_timeout_ms == 0 {
-            return Err("peer timeouts must be positive".into());
+            return Err(ConfigError::ZeroTimeout);
         }
         Ok(())
     }
@@ -281,13 +284,18 @@ mod tests {
         };
         assert!(c.validate().is_ok());
         c.peers.push("10.0.0.0/8".into());
-        assert!(c.validate().unwrap_err().contains("only loopback"));
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("only loopback")
+        );
         c.cluster_key = Some("/k".into());
         assert!(c.validate().is_ok());
         c.encrypt = true;
         assert!(c.validate().is_ok());
         c.cluster_key = None;
         c.peers.pop();
-        assert!(c.validate().unwrap_err().contains("needs a cluster key"));
+        assert!(matches!(c.validate(), Err(ConfigError::EncryptWithoutKey)));
     }
 }

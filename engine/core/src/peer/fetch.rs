@@ -10,167 +10,31 @@
 //! away. Only then, under the op's fence, are they copied into client buffers.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kvnode_proto::NamespaceId;
 use kvnode_proto::client::{CommitStatus, PutStatus};
-use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::{HASH_LEN, PeerMsg, PullKey};
 use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
-use tokio::sync::Semaphore;
 
-use super::auth::dial_handshake;
+use super::error::{HandshakeError, PullError, Verbatim, Violation};
 use super::hashes::{SlotId, Sums, fingerprint};
 use super::op::PullOp;
-use super::transport::{PullWire, TcpConn, UcxNode, UcxPeer};
+use super::transport::{PullConn as _, PullWire, SlotReads as _};
 use super::{PeerError, Peers};
 
 mod check;
 mod gets;
 mod hash_ahead;
+mod link;
 
 use check::{Checked, read_checked, read_hashed};
 use gets::{Flight, Landing};
 use hash_ahead::HashAhead;
-
-/// Everything this daemon keeps about one peer it pulls from.
-#[derive(Debug)]
-pub struct PeerLink {
-    /// Endpoint.
-    pub endpoint: Endpoint,
-    /// `tcp://host:port`.
-    pub name: String,
-    idle: Mutex<Vec<PullWire>>,
-    permits: Arc<Semaphore>,
-    /// Set when a UCX endpoint to this peer could not be opened: later dials use TCP only.
-    ucx_broken: std::sync::atomic::AtomicBool,
-    /// Keys requested and not yet answered or failed.
-    pub outstanding: AtomicU64,
-    next_req: AtomicU64,
-    /// Blocks read from this peer with UCX GETs (`stats.peer`).
-    pub ucx_gets: AtomicU64,
-    /// Connections to this peer wanted on UCX that went over TCP (`stats.peer`).
-    pub ucx_fallbacks: AtomicU64,
-}
-
-impl PeerLink {
-    /// A link with no connection yet.
-    pub fn new(endpoint: Endpoint, connections: u32) -> Self {
-        Self {
-            name: endpoint.to_string(),
-            endpoint,
-            idle: Mutex::new(Vec::new()),
-            permits: Arc::new(Semaphore::new(connections as usize)),
-            ucx_broken: std::sync::atomic::AtomicBool::new(false),
-            outstanding: AtomicU64::new(0),
-            next_req: AtomicU64::new(1),
-            ucx_gets: AtomicU64::new(0),
-            ucx_fallbacks: AtomicU64::new(0),
-        }
-    }
-
-    async fn dial(&self, p: &Peers) -> Result<PullWire, PeerError> {
-        match self.dial_once(p).await {
-            Err(PeerError::UcxConnect(why)) => {
-                // The source offered UCX but no endpoint to it could be opened (no common
-                // UCX transport): remember, and pull from it over TCP from now on.
-                tracing::warn!(peer = %self.name, error = %why, "cannot open a UCX endpoint to this peer; using TCP for it");
-                self.ucx_broken.store(true, Ordering::Relaxed);
-                self.dial_once(p).await
-            }
-            r => r,
-        }
-    }
-
-    async fn dial_once(&self, p: &Peers) -> Result<PullWire, PeerError> {
-        let limit = p.connect_timeout();
-        let t = Instant::now();
-        let connect = p
-            .transport()
-            .dial(self.endpoint.host.as_str(), self.endpoint.port, |a| {
-                p.is_self(a)
-            });
-        let mut w = tokio::time::timeout(limit, connect)
-            .await
-            .map_err(|_| PeerError::Timeout("peer connect", limit))??;
-        let left = limit.saturating_sub(t.elapsed());
-        let ring = p.keys();
-        let shake = dial_handshake(
-            &mut w,
-            ring.as_deref(),
-            p.node(),
-            &self.name,
-            p.encrypt(),
-            left,
-        );
-        tokio::time::timeout(left, shake)
-            .await
-            .map_err(|_| PeerError::Timeout("peer handshake", limit))??;
-        // Encrypted sessions never use UCX (GETs would move the bytes in the clear): not a
-        // fallback. A peer that declines, or whose endpoint could not be opened, is one.
-        let ucx = match p.ucx() {
-            Some(u) if p.transport().plain() && !p.encrypt() => {
-                let got = if self.ucx_broken.load(Ordering::Relaxed) {
-                    None
-                } else {
-                    let left = limit.saturating_sub(t.elapsed());
-                    self.negotiate_ucx(&mut w, u, left).await?
-                };
-                if got.is_none() {
-                    self.ucx_fallbacks.fetch_add(1, Ordering::Relaxed);
-                }
-                got
-            }
-            _ => None,
-        };
-        p.stats.record_connect(&self.name, t.elapsed());
-        Ok(p.transport().pull_end(w, ucx)?)
-    }
-
-    /// Asks the (authenticated) source for UCX access; `None` when it declines.
-    async fn negotiate_ucx(
-        &self,
-        w: &mut TcpConn,
-        u: &Arc<UcxNode>,
-        limit: Duration,
-    ) -> Result<Option<(UcxPeer, Arc<UcxNode>)>, PeerError> {
-        w.send(&PeerMsg::UcxRequest, &[], limit).await?;
-        match w.recv(limit).await?.0 {
-            PeerMsg::UcxOffer {
-                worker,
-                rkey,
-                base,
-                len,
-            } => {
-                let peer = u
-                    .connect(&worker, &rkey, base, len)
-                    .map_err(|e| PeerError::UcxConnect(e.to_string()))?;
-                tracing::info!(peer = %self.name, "pulling from this peer with UCX GETs");
-                Ok(Some((peer, Arc::clone(u))))
-            }
-            PeerMsg::UcxDecline { reason } => {
-                tracing::info!(peer = %self.name, reason, "peer declined UCX; pulling over TCP");
-                Ok(None)
-            }
-            PeerMsg::Refused { reason } => Err(PeerError::Refused(reason)),
-            other => Err(PeerError::Protocol(format!(
-                "expected UcxOffer or UcxDecline, got {other:?}"
-            ))),
-        }
-    }
-
-    fn checkin(&self, w: PullWire) {
-        self.idle.lock().expect("idle lock").push(w);
-    }
-}
-
-/// Whether an error on a pooled connection, before any answer, means it went stale (the
-/// peer restarted): then one retry on a fresh connection is safe.
-fn stale(e: &PeerError) -> bool {
-    matches!(e, PeerError::Io(_) | PeerError::Truncated(..))
-}
+pub use link::PeerLink;
+use link::stale;
 
 /// Where a block's bytes come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +44,53 @@ enum Body<'a> {
     /// A UCX GET of the source's slot at this address, with the block MAC its `Slot` carried
     /// (empty when none).
     Remote(u64, &'a [u8]),
+}
+
+/// A block answer: op key `i` of request `req`, `len` bytes, and where they come from.
+#[derive(Clone, Copy, Debug)]
+struct Answer<'a> {
+    i: usize,
+    req: u64,
+    len: u32,
+    body: Body<'a>,
+}
+
+/// When a pull's blocks came, from its requests' send: the first, the last, and how many
+/// (`stats`: first-block latency and the gap per further block).
+struct Timing {
+    sent: Instant,
+    first: Option<Duration>,
+    last: Duration,
+    blocks: u32,
+    page: u64,
+}
+
+impl Timing {
+    fn since(sent: Instant) -> Self {
+        Self {
+            sent,
+            first: None,
+            last: sent.elapsed(),
+            blocks: 0,
+            page: 0,
+        }
+    }
+
+    /// A block of `len` bytes came now.
+    fn block(&mut self, len: u32) {
+        let now = self.sent.elapsed();
+        self.first.get_or_insert(now);
+        self.last = now;
+        self.blocks += 1;
+        self.page = u64::from(len);
+    }
+
+    fn record(&self, p: &Peers, peer: &str) {
+        if let Some(f) = self.first {
+            let per = (self.blocks > 1).then(|| self.last.saturating_sub(f) / (self.blocks - 1));
+            p.stats.record(peer, self.page, f, per);
+        }
+    }
 }
 
 struct Chunk {
@@ -286,7 +197,9 @@ impl Chunk {
         )
         .await;
         let Ok(permit) = permit else {
-            let busy = PeerError::Busy(self.link.name.clone());
+            let busy = PeerError::from(PullError::Busy {
+                peer: self.link.endpoint.clone(),
+            });
             return (self, Err(busy));
         };
         let permit = permit.expect("semaphore never closed");
@@ -350,8 +263,8 @@ impl Chunk {
         if self.in_place && multi {
             let r = tokio::task::block_in_place(|| self.pull_on(&mut w));
             let r = match r {
-                Err(PeerError::Timeout(..)) if Instant::now() >= self.op.deadline => {
-                    Err(PeerError::Deadline)
+                Err(e) if e.timed_out().is_some() && Instant::now() >= self.op.deadline => {
+                    Err(PullError::Deadline.into())
                 }
                 r => r,
             };
@@ -374,9 +287,7 @@ impl Chunk {
         if self.flights.is_empty() {
             return r;
         }
-        let r = r.and(Err(PeerError::Protocol(
-            "requests ended with GETs in flight".into(),
-        )));
+        let r = r.and(Err(Violation::GetsOutlivedRequests.into()));
         self.abandon_gets(w)?;
         r
     }
@@ -386,7 +297,7 @@ impl Chunk {
         self.peers
             .store()
             .namespace_id(self.op.ns)
-            .map_err(|e| PeerError::Protocol(e.to_string()))
+            .map_err(|e| PullError::Namespace(e).into())
     }
 
     /// One `Pull` per `batch_keys` open keys, with fresh request ids.
@@ -416,8 +327,6 @@ impl Chunk {
     }
 
     fn pull_frames(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
-        let peers = Arc::clone(&self.peers);
-        let p = &peers;
         let io = self.io;
         let ns = self.wire_ns()?;
         let (mut reqs, sent) = if let Some(early) = self.sent.take() {
@@ -428,131 +337,137 @@ impl Chunk {
             w.send_all(&msgs, io)?;
             (reqs, t)
         };
-        let (mut first, mut last, mut blocks, mut page) = (None, sent.elapsed(), 0u32, 0u64);
+        let mut timing = Timing::since(sent);
         while !reqs.is_empty() {
             if self.in_place && Instant::now() >= self.op.deadline {
-                return Err(PeerError::Deadline);
+                return Err(PullError::Deadline.into());
             }
             let (msg, _) = w.recv(io)?;
-            let at = |req: u64, idx: u32| {
-                reqs.get(&req)
-                    .and_then(|v| v.get(idx as usize))
-                    .copied()
-                    .ok_or_else(|| {
-                        PeerError::Protocol(format!("answer for unknown key {req}/{idx}"))
-                    })
-            };
-            let got = match msg {
-                PeerMsg::Block {
-                    req,
-                    idx,
-                    len,
-                    hash,
-                    seal,
-                } => Some(self.block(w, ns, at(req, idx)?, len, Body::Inline(&seal), hash, req)?),
-                PeerMsg::Slot {
-                    req,
-                    idx,
-                    len,
-                    addr,
-                    hash,
-                    seal,
-                } => Some(self.block(
-                    w,
-                    ns,
-                    at(req, idx)?,
-                    len,
-                    Body::Remote(addr, &seal),
-                    hash,
-                    req,
-                )?),
-                PeerMsg::UcxOffer {
-                    worker,
-                    rkey,
-                    base,
-                    len,
-                } => {
-                    // The old endpoint closes: what it is reading lands first.
-                    self.land_where(w, ns, |_| true)?;
-                    w.rekey(&worker, &rkey, base, len).map(|()| None)?
-                }
-                PeerMsg::Miss { req, idx } => {
-                    let i = at(req, idx)?;
-                    self.answered(i)?;
-                    self.op.set(i, KeyOutcome::Missed);
-                    None
-                }
-                PeerMsg::Done { req } => {
-                    // Every Slot of `req` came before its Done: land their GETs.
-                    self.land_where(w, ns, |f| f.req == req)?;
-                    let keys = reqs.remove(&req).ok_or_else(|| {
-                        PeerError::Protocol(format!("Done for unknown request {req}"))
-                    })?;
-                    if keys.iter().any(|i| self.open.contains(i)) {
-                        return Err(PeerError::Protocol(format!(
-                            "request {req} ended with keys unanswered"
-                        )));
-                    }
-                    if w.is_ucx() {
-                        // Every GET of `req` has landed: the source may release its leases.
-                        w.send_all(&[PeerMsg::Landed { req }], io)?;
-                    }
-                    None
-                }
-                PeerMsg::Pong { .. } => None,
-                PeerMsg::Refused { reason } => return Err(PeerError::Refused(reason)),
-                other => {
-                    return Err(PeerError::Protocol(format!(
-                        "unexpected {other:?} from a source"
-                    )));
-                }
-            };
-            if let Some(len) = got {
-                first.get_or_insert(sent.elapsed());
-                last = sent.elapsed();
-                blocks += 1;
-                page = u64::from(len);
+            if let Some(len) = self.on_frame(w, ns, &mut reqs, msg)? {
+                timing.block(len);
             }
         }
-        if let Some(f) = first {
-            let per = (blocks > 1).then(|| last.saturating_sub(f) / (blocks - 1));
-            p.stats.record(&self.link.name, page, f, per);
+        timing.record(&self.peers, &self.link.name);
+        Ok(())
+    }
+
+    /// Acts on one frame from the source: the length of the block it brought (received, or
+    /// its GET started), if any.
+    fn on_frame(
+        &mut self,
+        w: &mut PullWire,
+        ns: NamespaceId,
+        reqs: &mut Requests,
+        msg: PeerMsg,
+    ) -> Result<Option<u32>, PeerError> {
+        let at = |reqs: &Requests, req: u64, idx: u32| {
+            reqs.get(&req)
+                .and_then(|v| v.get(idx as usize))
+                .copied()
+                .ok_or(Violation::UnknownKey { req, idx })
+        };
+        match msg {
+            PeerMsg::Block {
+                req,
+                idx,
+                len,
+                hash,
+                seal,
+            } => {
+                let i = at(reqs, req, idx)?;
+                let body = Body::Inline(&seal);
+                let a = Answer { i, req, len, body };
+                self.block(w, ns, a, &hash).map(Some)
+            }
+            PeerMsg::Slot {
+                req,
+                idx,
+                len,
+                addr,
+                hash,
+                seal,
+            } => {
+                let i = at(reqs, req, idx)?;
+                let body = Body::Remote(addr, &seal);
+                let a = Answer { i, req, len, body };
+                self.block(w, ns, a, &hash).map(Some)
+            }
+            PeerMsg::UcxOffer {
+                worker,
+                rkey,
+                base,
+                len,
+            } => {
+                // The old endpoint closes: what it is reading lands first.
+                self.land_where(w, ns, |_| true)?;
+                let slots = w.slots().ok_or(Violation::OfferWithoutUcx)?;
+                slots.rekey(&worker, &rkey, base, len).map(|()| None)
+            }
+            PeerMsg::Miss { req, idx } => {
+                let i = at(reqs, req, idx)?;
+                self.answered(i)?;
+                self.op.set(i, KeyOutcome::Missed);
+                Ok(None)
+            }
+            PeerMsg::Done { req } => self.done(w, ns, reqs, req).map(|()| None),
+            PeerMsg::Pong { .. } => Ok(None),
+            PeerMsg::Refused { reason } => Err(HandshakeError::Refused(Verbatim(reason)).into()),
+            other => Err(Violation::FromSource {
+                got: Box::new(other),
+            }
+            .into()),
+        }
+    }
+
+    /// Request `req` is answered: its GETs land (every `Slot` of it came before its `Done`),
+    /// then, on a connection that reads slots, the source may release its leases.
+    fn done(
+        &mut self,
+        w: &mut PullWire,
+        ns: NamespaceId,
+        reqs: &mut Requests,
+        req: u64,
+    ) -> Result<(), PeerError> {
+        self.land_where(w, ns, |f| f.req == req)?;
+        let keys = reqs.remove(&req).ok_or(Violation::UnknownRequest { req })?;
+        if keys.iter().any(|i| self.open.contains(i)) {
+            return Err(Violation::Unanswered { req }.into());
+        }
+        if w.slots().is_some() {
+            w.send_all(&[PeerMsg::Landed { req }], self.io)?;
         }
         Ok(())
     }
 
-    /// Receives key `i`'s block (a `Block` body, or a `Slot` whose GET is started and lands
-    /// later); returns its length.
-    #[allow(clippy::too_many_arguments)]
+    /// Receives key `a.i`'s block (a `Block` body, or a `Slot` whose GET is started and
+    /// lands later) whose header claims `hash`; returns its length.
     fn block(
         &mut self,
         w: &mut PullWire,
         ns: NamespaceId,
-        i: usize,
-        len: u32,
-        body: Body<'_>,
-        hash: Vec<u8>,
-        req: u64,
+        a: Answer<'_>,
+        hash: &[u8],
     ) -> Result<u32, PeerError> {
         // Stays open until received (landed), so a failure before fails this key too.
+        let i = a.i;
         self.position(i)?;
         if self.flights.contains_key(&i) {
-            return Err(PeerError::Protocol(format!("key {i} answered twice")));
+            return Err(Violation::AnsweredTwice { key: i }.into());
         }
         let hash: [u8; HASH_LEN] = hash
             .try_into()
-            .map_err(|_| PeerError::Protocol("block hash of a bad length".into()))?;
-        if self.receive(w, ns, i, len, body, hash, req)? {
+            .map_err(|_| Violation::HashLength { len: hash.len() })?;
+        if self.receive(w, ns, a, hash)? {
             self.answered(i)?;
         }
-        Ok(len)
+        Ok(a.len)
     }
 
     fn position(&self, i: usize) -> Result<usize, PeerError> {
         self.open
             .iter()
             .position(|&x| x == i)
-            .ok_or_else(|| PeerError::Protocol(format!("key {i} answered twice")))
+            .ok_or(Violation::AnsweredTwice { key: i }.into())
     }
 
     fn answered(&mut self, i: usize) -> Result<(), PeerError> {
@@ -561,20 +476,17 @@ impl Chunk {
         Ok(())
     }
 
-    /// Reads one block's payload off the wire into a reserved DRAM slot, verifies and
-    /// commits it; or starts the GET of the source's slot into one. Whether the key is
-    /// settled (false: its GET is in flight).
-    #[allow(clippy::too_many_arguments)]
+    /// Reads one block's payload off the wire into a reserved DRAM slot, verifies it against
+    /// `hash` and commits it; or starts the GET of the source's slot into one. Whether the key
+    /// is settled (false: its GET is in flight).
     fn receive(
         &mut self,
         w: &mut PullWire,
         ns: NamespaceId,
-        i: usize,
-        len: u32,
-        body: Body<'_>,
+        a: Answer<'_>,
         hash: [u8; HASH_LEN],
-        req: u64,
     ) -> Result<bool, PeerError> {
+        let Answer { i, req, len, body } = a;
         let p = &self.peers;
         let io = self.io;
         let key = self.op.keys[i];

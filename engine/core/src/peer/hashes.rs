@@ -10,7 +10,7 @@
 //! shared arena) are refused, never sent under a fresh hash. The hash is unkeyed: it is made
 //! authentic by the session tag of the frame header that carries it, so a key roll needs no
 //! invalidation here. Next to it the table keeps the block's MAC under one cluster key
-//! (`peer::block_mac`), computed from the same bytes; a send under another key computes
+//! (`kvnode_blockmac`), computed from the same bytes; a send under another key computes
 //! both again.
 
 use std::collections::HashMap;
@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use kvnode_proto::peer::HASH_LEN;
 use kvnode_proto::{Digest, NamespaceId};
 
-use super::block_mac::TAG_LEN;
+use kvnode_blockmac::TAG_LEN;
 
 /// Entries kept before the table starts over (each about 130 bytes with the map's own: at
 /// most ~17 MiB). Entries of evicted blocks linger until then; a lost entry costs one hash.

@@ -21,9 +21,11 @@
 
 pub mod arrivals;
 pub mod auth;
-pub mod block_mac;
+/// The block MAC, its own crate (`kvnode-blockmac`); re-exported for the tests crate.
+pub use kvnode_blockmac as block_mac;
 pub mod config;
 pub mod conns;
+pub mod error;
 pub mod fair;
 pub mod fetch;
 pub mod hashes;
@@ -48,14 +50,14 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use kvnode_proto::hint::Endpoint;
-use kvnode_proto::peer::PeerFrameError;
 use kvnode_proto::pull::{FailCode, Failure};
 
 pub use arrivals::Arrivals;
 pub use auth::{ClusterKey, Identity, KeyRing};
 pub use config::{Allowed, PeerConfig, TransportKind};
+pub use error::{ConfigError, HandshakeError, PeerError, PullError, Violation, WireError};
 pub use membership::Membership;
-pub use op::{OpTable, PullOp};
+pub use op::{NewOp, OpTable, PullOp};
 pub use timeouts::PullStats;
 
 use crate::obs::Metrics;
@@ -63,80 +65,6 @@ use crate::store::Store;
 
 /// Reserved owner ids of peer pulls live above this (client connections count from 1).
 const PULL_OWNER_BASE: u64 = 1 << 62;
-
-/// A peer transfer or configuration failure.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum PeerError {
-    /// Socket I/O.
-    #[error("peer I/O failed: {0}")]
-    Io(#[from] std::io::Error),
-    /// No progress within a limit.
-    #[error("{0} timed out after {1:?} (peer dead or frozen?)")]
-    Timeout(&'static str, Duration),
-    /// The peer closed inside a block.
-    #[error("peer closed mid-block after {0} of {1} bytes: block not committed")]
-    Truncated(usize, usize),
-    /// Undecodable frame.
-    #[error("peer sent a malformed frame: {0}")]
-    Frame(#[from] PeerFrameError),
-    /// Well-formed frames out of protocol order.
-    #[error("peer protocol violation: {0}")]
-    Protocol(String),
-    /// The peer refused us.
-    #[error("peer refused the connection: {0}")]
-    Refused(String),
-    /// Authentication failed.
-    #[error("peer authentication failed: {0}")]
-    Auth(String),
-    /// A sealed frame or body failed its check: altered, injected, dropped or reordered.
-    #[error("peer channel integrity check failed: {0}; connection closed")]
-    Integrity(String),
-    /// Cluster key unusable.
-    #[error("cluster key: {0}")]
-    Key(String),
-    /// A GET neither completed nor was given back by UCX: its destination memory is retired.
-    #[error("peer GET could not be cancelled: {0} (its slot is retired, never reused)")]
-    Stuck(String),
-    /// The source offered UCX and no endpoint to it could be opened.
-    #[error("cannot open a UCX endpoint to the peer: {0}")]
-    UcxConnect(String),
-    /// The op's deadline passed while its small pull was received in place (on the
-    /// request's own thread): the pull was abandoned and its connection closed.
-    #[error("op deadline passed mid-pull; this small pull was abandoned and its connection closed")]
-    Deadline,
-    /// Every connection to the peer is busy (it may be frozen).
-    #[error("peer {0} is busy: every connection is held by pulls in flight (frozen peer?)")]
-    Busy(String),
-    /// Bad `[peer]` configuration.
-    #[error("invalid peer configuration: {0}")]
-    Config(String),
-}
-
-impl PeerError {
-    /// The failure code a client sees for keys this error failed.
-    pub fn code(&self) -> FailCode {
-        match self {
-            PeerError::Io(_)
-            | PeerError::Timeout(..)
-            | PeerError::Truncated(..)
-            | PeerError::Stuck(_)
-            | PeerError::UcxConnect(_) => FailCode::PeerUnreachable,
-            PeerError::Busy(_) => FailCode::PeerBusy,
-            PeerError::Deadline => FailCode::Deadline,
-            PeerError::Refused(_) | PeerError::Auth(_) | PeerError::Key(_) => FailCode::PeerRefused,
-            PeerError::Frame(_)
-            | PeerError::Protocol(_)
-            | PeerError::Config(_)
-            | PeerError::Integrity(_) => FailCode::PeerFailed,
-        }
-    }
-
-    /// This error as a client-visible failure.
-    pub fn failure(&self) -> Failure {
-        Failure::new(self.code(), self.to_string())
-    }
-}
 
 /// Counters of peer activity.
 #[derive(Debug, Default)]
@@ -201,14 +129,14 @@ impl Peers {
         store: Arc<Store>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, PeerError> {
-        cfg.validate().map_err(PeerError::Config)?;
+        cfg.validate()?;
         let choice = conns::choose(cfg.connections);
         tracing::info!(connections = choice.n, basis = %choice.basis, "peer connections per peer");
         let cfg = &PeerConfig {
             connections: choice.n,
             ..cfg.clone()
         };
-        let allow = cfg.allowlist().map_err(PeerError::Config)?;
+        let allow = cfg.allowlist()?;
         let keys = cfg
             .cluster_key
             .as_deref()
@@ -267,13 +195,10 @@ impl Peers {
         if cfg.transport == TransportKind::Tcp {
             return Ok((None, None));
         }
-        let setup = transport::UcxSetup::resolve(&cfg.ucx_asked()).map_err(PeerError::Config)?;
+        let setup = transport::UcxSetup::resolve(&cfg.ucx_asked()).map_err(ConfigError::from)?;
         let started = transport::UcxNode::start(store, &setup).map_err(|e| match e {
-            transport::UcxStartError::Ucx(e) => PeerError::Config(format!(
-                "peer transport ucx: {e} (is libucx0 installed, UCX_TLS valid and an RDMA device present? \
-                 `ucx_info -d` lists the transports)"
-            )),
-            e => PeerError::Config(format!("peer transport ucx: {e}")),
+            transport::UcxStartError::Ucx(e) => ConfigError::UcxStart(e),
+            e => ConfigError::UcxUnsafe(e),
         });
         match (cfg.transport, started) {
             (_, Ok(n)) => Ok((Some(Arc::new(n)), None)),
@@ -281,7 +206,7 @@ impl Peers {
                 tracing::warn!(error = %e, "peer transport auto: UCX not used; pulling over TCP");
                 Ok((None, Some(e.to_string())))
             }
-            (_, Err(e)) => Err(e),
+            (_, Err(e)) => Err(e.into()),
         }
     }
 
@@ -320,9 +245,7 @@ impl Peers {
     /// cluster key rotates or a member is removed. `Ok(None)` without UCX.
     pub fn revoke_remote_access(&self) -> Result<Option<u64>, PeerError> {
         let Some(u) = &self.ucx else { return Ok(None) };
-        let g = u
-            .reregister()
-            .map_err(|e| PeerError::Config(format!("re-registering the arena with UCX: {e}")))?;
+        let g = u.reregister().map_err(ConfigError::Reregister)?;
         tracing::info!(generation = g, "UCX arena key revoked and re-issued");
         Ok(Some(g))
     }
@@ -348,9 +271,7 @@ impl Peers {
     /// error the keys in force stay. Returns a line for the log.
     pub fn reload_keys(&self) -> Result<String, PeerError> {
         let (Some(path), Some(lock)) = (self.cfg.cluster_key.as_deref(), self.keys.as_ref()) else {
-            return Err(PeerError::Key(
-                "no cluster key file is configured: a keyless daemon stays keyless".into(),
-            ));
+            return Err(ConfigError::NoKeyFile.into());
         };
         let ring = KeyRing::load(path)?;
         let line = format!(

@@ -53,6 +53,27 @@ pub struct PullOp {
     changes: watch::Sender<u64>,
 }
 
+/// What a new op is made of ([`PullOp::new`]).
+#[derive(Debug)]
+pub struct NewOp {
+    /// Id.
+    pub id: u64,
+    /// Destination namespace handle.
+    pub ns: u32,
+    /// Keys, in request order.
+    pub keys: Vec<Key>,
+    /// Owning client connection.
+    pub conn: u64,
+    /// Peer endpoint, if a pull is to be started.
+    pub peer: Option<String>,
+    /// Each key's outcome so far (`Pending`: to be pulled).
+    pub results: Vec<KeyOutcome>,
+    /// Client buffers: (alloc handle, reservation) per key.
+    pub into: Vec<(u64, Reservation)>,
+    /// Time from now to the op's deadline.
+    pub deadline: Duration,
+}
+
 fn leading(r: &[KeyOutcome]) -> u32 {
     r.iter()
         .take_while(|o| matches!(o, KeyOutcome::HitLocal | KeyOutcome::Pulled))
@@ -61,20 +82,17 @@ fn leading(r: &[KeyOutcome]) -> u32 {
 
 impl PullOp {
     /// A new op; keys marked `Pending` are to be pulled.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "plain fields of the op, set once here"
-    )]
-    pub fn new(
-        id: u64,
-        ns: u32,
-        keys: Vec<Key>,
-        conn: u64,
-        peer: Option<String>,
-        results: Vec<KeyOutcome>,
-        into: Vec<(u64, Reservation)>,
-        deadline: Duration,
-    ) -> Arc<Self> {
+    pub fn new(o: NewOp) -> Arc<Self> {
+        let NewOp {
+            id,
+            ns,
+            keys,
+            conn,
+            peer,
+            results,
+            into,
+            deadline,
+        } = o;
         let pending = results
             .iter()
             .filter(|r| **r == KeyOutcome::Pending)

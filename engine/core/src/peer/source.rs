@@ -23,11 +23,12 @@ use kvnode_proto::peer::{PeerMsg, PullKey};
 use tokio::sync::watch;
 
 use super::auth::accept_handshake;
-use super::block_mac::BlockMac;
+use super::error::{PullError, Stage, Violation, WireError};
 use super::hashes::Sums;
 use super::transport::{PeerListener, TcpConn};
 use super::{PeerError, Peers};
 use crate::store::{Lease, Store};
+use kvnode_blockmac::BlockMac;
 
 pub(super) mod ahead;
 pub(super) mod sums;
@@ -64,99 +65,123 @@ impl BlockSource for Arc<Store> {
     }
 }
 
-/// Answers one pull on a UCX connection: `Slot`s of leased blocks, kept in `held` under
-/// `req` until the destination's `Landed`.
-async fn serve_pull_ucx<S: BlockSource>(
-    p: &Arc<Peers>,
-    src: &S,
-    w: &mut TcpConn,
-    (dst, pull): (&str, (u64, NamespaceId, Vec<PullKey>)),
-    limit: Duration,
-    held: &mut HashMap<u64, Vec<Arc<Lease>>>,
-) -> Result<(), PeerError> {
-    let (req, ns, keys) = pull;
-    // A keyed plaintext session's Slots carry the block MAC too (docs/peer-protocol.md).
-    let mac = w.block_mac().cloned();
-    let leased = shared(src.lease(ns, &keys).await);
-    let mut ahead = SumsAhead::start(p, (ns, &keys), &leased, mac.as_ref(), hash_threads());
-    let mut keep = Vec::with_capacity(leased.len());
-    for (i, l) in leased.into_iter().enumerate() {
-        let idx = i as u32;
-        match summed(p, (ns, i, keys[i]), l, &mut ahead, mac.as_deref()).await {
-            Some((b, sums)) => {
-                let seal = mac
-                    .as_ref()
-                    .and_then(|m| sums.tag_for(m.id()))
-                    .map(|t| t.to_vec())
-                    .unwrap_or_default();
-                let msg = PeerMsg::Slot {
-                    req,
-                    idx,
-                    len: b.bytes().len() as u32,
-                    addr: b.bytes().as_ptr() as u64,
-                    hash: sums.hash.to_vec(),
-                    seal,
-                };
-                keep.push(b);
-                w.send(&msg, &[], limit).await?;
-            }
-            None => w.send(&PeerMsg::Miss { req, idx }, &[], limit).await?,
-        }
-    }
-    p.count_slots_served(dst, keep.len() as u64);
-    held.insert(req, keep);
-    w.send(&PeerMsg::Done { req }, &[], limit).await
-}
-
-async fn serve_pull<S: BlockSource>(
-    p: &Arc<Peers>,
-    src: &S,
-    w: &mut TcpConn,
+/// One `Pull` as received.
+#[derive(Debug)]
+struct Pull {
     req: u64,
     ns: NamespaceId,
-    keys: &[PullKey],
+    keys: Vec<PullKey>,
+}
+
+/// What answering a connection's pulls needs besides the connection itself.
+struct Serving<'a, S> {
+    peers: &'a Arc<Peers>,
+    src: &'a S,
+    /// The destination, by its handshake name (`stats.peer`).
+    dst: &'a str,
+    /// Longest wait on the connection.
     limit: Duration,
+}
+
+/// How a connection hands block bytes over (the source's half of the transport contract).
+enum Delivery<'a> {
+    /// On the connection, after each `Block` header (TCP). The request's `Done` goes out in
+    /// the write of its last answer.
+    Inline,
+    /// Left in the registered arena and named by a `Slot` for the destination's GET (UCX).
+    /// The request's leases go to `held` until the destination's `Landed`.
+    Slots(&'a mut HashMap<u64, Vec<Arc<Lease>>>),
+}
+
+/// Answers one pull, in key order: each leased block as `delivery` hands blocks over, each
+/// other key `Miss`, then `Done`. A block stays leased until its last byte is handed to the
+/// transport (inline) or its GET is confirmed (slots); an early return drops the rest.
+async fn serve_pull<S: BlockSource>(
+    cx: &Serving<'_, S>,
+    w: &mut TcpConn,
+    pull: Pull,
+    mut delivery: Delivery<'_>,
 ) -> Result<(), PeerError> {
-    // Each block stays leased until its last byte is handed to the transport; an early
-    // return drops the rest.
+    let Pull { req, ns, keys } = pull;
+    // A keyed plaintext session carries the block's MAC in `seal` (inside the sealed header),
+    // for a `Block` and a `Slot` alike; an encrypted one, the AEAD tag the transport puts there.
     let mac = w.block_mac().cloned();
-    let leased = shared(src.lease(ns, keys).await);
-    let mut ahead = SumsAhead::start(p, (ns, keys), &leased, mac.as_ref(), hash_threads());
+    let batch = Batch {
+        peers: cx.peers,
+        ns,
+        keys: &keys,
+        mac: mac.as_ref(),
+    };
+    let leased = shared(cx.src.lease(ns, &keys).await);
+    let mut ahead = SumsAhead::start(&batch, &leased, hash_threads());
     let done = PeerMsg::Done { req };
     let last = leased.len().checked_sub(1);
+    let mut keep = Vec::new();
     for (i, l) in leased.into_iter().enumerate() {
         let idx = i as u32;
-        // The last answer carries the request's `Done` in the same writev.
-        let then = (Some(i) == last).then_some(&done);
-        match summed(p, (ns, i, keys[i]), l, &mut ahead, mac.as_deref()).await {
-            Some((b, sums)) => {
-                let bytes = b.bytes();
-                // A keyed plaintext session carries the block's MAC in `seal` (inside the
-                // sealed header); an encrypted one, the AEAD tag the transport puts there.
-                let seal = mac
-                    .as_ref()
-                    .and_then(|m| sums.tag_for(m.id()))
-                    .map(|t| t.to_vec())
-                    .unwrap_or_default();
-                let msg = PeerMsg::Block {
-                    req,
-                    idx,
-                    len: bytes.len() as u32,
-                    hash: sums.hash.to_vec(),
-                    seal,
-                };
-                w.send_then(&msg, bytes, then, limit).await?;
-            }
-            None => {
-                w.send_then(&PeerMsg::Miss { req, idx }, &[], then, limit)
-                    .await?;
-            }
+        let inline = matches!(delivery, Delivery::Inline);
+        // Inline, the last answer carries the request's `Done` in the same writev.
+        let then = (inline && Some(i) == last).then_some(&done);
+        let Some((b, sums)) = summed(&batch, i, l, &mut ahead).await else {
+            w.send_then(&PeerMsg::Miss { req, idx }, &[], then, cx.limit)
+                .await?;
+            continue;
+        };
+        let (len, hash, seal) = (
+            b.bytes().len() as u32,
+            sums.hash.to_vec(),
+            batch.seal(&sums),
+        );
+        if inline {
+            let msg = PeerMsg::Block {
+                req,
+                idx,
+                len,
+                hash,
+                seal,
+            };
+            w.send_then(&msg, b.bytes(), then, cx.limit).await?;
+        } else {
+            let addr = b.bytes().as_ptr() as u64;
+            keep.push(b);
+            let msg = PeerMsg::Slot {
+                req,
+                idx,
+                len,
+                addr,
+                hash,
+                seal,
+            };
+            w.send(&msg, &[], cx.limit).await?;
         }
     }
-    if last.is_none() {
-        w.send(&done, &[], limit).await?;
+    if let Delivery::Slots(held) = &mut delivery {
+        cx.peers.count_slots_served(cx.dst, keep.len() as u64);
+        held.insert(req, keep);
+    } else if last.is_some() {
+        return Ok(());
     }
-    Ok(())
+    w.send(&done, &[], cx.limit).await
+}
+
+/// One pull's keys and what summing their blocks needs.
+#[derive(Clone, Copy)]
+pub(super) struct Batch<'a> {
+    pub(super) peers: &'a Arc<Peers>,
+    pub(super) ns: NamespaceId,
+    pub(super) keys: &'a [PullKey],
+    /// The session's block MAC (keyed plaintext sessions).
+    pub(super) mac: Option<&'a Arc<BlockMac>>,
+}
+
+impl Batch<'_> {
+    /// The `seal` of a block with `sums`: its tag under the session's block MAC, or empty.
+    fn seal(&self, sums: &Sums) -> Vec<u8> {
+        self.mac
+            .and_then(|m| sums.tag_for(m.id()))
+            .map(|t| t.to_vec())
+            .unwrap_or_default()
+    }
 }
 
 /// Leases shared with the threads summing ahead ([`SumsAhead`]).
@@ -164,20 +189,25 @@ fn shared(leased: Vec<Option<Lease>>) -> Vec<Option<Arc<Lease>>> {
     leased.into_iter().map(|l| l.map(Arc::new)).collect()
 }
 
-/// Block `i`'s (key `k`'s) lease with its sums: from the threads summing ahead, or computed
-/// here; `None` (answered `Miss`) when not leased or its bytes changed after they were first
+/// Block `i`'s lease with its sums: from the threads summing ahead, or computed here;
+/// `None` (answered `Miss`) when not leased or its bytes changed after they were first
 /// hashed.
 async fn summed(
-    p: &Peers,
-    (ns, i, k): (NamespaceId, usize, PullKey),
+    batch: &Batch<'_>,
+    i: usize,
     l: Option<Arc<Lease>>,
     ahead: &mut SumsAhead,
-    mac: Option<&BlockMac>,
 ) -> Option<(Arc<Lease>, Sums)> {
     let b = l?;
     match ahead.take(i).await {
-        Some(h) => settled(p, b, h),
-        None => hashed(p, ns, k, b, mac),
+        Some(h) => settled(batch.peers, b, h),
+        None => hashed(
+            batch.peers,
+            batch.ns,
+            batch.keys[i],
+            b,
+            batch.mac.map(|m| &**m),
+        ),
     }
 }
 
@@ -200,23 +230,28 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
     };
     tracing::debug!(peer = %w.remote(), node = %dst, encrypted = w.encrypted(), "peer authenticated");
     let src = Arc::clone(p.store());
-    let limit = p.io_timeout();
-    // UCX state of this connection: the key generation it was given, the leases of
-    // requests whose GETs are not confirmed, and pulls waiting for the window.
-    let mut ucx: Option<u64> = None;
-    let mut held: HashMap<u64, Vec<Arc<Lease>>> = HashMap::new();
-    let mut queued: VecDeque<(u64, NamespaceId, Vec<PullKey>)> = VecDeque::new();
+    let cx = Serving {
+        peers: &p,
+        src: &src,
+        dst: &dst,
+        limit: p.io_timeout(),
+    };
+    let mut ucx = UcxState::default();
     loop {
         // Serve queued pulls while the window has room.
-        while held.len() < UCX_WINDOW
-            && let Some(pull) = queued.pop_front()
+        while ucx.held.len() < UCX_WINDOW
+            && let Some(pull) = ucx.queued.pop_front()
         {
-            let r = serve_ucx(&p, &src, &mut w, (&dst, pull), limit, &mut ucx, &mut held).await;
+            let r = serve_ucx(&cx, &mut w, pull, &mut ucx).await;
             if let Err(e) = r {
-                return closed(&mut w, e, limit).await;
+                return closed(&mut w, e, cx.limit).await;
             }
         }
-        let wait = if held.is_empty() { IDLE_LIMIT } else { limit };
+        let wait = if ucx.held.is_empty() {
+            IDLE_LIMIT
+        } else {
+            cx.limit
+        };
         let next = tokio::select! {
             r = w.recv(wait) => r,
             _ = stop.changed() => return,
@@ -225,50 +260,64 @@ async fn serve_conn(p: Arc<Peers>, mut w: TcpConn, mut stop: watch::Receiver<boo
             tracing::info!(peer = %w.remote(), "closing a session whose cluster key was removed");
             return;
         }
+        if let Err(e) = next.as_ref()
+            && e.timed_out().is_some()
+            && !ucx.held.is_empty()
+        {
+            let blocks: usize = ucx.held.values().map(Vec::len).sum();
+            tracing::warn!(peer = %w.remote(), blocks, "destination did not confirm its UCX GETs within the io timeout; closing and releasing its blocks");
+            return;
+        }
         let r = match next {
-            Ok((PeerMsg::Pull { req, ns, keys }, _)) if ucx.is_some() => {
-                queued.push_back((req, ns, keys));
-                Ok(())
-            }
-            Ok((PeerMsg::Pull { req, ns, keys }, _)) => {
-                serve_pull(&p, &src, &mut w, req, ns, &keys, limit).await
-            }
-            Ok((PeerMsg::Landed { req }, _)) if ucx.is_some() => {
-                if held.remove(&req).is_some() {
-                    Ok(())
-                } else {
-                    Err(PeerError::Protocol(format!(
-                        "Landed for request {req}, which holds nothing"
-                    )))
-                }
-            }
-            Ok((PeerMsg::UcxRequest, _)) if ucx.is_none() => {
-                offer_ucx(&p, &mut w, limit, &mut ucx).await
-            }
-            Err(PeerError::Timeout(..)) if !held.is_empty() => {
-                let blocks: usize = held.values().map(Vec::len).sum();
-                tracing::warn!(peer = %w.remote(), blocks, "destination did not confirm its UCX GETs within the io timeout; closing and releasing its blocks");
-                return;
-            }
-            Ok((PeerMsg::Ping { t }, _)) => w.send(&PeerMsg::Pong { t }, &[], limit).await,
-            Ok((PeerMsg::Pong { .. }, _)) => Ok(()),
-            Ok((other, _)) => {
-                let reason = format!("unexpected {other:?} from a destination");
-                let _ = w
-                    .send(
-                        &PeerMsg::Refused {
-                            reason: reason.clone(),
-                        },
-                        &[],
-                        limit,
-                    )
-                    .await;
-                Err(PeerError::Protocol(reason))
-            }
+            Ok((msg, _)) => answer(&cx, &mut w, msg, &mut ucx).await,
             Err(e) => Err(e),
         };
         if let Err(e) = r {
-            return closed(&mut w, e, limit).await;
+            return closed(&mut w, e, cx.limit).await;
+        }
+    }
+}
+
+/// A connection's UCX state: the key generation it was given (`None`: no UCX on it), the
+/// leases of requests whose GETs are not confirmed, and pulls waiting for the window.
+#[derive(Default)]
+struct UcxState {
+    given: Option<u64>,
+    held: HashMap<u64, Vec<Arc<Lease>>>,
+    queued: VecDeque<Pull>,
+}
+
+/// Acts on one message from the destination.
+async fn answer<S: BlockSource>(
+    cx: &Serving<'_, S>,
+    w: &mut TcpConn,
+    msg: PeerMsg,
+    ucx: &mut UcxState,
+) -> Result<(), PeerError> {
+    match msg {
+        PeerMsg::Pull { req, ns, keys } if ucx.given.is_some() => {
+            ucx.queued.push_back(Pull { req, ns, keys });
+            Ok(())
+        }
+        PeerMsg::Pull { req, ns, keys } => {
+            serve_pull(cx, w, Pull { req, ns, keys }, Delivery::Inline).await
+        }
+        PeerMsg::Landed { req } if ucx.given.is_some() => match ucx.held.remove(&req) {
+            Some(_) => Ok(()),
+            None => Err(Violation::LandedUnheld { req }.into()),
+        },
+        PeerMsg::UcxRequest if ucx.given.is_none() => {
+            offer_ucx(cx.peers, w, cx.limit, &mut ucx.given).await
+        }
+        PeerMsg::Ping { t } => w.send(&PeerMsg::Pong { t }, &[], cx.limit).await,
+        PeerMsg::Pong { .. } => Ok(()),
+        other => {
+            let e = PeerError::from(Violation::FromDestination {
+                got: Box::new(other),
+            });
+            let reason = e.to_string();
+            let _ = w.send(&PeerMsg::Refused { reason }, &[], cx.limit).await;
+            Err(e)
         }
     }
 }
@@ -304,37 +353,34 @@ async fn offer_ucx(
 /// Serves one queued pull on a UCX connection, handing over a re-issued key first if the
 /// arena was re-registered since this connection got its key.
 async fn serve_ucx<S: BlockSource>(
-    p: &Arc<Peers>,
-    src: &S,
+    cx: &Serving<'_, S>,
     w: &mut TcpConn,
-    (dst, pull): (&str, (u64, NamespaceId, Vec<PullKey>)),
-    limit: Duration,
-    ucx: &mut Option<u64>,
-    held: &mut HashMap<u64, Vec<Arc<Lease>>>,
+    pull: Pull,
+    ucx: &mut UcxState,
 ) -> Result<(), PeerError> {
-    if let (Some(u), Some(given)) = (p.ucx(), ucx.as_mut())
+    if let (Some(u), Some(given)) = (cx.peers.ucx(), ucx.given.as_mut())
         && u.generation() != *given
     {
         let (offer, generation) = u
             .offer()
-            .map_err(|e| PeerError::Protocol(format!("UCX key unavailable: {e}")))?
-            .ok_or_else(|| PeerError::Protocol("UCX exposure withdrawn mid-connection".into()))?;
-        w.send(&offer, &[], limit).await?;
+            .map_err(PullError::UcxKey)?
+            .ok_or(Violation::ExposureWithdrawn)?;
+        w.send(&offer, &[], cx.limit).await?;
         *given = generation;
     }
-    serve_pull_ucx(p, src, w, (dst, pull), limit, held).await
+    serve_pull(cx, w, pull, Delivery::Slots(&mut ucx.held)).await
 }
 
 /// Logs why a connection ends (telling the peer when it sent a bad frame).
 async fn closed(w: &mut TcpConn, e: PeerError, limit: Duration) {
     match e {
-        PeerError::Timeout("peer send", _) => {
+        _ if e.timed_out() == Some(Stage::Send) => {
             tracing::warn!(peer = %w.remote(), error = %e, "destination stopped reading; closing and releasing its blocks");
         }
-        PeerError::Io(_) | PeerError::Timeout(..) => {
+        PeerError::Wire(WireError::Io(_) | WireError::Timeout { .. }) => {
             tracing::debug!(peer = %w.remote(), error = %e, "peer connection closed");
         }
-        PeerError::Frame(_) | PeerError::Integrity(_) => {
+        _ if e.is_bad_frame() => {
             let _ = w
                 .send(
                     &PeerMsg::Refused {

@@ -14,7 +14,7 @@ use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 
 use super::Peers;
 use super::fetch::{IN_PLACE_KEYS, PeerLink, run_chunk};
-use super::op::PullOp;
+use super::op::{NewOp, PullOp};
 use crate::store::Reservation;
 
 /// A client's request for a hinted pull.
@@ -98,16 +98,16 @@ impl Peers {
             .deadline_ms
             .map_or_else(|| self.stats.deadline(pending.len()), Duration::from_millis);
         let peer = plan.as_ref().ok().map(|p| p.endpoint.to_string());
-        let op = PullOp::new(
-            self.ops.next_id(),
-            req.ns,
-            req.keys.to_vec(),
-            req.conn,
+        let op = PullOp::new(NewOp {
+            id: self.ops.next_id(),
+            ns: req.ns,
+            keys: req.keys.to_vec(),
+            conn: req.conn,
             peer,
             results,
-            req.into,
+            into: req.into,
             deadline,
-        );
+        });
         // Only an op still running when its reply goes out enters the op table: one that
         // ended before (refused, or nothing to pull) is reported in that reply and forgotten.
         let plan = match plan {

@@ -12,11 +12,10 @@ use kvnode_proto::pull::{KeyOutcome, OpReport, OpState};
 use kvnode_proto::{Digest, Key, NamespaceId, NamespaceSpec};
 use tokio::sync::watch;
 
-use super::block_mac::BlockMac;
 use super::hashes::fingerprint;
-use super::source::BlockSource;
 use super::source::ahead::{MIN_AHEAD, SumsAhead};
 use super::source::sums::{remembered, settled};
+use super::source::{Batch, BlockSource};
 use super::transport::FaultPlan;
 use super::{Peers, TransportKind};
 use crate::arena::Arena;
@@ -25,6 +24,7 @@ use crate::obs::Metrics;
 use crate::policy::PolicyKind;
 use crate::residency::Announcer;
 use crate::store::Store;
+use kvnode_blockmac::BlockMac;
 
 /// Larger than two hash pieces, so a block is read and hashed in several pieces.
 pub(super) const PAGE: usize = 300 << 10;
@@ -512,7 +512,13 @@ async fn blocks_summed_ahead_on_several_threads_are_remembered_with_hash_and_tag
         total >= MIN_AHEAD,
         "the test's blocks must be worth summing ahead"
     );
-    let mut ahead = SumsAhead::start(p, (ns, &keys), &leased, mac.as_ref(), 3);
+    let batch = Batch {
+        peers: p,
+        ns,
+        keys: &keys,
+        mac: mac.as_ref(),
+    };
+    let mut ahead = SumsAhead::start(&batch, &leased, 3);
     assert_eq!(ahead.take(0).await, None, "the first is left to the send");
     for (i, l) in leased.into_iter().enumerate().skip(1) {
         let b = l.expect("leased");
@@ -557,7 +563,13 @@ async fn a_small_request_is_summed_in_line() {
             .sum::<u64>()
             < MIN_AHEAD
     );
-    let mut ahead = SumsAhead::start(p, (ns, &keys), &leased, None, 3);
+    let batch = Batch {
+        peers: p,
+        ns,
+        keys: &keys,
+        mac: None,
+    };
+    let mut ahead = SumsAhead::start(&batch, &leased, 3);
     for i in 0..2 {
         assert_eq!(ahead.take(i).await, None, "block {i}");
     }

@@ -1,5 +1,5 @@
 //! How the destination reads a block body off the wire and checks it: in 128 KiB pieces, each
-//! folded into the block MAC (keyed plaintext sessions, `peer::block_mac`) or hashed with
+//! folded into the block MAC (keyed plaintext sessions, `kvnode_blockmac`) or hashed with
 //! BLAKE3 while still in cache (by a helper thread for large blocks), or, encrypted, opened
 //! whole and then hashed.
 
@@ -9,8 +9,9 @@ use kvnode_proto::peer::HASH_LEN;
 
 use super::hash_ahead::{self, HashAhead};
 use crate::peer::PeerError;
-use crate::peer::block_mac::{MacState, TAG_LEN, tags_equal};
-use crate::peer::transport::PullWire;
+use crate::peer::error::WireError;
+use crate::peer::transport::{PullConn as _, PullWire};
+use kvnode_blockmac::{MacState, TAG_LEN, tags_equal};
 
 /// Payloads are read and hashed in pieces of this size, so each piece is hashed while it is
 /// still in cache instead of re-reading the whole block from memory afterwards.
@@ -51,7 +52,11 @@ pub(super) fn read_hashed(
 /// A short read of the piece at `at` as a short read of the whole `total`-byte body.
 fn at_offset(at: usize, total: usize) -> impl Fn(PeerError) -> PeerError {
     move |e| match e {
-        PeerError::Truncated(got, _) => PeerError::Truncated(at + got, total),
+        PeerError::Wire(WireError::Truncated { got, .. }) => WireError::Truncated {
+            got: at + got,
+            want: total,
+        }
+        .into(),
         e => e,
     }
 }

@@ -15,8 +15,11 @@ use kvnode_proto::peer::HASH_LEN;
 use std::time::Duration;
 
 use super::{Checked, Chunk, PeerError, PullWire};
-use crate::peer::block_mac::{BlockMac, TAG_LEN, tags_equal};
+use crate::peer::transport::{PullConn, SlotReads as _};
+
+use crate::peer::error::{PullError, Violation};
 use crate::store::Reservation;
+use kvnode_blockmac::{BlockMac, TAG_LEN, tags_equal};
 
 /// Where a block's bytes land: its reserved DRAM slot, or scratch memory when the store
 /// refused one (`refused`: why). Its bytes do not move when it moves.
@@ -80,13 +83,13 @@ impl Chunk {
         addr: u64,
         mut f: Flight,
     ) -> Result<(), PeerError> {
-        while w.ucx()?.in_flight() >= w.ucx()?.window() {
+        while slots(w)?.in_flight() >= slots(w)?.window() {
             self.land_one(w, ns)?;
         }
         let dst = f.landing.dst();
         // SAFETY: the landing moves into `flights` (its bytes stay put) and leaves only when
         // the GET has landed, or was handed back by `abandon`, or is retired if UCX keeps it.
-        unsafe { w.ucx()?.post(dst.as_mut_ptr(), dst.len(), addr, i as u64) }?;
+        unsafe { slots(w)?.post(dst.as_mut_ptr(), dst.len(), addr, i as u64) }?;
         self.flights.insert(i, f);
         Ok(())
     }
@@ -95,7 +98,7 @@ impl Chunk {
     fn land_one(&mut self, w: &mut PullWire, ns: NamespaceId) -> Result<(), PeerError> {
         let io = self.io;
         let mac = w.block_mac();
-        let (tag, r) = w.ucx()?.land_one(io)?;
+        let (tag, r) = slots(w)?.land_one(io)?;
         self.landed(ns, tag, r, mac.as_deref())
     }
 
@@ -109,9 +112,7 @@ impl Chunk {
     ) -> Result<(), PeerError> {
         let i = tag as usize;
         let Some(mut f) = self.flights.remove(&i) else {
-            return Err(PeerError::Protocol(format!(
-                "a GET landed for key {i}, not in flight"
-            )));
+            return Err(Violation::GetNotInFlight { key: i }.into());
         };
         r?; // the buffer is quiet: dropping `f` frees its slot
         self.link
@@ -148,20 +149,18 @@ impl Chunk {
 
     /// After a failure: commits the GETs that already finished, cancels the rest (closing
     /// the endpoint) and frees their slots once UCX hands them back, retiring any it keeps
-    /// ([`PeerError::Stuck`] then).
+    /// ([`PullError::Stuck`] then).
     pub(super) fn abandon_gets(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
         let io = self.io;
         let mac = w.block_mac();
-        let Ok(u) = w.ucx() else {
-            return Err(PeerError::Protocol(
-                "GETs in flight on a TCP connection".into(),
-            ));
+        let Some(u) = w.slots() else {
+            return Err(Violation::GetsOnTcp.into());
         };
         let ns = self
             .peers
             .store()
             .namespace_id(self.op.ns)
-            .map_err(|e| PeerError::Protocol(e.to_string()))?;
+            .map_err(PullError::Namespace)?;
         while let Ok((tag, r)) = u.land_one(Duration::ZERO) {
             // Late completions are kept; a failed one only drops its flight.
             let _ = self.landed(ns, tag, r, mac.as_deref());
@@ -175,12 +174,17 @@ impl Chunk {
         if kept.is_empty() {
             return Ok(());
         }
-        let e = PeerError::Stuck(format!(
-            "{} GETs from {} were never handed back by UCX",
-            kept.len(),
-            self.link.name
-        ));
+        let e = PeerError::from(PullError::Stuck {
+            gets: kept.len(),
+            peer: self.link.endpoint.clone(),
+        });
         tracing::error!(error = %e, "retiring the slots under uncancellable GETs");
         Err(e)
     }
+}
+
+/// The connection's one-sided reads: a `Slot` on a connection without them breaks the
+/// protocol.
+fn slots(w: &mut PullWire) -> Result<&mut <PullWire as PullConn>::Slots, PeerError> {
+    w.slots().ok_or_else(|| Violation::SlotWithoutUcx.into())
 }

@@ -118,7 +118,7 @@ impl HashAhead {
 }
 
 fn helper_gone() -> PeerError {
-    PeerError::Io(std::io::Error::other("the pull's hashing thread stopped"))
+    crate::peer::PullError::HashThreadStopped.into()
 }
 
 /// Waits for the helper's answer to the block in progress, also when the block ends early.
@@ -158,6 +158,7 @@ impl Drop for HashAhead {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::peer::error::WireError;
 
     #[test]
     fn the_hash_is_blake3_of_the_whole_block_whatever_its_length() {
@@ -182,12 +183,19 @@ mod tests {
         let mut dst = vec![0u8; 4 * PIECE];
         let e = h.hash_while(&mut dst, |at, piece| {
             if at >= 2 * PIECE {
-                return Err(PeerError::Truncated(at, 4 * PIECE));
+                return Err(WireError::Truncated {
+                    got: at,
+                    want: 4 * PIECE,
+                }
+                .into());
             }
             piece.fill(1);
             Ok(())
         });
-        assert!(matches!(e, Err(PeerError::Truncated(..))));
+        assert!(matches!(
+            e,
+            Err(PeerError::Wire(WireError::Truncated { .. }))
+        ));
         // The pieces of the failed block are not mixed into the next block's hash.
         let src = vec![9u8; 4 * PIECE];
         let sum = h

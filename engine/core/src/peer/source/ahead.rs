@@ -8,13 +8,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kvnode_proto::NamespaceId;
 use kvnode_proto::peer::PullKey;
 use tokio::sync::mpsc;
 
+use super::Batch;
 use super::sums::{block_hash, remembered};
-use crate::peer::Peers;
-use crate::peer::block_mac::BlockMac;
 use crate::peer::hashes::Sums;
 use crate::store::Lease;
 
@@ -52,12 +50,16 @@ impl SumsAhead {
     /// more than summing them in line). Each thread takes the next block in order, so the
     /// first ones are ready first.
     pub(in crate::peer) fn start(
-        p: &Arc<Peers>,
-        (ns, keys): (NamespaceId, &[PullKey]),
+        batch: &Batch<'_>,
         leased: &[Option<Arc<Lease>>],
-        mac: Option<&Arc<BlockMac>>,
         threads: usize,
     ) -> Self {
+        let Batch {
+            peers: p,
+            ns,
+            keys,
+            mac,
+        } = *batch;
         let todo: VecDeque<(usize, Arc<Lease>)> = leased
             .iter()
             .enumerate()

@@ -7,9 +7,9 @@ use kvnode_proto::NamespaceId;
 use kvnode_proto::peer::PullKey;
 
 use crate::peer::Peers;
-use crate::peer::block_mac::{BlockMac, MacState};
 use crate::peer::hashes::{HashCache, SlotId, Sums, fingerprint};
 use crate::store::Lease;
+use kvnode_blockmac::{BlockMac, MacState};
 
 /// The block's hash (and, with `mac`, its tag under that key): remembered, or computed now
 /// from one snapshot of its bytes and remembered. `None` when its bytes no longer match the

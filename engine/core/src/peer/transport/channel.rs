@@ -29,10 +29,11 @@ use std::sync::Arc;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, Tag, UnboundKey};
 
 use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
-use kvnode_proto::peer::{AEAD_TAG_LEN, PeerMsg, check_prefix, decode_peer};
+use kvnode_proto::peer::{AEAD_TAG_LEN, PeerFrameError, PeerMsg, check_prefix, decode_peer};
 
 use crate::peer::PeerError;
-use crate::peer::block_mac::BlockMac;
+use crate::peer::error::{IntegrityCheck, WireError};
+use kvnode_blockmac::BlockMac;
 
 /// Which end of a session this daemon is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,8 +81,8 @@ fn tag_of(bytes: &[u8]) -> Option<Tag> {
     <[u8; AEAD_TAG_LEN]>::try_from(bytes).ok().map(Tag::from)
 }
 
-fn integrity(what: &str) -> PeerError {
-    PeerError::Integrity(what.to_owned())
+fn integrity(check: IntegrityCheck) -> PeerError {
+    WireError::Integrity(check).into()
 }
 
 impl Half {
@@ -128,7 +129,7 @@ impl Half {
     /// Encodes and seals `msg` (announcing `payload_len` body bytes) as the next frame:
     /// prefix, header, tag. The body follows unchanged (or as sealed by [`Half::seal_body`]).
     pub fn seal(&mut self, msg: &PeerMsg, payload_len: u64) -> Result<Vec<u8>, PeerError> {
-        let f = encode_frame(msg, payload_len).map_err(|e| PeerError::Protocol(e.to_string()))?;
+        let f = encode_frame(msg, payload_len).map_err(WireError::Encode)?;
         Ok(self.seal_encoded(f))
     }
 
@@ -154,18 +155,16 @@ impl Half {
         tag: &[u8],
     ) -> Result<(PeerMsg, u64), PeerError> {
         let p = FramePrefix::decode(*prefix)
-            .map_err(|e| PeerError::Frame(e.into()))
-            .and_then(|p| check_prefix(p).map_err(PeerError::Frame))?;
+            .map_err(|e| PeerError::from(PeerFrameError::from(e)))
+            .and_then(|p| check_prefix(p).map_err(PeerError::from))?;
         let seq = self.seq;
-        let t = tag_of(tag).ok_or_else(|| integrity("short tag"))?;
+        let t = tag_of(tag).ok_or_else(|| integrity(IntegrityCheck::ShortTag))?;
         // The GCM tag is checked (in constant time) before the plaintext is used.
         self.aead
             .open_in_place_separate_tag(nonce(0, seq), Aad::from(prefix), t, header, 0..)
-            .map_err(|_| {
-                integrity("frame failed to decrypt (altered, injected, dropped or reordered frame)")
-            })?;
+            .map_err(|_| integrity(IntegrityCheck::Frame))?;
         self.seq += 1;
-        Ok((decode_peer(p, header).map_err(PeerError::Frame)?, seq))
+        Ok((decode_peer(p, header)?, seq))
     }
 
     /// Decrypts a `Block` body in place, received in the frame sealed under `seq`, against the
@@ -174,11 +173,11 @@ impl Half {
         if !self.bodies {
             return Ok(());
         }
-        let t = tag_of(seal).ok_or_else(|| integrity("block without its encryption tag"))?;
+        let t = tag_of(seal).ok_or_else(|| integrity(IntegrityCheck::BodyTagMissing))?;
         self.aead
             .open_in_place_separate_tag(nonce(1, seq), Aad::empty(), t, body, 0..)
             .map(|_| ())
-            .map_err(|_| integrity("block body failed to decrypt (altered in transit)"))
+            .map_err(|_| integrity(IntegrityCheck::Body))
     }
 }
 
@@ -193,7 +192,7 @@ pub struct Channel {
     /// key was removed from the key file is closed at its next request.
     pub key_id: Option<u64>,
     /// The block MAC of a keyed plaintext session, where this CPU computes it fast
-    /// (`peer::block_mac`); `None`: blocks are verified by BLAKE3 only.
+    /// (`kvnode_blockmac`); `None`: blocks are verified by BLAKE3 only.
     pub block_mac: Option<Arc<BlockMac>>,
 }
 
@@ -253,7 +252,7 @@ mod tests {
             let mut r = Channel::new(b"secret", encrypt, Side::Source);
             assert!(matches!(
                 open_frame(&mut r.recv, &f1),
-                Err(PeerError::Integrity(_))
+                Err(PeerError::Wire(WireError::Integrity(_)))
             ));
             // Reflected back to its sender: the other direction's key.
             assert!(open_frame(&mut d.recv, &f0).is_err());

@@ -12,8 +12,9 @@ use std::time::Duration;
 use kvnode_proto::peer::PeerMsg;
 use serde::{Deserialize, Serialize};
 
-use super::{Frame, PullConn, TcpPull};
+use super::{Frame, NoSlots, PullConn, TcpPull};
 use crate::peer::PeerError;
+use crate::peer::error::WireError;
 
 /// Which received blocks go wrong. Blocks are numbered from 1 in the order this daemon
 /// receives their headers, over all its dialled connections. Default: no faults.
@@ -70,27 +71,32 @@ impl FaultyConn {
         }
     }
 
-    /// See [`TcpPull::send_early`] (a cut connection refuses it like any send).
-    pub fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
-        self.gate()?;
-        self.inner.send_early(msgs)
-    }
-
-    /// See [`TcpPull::block_mac`].
-    pub fn block_mac(&self) -> Option<std::sync::Arc<crate::peer::block_mac::BlockMac>> {
-        self.inner.block_mac()
-    }
-
     /// A cut connection is closed.
     fn gate(&self) -> Result<(), PeerError> {
         if self.dead {
-            return Err(PeerError::Io(io::ErrorKind::BrokenPipe.into()));
+            return Err(io::Error::from(io::ErrorKind::BrokenPipe).into());
         }
         Ok(())
     }
 }
 
 impl PullConn for FaultyConn {
+    type Slots = NoSlots;
+
+    /// See [`PullConn::send_early`] (a cut connection refuses it like any send).
+    fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        self.gate()?;
+        self.inner.send_early(msgs)
+    }
+
+    fn block_mac(&self) -> Option<std::sync::Arc<kvnode_blockmac::BlockMac>> {
+        self.inner.block_mac()
+    }
+
+    fn slots(&mut self) -> Option<&mut NoSlots> {
+        None
+    }
+
     fn remote(&self) -> SocketAddr {
         self.inner.remote()
     }
@@ -118,7 +124,11 @@ impl PullConn for FaultyConn {
                 let k = at.saturating_sub(self.pos);
                 self.inner.read_payload(&mut dst[..k], limit)?;
                 self.dead = true;
-                Err(PeerError::Truncated(k, dst.len()))
+                Err(WireError::Truncated {
+                    got: k,
+                    want: dst.len(),
+                }
+                .into())
             }
             fault => {
                 self.inner.read_payload(dst, limit)?;

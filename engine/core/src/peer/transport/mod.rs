@@ -35,6 +35,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
+use kvnode_blockmac::BlockMac;
+use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::PeerMsg;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -46,21 +48,32 @@ pub use ucx::{UcxExposure, UcxNode, UcxPeer, UcxPull, UcxSetup, UcxStartError};
 pub use ucx_setup::{UcxAsked, interface_of};
 
 use super::PeerError;
+use super::error::{HandshakeError, Stage};
 
 /// A received frame: the message and, for `Block`, the unread payload length.
 pub type Frame = (PeerMsg, u32);
 
-/// What the destination's pull loop needs from one connection of a transport. Calls block
-/// the calling thread (a blocking-pool thread, never a runtime worker).
+/// What the destination's pull loop needs from one connection of a transport: all it uses.
+/// Calls block the calling thread (a blocking-pool thread, never a runtime worker), but for
+/// [`PullConn::send_early`].
 ///
 /// Contract: frames arrive in the order they were sent; after [`PullConn::recv`] returns a
 /// `Block` of `len` bytes, exactly `len` bytes are consumed by [`PullConn::read_payload`]
 /// calls (in order, into buffers the caller owns) before the next `recv`; the transport
-/// writes a caller's buffer only inside `read_payload`, so when that returns the buffer no
-/// longer changes. Every wait is bounded by the `limit` given.
+/// writes a caller's buffer only inside `read_payload`, or, for a `Slot`, between a GET's
+/// [`SlotReads::post`] and the moment [`SlotReads::land_one`] reports it (or
+/// [`SlotReads::abandon`] hands it back), so once those return the buffer no longer
+/// changes. Every wait is bounded by the `limit` given. A transport whose answers carry
+/// their bodies has no [`PullConn::slots`]: a `Slot` or a UCX offer on it breaks the
+/// protocol.
 pub trait PullConn: Send {
+    /// One-sided reads of the source's memory, where the transport has them.
+    type Slots: SlotReads;
     /// The remote address.
     fn remote(&self) -> SocketAddr;
+    /// Seals `msgs` and hands the socket what it takes now, never waiting, so a runtime
+    /// worker may call it; the rest goes out first in the next blocking call, in order.
+    fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError>;
     /// Sends several payload-less frames at once (pipelined requests).
     fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError>;
     /// Receives the next frame header within `limit`.
@@ -74,17 +87,81 @@ pub trait PullConn: Send {
     fn encrypted(&self) -> bool;
     /// Id of the cluster key the session was derived from (`None`: keyless).
     fn key_id(&self) -> Option<u64>;
+    /// The session's block MAC (keyed plaintext sessions): checks `Block` bodies and the
+    /// bytes of `Slot` GETs.
+    fn block_mac(&self) -> Option<Arc<BlockMac>>;
+    /// The connection's one-sided reads (`Slot` answers), if it negotiated them.
+    fn slots(&mut self) -> Option<&mut Self::Slots>;
+}
+
+/// One-sided reads (GETs) of the source's registered memory, named by `Slot` answers.
+pub trait SlotReads {
+    /// GETs posted and not yet landed or handed back.
+    fn in_flight(&self) -> usize;
+    /// Most GETs in flight at once.
+    fn window(&self) -> usize;
+    /// Starts the GET of `len` bytes at the source's `addr` into `dst`, reported under `tag`.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must stay valid and untouched until the GET is reported by
+    /// [`SlotReads::land_one`] or handed back by [`SlotReads::abandon`].
+    unsafe fn post(
+        &mut self,
+        dst: *mut u8,
+        len: usize,
+        addr: u64,
+        tag: u64,
+    ) -> Result<(), PeerError>;
+    /// Waits up to `limit` for some GET in flight to finish: its tag, and its outcome (an
+    /// error there is a failed GET whose buffer is quiet). A timeout when none finished.
+    fn land_one(&mut self, limit: Duration) -> Result<(u64, Result<(), PeerError>), PeerError>;
+    /// Cancels every GET in flight; waits up to `limit` for them to be handed back. Returns
+    /// the tags of those kept: their buffers may still be written and must be retired.
+    fn abandon(&mut self, limit: Duration) -> Vec<u64>;
+    /// Takes the new key (and worker address) a source sent after re-registering its memory.
+    fn rekey(&mut self, worker: &[u8], rkey: &[u8], base: u64, len: u64) -> Result<(), PeerError>;
+}
+
+/// The one-sided reads of a transport that has none.
+#[derive(Debug)]
+pub enum NoSlots {}
+
+impl SlotReads for NoSlots {
+    fn in_flight(&self) -> usize {
+        match *self {}
+    }
+
+    fn window(&self) -> usize {
+        match *self {}
+    }
+
+    unsafe fn post(&mut self, _: *mut u8, _: usize, _: u64, _: u64) -> Result<(), PeerError> {
+        match *self {}
+    }
+
+    fn land_one(&mut self, _: Duration) -> Result<(u64, Result<(), PeerError>), PeerError> {
+        match *self {}
+    }
+
+    fn abandon(&mut self, _: Duration) -> Vec<u64> {
+        match *self {}
+    }
+
+    fn rekey(&mut self, _: &[u8], _: &[u8], _: u64, _: u64) -> Result<(), PeerError> {
+        match *self {}
+    }
 }
 
 /// Bounds an I/O future by `limit`.
 async fn bounded<T>(
     limit: Duration,
-    what: &'static str,
+    stage: Stage,
     f: impl Future<Output = io::Result<T>>,
 ) -> Result<T, PeerError> {
     match tokio::time::timeout(limit, f).await {
-        Ok(r) => r.map_err(PeerError::Io),
-        Err(_) => Err(PeerError::Timeout(what, limit)),
+        Ok(r) => Ok(r?),
+        Err(_) => Err(PeerError::timeout(stage, limit)),
     }
 }
 
@@ -100,129 +177,62 @@ pub enum PullWire {
     Faulty(Box<FaultyConn>),
 }
 
-impl PullWire {
-    /// The remote address.
-    pub fn remote(&self) -> SocketAddr {
-        match self {
-            Self::Tcp(c) => c.remote(),
-            Self::Ucx(c) => c.remote(),
+/// Calls one method of whichever transport `$w` is.
+macro_rules! each {
+    ($w:expr, $c:ident => $e:expr) => {
+        match $w {
+            PullWire::Tcp($c) => $e,
+            PullWire::Ucx($c) => $e,
             #[cfg(feature = "test-seams")]
-            Self::Faulty(c) => c.remote(),
+            PullWire::Faulty($c) => $e,
         }
-    }
-
-    /// See [`PullConn::send_all`].
-    pub fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
-        match self {
-            Self::Tcp(c) => c.send_all(msgs, limit),
-            Self::Ucx(c) => c.send_all(msgs, limit),
-            #[cfg(feature = "test-seams")]
-            Self::Faulty(c) => c.send_all(msgs, limit),
-        }
-    }
-
-    /// See [`TcpPull::send_early`]: requests sent from a runtime worker without waiting.
-    pub fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
-        match self {
-            Self::Tcp(c) => c.send_early(msgs),
-            Self::Ucx(c) => c.tcp_mut().send_early(msgs),
-            #[cfg(feature = "test-seams")]
-            Self::Faulty(c) => c.send_early(msgs),
-        }
-    }
-
-    /// The session's block MAC (keyed plaintext sessions): checks `Block` bodies and, on UCX
-    /// connections, the bytes of `Slot` GETs.
-    pub fn block_mac(&self) -> Option<std::sync::Arc<crate::peer::block_mac::BlockMac>> {
-        match self {
-            Self::Tcp(c) => c.block_mac(),
-            Self::Ucx(c) => c.tcp().block_mac(),
-            #[cfg(feature = "test-seams")]
-            Self::Faulty(c) => c.block_mac(),
-        }
-    }
-
-    /// See [`PullConn::recv`].
-    pub fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
-        match self {
-            Self::Tcp(c) => c.recv(limit),
-            Self::Ucx(c) => c.recv(limit),
-            #[cfg(feature = "test-seams")]
-            Self::Faulty(c) => c.recv(limit),
-        }
-    }
-
-    /// See [`PullConn::open_payload`].
-    pub fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {
-        match self {
-            Self::Tcp(c) => c.open_payload(body, seal),
-            Self::Ucx(c) => c.open_payload(body, seal),
-            #[cfg(feature = "test-seams")]
-            Self::Faulty(c) => c.open_payload(body, seal),
-        }
-    }
-
-    /// See [`PullConn::encrypted`].
-    pub fn encrypted(&self) -> bool {
-        match self {
-            Self::Tcp(c) => c.encrypted(),
-            Self::Ucx(c) => c.encrypted(),
-            #[cfg(feature = "test-seams")]
-            Self::Faulty(c) => c.encrypted(),
-        }
-    }
-
-    /// See [`PullConn::key_id`].
-    pub fn key_id(&self) -> Option<u64> {
-        match self {
-            Self::Tcp(c) => c.key_id(),
-            Self::Ucx(c) => c.key_id(),
-            #[cfg(feature = "test-seams")]
-            Self::Faulty(c) => c.key_id(),
-        }
-    }
-
-    /// See [`PullConn::read_payload`].
-    pub fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
-        match self {
-            Self::Tcp(c) => c.read_payload(dst, limit),
-            Self::Ucx(c) => c.read_payload(dst, limit),
-            #[cfg(feature = "test-seams")]
-            Self::Faulty(c) => c.read_payload(dst, limit),
-        }
-    }
+    };
 }
 
-impl PullWire {
-    /// Whether blocks arrive as `Slot`s to GET (a UCX connection).
-    pub fn is_ucx(&self) -> bool {
-        matches!(self, Self::Ucx(_))
+impl PullConn for PullWire {
+    type Slots = UcxPull;
+
+    fn remote(&self) -> SocketAddr {
+        each!(self, c => c.remote())
     }
 
-    /// The UCX end, for GETs of `Slot` answers; a protocol error on other transports.
-    pub fn ucx(&mut self) -> Result<&mut UcxPull, PeerError> {
-        let Self::Ucx(c) = self else {
-            return Err(PeerError::Protocol(
-                "a Slot answer on a connection that did not negotiate UCX".into(),
-            ));
-        };
-        Ok(c)
+    fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        each!(self, c => c.send_early(msgs))
     }
 
-    /// See [`UcxPull::rekey`]; a protocol error on other transports.
-    pub fn rekey(
-        &mut self,
-        worker: &[u8],
-        rkey: &[u8],
-        base: u64,
-        len: u64,
-    ) -> Result<(), PeerError> {
-        let Self::Ucx(c) = self else {
-            return Err(PeerError::Protocol(
-                "a UCX offer on a connection that did not ask for UCX".into(),
-            ));
-        };
-        c.rekey(worker, rkey, base, len)
+    fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
+        each!(self, c => c.send_all(msgs, limit))
+    }
+
+    fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
+        each!(self, c => c.recv(limit))
+    }
+
+    fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
+        each!(self, c => c.read_payload(dst, limit))
+    }
+
+    fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {
+        each!(self, c => c.open_payload(body, seal))
+    }
+
+    fn encrypted(&self) -> bool {
+        each!(self, c => c.encrypted())
+    }
+
+    fn key_id(&self) -> Option<u64> {
+        each!(self, c => c.key_id())
+    }
+
+    fn block_mac(&self) -> Option<Arc<BlockMac>> {
+        each!(self, c => c.block_mac())
+    }
+
+    fn slots(&mut self) -> Option<&mut UcxPull> {
+        match self {
+            Self::Ucx(c) => Some(c),
+            _ => None,
+        }
     }
 }
 
@@ -270,15 +280,18 @@ impl Transport {
     /// wait and runs the handshake.
     pub async fn dial(
         &self,
-        host: &str,
-        port: u16,
+        target: &Endpoint,
         refuse: impl Fn(SocketAddr) -> bool,
     ) -> Result<TcpConn, PeerError> {
-        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((target.host.as_str(), target.port))
+            .await?
+            .collect();
         if let Some(a) = addrs.iter().find(|a| refuse(**a)) {
-            return Err(PeerError::Auth(format!(
-                "{host}:{port} resolves to {a}, this daemon's own peer listener: not dialling itself"
-            )));
+            return Err(HandshakeError::SelfDial {
+                target: target.clone(),
+                addr: *a,
+            }
+            .into());
         }
         Ok(TcpConn::new(TcpStream::connect(&addrs[..]).await?)?)
     }

@@ -5,13 +5,14 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
-use kvnode_proto::peer::{AEAD_TAG_LEN, PeerMsg, check_prefix, decode_peer};
+use kvnode_proto::peer::{AEAD_TAG_LEN, PeerFrameError, PeerMsg, check_prefix, decode_peer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::channel::Channel;
 use super::{Frame, TcpPull, bounded};
 use crate::peer::PeerError;
+use crate::peer::error::{HandshakeError, Stage, Verbatim, WireError};
 
 /// Read buffer for frame headers (no block body is read on this side).
 const HEADER_BUF: usize = 16 << 10;
@@ -57,7 +58,7 @@ impl TcpConn {
     }
 
     /// The session's block MAC (keyed plaintext sessions on a CPU that computes it fast).
-    pub fn block_mac(&self) -> Option<&std::sync::Arc<crate::peer::block_mac::BlockMac>> {
+    pub fn block_mac(&self) -> Option<&std::sync::Arc<kvnode_blockmac::BlockMac>> {
         self.chan.as_ref().and_then(|c| c.block_mac.as_ref())
     }
 
@@ -116,10 +117,7 @@ impl TcpConn {
     ) -> Result<(), PeerError> {
         let len = payload.len() as u64;
         let (f, body): (Vec<u8>, &[u8]) = match &mut self.chan {
-            None => (
-                encode_frame(msg, len).map_err(|e| PeerError::Protocol(e.to_string()))?,
-                payload,
-            ),
+            None => (encode_frame(msg, len).map_err(WireError::Encode)?, payload),
             Some(c) if c.send.encrypts() && !payload.is_empty() => {
                 self.scratch.clear();
                 self.scratch.extend_from_slice(payload);
@@ -134,18 +132,16 @@ impl TcpConn {
         };
         let trailer = match (then, &mut self.chan) {
             (None, _) => Vec::new(),
-            (Some(t), None) => {
-                encode_frame(t, 0).map_err(|e| PeerError::Protocol(e.to_string()))?
-            }
+            (Some(t), None) => encode_frame(t, 0).map_err(WireError::Encode)?,
             (Some(t), Some(c)) => c.send.seal(t, 0)?,
         };
         let mut bufs = [IoSlice::new(&f), IoSlice::new(body), IoSlice::new(&trailer)];
         let mut bufs: &mut [IoSlice<'_>] = &mut bufs;
         let s = self.io.get_mut();
         while !bufs.is_empty() {
-            let n = bounded(limit, "peer send", s.write_vectored(bufs)).await?;
+            let n = bounded(limit, Stage::Send, s.write_vectored(bufs)).await?;
             if n == 0 {
-                return Err(PeerError::Io(io::ErrorKind::WriteZero.into()));
+                return Err(io::Error::from(io::ErrorKind::WriteZero).into());
             }
             IoSlice::advance_slices(&mut bufs, n);
         }
@@ -173,13 +169,13 @@ impl TcpConn {
         limit: Duration,
     ) -> Result<([u8; PREFIX_LEN], FramePrefix), PeerError> {
         let mut p = [0u8; PREFIX_LEN];
-        bounded(limit, "peer answer", self.io.read_exact(&mut p)).await?;
+        bounded(limit, Stage::Answer, self.io.read_exact(&mut p)).await?;
         let prefix = FramePrefix::decode(p)
-            .map_err(|e| PeerError::Frame(e.into()))
-            .and_then(|p| check_prefix(p).map_err(PeerError::Frame))?;
+            .map_err(|e| PeerError::from(PeerFrameError::from(e)))
+            .and_then(|p| check_prefix(p).map_err(PeerError::from))?;
         self.header.resize(prefix.header_len as usize, 0);
         let Self { io, header, .. } = self;
-        bounded(limit, "peer frame header", io.read_exact(header)).await?;
+        bounded(limit, Stage::FrameHeader, io.read_exact(header)).await?;
         Ok((p, prefix))
     }
 
@@ -187,11 +183,8 @@ impl TcpConn {
         let n = self.chan.as_ref().map_or(0, |c| c.recv.tag_len());
         let mut tag = [0u8; AEAD_TAG_LEN];
         let tag = &mut tag[..n];
-        bounded(limit, "peer frame tag", self.io.read_exact(tag)).await?;
-        let c = self
-            .chan
-            .as_mut()
-            .ok_or_else(|| PeerError::Protocol("a sealed frame before the handshake".into()))?;
+        bounded(limit, Stage::FrameTag, self.io.read_exact(tag)).await?;
+        let c = self.chan.as_mut().ok_or(WireError::Unsealed)?;
         Ok(c.recv.open(&p, &mut self.header, tag)?.0)
     }
 
@@ -201,7 +194,7 @@ impl TcpConn {
         let msg = if self.chan.is_some() {
             self.open(p, limit).await?
         } else {
-            decode_peer(prefix, &self.header).map_err(PeerError::Frame)?
+            decode_peer(prefix, &self.header)?
         };
         Ok((msg, prefix.payload_len))
     }
@@ -211,7 +204,7 @@ impl TcpConn {
     pub async fn recv_first_sealed(&mut self, limit: Duration) -> Result<PeerMsg, PeerError> {
         let (p, prefix) = self.read_head(limit).await?;
         if let Ok(PeerMsg::Refused { reason }) = decode_peer(prefix, &self.header) {
-            return Err(PeerError::Refused(reason));
+            return Err(HandshakeError::Refused(Verbatim(reason)).into());
         }
         self.open(p, limit).await
     }

@@ -11,8 +11,9 @@ use kvnode_proto::frame::PREFIX_LEN;
 use kvnode_proto::peer::PeerMsg;
 
 use super::channel::Channel;
-use super::{Frame, PullConn};
+use super::{Frame, NoSlots, PullConn};
 use crate::peer::PeerError;
+use crate::peer::error::{Stage, WireError};
 
 /// Header buffer. Reads of at least half of it bypass it, so a block body is copied by the
 /// kernel straight into its slot; at most one buffer's worth of a body is copied twice.
@@ -33,7 +34,7 @@ pub struct TcpPull {
     chan: Box<Channel>,
     /// Sequence number of the last frame received (its body is opened under it).
     last: u64,
-    /// Sealed bytes [`TcpPull::send_early`] could not hand over without waiting: they go
+    /// Sealed bytes [`PullConn::send_early`] could not hand over without waiting: they go
     /// out first in the next blocking call, so frames stay in their sealed order.
     out: Vec<u8>,
 }
@@ -61,52 +62,7 @@ impl TcpPull {
         })
     }
 
-    /// Seals `msgs` and gives the socket what it takes right now (`MSG_DONTWAIT`): never
-    /// waits, so a runtime worker may call it. What the socket did not take is sent first by
-    /// the next blocking call. Lets a pull's requests leave before the thread that receives
-    /// its answers is even running.
-    pub fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
-        let queued = self.out.len();
-        for m in msgs {
-            let f = self.chan.send.seal(m, 0)?;
-            self.out.extend(f);
-        }
-        if queued > 0 {
-            return Ok(());
-        }
-        let mut at = 0;
-        while at < self.out.len() {
-            let rest = &self.out[at..];
-            // SAFETY: `rest` is a live buffer of `rest.len()` bytes; the fd is this stream's.
-            let n = unsafe {
-                libc::send(
-                    self.s.as_raw_fd(),
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
-            if n >= 0 {
-                at += n.unsigned_abs();
-                continue;
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => {}
-                io::ErrorKind::WouldBlock => break,
-                _ => return Err(PeerError::Io(e)),
-            }
-        }
-        self.out.drain(..at);
-        Ok(())
-    }
-
-    /// The session's block MAC (keyed plaintext sessions on a CPU that computes it fast).
-    pub fn block_mac(&self) -> Option<std::sync::Arc<crate::peer::block_mac::BlockMac>> {
-        self.chan.block_mac.clone()
-    }
-
-    /// Sends what [`TcpPull::send_early`] left (blocking, within `limit`).
+    /// Sends what [`PullConn::send_early`] left (blocking, within `limit`).
     fn flush_early(&mut self, limit: Duration) -> Result<(), PeerError> {
         if self.out.is_empty() {
             return Ok(());
@@ -136,7 +92,7 @@ impl TcpPull {
         &mut self,
         dst: &mut [u8],
         limit: Duration,
-        what: &'static str,
+        stage: Stage,
     ) -> Result<(), PeerError> {
         self.flush_early(limit)?;
         self.bound(limit)?;
@@ -148,7 +104,7 @@ impl TcpPull {
         while got < dst.len() {
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(PeerError::Timeout(what, budget));
+                return Err(PeerError::timeout(stage, budget));
             }
             if left < limit {
                 self.bound(left)?;
@@ -166,11 +122,17 @@ impl TcpPull {
                 n.map(|n| n.min(rest.len()))
             };
             match n {
-                Ok(0) => return Err(PeerError::Truncated(got, dst.len())),
+                Ok(0) => {
+                    return Err(WireError::Truncated {
+                        got,
+                        want: dst.len(),
+                    }
+                    .into());
+                }
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if timed_out(&e) => return Err(PeerError::Timeout(what, limit)),
-                Err(e) => return Err(PeerError::Io(e)),
+                Err(e) if timed_out(&e) => return Err(PeerError::timeout(stage, limit)),
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())
@@ -190,9 +152,9 @@ pub fn read_budget(limit: Duration, len: usize) -> Duration {
 
 fn send_error(e: io::Error, limit: Duration) -> PeerError {
     if timed_out(&e) {
-        PeerError::Timeout("peer request send", limit)
+        PeerError::timeout(Stage::RequestSend, limit)
     } else {
-        PeerError::Io(e)
+        e.into()
     }
 }
 
@@ -206,12 +168,65 @@ fn timed_out(e: &io::Error) -> bool {
 /// Frames that end a connection early are closes, not truncated blocks.
 fn frame_eof(e: PeerError) -> PeerError {
     match e {
-        PeerError::Truncated(..) => PeerError::Io(io::ErrorKind::UnexpectedEof.into()),
+        PeerError::Wire(WireError::Truncated { .. }) => {
+            io::Error::from(io::ErrorKind::UnexpectedEof).into()
+        }
         e => e,
     }
 }
 
 impl PullConn for TcpPull {
+    type Slots = NoSlots;
+
+    /// Seals `msgs` and gives the socket what it takes right now (`MSG_DONTWAIT`): never
+    /// waits, so a runtime worker may call it. What the socket did not take is sent first by
+    /// the next blocking call. Lets a pull's requests leave before the thread that receives
+    /// its answers is even running.
+    fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        let queued = self.out.len();
+        for m in msgs {
+            let f = self.chan.send.seal(m, 0)?;
+            self.out.extend(f);
+        }
+        if queued > 0 {
+            return Ok(());
+        }
+        let mut at = 0;
+        while at < self.out.len() {
+            let rest = &self.out[at..];
+            // SAFETY: `rest` is a live buffer of `rest.len()` bytes; the fd is this stream's.
+            let n = unsafe {
+                libc::send(
+                    self.s.as_raw_fd(),
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n >= 0 {
+                at += n.unsigned_abs();
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => break,
+                _ => return Err(e.into()),
+            }
+        }
+        self.out.drain(..at);
+        Ok(())
+    }
+
+    /// The session's block MAC (keyed plaintext sessions on a CPU that computes it fast).
+    fn block_mac(&self) -> Option<std::sync::Arc<kvnode_blockmac::BlockMac>> {
+        self.chan.block_mac.clone()
+    }
+
+    fn slots(&mut self) -> Option<&mut NoSlots> {
+        None
+    }
+
     fn remote(&self) -> SocketAddr {
         self.addr
     }
@@ -227,18 +242,18 @@ impl PullConn for TcpPull {
 
     fn recv(&mut self, limit: Duration) -> Result<Frame, PeerError> {
         let mut p = [0u8; PREFIX_LEN];
-        self.read_exact(&mut p, limit, "peer answer")
+        self.read_exact(&mut p, limit, Stage::Answer)
             .map_err(frame_eof)?;
         let prefix = kvnode_proto::frame::FramePrefix::decode(p)
-            .map_err(|e| PeerError::Frame(e.into()))
-            .and_then(|p| kvnode_proto::peer::check_prefix(p).map_err(PeerError::Frame))?;
+            .map_err(|e| PeerError::from(kvnode_proto::peer::PeerFrameError::from(e)))
+            .and_then(|p| kvnode_proto::peer::check_prefix(p).map_err(PeerError::from))?;
         let mut header = std::mem::take(&mut self.header);
         let mut tag = std::mem::take(&mut self.tag);
         header.resize(prefix.header_len as usize, 0);
         tag.resize(self.chan.recv.tag_len(), 0);
         let r = self
-            .read_exact(&mut header, limit, "peer frame header")
-            .and_then(|()| self.read_exact(&mut tag, limit, "peer frame tag"))
+            .read_exact(&mut header, limit, Stage::FrameHeader)
+            .and_then(|()| self.read_exact(&mut tag, limit, Stage::FrameTag))
             .map_err(frame_eof)
             .and_then(|()| self.chan.recv.open(&p, &mut header, &tag));
         self.header = header;
@@ -249,7 +264,7 @@ impl PullConn for TcpPull {
     }
 
     fn read_payload(&mut self, dst: &mut [u8], limit: Duration) -> Result<(), PeerError> {
-        self.read_exact(dst, limit, "peer block bytes")
+        self.read_exact(dst, limit, Stage::BlockBytes)
     }
 
     fn key_id(&self) -> Option<u64> {
@@ -349,10 +364,7 @@ mod tests {
         let t = Instant::now();
         let e = p.read_payload(&mut body, limit).unwrap_err();
         let took = t.elapsed();
-        assert!(
-            matches!(e, PeerError::Timeout("peer block bytes", _)),
-            "{e}"
-        );
+        assert!(e.timed_out() == Some(Stage::BlockBytes), "{e}");
         let budget = read_budget(limit, 4096);
         assert!(
             took >= budget && took < budget + limit,
@@ -375,10 +387,7 @@ mod tests {
         let mut body = vec![0u8; 1 << 20];
         let t = Instant::now();
         let e = p.read_payload(&mut body, limit).unwrap_err();
-        assert!(
-            matches!(e, PeerError::Timeout("peer block bytes", _)),
-            "{e}"
-        );
+        assert!(e.timed_out() == Some(Stage::BlockBytes), "{e}");
         let took = t.elapsed();
         assert!(took >= limit && took < limit * 2, "stall cost {took:?}");
         // 1000 more bytes, then the peer closes inside the next read.
@@ -386,6 +395,15 @@ mod tests {
         w.write_all(&wire[head..head + 1000]).unwrap();
         drop(w);
         let e = p.read_payload(&mut body[..4096], limit).unwrap_err();
-        assert!(matches!(e, PeerError::Truncated(1000, 4096)), "{e}");
+        assert!(
+            matches!(
+                e,
+                PeerError::Wire(WireError::Truncated {
+                    got: 1000,
+                    want: 4096
+                })
+            ),
+            "{e}"
+        );
     }
 }

@@ -25,14 +25,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use kvnode_blockmac::BlockMac;
 use kvnode_proto::peer::PeerMsg;
 use kvnode_ucx::{
-    Access, Context, MemoryKind, PackedRkey, Progress, Region, Remote, Resource, Resources,
-    UcxError, WorkerAddress,
+    Access, Context, MemoryKind, PackedRkey, Progress, Region, Remote, Resources, UcxError,
+    WorkerAddress,
 };
 
-use super::{Frame, PullConn, TcpPull};
+use super::{Frame, PullConn, SlotReads, TcpPull};
 use crate::peer::PeerError;
+pub use crate::peer::error::UcxStartError;
+use crate::peer::error::{PullError, Stage, Violation, WireError, list};
 use crate::store::Store;
 
 /// Which transports this daemon lets UCX expose its memory over (`[peer]
@@ -63,31 +66,6 @@ pub struct UcxSetup {
     /// Whether this daemon serves pulls (has a peer listener): only then is a worker
     /// started for peers to read from and the arena registered for remote reads.
     pub serve: bool,
-}
-
-/// Why UCX did not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum UcxStartError {
-    /// UCX itself failed (not installed, no usable transport, ...).
-    #[error("{0}")]
-    Ucx(#[from] UcxError),
-    /// UCX would serve remote memory access in software (no NIC checks the memory key).
-    #[error(
-        "UCX would serve one-sided reads in software over {}: anyone who reaches this daemon's UCX worker \
-         could read and overwrite every tenant's blocks and crash the daemon with one GET. The UCX transport \
-         needs an RDMA (verbs RC/DC) device; use --peer-transport tcp, or, only on a network where every host \
-         and local user is trusted, --peer-ucx-insecure-software-rma (docs/peer-protocol.md, threat model)",
-        list(.0)
-    )]
-    SoftwareRma(Vec<Resource>),
-}
-
-fn list(r: &[Resource]) -> String {
-    r.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// This daemon's UCX state: context, two registrations of the arena and the worker peers
@@ -287,34 +265,26 @@ impl UcxPull {
     pub fn new(tcp: TcpPull, peer: UcxPeer, node: Arc<UcxNode>) -> Self {
         Self { tcp, peer, node }
     }
+}
 
-    /// The TCP connection that carries the frames.
-    pub fn tcp(&self) -> &TcpPull {
-        &self.tcp
-    }
-
-    /// The TCP connection that carries the frames.
-    pub fn tcp_mut(&mut self) -> &mut TcpPull {
-        &mut self.tcp
-    }
-
+impl SlotReads for UcxPull {
     /// GETs this connection may keep in flight.
-    pub fn window(&self) -> usize {
+    fn window(&self) -> usize {
         self.node.window
     }
 
     /// GETs posted and not yet landed or abandoned.
-    pub fn in_flight(&self) -> usize {
+    fn in_flight(&self) -> usize {
         self.peer.remote.in_flight()
     }
 
     /// Starts a GET of `len` bytes at the source's `addr` into `dst`, known by `tag` until
-    /// [`UcxPull::land_one`] reports it.
+    /// [`SlotReads::land_one`] reports it.
     ///
     /// # Safety
     /// As [`kvnode_ucx::Remote::post_get`]: `dst..dst + len` stays valid and untouched until
-    /// the GET is landed, or given back by [`UcxPull::abandon`] (never reused if kept).
-    pub unsafe fn post(
+    /// the GET is landed, or given back by [`SlotReads::abandon`] (never reused if kept).
+    unsafe fn post(
         &mut self,
         dst: *mut u8,
         len: usize,
@@ -327,9 +297,7 @@ impl UcxPull {
                 .checked_add(len as u64)
                 .is_some_and(|end| end <= p.base + p.len);
         if !inside {
-            return Err(PeerError::Protocol(format!(
-                "slot of {len} bytes at an address outside the source's registered arena"
-            )));
+            return Err(Violation::SlotOutsideArena { len }.into());
         }
         // SAFETY: the caller's guarantee, passed on.
         unsafe { p.remote.post_get(dst, len, addr, tag) }.map_err(ucx_error)?;
@@ -339,54 +307,60 @@ impl UcxPull {
     }
 
     /// Waits up to `limit` for some GET in flight to finish: its tag, and its outcome (an
-    /// error there is a failed GET whose buffer is quiet). [`PeerError::Timeout`] when none
+    /// error there is a failed GET whose buffer is quiet). A timeout ([`Stage::Get`]) when none
     /// finished: the caller then abandons them all.
-    pub fn land_one(&mut self, limit: Duration) -> Result<(u64, Result<(), PeerError>), PeerError> {
+    fn land_one(&mut self, limit: Duration) -> Result<(u64, Result<(), PeerError>), PeerError> {
         match self.peer.remote.land_one(limit) {
             Some((tag, r)) => Ok((tag, r.map_err(ucx_error))),
-            None => Err(PeerError::Timeout("peer GET", limit)),
+            None => Err(PeerError::timeout(Stage::Get, limit)),
         }
     }
 
     /// Cancels every GET in flight and closes the endpoint; waits up to `limit` for UCX to
     /// hand them back. Returns the tags of those it kept: their buffers may still be written
     /// and must be retired, never reused.
-    pub fn abandon(&mut self, limit: Duration) -> Vec<u64> {
+    fn abandon(&mut self, limit: Duration) -> Vec<u64> {
         self.peer.remote.abandon(limit)
     }
 
     /// Takes a new key (and worker address) the source sent after re-registering.
-    pub fn rekey(
-        &mut self,
-        worker: &[u8],
-        rkey: &[u8],
-        base: u64,
-        len: u64,
-    ) -> Result<(), PeerError> {
+    fn rekey(&mut self, worker: &[u8], rkey: &[u8], base: u64, len: u64) -> Result<(), PeerError> {
         if self.in_flight() != 0 {
-            return Err(PeerError::Protocol(
-                "a new UCX key while GETs are in flight".into(),
-            ));
+            return Err(Violation::RekeyInFlight.into());
         }
         self.peer = self
             .node
             .connect(worker, rkey, base, len)
-            .map_err(|e| PeerError::Io(std::io::Error::other(e.to_string())))?;
+            .map_err(WireError::Get)?;
         Ok(())
     }
 }
 
 fn ucx_error(e: UcxError) -> PeerError {
     match e {
-        UcxError::Timeout { limit, .. } => PeerError::Timeout("peer GET", limit),
-        UcxError::Stuck { .. } => PeerError::Stuck(e.to_string()),
-        e => PeerError::Io(std::io::Error::other(e.to_string())),
+        UcxError::Timeout { limit, .. } => PeerError::timeout(Stage::Get, limit),
+        UcxError::Stuck { .. } => PullError::GetStuck(e).into(),
+        e => WireError::Get(e).into(),
     }
 }
 
 impl PullConn for UcxPull {
+    type Slots = Self;
+
     fn remote(&self) -> SocketAddr {
         self.tcp.remote()
+    }
+
+    fn send_early(&mut self, msgs: &[PeerMsg]) -> Result<(), PeerError> {
+        self.tcp.send_early(msgs)
+    }
+
+    fn block_mac(&self) -> Option<Arc<BlockMac>> {
+        self.tcp.block_mac()
+    }
+
+    fn slots(&mut self) -> Option<&mut Self> {
+        Some(self)
     }
 
     fn send_all(&mut self, msgs: &[PeerMsg], limit: Duration) -> Result<(), PeerError> {
@@ -398,9 +372,7 @@ impl PullConn for UcxPull {
     }
 
     fn read_payload(&mut self, _dst: &mut [u8], _limit: Duration) -> Result<(), PeerError> {
-        Err(PeerError::Protocol(
-            "a block body arrived on a UCX connection (answers must be Slots)".into(),
-        ))
+        Err(Violation::BodyOnUcx.into())
     }
 
     fn open_payload(&mut self, body: &mut [u8], seal: &[u8]) -> Result<(), PeerError> {

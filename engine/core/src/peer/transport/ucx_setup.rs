@@ -15,6 +15,7 @@ use std::net::IpAddr;
 use kvnode_proto::hint::Endpoint;
 
 use super::ucx::{UcxExposure, UcxSetup};
+use crate::peer::error::UcxSetupError;
 
 /// What `[peer]` asks of UCX (`PeerConfig::ucx_asked`).
 #[derive(Clone, Copy, Debug, Default)]
@@ -35,7 +36,7 @@ pub struct UcxAsked<'a> {
 
 impl UcxSetup {
     /// The setup `a` asks for; an error says what to configure.
-    pub fn resolve(a: &UcxAsked<'_>) -> Result<Self, String> {
+    pub fn resolve(a: &UcxAsked<'_>) -> Result<Self, UcxSetupError> {
         let exposure = if a.insecure_software_rma {
             UcxExposure::TrustedNetwork {
                 net_devices: net_devices(a)?,
@@ -52,7 +53,7 @@ impl UcxSetup {
 }
 
 /// The device list software RMA is confined to.
-fn net_devices(a: &UcxAsked<'_>) -> Result<String, String> {
+fn net_devices(a: &UcxAsked<'_>) -> Result<String, UcxSetupError> {
     if let Some(d) = a.net_devices {
         return Ok(d.to_owned());
     }
@@ -61,30 +62,18 @@ fn net_devices(a: &UcxAsked<'_>) -> Result<String, String> {
         .flatten()
         .find_map(specific_ip);
     if let Some(ip) = own {
-        return interface_of(ip).ok_or_else(|| {
-            format!(
-                "peer ucx_insecure_software_rma: no network interface holds {ip}: set [peer] ucx_net_devices"
-            )
-        });
+        return interface_of(ip).ok_or(UcxSetupError::NoInterface(ip));
     }
     // A daemon that only dials: the interfaces whose networks hold its listed peers.
     let mut devs: Vec<String> = Vec::new();
     for ip in a.peers.iter().filter_map(|p| peer_ip(p)) {
-        let d = interface_of(ip).ok_or_else(|| {
-            format!(
-                "peer ucx_insecure_software_rma: no local network holds peer address {ip}: set [peer] ucx_net_devices"
-            )
-        })?;
+        let d = interface_of(ip).ok_or(UcxSetupError::NoNetworkFor(ip))?;
         if !devs.contains(&d) {
             devs.push(d);
         }
     }
     if devs.is_empty() {
-        return Err(
-            "peer ucx_insecure_software_rma: UCX must listen only on the peer interface, and neither \
-             --peer-listen, --advertise nor --peers names a specific address: give one, or set [peer] ucx_net_devices"
-                .into(),
-        );
+        return Err(UcxSetupError::NoAddress);
     }
     Ok(devs.join(","))
 }
@@ -234,9 +223,9 @@ mod tests {
             matches!(s.exposure, UcxExposure::TrustedNetwork { net_devices } if net_devices == "lo")
         );
         let e = UcxSetup::resolve(&cfg(Some("0.0.0.0:7000"), None, true)).unwrap_err();
-        assert!(e.contains("ucx_net_devices"), "{e}");
+        assert_eq!(e, UcxSetupError::NoAddress, "{e}");
         let e = UcxSetup::resolve(&cfg(None, None, true)).unwrap_err();
-        assert!(e.contains("ucx_net_devices"), "{e}");
+        assert_eq!(e, UcxSetupError::NoAddress, "{e}");
         let peers = ["tcp://127.0.0.1:7000".to_owned(), "127.0.0.0/8".to_owned()];
         let dialler = UcxAsked {
             peers: &peers,
