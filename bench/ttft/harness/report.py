@@ -64,6 +64,8 @@ def arm_summary(rows: List[Dict], rounds: Optional[List[float]] = None) -> Dict:
 
 def _phase2(workers: List[Dict]) -> Dict:
     out = {}
+    if not any("workload" in w for w in workers) and any("openloop" in w for w in workers):
+        return {}
     wls = [w.get("workload") for w in workers]
     if not all(isinstance(w, dict) and "results" in w for w in wls):
         return {"error": [w.get("error") or (w.get("workload") or {}).get("error") for w in workers]}
@@ -198,6 +200,14 @@ def build(results: Dict) -> Dict:
         s["workload2"] = _phase2(results["phase2"])
         if "error" in s["workload2"]:
             s["errors"].append(f"phase2: {s['workload2']['error']}")
+        w0 = results["phase2"][0]
+        if "openloop" in w0:  # every worker holds the merged runs; worker 0's are reported
+            s["openloop2"] = sweep_report.summarize(w0["openloop"])
+            if "error" in s["openloop2"]:
+                s["errors"].append(f"phase2 openloop: {s['openloop2']['error']}")
+        for w in results["phase2"]:
+            if w.get("error"):
+                s["errors"].append(f"phase2 worker: {w['error']}")
     for key, ref in (("workload", "a"), ("workload2", "a2")):
         w = s.get(key)
         if isinstance(w, dict) and ref in w:
@@ -323,6 +333,8 @@ def markdown(s: Dict) -> str:
               ", ".join(f"{k.replace('_', ' ')} {v:.1f} GB/s" for k, v in eq.items()) + ".", ""]
     if s.get("openloop"):
         L.append(sweep_report.markdown(s["openloop"]))
+    if s.get("openloop2"):
+        L.append(sweep_report.markdown(s["openloop2"], "two workers, one GPU"))
     return "\n".join(L)
 
 

@@ -4,9 +4,10 @@ Phase 1 (one worker process): memcpy reference, correctness, the long prefix, an
 workload with arms a (GPU prefix cache only), b (kvnode DRAM, CUDA DMA), d (kvnode with a
 small DRAM tier over NVMe) and e (two workers on two daemons, peer pulls by router hint),
 interleaved request by request.
-Phase 2 (two worker processes, in lockstep per request): arms a2 (GPU only, each worker its
-own cache) and c (both workers on one daemon namespace), the same request stream split
-round-robin between the workers.
+Phase 2 (two worker processes): arms a2 (GPU only, each worker its own cache) and c (both
+workers on one daemon namespace), the same request stream split round-robin between the
+workers; section workload in lockstep per request, section openloop (when --sections names
+it) as two open-loop servers started together, each taking its half of the arrivals.
 
 Usage (from bench/ttft):  python -m harness.run --profile h200 --out DIR
                           python -m harness.run --profile tiny --out DIR     (CPU, no CUDA)
@@ -52,7 +53,7 @@ PROFILES: Dict[str, Dict] = {
                                   "doc_len": 4096, "doc_prob": 0.5, "sessions": 24, "turns": 4,
                                   "user_len": 512, "answer_len": 512},
                      "seed": 1, "rates": [2, 3, 4, 5, 6, 7, 8, 10, 12, 14], "bounds_ms": [500, 1000],
-                     "decode_tokens": 32, "max_running": 8, "max_prefill_tokens": 16384,
+                     "decode_tokens": 32, "max_running": 8, "max_prefill_tokens": 16384, "decode": "graph",
                      "pool_pages": 768, "arm_names": ["a", "b"]},
     },
     "tiny": {
@@ -72,7 +73,7 @@ PROFILES: Dict[str, Dict] = {
         "openloop": {"workload": {"seed": 1, "vocab": 512, "page_size": 16, "sys_len": 32, "docs": 2,
                                   "doc_len": 64, "doc_prob": 0.75, "sessions": 4, "turns": 3,
                                   "user_len": 16, "answer_len": 16},
-                     "seed": 1, "rates": [5, 5000], "bounds_ms": [2000], "decode_tokens": 2,
+                     "seed": 1, "rates": [5, 5000], "bounds_ms": [2000], "decode_tokens": 2, "decode": "graph",
                      "max_running": 4, "max_prefill_tokens": 512, "pool_pages": 64, "arm_names": ["a", "b"]},
     },
 }
@@ -232,14 +233,20 @@ def main(argv=None) -> int:
             spec["openloop"] = ol
             results["phase1"] = _spawn([spec], a.out, "phase1")[0]
             results["daemon_stats_after_phase1"] = {k: _stats(d) for k, d in daemons.items()}
-        if "2" in a.phases.split(","):
+        p2_sections = [x for x in a.sections.split(",") if x in ("workload", "openloop")]
+        if "2" in a.phases.split(",") and p2_sections:
             specs = []
+            exchange = os.path.join(work, "ol-exchange")
+            os.makedirs(exchange, exist_ok=True)
             for i in range(2):
-                s = dict(common, sections=["workload"], workers=2, worker_index=i)
+                s = dict(common, sections=p2_sections, workers=2, worker_index=i)
                 s["workload"] = dict(wl, arms=[
                     {"arm": "a2", "lanes": [{"name": "a2"}]},
                     {"arm": "c", "lanes": [{"name": "c", "tier": tier("d1", "dram", "wl-c")}]},
                 ])
+                ol2 = {k: v for k, v in prof["openloop"].items() if k != "arm_names"}
+                s["openloop"] = dict(ol2, exchange_dir=exchange, arms=[
+                    {"arm": "a2"}, {"arm": "c", "tier": tier("d1", "dram", "ol-c")}])
                 specs.append(s)
             results["phase2"] = _spawn(specs, a.out, "phase2")
             results["daemon_stats_after_phase2"] = {k: _stats(d) for k, d in daemons.items()}
