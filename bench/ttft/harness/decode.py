@@ -118,16 +118,17 @@ class GraphDecoder:
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             for bk in self.buckets.values():
-                # Warm-up off the graph (Triton compiles, cuBLAS picks kernels); the inputs point
-                # every row at page 0 slot 0 with one key, which only scribbles on page 0's first
-                # slot before any request owns it... so save and restore that slot.
+                # Warm-up off the graph (Triton compiles, cuBLAS picks kernels). The initial inputs
+                # point every row at page 0, position 0, one key: the warm-up writes K/V into page
+                # 0's first slot, so that slot is saved before and restored after.
                 keep = [(self.pool.k(li)[0, 0].clone(), self.pool.v(li)[0, 0].clone())
                         for li in range(self.model.cfg.layers)]
                 self._body(bk)
                 self._body(bk)
                 side.synchronize()
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=side):
+                # thread_local: the tier's offload thread may touch CUDA while this captures
+                with torch.cuda.graph(g, stream=side, capture_error_mode="thread_local"):
                     self._body(bk)
                 bk.graph = g
                 for li, (k0, v0) in enumerate(keep):
