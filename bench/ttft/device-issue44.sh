@@ -4,11 +4,12 @@
 # stripped release `kvnode` (the carried copy of this checkout): D/bench/ttft/device-issue44.sh PART
 #   PART 1: environment, same-run memcpy, decode step benchmark, open-loop sweeps decode 8 and 32
 #           (arms a, b; workload and arrival seed 1)
-#   PART 2: decode 128 (seed 1); decode 8 with workload + arrival seed 2; two workers (a2, c)
+#   PART 2: decode 8: seed 1, workload + arrival seed 2, two workers (a2, c), seed 1
+#   PART 3: decode 128 (seed 1); decode 32 at 2 req/s
 # Output: $OUT/p<PART>.tgz (every run's report.md, summary.json, results.json.gz, logs), $OUT/p<PART>.log
 set -u -o pipefail
 D=$(cd "$(dirname "$0")/../.." && pwd)
-PART=${1:?usage: device-issue44.sh 1|2}
+PART=${1:?usage: device-issue44.sh 1|2|2h|3}
 export KVNODE_BIN=$D/kvnode
 R=/tmp/issue44
 mkdir -p "$R"
@@ -38,11 +39,21 @@ case "$PART" in
     sweep d8-s1 --phases 1 --set openloop.decode_tokens=8 --set 'openloop.rates=[4,6,8,11,15]'
     sweep d32-s1 --phases 1 --set openloop.decode_tokens=32 --set 'openloop.rates=[3,4.5,6,8,11]'
     ;;
-  2)
-    sweep d128-s1 --phases 1 --set openloop.decode_tokens=128 --set 'openloop.rates=[2,3,4,5.5]'
+  2)  # (the H100 of part 1 was not lent again: this part ran on an H200, with its own seed-1 baseline)
+    sweep d8-s1 --phases 1 --set openloop.decode_tokens=8 --set 'openloop.rates=[3,5,8,11,15]'
     sweep d8-s2 --phases 1 --set openloop.decode_tokens=8 --set openloop.seed=2 \
-      --set openloop.workload.seed=2 --set 'openloop.rates=[4,6,8,11,15]'
-    sweep d8-s1-2w --phases 2 --set openloop.decode_tokens=8 --set 'openloop.rates=[4,6,8,11,15]'
+      --set openloop.workload.seed=2 --set 'openloop.rates=[4,7,11,15]'
+    sweep d8-s1-2w --phases 2 --set openloop.decode_tokens=8 --set 'openloop.rates=[4,7,11,15]'
+    ;;
+  2h)  # on the H100 of part 1: the other seed, two workers, and decode 8 at 3 req/s
+    sweep d8-s2 --phases 1 --set openloop.decode_tokens=8 --set openloop.seed=2 \
+      --set openloop.workload.seed=2 --set 'openloop.rates=[3,5,8,11,15]'
+    sweep d8-s1-2w --phases 2 --set openloop.decode_tokens=8 --set 'openloop.rates=[3,5,8,11,15]'
+    sweep d8-s1-low --phases 1 --set openloop.decode_tokens=8 --set 'openloop.rates=[3]'
+    ;;
+  3)
+    sweep d128-s1 --phases 1 --set openloop.decode_tokens=128 --set 'openloop.rates=[1.5,2.5]'
+    sweep d32-s1-low --phases 1 --set openloop.decode_tokens=32 --set 'openloop.rates=[2]'
     ;;
 esac
 say "done"; pack
