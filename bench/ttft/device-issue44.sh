@@ -5,7 +5,7 @@
 #   PART 1: environment, same-run memcpy, decode step benchmark, open-loop sweeps decode 8 and 32
 #           (arms a, b; workload and arrival seed 1)
 #   PART 2: decode 8: seed 1, workload + arrival seed 2, two workers (a2, c), seed 1
-#   PART 3: decode 128 (seed 1); decode 32 at 2 req/s
+#   PART 3: decode step with the fused kernels; decode 128 (seed 1); decode 32 at 2 req/s
 # Output: $OUT/p<PART>.tgz (every run's report.md, summary.json, results.json.gz, logs), $OUT/p<PART>.log
 set -u -o pipefail
 D=$(cd "$(dirname "$0")/../.." && pwd)
@@ -52,6 +52,10 @@ case "$PART" in
     sweep d8-s1-low --phases 1 --set openloop.decode_tokens=8 --set 'openloop.rates=[3]'
     ;;
   3)
+    say "decode bench, fused kernels too"
+    (cd "$D/bench/ttft" && PYTHONUNBUFFERED=1 PYTHONPATH=$D/clients/python:$D/bench/ttft \
+      python3 -m harness.decode_bench --out "$R/decode-fused" --fused --batches 1,4,16) 2>&1 | tee -a "$LOG"
+    pack
     sweep d128-s1 --phases 1 --set openloop.decode_tokens=128 --set 'openloop.rates=[1.5,2.5]'
     sweep d32-s1-low --phases 1 --set openloop.decode_tokens=32 --set 'openloop.rates=[2]'
     ;;

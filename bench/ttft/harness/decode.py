@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from . import fused as fz
 from . import paged_attn
 from .model import Decoder, _rms
 
@@ -60,9 +61,12 @@ class GraphDecoder:
     """Decode steps of `model` over `pool` for up to `max_pages` pages per sequence."""
 
     def __init__(self, model: Decoder, pool, max_pages: int, max_batch: int,
-                 attn: Optional[str] = None, graphs: Optional[bool] = None):
+                 attn: Optional[str] = None, graphs: Optional[bool] = None, fused: bool = False):
         cuda = model.device.type == "cuda"
         self.model, self.pool, self.max_pages = model, pool, max_pages
+        self.fused = fused  # Triton RMSNorm and q/k-norm+RoPE+KV-write kernels (harness/fused.py)
+        if fused and paged_attn.triton is None:
+            raise ValueError("fused decode kernels need triton")
         self.attn = attn or ("triton" if cuda and paged_attn.triton is not None else "sdpa")
         if self.attn not in ("triton", "sdpa"):
             raise ValueError(f"unknown decode attention {self.attn!r}; use 'triton' or 'sdpa'")
@@ -88,22 +92,27 @@ class GraphDecoder:
         x = m.embed[bk.tok]
         cos, sin = m._rope_tables(bk.pos)
         for li, L in enumerate(m.layers):
-            h = _rms(x, L["ln1"], c.eps)
-            qkv = h @ L["wqkv"]
-            q = qkv[:, :qd].view(n, c.q_heads, c.head_dim)
-            k = qkv[:, qd:qd + kd].view(n, c.kv_heads, c.head_dim)
-            v = qkv[:, qd + kd:].view(n, c.kv_heads, c.head_dim)
-            q = m._rope(_rms(q, L["qn"], c.eps), cos, sin)
-            k = m._rope(_rms(k, L["kn"], c.eps), cos, sin)
             kc, vc = self.pool.k(li), self.pool.v(li)
-            kc[slot_page, slot_off] = k
-            vc[slot_page, slot_off] = v
+            if self.fused:
+                qkv = fz.rms_norm(x, L["ln1"], c.eps) @ L["wqkv"]
+                q = fz.qk_norm_rope(qkv, L["qn"], L["kn"], cos, sin, kc, vc, slot_page, slot_off,
+                                    c.q_heads, c.kv_heads, c.eps)
+            else:
+                h = _rms(x, L["ln1"], c.eps)
+                qkv = h @ L["wqkv"]
+                q = qkv[:, :qd].view(n, c.q_heads, c.head_dim)
+                k = qkv[:, qd:qd + kd].view(n, c.kv_heads, c.head_dim)
+                v = qkv[:, qd + kd:].view(n, c.kv_heads, c.head_dim)
+                q = m._rope(_rms(q, L["qn"], c.eps), cos, sin)
+                k = m._rope(_rms(k, L["kn"], c.eps), cos, sin)
+                kc[slot_page, slot_off] = k
+                vc[slot_page, slot_off] = v
             if self.attn == "triton":
                 o = paged_attn.triton_decode(q, kc, vc, bk.bt, bk.ctx, bk.splits, bk.scratch)
             else:
                 o = paged_attn.sdpa_reference(q, kc, vc, bk.bt, bk.ctx)
             x = x + o.reshape(n, qd) @ L["wo"]
-            h = _rms(x, L["ln2"], c.eps)
+            h = fz.rms_norm(x, L["ln2"], c.eps) if self.fused else _rms(x, L["ln2"], c.eps)
             g, u = (h @ L["wgu"]).chunk(2, dim=-1)
             x = x + (F.silu(g) * u) @ L["wd"]
         logits = _rms(x, m.norm, c.eps) @ m.lm_head

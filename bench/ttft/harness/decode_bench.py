@@ -7,7 +7,7 @@ eager per-sequence decode (`batched.forward`, the harness's decode before issue 
 points, and the correctness of the step: the Triton split-K attention and the graph replay
 against the SDPA reference run eagerly, on the same pool.
 
-Usage (from bench/ttft):  python -m harness.decode_bench --out DIR [--model qwen3-8b]
+Usage (from bench/ttft):  python -m harness.decode_bench --out DIR [--model qwen3-8b] [--fused]
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def correctness(model: Decoder, pool: KvPool, per: int, g: torch.Generator) -> D
     out = {}
     for name, kw in (("triton_eager", {"attn": "triton", "graphs": False}),
                      ("triton_graph", {"attn": "triton", "graphs": True}),
-                     ("sdpa_graph", {"attn": "sdpa", "graphs": True})):
+                     ("sdpa_graph", {"attn": "sdpa", "graphs": True}),
+                     ("triton_graph_fused", {"attn": "triton", "graphs": True, "fused": True})):
         d = GraphDecoder(model, pool, per, 4, **kw)
         d.step(seqs)
         got = d.bucket_for(4).logits.float()
@@ -89,6 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--contexts", default="1024,4096,8192")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--fused", action="store_true", help="also time the step with harness/fused.py's kernels")
     a = ap.parse_args(argv)
     cfg = CONFIGS[a.model]
     batches = [int(x) for x in a.batches.split(",")]
@@ -106,6 +108,7 @@ def main(argv=None) -> int:
     dec = GraphDecoder(model, pool, per, max(batches))
     res["capture_s"] = time.perf_counter() - t
     res["attn"] = dec.attn
+    fused = GraphDecoder(model, pool, per, max(batches), fused=True) if a.fused else None
     for ctx in ctxs:
         for b in batches:
             seqs = _seqs(b, ctx, per, g)
@@ -114,12 +117,16 @@ def main(argv=None) -> int:
             kv = b * (ctx + 1) * cfg.kv_bytes_per_token
             p = {"batch": b, "ctx": ctx, "replay_ms": replay, "step_ms": step,
                  "bytes": res["weight_bytes"] + kv, "GBps_replay": (res["weight_bytes"] + kv) / replay / 1e6}
+            if fused is not None:
+                p["fused_replay_ms"] = _replay_ms(fused, seqs, a.reps)
+                p["fused_step_ms"] = _step_ms(lambda: fused.step(seqs), a.reps)
             if (b, ctx) in ((1, 4096), (4, 4096), (8, 4096)):
                 bs = [batched.Seq(torch.tensor([s.last]), s.ctx, torch.tensor(s.pages)) for s in seqs]
                 p["eager_ms"] = _step_ms(lambda: batched.forward(model, bs, pool).argmax(-1).tolist(), 5)
             res["points"].append(p)
             print(f"ctx {ctx:5d} batch {b:2d}: replay {replay:6.2f} ms, step {step:6.2f} ms, "
-                  f"{p['GBps_replay']:6.0f} GB/s" + (f", eager {p['eager_ms']:.1f} ms" if "eager_ms" in p else ""),
+                  f"{p['GBps_replay']:6.0f} GB/s" + (f", eager {p['eager_ms']:.1f} ms" if "eager_ms" in p else "")
+                  + (f", fused replay {p['fused_replay_ms']:.2f} ms" if "fused_replay_ms" in p else ""),
                   flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "decode-bench.json"), "w") as f:

@@ -71,3 +71,31 @@ def the_split_k_kernel_matches_the_sdpa_reference(layout):
     pool.k(1)[bt[0, 1]] = 1e4
     out = paged_attn.triton_decode(q, pool.k(1), pool.v(1), bt, ctx, 2)
     assert torch.allclose(out[0], ref[0], atol=2e-3, rtol=2e-3)
+
+
+def the_fused_kernels_compute_the_unfused_step():
+    """harness/fused.py (Triton, here in its CPU interpreter) against the torch ops it replaces,
+    bf16 as on the GPU: same K/V in the pool slots, same logits up to bf16 rounding."""
+    if paged_attn.triton is None:
+        pytest.fail("triton is not installed: the test venv (scripts/locks/sglang.lock) has it")
+    dec = m.Decoder(m.TINY, "cpu", seed=3)  # bf16
+    for L in dec.layers:  # non-trivial norm weights
+        for key in ("ln1", "ln2", "qn", "kn"):
+            L[key] = (1 + 0.1 * torch.randn(L[key].shape)).to(torch.bfloat16)
+    pool = pl.KvPool(m.TINY, 32, "cpu")
+    pool.t.normal_()
+    seqs = [decode.DecodeSeq(7, 37, [3, 9, 4]), decode.DecodeSeq(11, 5, [20]), decode.DecodeSeq(2, 16, [8, 1])]
+    ref = decode.GraphDecoder(dec, pool, 4, 4)
+    before = pool.t.clone()
+    ref.step(seqs)
+    want, want_kv = ref.bucket_for(3).logits.float().clone(), pool.t.clone()
+    pool.t.copy_(before)
+    fz = decode.GraphDecoder(dec, pool, 4, 4, fused=True)
+    fz.step(seqs)
+    got = fz.bucket_for(3).logits.float()
+    assert ((got - want).norm() / want.norm()).item() < 2e-2
+    assert torch.equal(got[:3].argmax(-1), want[:3].argmax(-1))
+    changed = (want_kv != before).any(dim=-1)  # the slots the step wrote (K and V, every layer)
+    assert changed.sum() > 0
+    diff = (pool.t.float() - want_kv.float()).abs()
+    assert diff.max().item() < 0.1 and (pool.t != before).any(dim=-1).equal(changed)
