@@ -9,7 +9,7 @@
 # Output: $OUT/p<PART>.tgz (every run's report.md, summary.json, results.json.gz, logs), $OUT/p<PART>.log
 set -u -o pipefail
 D=$(cd "$(dirname "$0")/../.." && pwd)
-PART=${1:?usage: device-issue44.sh 1|2|2h|3}
+PART=${1:?usage: device-issue44.sh 1|2|2h|3|3q}
 export KVNODE_BIN=$D/kvnode
 R=/tmp/issue44
 mkdir -p "$R"
@@ -40,6 +40,11 @@ case "$PART" in
     sweep d32-s1 --phases 1 --set openloop.decode_tokens=32 --set 'openloop.rates=[3,4.5,6,8,11]'
     ;;
   2)  # (the H100 of part 1 was not lent again: this part ran on an H200, with its own seed-1 baseline)
+    say "host"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
+    say "decode bench, fused kernels too"
+    (cd "$D/bench/ttft" && PYTHONUNBUFFERED=1 PYTHONPATH=$D/clients/python:$D/bench/ttft \
+      python3 -m harness.decode_bench --out "$R/decode-fused" --fused --batches 1,4,16 --contexts 1024,8192) 2>&1 | tee -a "$LOG"
+    pack
     sweep d8-s1 --phases 1 --set openloop.decode_tokens=8 --set 'openloop.rates=[3,5,8,11,15]'
     sweep d8-s2 --phases 1 --set openloop.decode_tokens=8 --set openloop.seed=2 \
       --set openloop.workload.seed=2 --set 'openloop.rates=[4,7,11,15]'
@@ -58,6 +63,9 @@ case "$PART" in
     pack
     sweep d128-s1 --phases 1 --set openloop.decode_tokens=128 --set 'openloop.rates=[1.5,2.5]'
     sweep d32-s1-low --phases 1 --set openloop.decode_tokens=32 --set 'openloop.rates=[2]'
+    ;;
+  3q)  # what the budget left after part 2, on the same H200: decode 128, two rates
+    sweep d128-s1 --phases 1 --set openloop.decode_tokens=128 --set 'openloop.rates=[1.5,2.5]'
     ;;
 esac
 say "done"; pack

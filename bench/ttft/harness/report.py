@@ -175,7 +175,8 @@ def build(results: Dict) -> Dict:
     if cfg.get("model") in CONFIGS:
         s["kv_bytes_per_token"] = CONFIGS[cfg["model"]].kv_bytes_per_token
     p1 = results.get("phase1") or {}
-    s["device"] = p1.get("device_name")
+    s["device"] = p1.get("device_name") or next(
+        (w.get("device_name") for w in results.get("phase2") or [] if w.get("device_name")), None)
     for sec in ("memcpy", "correctness", "long_prefix", "workload"):
         v = p1.get(sec)
         if isinstance(v, dict) and "error" in v:
@@ -272,7 +273,7 @@ def markdown(s: Dict) -> str:
     for key, title in (("workload", "Workload, one worker per arm (arms interleaved request by request)"),
                        ("workload2", "Workload, two worker processes in lockstep")):
         w = s.get(key)
-        if not isinstance(w, dict) or "error" in w:
+        if not isinstance(w, dict) or not w or "error" in w:
             continue
         L += [f"## {title}", "",
               "| arm | req | TTFT p50 ms | p90 | p99 | mean | req/s (= 1/mean TTFT) | vs GPU-only | prefill tok/s | "
