@@ -28,6 +28,7 @@ import torch
 
 from . import layerwise
 from .batched import Seq, forward
+from .decode import DecodeSeq, GraphDecoder
 from .lane import Lane, sync
 from .pool import PoolFull
 from .workload import Request
@@ -40,12 +41,22 @@ class OpenLoopConfig:
     decode_tokens: int = 32         # tokens generated after the first
     max_running: int = 8            # requests in flight per worker
     max_prefill_tokens: int = 16384 # new tokens per batched prefill step
+    # decode step: "graph" (harness/decode.py: one paged-attention call per layer, CUDA graphs
+    # per batch bucket on CUDA, eager on CPU) or "eager" (batched.forward: attention per sequence)
+    decode: str = "graph"
+    decode_attn: Optional[str] = None  # "triton" | "sdpa"; default triton on CUDA, sdpa on CPU
+    worker_index: int = 0           # with several workers: this one serves requests i % workers
+    workers: int = 1
 
     def check(self) -> None:
         if not self.rate > 0:
             raise ValueError(f"open-loop rate must be > 0 requests/s, got {self.rate}")
         if self.decode_tokens < 0 or self.max_running < 1 or self.max_prefill_tokens < 1:
             raise ValueError("open loop needs decode_tokens >= 0, max_running >= 1, max_prefill_tokens >= 1")
+        if self.decode not in ("graph", "eager"):
+            raise ValueError(f"open-loop decode must be 'graph' or 'eager', got {self.decode!r}")
+        if not 0 <= self.worker_index < self.workers:
+            raise ValueError(f"worker_index {self.worker_index} is not in 0 .. workers-1 ({self.workers})")
 
 
 def arrivals(n: int, rate: float, seed: int) -> List[float]:
@@ -86,7 +97,9 @@ class OpenLoop:
         cfg.check()
         self.lane, self.cfg = lane, cfg
         self.ps = lane.model.cfg.page_size
-        self.steps = {"prefill": 0, "decode": 0, "prefill_seqs": 0, "decode_seqs": 0, "pool_waits": 0}
+        self.steps = {"prefill": 0, "decode": 0, "prefill_seqs": 0, "decode_seqs": 0, "pool_waits": 0,
+                      "decode_s": 0.0, "prefill_s": 0.0}
+        self.dec: Optional[GraphDecoder] = None
 
     # -- pool room -------------------------------------------------------------------------
     def _room(self) -> int:
@@ -163,6 +176,7 @@ class OpenLoop:
                               "layer_wait_s": r.lw.wait_s, "layerwise_redo_pages": redo, "moved_bytes": moved})
         self.steps["prefill"] += 1
         self.steps["prefill_seqs"] += len(batch)
+        self.steps["prefill_s"] += prefill_s
         return batch
 
     def _publish(self, r: _Req) -> None:
@@ -189,9 +203,14 @@ class OpenLoop:
 
     # -- decode ----------------------------------------------------------------------------
     def _decode(self, running: List[_Req]) -> None:
-        seqs = [Seq(torch.tensor([r.last], dtype=torch.long), r.ctx, torch.tensor(r.pages, dtype=torch.long))
-                for r in running]
-        nxt = torch.argmax(forward(self.lane.model, seqs, self.lane.pool), dim=-1).tolist()
+        t = time.perf_counter()
+        if self.dec is not None:
+            nxt = self.dec.step([DecodeSeq(r.last, r.ctx, r.pages) for r in running])
+        else:
+            seqs = [Seq(torch.tensor([r.last], dtype=torch.long), r.ctx, torch.tensor(r.pages, dtype=torch.long))
+                    for r in running]
+            nxt = torch.argmax(forward(self.lane.model, seqs, self.lane.pool), dim=-1).tolist()
+        self.steps["decode_s"] += time.perf_counter() - t
         for r, t in zip(running, nxt):
             r.last, r.ctx, r.decoded = t, r.ctx + 1, r.decoded + 1
         self.steps["decode"] += 1
@@ -206,18 +225,27 @@ class OpenLoop:
         r.row["output_tokens"] = 1 + r.decoded
 
     # -- the loop --------------------------------------------------------------------------
-    def run(self, requests: List[Request]) -> Dict:
+    def run(self, requests: List[Request], barrier=None) -> Dict:
+        """Serves the stream (this worker's share of it: requests i % workers == worker_index,
+        at the full stream's arrival times). `barrier`: all workers start their clocks together."""
         cfg, ln = self.cfg, self.lane
         times = arrivals(len(requests), cfg.rate, cfg.seed)
         for q in requests:
             if self._need(q) > ln.pool.pages:
                 raise PoolFull(f"request {q.idx} needs {self._need(q)} pages; the pool has {ln.pool.pages}")
-        pending = [_Req(q, t) for q, t in zip(requests, times)]
+        if cfg.decode == "graph" and cfg.decode_tokens > 0:
+            most = max(self._need(q) for q in requests)
+            self.dec = GraphDecoder(ln.model, ln.pool, most, cfg.max_running, attn=cfg.decode_attn)
+        offered = len(requests) / times[-1] if times and times[-1] > 0 else None
+        pending = [_Req(q, t) for i, (q, t) in enumerate(zip(requests, times))
+                   if i % cfg.workers == cfg.worker_index]
         pending.reverse()
         waiting: List[_Req] = []
         running: List[_Req] = []
         done: List[_Req] = []
         sync(ln.model.device)
+        if barrier is not None:
+            barrier.wait(timeout=600)
         t0 = time.perf_counter()
         while pending or waiting or running:
             now = time.perf_counter() - t0
@@ -256,7 +284,12 @@ class OpenLoop:
         wall = time.perf_counter() - t0
         rows = sorted((r.row for r in done), key=lambda x: x["arrival_s"])
         out_tokens = sum(r["output_tokens"] for r in rows)
+        dec = None if self.dec is None else {"attn": self.dec.attn, "graphs": self.dec.graphs,
+                                             "capture_s": self.dec.capture_s, "buckets": list(self.dec.buckets),
+                                             "max_pages": self.dec.max_pages}
         return {"rows": rows, "wall_s": wall, "rate": cfg.rate, "requests": len(rows),
+                "offered_req_per_s": offered, "last_arrival_s": times[-1] if times else None,
+                "decoder": dec,
                 "achieved_req_per_s": len(rows) / wall if wall else None,
                 "output_tok_per_s": out_tokens / wall if wall else None,
                 "steps": dict(self.steps), "config": cfg.__dict__}

@@ -64,6 +64,8 @@ def arm_summary(rows: List[Dict], rounds: Optional[List[float]] = None) -> Dict:
 
 def _phase2(workers: List[Dict]) -> Dict:
     out = {}
+    if not any("workload" in w for w in workers) and any("openloop" in w for w in workers):
+        return {}
     wls = [w.get("workload") for w in workers]
     if not all(isinstance(w, dict) and "results" in w for w in wls):
         return {"error": [w.get("error") or (w.get("workload") or {}).get("error") for w in workers]}
@@ -173,7 +175,8 @@ def build(results: Dict) -> Dict:
     if cfg.get("model") in CONFIGS:
         s["kv_bytes_per_token"] = CONFIGS[cfg["model"]].kv_bytes_per_token
     p1 = results.get("phase1") or {}
-    s["device"] = p1.get("device_name")
+    s["device"] = p1.get("device_name") or next(
+        (w.get("device_name") for w in results.get("phase2") or [] if w.get("device_name")), None)
     for sec in ("memcpy", "correctness", "long_prefix", "workload"):
         v = p1.get(sec)
         if isinstance(v, dict) and "error" in v:
@@ -198,6 +201,14 @@ def build(results: Dict) -> Dict:
         s["workload2"] = _phase2(results["phase2"])
         if "error" in s["workload2"]:
             s["errors"].append(f"phase2: {s['workload2']['error']}")
+        w0 = results["phase2"][0]
+        if "openloop" in w0:  # every worker holds the merged runs; worker 0's are reported
+            s["openloop2"] = sweep_report.summarize(w0["openloop"])
+            if "error" in s["openloop2"]:
+                s["errors"].append(f"phase2 openloop: {s['openloop2']['error']}")
+        for w in results["phase2"]:
+            if w.get("error"):
+                s["errors"].append(f"phase2 worker: {w['error']}")
     for key, ref in (("workload", "a"), ("workload2", "a2")):
         w = s.get(key)
         if isinstance(w, dict) and ref in w:
@@ -262,7 +273,7 @@ def markdown(s: Dict) -> str:
     for key, title in (("workload", "Workload, one worker per arm (arms interleaved request by request)"),
                        ("workload2", "Workload, two worker processes in lockstep")):
         w = s.get(key)
-        if not isinstance(w, dict) or "error" in w:
+        if not isinstance(w, dict) or not w or "error" in w:
             continue
         L += [f"## {title}", "",
               "| arm | req | TTFT p50 ms | p90 | p99 | mean | req/s (= 1/mean TTFT) | vs GPU-only | prefill tok/s | "
@@ -323,6 +334,8 @@ def markdown(s: Dict) -> str:
               ", ".join(f"{k.replace('_', ' ')} {v:.1f} GB/s" for k, v in eq.items()) + ".", ""]
     if s.get("openloop"):
         L.append(sweep_report.markdown(s["openloop"]))
+    if s.get("openloop2"):
+        L.append(sweep_report.markdown(s["openloop2"], "two workers, one GPU"))
     return "\n".join(L)
 
 

@@ -4,9 +4,10 @@ Phase 1 (one worker process): memcpy reference, correctness, the long prefix, an
 workload with arms a (GPU prefix cache only), b (kvnode DRAM, CUDA DMA), d (kvnode with a
 small DRAM tier over NVMe) and e (two workers on two daemons, peer pulls by router hint),
 interleaved request by request.
-Phase 2 (two worker processes, in lockstep per request): arms a2 (GPU only, each worker its
-own cache) and c (both workers on one daemon namespace), the same request stream split
-round-robin between the workers.
+Phase 2 (two worker processes): arms a2 (GPU only, each worker its own cache) and c (both
+workers on one daemon namespace), the same request stream split round-robin between the
+workers; section workload in lockstep per request, section openloop (when --sections names
+it) as two open-loop servers started together, each taking its half of the arrivals.
 
 Usage (from bench/ttft):  python -m harness.run --profile h200 --out DIR
                           python -m harness.run --profile tiny --out DIR     (CPU, no CUDA)
@@ -52,7 +53,7 @@ PROFILES: Dict[str, Dict] = {
                                   "doc_len": 4096, "doc_prob": 0.5, "sessions": 24, "turns": 4,
                                   "user_len": 512, "answer_len": 512},
                      "seed": 1, "rates": [2, 3, 4, 5, 6, 7, 8, 10, 12, 14], "bounds_ms": [500, 1000],
-                     "decode_tokens": 32, "max_running": 8, "max_prefill_tokens": 16384,
+                     "decode_tokens": 32, "max_running": 8, "max_prefill_tokens": 16384, "decode": "graph",
                      "pool_pages": 768, "arm_names": ["a", "b"]},
     },
     "tiny": {
@@ -72,7 +73,7 @@ PROFILES: Dict[str, Dict] = {
         "openloop": {"workload": {"seed": 1, "vocab": 512, "page_size": 16, "sys_len": 32, "docs": 2,
                                   "doc_len": 64, "doc_prob": 0.75, "sessions": 4, "turns": 3,
                                   "user_len": 16, "answer_len": 16},
-                     "seed": 1, "rates": [5, 5000], "bounds_ms": [2000], "decode_tokens": 2,
+                     "seed": 1, "rates": [5, 5000], "bounds_ms": [2000], "decode_tokens": 2, "decode": "graph",
                      "max_running": 4, "max_prefill_tokens": 512, "pool_pages": 64, "arm_names": ["a", "b"]},
     },
 }
@@ -127,6 +128,71 @@ def _spawn(specs: List[Dict], outdir: str, tag: str) -> List[Dict]:
         r["exitcode"] = p.exitcode
         res.append(r)
     return res
+
+
+def _phase1_spec(prof: Dict, sections: List[str], common: Dict, tier, nlayers: int) -> Dict:
+    """The single worker's spec: every phase-1 section's paths and arms (`tier` builds a tier spec)."""
+    lp = prof["long_prefix"]
+    wl = {"config": prof["workload"], "pool_pages": prof["pool_pages"]}
+    spec = dict(common, sections=sections, workers=1, worker_index=0)
+    spec["correctness"] = dict(prof["correctness"], paths=[
+        ["dram", tier("d1", "dram", "corr"), tier("d1", "dram", "corr")],
+        ["dram_layerwise", tier("d1", "dram", "corr-lw"), tier("d1", "dram", "corr-lw", layers=nlayers)],
+        ["peer", tier("ea", "peer", "corr"), tier("eb", "peer", "corr")],
+    ])
+    spec["long_prefix"] = {"tokens": lp["tokens"], "suffix": lp["suffix"], "reps": lp["reps"], "paths": [
+        {"name": "dram", "kind": "dram", "tier": tier("d1", "dram", "long")},
+        {"name": "dram_page_first", "kind": "dram", "layout": "page_first",
+         "tier": tier("d1", "dram", "long-pf")},
+        {"name": "dram_layerwise", "kind": "dram", "tier": tier("d1", "dram", "long-lw", layers=nlayers)},
+        {"name": "nvme", "kind": "nvme", "tier": tier("d2", "nvme", "long"),
+         "filler_prompts": lp["nvme_filler"]},
+        {"name": "peer", "kind": "peer", "reps": lp["peer_reps"],
+         "source": tier("ea", "peer", "long"), "tier": tier("eb", "peer", "long")},
+    ]}
+    if prof["mover"] != "copy":
+        # Pulled pages streamed into the GPU as they land (one hinted OnloadAsync); needs
+        # the daemon's DMA, so not in the CPU profile (tests/test_peer_stream_fake_gpu.py
+        # covers it on CPU with the fake GPU).
+        spec["correctness"]["paths"].append(
+            ["peer_stream", tier("ea", "peer", "corr-st"), tier("eb", "peer", "corr-st", stream_pull=True)])
+        spec["long_prefix"]["paths"].append(
+            {"name": "peer_stream", "kind": "peer", "reps": lp["peer_reps"],
+             "source": tier("ea", "peer", "long-st"),
+             "tier": tier("eb", "peer", "long-st", stream_pull=True)})
+    spec["workload"] = dict(wl, arms=[
+        {"arm": "a", "lanes": [{"name": "a"}]},
+        {"arm": "b", "lanes": [{"name": "b", "tier": tier("d1", "dram", "wl-b")}]},
+        {"arm": "b_pf", "lanes": [{"name": "b_pf", "layout": "page_first",
+                                   "tier": tier("d1", "dram", "wl-b-pf")}]},
+        {"arm": "d", "lanes": [{"name": "d", "tier": tier("d2", "nvme", "wl-d")}]},
+        {"arm": "e", "lanes": [{"name": "eA", "tier": tier("ea", "peer", "wl-e")},
+                               {"name": "eB", "tier": tier("eb", "peer", "wl-e")}]},
+    ])
+    ol = dict(prof["openloop"])
+    arm_defs = {"a": {"arm": "a"}, "b": {"arm": "b", "tier": tier("d1", "dram", "ol-b")},
+                "b_pf": {"arm": "b_pf", "layout": "page_first", "tier": tier("d1", "dram", "ol-b-pf")},
+                "b_lw": {"arm": "b_lw", "tier": tier("d1", "dram", "ol-b-lw", layers=nlayers)}}
+    ol["arms"] = [arm_defs[n] for n in ol.pop("arm_names")]
+    spec["openloop"] = ol
+    return spec
+
+
+def _phase2_specs(prof: Dict, sections: List[str], common: Dict, tier, exchange: str) -> List[Dict]:
+    """The two workers' specs: arms a2 and c (closed-loop workload, open-loop sweep)."""
+    wl = {"config": prof["workload"], "pool_pages": prof["pool_pages"]}
+    specs = []
+    for i in range(2):
+        s = dict(common, sections=sections, workers=2, worker_index=i)
+        s["workload"] = dict(wl, arms=[
+            {"arm": "a2", "lanes": [{"name": "a2"}]},
+            {"arm": "c", "lanes": [{"name": "c", "tier": tier("d1", "dram", "wl-c")}]},
+        ])
+        ol2 = {k: v for k, v in prof["openloop"].items() if k != "arm_names"}
+        s["openloop"] = dict(ol2, exchange_dir=exchange, arms=[
+            {"arm": "a2"}, {"arm": "c", "tier": tier("d1", "dram", "ol-c")}])
+        specs.append(s)
+    return specs
 
 
 def main(argv=None) -> int:
@@ -186,61 +252,15 @@ def main(argv=None) -> int:
         common = {k: prof[k] for k in ("model", "device", "mover", "layout", "memcpy_bytes")}
         from .model import CONFIGS
         nlayers = CONFIGS[prof["model"]].layers  # layer-wise onload: one run per model layer
-        lp = prof["long_prefix"]
-        wl = {"config": prof["workload"], "pool_pages": prof["pool_pages"]}
         if "1" in a.phases.split(","):
-            spec = dict(common, sections=a.sections.split(","), workers=1, worker_index=0)
-            spec["correctness"] = dict(prof["correctness"], paths=[
-                ["dram", tier("d1", "dram", "corr"), tier("d1", "dram", "corr")],
-                ["dram_layerwise", tier("d1", "dram", "corr-lw"), tier("d1", "dram", "corr-lw", layers=nlayers)],
-                ["peer", tier("ea", "peer", "corr"), tier("eb", "peer", "corr")],
-            ])
-            spec["long_prefix"] = {"tokens": lp["tokens"], "suffix": lp["suffix"], "reps": lp["reps"], "paths": [
-                {"name": "dram", "kind": "dram", "tier": tier("d1", "dram", "long")},
-                {"name": "dram_page_first", "kind": "dram", "layout": "page_first",
-                 "tier": tier("d1", "dram", "long-pf")},
-                {"name": "dram_layerwise", "kind": "dram", "tier": tier("d1", "dram", "long-lw", layers=nlayers)},
-                {"name": "nvme", "kind": "nvme", "tier": tier("d2", "nvme", "long"),
-                 "filler_prompts": lp["nvme_filler"]},
-                {"name": "peer", "kind": "peer", "reps": lp["peer_reps"],
-                 "source": tier("ea", "peer", "long"), "tier": tier("eb", "peer", "long")},
-            ]}
-            if prof["mover"] != "copy":
-                # Pulled pages streamed into the GPU as they land (one hinted OnloadAsync); needs
-                # the daemon's DMA, so not in the CPU profile (tests/test_peer_stream_fake_gpu.py
-                # covers it on CPU with the fake GPU).
-                spec["correctness"]["paths"].append(
-                    ["peer_stream", tier("ea", "peer", "corr-st"), tier("eb", "peer", "corr-st", stream_pull=True)])
-                spec["long_prefix"]["paths"].append(
-                    {"name": "peer_stream", "kind": "peer", "reps": lp["peer_reps"],
-                     "source": tier("ea", "peer", "long-st"),
-                     "tier": tier("eb", "peer", "long-st", stream_pull=True)})
-            spec["workload"] = dict(wl, arms=[
-                {"arm": "a", "lanes": [{"name": "a"}]},
-                {"arm": "b", "lanes": [{"name": "b", "tier": tier("d1", "dram", "wl-b")}]},
-                {"arm": "b_pf", "lanes": [{"name": "b_pf", "layout": "page_first",
-                                           "tier": tier("d1", "dram", "wl-b-pf")}]},
-                {"arm": "d", "lanes": [{"name": "d", "tier": tier("d2", "nvme", "wl-d")}]},
-                {"arm": "e", "lanes": [{"name": "eA", "tier": tier("ea", "peer", "wl-e")},
-                                       {"name": "eB", "tier": tier("eb", "peer", "wl-e")}]},
-            ])
-            ol = dict(prof["openloop"])
-            arm_defs = {"a": {"arm": "a"}, "b": {"arm": "b", "tier": tier("d1", "dram", "ol-b")},
-                        "b_pf": {"arm": "b_pf", "layout": "page_first", "tier": tier("d1", "dram", "ol-b-pf")},
-                        "b_lw": {"arm": "b_lw", "tier": tier("d1", "dram", "ol-b-lw", layers=nlayers)}}
-            ol["arms"] = [arm_defs[n] for n in ol.pop("arm_names")]
-            spec["openloop"] = ol
+            spec = _phase1_spec(prof, a.sections.split(","), common, tier, nlayers)
             results["phase1"] = _spawn([spec], a.out, "phase1")[0]
             results["daemon_stats_after_phase1"] = {k: _stats(d) for k, d in daemons.items()}
-        if "2" in a.phases.split(","):
-            specs = []
-            for i in range(2):
-                s = dict(common, sections=["workload"], workers=2, worker_index=i)
-                s["workload"] = dict(wl, arms=[
-                    {"arm": "a2", "lanes": [{"name": "a2"}]},
-                    {"arm": "c", "lanes": [{"name": "c", "tier": tier("d1", "dram", "wl-c")}]},
-                ])
-                specs.append(s)
+        p2_sections = [x for x in a.sections.split(",") if x in ("workload", "openloop")]
+        if "2" in a.phases.split(",") and p2_sections:
+            exchange = os.path.join(work, "ol-exchange")
+            os.makedirs(exchange, exist_ok=True)
+            specs = _phase2_specs(prof, p2_sections, common, tier, exchange)
             results["phase2"] = _spawn(specs, a.out, "phase2")
             results["daemon_stats_after_phase2"] = {k: _stats(d) for k, d in daemons.items()}
     finally:

@@ -8,8 +8,12 @@ TTFT_TESTS_NO_DAEMON=1 says skipping them is intended (documented opt-out).
 import os
 import sys
 
-import pytest
-import torch
+# Triton kernels (harness/paged_attn.py) run in Triton's CPU interpreter here; it is read when
+# a kernel is defined, so it must be set before the harness is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # One intra-op thread: the toy decoder's ops are tiny, and on a busy 2-core CI machine torch's
 # spinning worker threads make them 10-100x slower than one thread.

@@ -111,4 +111,21 @@ def the_sweep_finds_the_highest_rate_under_each_bound_and_compares_at_equal_rate
     eq = {row["rate"]: row for row in s["equal_rate"]}
     assert eq[4]["a"]["ttft_p90_ms"] == pytest.approx(500) and eq[8]["a"] is None
     md = sweep_report.markdown(s)
-    assert "+100 %" in md and "| 4 |" in md
+    assert "+100 %" in md and "| 4 (4.00) |" in md
+
+
+def sustained_rates_are_read_off_the_offered_rates_not_the_nominal_ones():
+    def run(arm, rate, offered, p90):
+        rows = [{"ttft_s": p90 / 1e3, "queue_s": 0.0, "prompt_tokens": 1, "tier_hit_tokens": 0, "gpu_hit_tokens": 0}]
+        return {"arm": arm, "rate": rate, "offered_req_per_s": offered, "rows": rows, "achieved_req_per_s": offered,
+                "output_tok_per_s": 1.0, "wall_s": 1.0, "steps": [{"decode": 4, "decode_s": 0.02, "decode_seqs": 8},
+                                                                   {"decode": 6, "decode_s": 0.03, "decode_seqs": 6}]}
+    sw = {"arms": ["a"], "bounds_ms": [300], "requests": 1,
+          "runs": [run("a", 2, 2.5, 100), run("a", 4, 4.5, 500)]}
+    s = sweep_report.summarize(sw)
+    x = s["sustained"]["a"]["300"]
+    assert (x["grid"], x["nominal"]) == (2.5, 2) and x["interpolated"] == pytest.approx(3.5)
+    # Two workers' steps: 10 steps in 50 ms, 14 sequences.
+    row = s["by_arm"]["a"][0]
+    assert row["decode_step_ms"] == pytest.approx(5.0) and row["decode_batch"] == pytest.approx(1.4)
+    assert "| 2 (2.50) |" in sweep_report.markdown(s, "two workers")
