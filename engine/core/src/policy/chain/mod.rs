@@ -3,93 +3,60 @@
 //! Every tracked block has a priority; the lowest evictable one leaves first. The priority is
 //!
 //! ```text
-//!   (batch clock + weight × min(uses − 1, MAX_LEVEL)) << DEPTH_BITS  |  (DEPTH_MAX − depth)
+//!   (batch clock + weight × min(uses − 1, 16)) << 16  |  (65535 − depth)
 //! ```
 //!
 //! - **batch clock**: a counter of blocks referenced, read once per batch (a lookup or a put
-//!   carries one request's pages in prefix order), so all pages of one request share a clock;
+//!   carries one request's pages in prefix order, [`BatchHint`]), so a request's pages share it;
 //! - **uses**: references of the block, remembered across evictions by a ghost list of recently
-//!   evicted keys (a block back from the ghost list resumes its count);
-//! - **weight**: one use is worth `tracked × WEIGHT_NUM / WEIGHT_DEN` blocks of clock, so the
-//!   balance between recency and frequency scales with the cache;
+//!   evicted keys (16 per tracked block): a block back from the ghost list resumes its count;
+//! - **weight**: what one use is worth, in blocks of clock, as a multiple of the blocks
+//!   tracked; picked online by sampled shadows of the policy (`shadow.rs`) among 0 (recency
+//!   only), 0.5, 2 and 8, whichever hits most lately;
 //! - **depth** (low bits): within a batch a page is worth no more than its parent, so a chain is
 //!   cut from its tail, never from its head (a chain whose head left is useless).
 //!
-//! Every operation is `O(log n)` (a `BTreeSet` ordered by priority); a block costs one map
-//! entry and one set entry, a ghost one map entry and one queue entry (keys only).
+//! Every operation is `O(log n)` (`BTreeSet` ordered by priority); a block costs one map entry
+//! and one set entry, a ghost one map entry and one queue entry (keys only).
+//!
+//! ```text
+//!  insert/touch ──► batch clock ──► Core (slots by priority) ──► victim: lowest evictable
+//!        │                               ▲ weight                  │
+//!        └─ 1 key in 32 ─► Selector: 4 shadows (keys) ─┘           └─► ghost (key, uses)
+//! ```
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+mod core;
+mod shadow;
 
+use self::core::{Core, Placement};
+use self::shadow::Selector;
 use super::{BatchHint, EvictionPolicy, SlotId};
 
-/// One use is worth `tracked × WEIGHT_NUM / WEIGHT_DEN` blocks of clock (tuned on the first half
-/// of the Mooncake traces; docs/eviction.md).
-const WEIGHT_NUM: u64 = 1;
-const WEIGHT_DEN: u64 = 2;
-/// Uses count up to this many levels.
-const MAX_LEVEL: u64 = 4;
-/// Ghost keys kept, per tracked block.
-const GHOST_FACTOR: usize = 4;
+/// Ghost keys kept per tracked block.
+const GHOST_FACTOR: usize = 16;
 /// Ghost keys kept at least (a tier that holds few blocks still learns).
 const GHOST_MIN: usize = 1024;
-/// Low bits of a priority that order a batch's pages (parents above children).
-const DEPTH_BITS: u32 = 16;
-const DEPTH_MAX: u64 = (1 << DEPTH_BITS) - 1;
-
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    key_hash: u64,
-    uses: u8,
-    prio: u64,
-}
-
-/// Recently evicted keys and their use counts, oldest first.
-#[derive(Debug, Default)]
-struct Ghosts {
-    uses: HashMap<u64, (u8, u64)>,
-    order: VecDeque<(u64, u64)>,
-    seq: u64,
-}
-
-impl Ghosts {
-    fn remember(&mut self, key_hash: u64, uses: u8, cap: usize) {
-        self.seq += 1;
-        self.uses.insert(key_hash, (uses, self.seq));
-        self.order.push_back((key_hash, self.seq));
-        while self.uses.len() > cap {
-            let Some((k, seq)) = self.order.pop_front() else {
-                break;
-            };
-            // Only the newest record of a key removes it.
-            if self.uses.get(&k).is_some_and(|&(_, s)| s == seq) {
-                self.uses.remove(&k);
-            }
-        }
-        // Stale records (keys remembered again or taken back) bound the queue at twice the map.
-        while self.order.len() > 2 * cap.max(1) {
-            if let Some((k, seq)) = self.order.pop_front()
-                && self.uses.get(&k).is_some_and(|&(_, s)| s == seq)
-            {
-                self.uses.remove(&k);
-            }
-        }
-    }
-
-    fn take(&mut self, key_hash: u64) -> u8 {
-        self.uses.remove(&key_hash).map_or(0, |(u, _)| u)
-    }
-}
 
 /// The `chain` policy's state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Chain {
-    entries: HashMap<SlotId, Entry>,
-    order: BTreeSet<(u64, SlotId)>,
-    ghosts: Ghosts,
+    core: Core,
+    selector: Selector,
     /// Blocks referenced so far.
     clock: u64,
     /// The clock the current batch read at its first page.
     batch_clock: u64,
+}
+
+impl Default for Chain {
+    fn default() -> Self {
+        Self {
+            core: Core::new(GHOST_FACTOR, GHOST_MIN),
+            selector: Selector::default(),
+            clock: 0,
+            batch_clock: 0,
+        }
+    }
 }
 
 impl Chain {
@@ -101,61 +68,50 @@ impl Chain {
         self.batch_clock
     }
 
-    fn priority(&self, batch_clock: u64, uses: u8, depth: u32) -> u64 {
-        let weight = (self.entries.len() as u64 * WEIGHT_NUM) / WEIGHT_DEN;
-        let level = u64::from(uses.saturating_sub(1)).min(MAX_LEVEL);
-        let time = batch_clock.saturating_add(weight.saturating_mul(level));
-        (time << DEPTH_BITS) | (DEPTH_MAX - u64::from(depth).min(DEPTH_MAX))
-    }
-
-    fn place(&mut self, slot: SlotId, mut e: Entry, batch_clock: u64, depth: u32) {
-        e.prio = self.priority(batch_clock, e.uses, depth);
-        self.order.insert((e.prio, slot));
-        self.entries.insert(slot, e);
-    }
-
-    fn forget(&mut self, slot: SlotId) -> Option<Entry> {
-        let e = self.entries.remove(&slot)?;
-        self.order.remove(&(e.prio, slot));
-        Some(e)
+    /// Ranks `slot` (holding `key_hash`, used `uses` times) for a reference at `hint`.
+    fn place(&mut self, slot: SlotId, key_hash: u64, uses: u8, hint: BatchHint) {
+        let batch_clock = self.clock_for(hint);
+        if Selector::sampled(key_hash) {
+            let tracked = self.core.len();
+            self.selector
+                .reference(key_hash, batch_clock, hint.depth, tracked);
+        }
+        let at = Placement {
+            batch_clock,
+            depth: hint.depth,
+            weight_milli: self.selector.weight_milli(),
+            tracked: self.core.len(),
+        };
+        self.core.place(slot, key_hash, uses, at);
     }
 }
 
 impl EvictionPolicy for Chain {
     fn insert(&mut self, slot: SlotId, key_hash: u64, hint: BatchHint) {
-        self.forget(slot);
-        let batch_clock = self.clock_for(hint);
-        let uses = self.ghosts.take(key_hash).saturating_add(1);
-        let e = Entry {
-            key_hash,
-            uses,
-            prio: 0,
-        };
-        self.place(slot, e, batch_clock, hint.depth);
+        self.core.forget(slot);
+        let uses = self.core.take_ghost(key_hash).saturating_add(1);
+        self.place(slot, key_hash, uses, hint);
     }
 
     fn touch(&mut self, slot: SlotId, hint: BatchHint) {
-        let batch_clock = self.clock_for(hint);
-        if let Some(mut e) = self.forget(slot) {
-            e.uses = e.uses.saturating_add(1);
-            self.place(slot, e, batch_clock, hint.depth);
+        match self.core.get(slot) {
+            Some(e) => self.place(slot, e.key_hash, e.uses.saturating_add(1), hint),
+            None => {
+                self.clock_for(hint);
+            }
         }
     }
 
     fn remove(&mut self, slot: SlotId) {
-        self.forget(slot);
+        self.core.forget(slot);
     }
 
     fn victim(&mut self, evictable: &mut dyn FnMut(SlotId) -> bool) -> Option<SlotId> {
-        let &(_, slot) = self.order.iter().find(|&&(_, s)| evictable(s))?;
-        let e = self.forget(slot)?;
-        let cap = (self.entries.len() * GHOST_FACTOR).max(GHOST_MIN);
-        self.ghosts.remember(e.key_hash, e.uses, cap);
-        Some(slot)
+        self.core.evict(evictable)
     }
 
     fn len(&self) -> usize {
-        self.entries.len()
+        self.core.len()
     }
 }
 
