@@ -1,5 +1,5 @@
-//! The priority order behind `chain`, shared by the policy and its sampled shadows: entries
-//! ordered by priority, and a ghost list of evicted keys with their use counts.
+//! The priority order behind `chain`: entries ordered by priority, and a ghost list of evicted
+//! keys with their use counts.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
@@ -57,7 +57,7 @@ impl Ghosts {
     }
 }
 
-/// Entries keyed by `Id` (a slot, or a key in a shadow), lowest priority first.
+/// Entries keyed by slot id, lowest priority first.
 #[derive(Debug)]
 pub(super) struct Core {
     entries: HashMap<u64, Entry>,
@@ -92,13 +92,7 @@ impl Core {
     /// Tracks (or re-ranks) `id` with `uses` at `batch_clock` and `depth`.
     pub fn place(&mut self, id: u64, key_hash: u64, uses: u8, at: Placement) {
         self.forget(id);
-        let prio = priority(
-            at.tracked,
-            at.weight_milli,
-            at.batch_clock,
-            uses,
-            at.depth,
-        );
+        let prio = priority(at.tracked, at.weight_milli, at.batch_clock, uses, at.depth);
         self.order.insert((prio, id));
         self.entries.insert(
             id,
@@ -139,6 +133,6 @@ pub(super) struct Placement {
     pub depth: u32,
     /// What one use is worth, per mille of `tracked`, in blocks of clock.
     pub weight_milli: u64,
-    /// Blocks the policy tracks (a shadow passes its policy's count, not its own).
+    /// Blocks the policy tracks.
     pub tracked: usize,
 }

@@ -10,9 +10,9 @@
 //!   carries one request's pages in prefix order, [`BatchHint`]), so a request's pages share it;
 //! - **uses**: references of the block, remembered across evictions by a ghost list of recently
 //!   evicted keys (16 per tracked block): a block back from the ghost list resumes its count;
-//! - **weight**: what one use is worth, in blocks of clock, as a multiple of the blocks
-//!   tracked; picked online by sampled shadows of the policy (`shadow.rs`) among 0 (recency
-//!   only), 0.5, 2 and 8, whichever hits most lately;
+//! - **weight**: what one use is worth, in blocks of clock: half the blocks tracked (tuned on
+//!   the first half of each Mooncake trace, docs/eviction.md), so the balance between recency
+//!   and reuse scales with the cache;
 //! - **depth** (low bits): within a batch a page is worth no more than its parent, so a chain is
 //!   cut from its tail, never from its head (a chain whose head left is useless).
 //!
@@ -21,17 +21,16 @@
 //!
 //! ```text
 //!  insert/touch ──► batch clock ──► Core (slots by priority) ──► victim: lowest evictable
-//!        │                               ▲ weight                  │
-//!        └─ 1 key in 32 ─► Selector: 4 shadows (keys) ─┘           └─► ghost (key, uses)
+//!  insert ◄── uses of an evicted key ◄── ghost (key, uses) ◄──────────┘
 //! ```
 
 mod core;
-mod shadow;
 
 use self::core::{Core, Placement};
-use self::shadow::Selector;
 use super::{BatchHint, EvictionPolicy, SlotId};
 
+/// What one use is worth, per mille of the blocks tracked, in blocks of clock.
+const WEIGHT_MILLI: u64 = 500;
 /// Ghost keys kept per tracked block.
 const GHOST_FACTOR: usize = 16;
 /// Ghost keys kept at least (a tier that holds few blocks still learns).
@@ -41,7 +40,6 @@ const GHOST_MIN: usize = 1024;
 #[derive(Debug)]
 pub struct Chain {
     core: Core,
-    selector: Selector,
     /// Blocks referenced so far.
     clock: u64,
     /// The clock the current batch read at its first page.
@@ -52,7 +50,6 @@ impl Default for Chain {
     fn default() -> Self {
         Self {
             core: Core::new(GHOST_FACTOR, GHOST_MIN),
-            selector: Selector::default(),
             clock: 0,
             batch_clock: 0,
         }
@@ -70,16 +67,10 @@ impl Chain {
 
     /// Ranks `slot` (holding `key_hash`, used `uses` times) for a reference at `hint`.
     fn place(&mut self, slot: SlotId, key_hash: u64, uses: u8, hint: BatchHint) {
-        let batch_clock = self.clock_for(hint);
-        if Selector::sampled(key_hash) {
-            let tracked = self.core.len();
-            self.selector
-                .reference(key_hash, batch_clock, hint.depth, tracked);
-        }
         let at = Placement {
-            batch_clock,
+            batch_clock: self.clock_for(hint),
             depth: hint.depth,
-            weight_milli: self.selector.weight_milli(),
+            weight_milli: WEIGHT_MILLI,
             tracked: self.core.len(),
         };
         self.core.place(slot, key_hash, uses, at);
