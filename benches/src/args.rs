@@ -38,6 +38,9 @@ pub enum BenchCmd {
     /// Puts offered faster than the disk (2 × fio write) through a daemon it starts: no
     /// refusal, put throughput vs the same-run fio write.
     Backpressure(BackpressureArgs),
+    /// Offline hit rates of the eviction policies on a trace, next to Belady's MIN and the
+    /// infinite-cache ceiling (no daemon; docs/eviction.md).
+    Evict(crate::evict::EvictArgs),
 }
 
 #[derive(Debug, Args)]

@@ -11,6 +11,7 @@
 //!   latency vs [`relay`], the same socket hops with nothing else; a pulled prefix delivered
 //!   into a client region, streamed against staged ([`deliver`]).
 //! - [`backpressure`]: puts offered at twice the disk's rate through a small DRAM tier, vs fio.
+//! - [`evict`]: offline hit rates of the eviction policies on a trace vs Belady's MIN.
 //! - [`restart`]: first hit after a takeover, a SIGKILL or a SIGTERM restart, vs the time to
 //!   spawn the binary.
 
@@ -18,6 +19,7 @@ pub mod args;
 pub mod backpressure;
 pub mod deliver;
 pub mod events;
+pub mod evict;
 pub mod gpu;
 pub mod local;
 pub mod memcpy;
@@ -40,5 +42,6 @@ pub fn run(cmd: &BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Pull(a) => pull::run(a),
         BenchCmd::Restart(a) => restart::run(a),
         BenchCmd::Backpressure(a) => backpressure::run(a),
+        BenchCmd::Evict(a) => evict::run(a),
     }
 }

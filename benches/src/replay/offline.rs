@@ -2,10 +2,16 @@
 //! the daemon's own eviction policies (the same code the DRAM tier runs), computed from the
 //! trace alone. A request hits its leading run of cached blocks; every block of the request is
 //! then referenced (the hits read, the rest computed and offloaded), as an engine does.
+//!
+//! [`simulate`] calls the policy exactly as the DRAM tier does for an engine that looks a
+//! request's pages up in one lease (every resident page is touched, hint = its place in the
+//! request) and then puts the pages after its leading hit run in one put (each page that is not
+//! resident is inserted, hint = its place in the put; a resident one is refused as `Exists` and
+//! not touched again).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use kvnode_engine::policy::{EvictionPolicy, Policy, PolicyKind};
+use kvnode_engine::policy::{BatchHint, EvictionPolicy, Policy, PolicyKind};
 
 use super::trace::Request;
 
@@ -91,17 +97,25 @@ pub fn belady(trace: &[Request], capacity: usize) -> Outcome {
     out
 }
 
-/// The daemon's policy `kind` with `capacity` blocks (block ids serve as slot ids).
+/// The daemon's policy `kind` with `capacity` blocks (block ids serve as slot ids), fed what
+/// the DRAM tier feeds it (see the module's doc).
 pub fn simulate(trace: &[Request], capacity: usize, kind: PolicyKind) -> Outcome {
     let mut policy = Policy::new(kind);
     let mut resident: HashSet<u64> = HashSet::new();
     let mut out = Outcome::default();
     for r in trace {
-        out.refs += r.blocks.len() as u64;
-        out.hits += leading_run(&r.blocks, |b| resident.contains(&b)) as u64;
-        for b in &r.blocks {
+        let n = r.blocks.len();
+        let hit = leading_run(&r.blocks, |b| resident.contains(&b));
+        out.refs += n as u64;
+        out.hits += hit as u64;
+        for (i, b) in r.blocks.iter().enumerate() {
             if resident.contains(b) {
-                policy.touch(*b);
+                policy.touch(*b, BatchHint::at(i, n));
+            }
+        }
+        let put = &r.blocks[hit..];
+        for (j, b) in put.iter().enumerate() {
+            if resident.contains(b) {
                 continue;
             }
             if resident.len() >= capacity {
@@ -112,7 +126,7 @@ pub fn simulate(trace: &[Request], capacity: usize, kind: PolicyKind) -> Outcome
                     None => continue,
                 }
             }
-            policy.insert(*b, *b);
+            policy.insert(*b, *b, BatchHint::at(j, put.len()));
             resident.insert(*b);
         }
     }
@@ -168,7 +182,7 @@ mod tests {
         for cap in [2, 4, 8, 32] {
             let min = belady(&t, cap).hits;
             let top = ceiling(&t).hits;
-            for kind in [PolicyKind::Lru, PolicyKind::S3fifo] {
+            for kind in [PolicyKind::Lru, PolicyKind::S3fifo, PolicyKind::Chain] {
                 let h = simulate(&t, cap, kind).hits;
                 assert!(
                     h <= min && min <= top,

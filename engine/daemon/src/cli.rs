@@ -200,6 +200,7 @@ pub enum RegionCopyArg {
 pub enum Eviction {
     Lru,
     S3fifo,
+    Chain,
 }
 
 /// Where the daemon is.

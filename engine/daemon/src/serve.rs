@@ -36,6 +36,7 @@ pub fn effective_config(
         cfg.eviction = match e {
             Eviction::Lru => PolicyKind::Lru,
             Eviction::S3fifo => PolicyKind::S3fifo,
+            Eviction::Chain => PolicyKind::Chain,
         };
     }
     cfg.pin &= !a.no_pin;

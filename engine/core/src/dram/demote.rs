@@ -11,7 +11,7 @@ use kvnode_proto::BlockKey;
 
 use super::pool::Slot;
 use super::state::{State, key_hash};
-use crate::policy::{EvictionPolicy, SlotId};
+use crate::policy::{BatchHint, EvictionPolicy, SlotId};
 use crate::residency::RouterMeta;
 
 /// A block picked for demotion; its slot is held until [`DemoteEnd`] is reported.
@@ -139,7 +139,9 @@ impl State {
         }
         if end == DemoteEnd::Failed {
             let c = self.class_of(d.slot) as usize;
-            self.pools[c].policy.insert(d.slot, key_hash(&d.key));
+            self.pools[c]
+                .policy
+                .insert(d.slot, key_hash(&d.key), BatchHint::SINGLE);
             return Finished::Done;
         }
         let residency = r.residency.take();

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::TierConfig;
 use super::pool::{Resident, Slot, slot_parts};
 use super::state::{State, key_hash};
-use crate::policy::{EvictionPolicy, SlotId};
+use crate::policy::{BatchHint, EvictionPolicy, SlotId};
 use crate::residency::{Announcer, RouterMeta};
 
 const MAGIC: &[u8; 8] = b"KVNDRAM1";
@@ -295,7 +295,7 @@ impl State {
         self.mark_used(slot);
         self.pools[class as usize]
             .policy
-            .insert(slot, key_hash(&key));
+            .insert(slot, key_hash(&key), BatchHint::SINGLE);
         self.totals.blocks += 1;
         self.totals.bytes += len;
         let st = self.ns_stats_mut(h);

@@ -18,7 +18,7 @@ use kvnode_proto::client::{CommitStatus, Extent, PutStatus, SegmentClass};
 use kvnode_proto::stats::{NamespaceStats, PoolStats, TierStats};
 use kvnode_proto::{BlockKey, Key, NamespaceId, NamespaceSpec};
 
-use crate::policy::{PolicyKind, SlotId};
+use crate::policy::{BatchHint, PolicyKind, SlotId};
 use crate::residency::{Announcer, RouterMeta};
 pub use copy::CopyDown;
 pub use demote::{DemoteEnd, Demotion, Finished};
@@ -86,6 +86,8 @@ pub struct Reserved {
     pub offset: u64,
     /// Bytes to write.
     pub len: u64,
+    /// Its place in the put that reserved it (the eviction policy's hint at commit).
+    pub hint: BatchHint,
 }
 
 /// A leased block (raw: the store wraps it in a guard).

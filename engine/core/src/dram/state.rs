@@ -8,7 +8,7 @@ use kvnode_proto::{BlockKey, Key, NamespaceId, NamespaceSpec};
 
 use super::pool::{Pool, Resident, Slab, Slot, class_bytes, slot_id, slot_parts};
 use super::{Leased, Registered, Reserved, TierConfig, TierError, TierSnapshot};
-use crate::policy::{EvictionPolicy, PolicyKind, SlotId};
+use crate::policy::{BatchHint, EvictionPolicy, PolicyKind, SlotId};
 use crate::residency::{Announcer, RouterMeta};
 use kvnode_events::Medium;
 use std::sync::Arc;
@@ -207,8 +207,9 @@ impl State {
     ) -> Result<Vec<Result<Reserved, PutStatus>>, TierError> {
         self.ns(ns)?;
         let mut out = Vec::with_capacity(keys.len());
-        for (k, &len) in keys.iter().zip(lens) {
-            out.push(self.reserve_one(conn, ns, k, len)?);
+        for (i, (k, &len)) in keys.iter().zip(lens).enumerate() {
+            let hint = BatchHint::at(i, keys.len());
+            out.push(self.reserve_one(conn, ns, k, len, hint)?);
         }
         Ok(out)
     }
@@ -219,6 +220,7 @@ impl State {
         ns: u32,
         k: &Key,
         len: u64,
+        hint: BatchHint,
     ) -> Result<Result<Reserved, PutStatus>, TierError> {
         let key = self.block_key(ns, k)?;
         let e = &self.namespaces[ns as usize];
@@ -243,6 +245,7 @@ impl State {
             ns,
             offset: self.offset(slot),
             len,
+            hint,
         }))
     }
 
@@ -457,7 +460,9 @@ impl State {
             self.queue_write_behind(r.slot, r.key);
         }
         let c = self.class_of(r.slot) as usize;
-        self.pools[c].policy.insert(r.slot, key_hash(&r.key));
+        self.pools[c]
+            .policy
+            .insert(r.slot, key_hash(&r.key), r.hint);
         self.totals.blocks += 1;
         self.totals.bytes += r.len;
         self.totals.inserts += 1;
@@ -479,7 +484,7 @@ impl State {
         let id = self.ns(ns)?.id;
         let mut out = Vec::with_capacity(keys.len());
         let (mut hits, mut misses) = (0u64, 0u64);
-        for k in keys {
+        for (i, k) in keys.iter().enumerate() {
             let key = BlockKey {
                 ns: id,
                 digest: k.0,
@@ -499,7 +504,9 @@ impl State {
             r.leases += 1;
             r.reads = r.reads.saturating_add(1);
             let (len, fingerprint) = (r.len, r.fingerprint);
-            self.pools[c].policy.touch(slot);
+            self.pools[c]
+                .policy
+                .touch(slot, BatchHint::at(i, keys.len()));
             out.push(Some(Leased {
                 slot,
                 extent: Extent { offset, len },

@@ -42,7 +42,7 @@ fn commit(t: &DramTier, owner: u64, rs: &[Reserved]) -> Vec<CommitStatus> {
 
 #[test]
 fn leased_block_survives_filling_the_tier() {
-    for policy in [PolicyKind::Lru, PolicyKind::S3fifo] {
+    for policy in [PolicyKind::Lru, PolicyKind::S3fifo, PolicyKind::Chain] {
         let t = tier(8 * MIB, 2 * MIB, policy);
         let ns = t.register(&spec("m", MIB)).unwrap().ns;
         put(&t, ns, 0, MIB).unwrap();
@@ -229,4 +229,51 @@ fn slabs_emptied_by_clear_go_to_another_class_without_eviction() {
         s.pools.iter().map(|p| p.slabs).collect::<Vec<_>>(),
         vec![0, 4]
     );
+}
+
+/// The tier hands the policy each page's place in its put: under `chain` a request's first
+/// pages outlive its last ones (LRU, fed the same puts, evicts the first pages first).
+#[test]
+fn chain_tier_evicts_a_put_from_its_tail() {
+    let t = tier(8 * MIB, 2 * MIB, PolicyKind::Chain);
+    let ns = t.register(&spec("m", MIB)).unwrap().ns;
+    let put_batch = |first: u32| {
+        let keys: Vec<Key> = (first..first + 4).map(key).collect();
+        let rs: Vec<Reserved> = t
+            .reserve(1, ns, &keys, &[MIB; 4])
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            commit(&t, 1, &rs)
+                .iter()
+                .all(|s| *s == CommitStatus::Committed)
+        );
+    };
+    put_batch(0);
+    put_batch(10);
+    // 8 slots: the second put filled the tier; a third evicts four pages.
+    put_batch(20);
+    let held = |i: u32| t.exists(ns, &[key(i)]).unwrap() == 1;
+    let left: Vec<u32> = [0, 1, 2, 3, 10, 11, 12, 13]
+        .into_iter()
+        .filter(|&i| held(i))
+        .collect();
+    assert_eq!(left, vec![10, 11, 12, 13], "the oldest put went first");
+    // A fourth put evicts the second put from its tail: its head pages stay longest.
+    let keys: Vec<Key> = (30..32).map(key).collect();
+    let rs: Vec<Reserved> = t
+        .reserve(1, ns, &keys, &[MIB; 2])
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        commit(&t, 1, &rs)
+            .iter()
+            .all(|s| *s == CommitStatus::Committed)
+    );
+    assert!(held(10) && held(11), "a chain's head left before its tail");
+    assert!(!held(12) && !held(13), "the chain's tail stayed");
 }

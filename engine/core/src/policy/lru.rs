@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::{EvictionPolicy, SlotId};
+use super::{BatchHint, EvictionPolicy, SlotId};
 
 const NIL: SlotId = SlotId::MAX;
 
@@ -55,12 +55,12 @@ impl Lru {
 }
 
 impl EvictionPolicy for Lru {
-    fn insert(&mut self, slot: SlotId, _key_hash: u64) {
+    fn insert(&mut self, slot: SlotId, _key_hash: u64, _hint: BatchHint) {
         self.unlink(slot);
         self.push_front(slot);
     }
 
-    fn touch(&mut self, slot: SlotId) {
+    fn touch(&mut self, slot: SlotId, _hint: BatchHint) {
         if self.head != slot && self.unlink(slot) {
             self.push_front(slot);
         }

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use super::{EvictionPolicy, SlotId};
+use super::{BatchHint, EvictionPolicy, SlotId};
 
 /// Target share of the small queue, in percent of tracked blocks.
 const SMALL_PERCENT: usize = 10;
@@ -85,7 +85,7 @@ impl S3Fifo {
 }
 
 impl EvictionPolicy for S3Fifo {
-    fn insert(&mut self, slot: SlotId, key_hash: u64) {
+    fn insert(&mut self, slot: SlotId, key_hash: u64, _hint: BatchHint) {
         self.forget(slot);
         let to_main = self.ghost_set.remove(&key_hash);
         self.entries.insert(
@@ -102,7 +102,7 @@ impl EvictionPolicy for S3Fifo {
         self.enqueue(slot, if to_main { Queue::Main } else { Queue::Small });
     }
 
-    fn touch(&mut self, slot: SlotId) {
+    fn touch(&mut self, slot: SlotId, _hint: BatchHint) {
         if let Some(e) = self.entries.get_mut(&slot) {
             e.freq = (e.freq + 1).min(MAX_FREQ);
         }

@@ -104,7 +104,8 @@ impl State {
         let mut used = self.set_bytes(set).saturating_add(reserved.load(Relaxed));
         let mut done = QuotaOutcome::default();
         let mut out = Vec::with_capacity(keys.len());
-        for (k, &len) in keys.iter().zip(lens) {
+        for (i, (k, &len)) in keys.iter().zip(lens).enumerate() {
+            let hint = crate::policy::BatchHint::at(i, keys.len());
             let key = kvnode_proto::BlockKey {
                 ns: id,
                 digest: k.0,
@@ -113,11 +114,11 @@ impl State {
             // Refusals that need no room come first: never evict for a key that fails anyway.
             let seg = usize::from(k.1);
             let Some(class) = classes.get(seg).copied() else {
-                out.push(self.reserve_one(conn, ns, k, len)?);
+                out.push(self.reserve_one(conn, ns, k, len, hint)?);
                 continue;
             };
             if self.index.contains_key(&key) || len > segments[seg] {
-                out.push(self.reserve_one(conn, ns, k, len)?);
+                out.push(self.reserve_one(conn, ns, k, len, hint)?);
                 continue;
             }
             if len > limit {
@@ -137,7 +138,7 @@ impl State {
                 out.push(Err(PutStatus::NoSpace));
                 continue;
             }
-            let r = self.reserve_one(conn, ns, k, len)?;
+            let r = self.reserve_one(conn, ns, k, len, hint)?;
             if r.is_ok() {
                 used += len;
                 reserved.fetch_add(len, Relaxed);
