@@ -38,6 +38,9 @@ pub enum BenchCmd {
     /// Puts offered faster than the disk (2 × fio write) through a daemon it starts: no
     /// refusal, put throughput vs the same-run fio write.
     Backpressure(BackpressureArgs),
+    /// A production trace (Mooncake format) through daemons it starts: hit rates by tier
+    /// against Belady's MIN and the ceiling, for engine-private, node-shared and pulling arms.
+    Replay(crate::replay::ReplayArgs),
 }
 
 #[derive(Debug, Args)]

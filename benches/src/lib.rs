@@ -11,6 +11,8 @@
 //!   latency vs [`relay`], the same socket hops with nothing else; a pulled prefix delivered
 //!   into a client region, streamed against staged ([`deliver`]).
 //! - [`backpressure`]: puts offered at twice the disk's rate through a small DRAM tier, vs fio.
+//! - [`replay`]: a production trace through daemons it starts, against Belady's MIN and the
+//!   infinite-cache ceiling (docs/replay.md).
 //! - [`restart`]: first hit after a takeover, a SIGKILL or a SIGTERM restart, vs the time to
 //!   spawn the binary.
 
@@ -40,5 +42,6 @@ pub fn run(cmd: &BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Pull(a) => pull::run(a),
         BenchCmd::Restart(a) => restart::run(a),
         BenchCmd::Backpressure(a) => backpressure::run(a),
+        BenchCmd::Replay(a) => replay::run(a),
     }
 }
