@@ -17,7 +17,7 @@ use kvnode_bench::replay::{model, trace};
 use kvnode_e2e::{kvnode_cmd, prerequisite};
 use kvnode_engine::policy::PolicyKind;
 
-const REQUESTS: usize = 300;
+const REQUESTS: usize = 400;
 
 fn conversation() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -42,8 +42,8 @@ fn setup(placement: Placement) -> Setup {
     Setup {
         nodes: 2,
         engines_per_node: 2,
-        dram_blocks: 600,
-        gpu_blocks: 60,
+        dram_blocks: 4000,
+        gpu_blocks: 100,
         policy: PolicyKind::Lru,
         placement,
         load_bound: 2,
@@ -70,7 +70,7 @@ fn replay(file: &Path, placement: &str, arms: &str) -> Vec<serde_json::Value> {
         .arg(file)
         .args(["--requests", &REQUESTS.to_string()])
         .args(["--nodes", "2", "--engines-per-node", "2"])
-        .args(["--dram-blocks", "600", "--gpu-blocks", "60"])
+        .args(["--dram-blocks", "4000", "--gpu-blocks", "100"])
         .args(["--placement", placement, "--arm", arms])
         .args(["--deterministic", "--json"])
         .output()
@@ -110,7 +110,9 @@ fn check(file: &Path, placement: Placement, name: &str) {
             want.stored + want.peer,
             "{name} {arm:?}: daemon inserts are the offloads plus the pulled blocks"
         );
-        if *arm == Arm::Pulls {
+        if *arm == Arm::Pulls && placement == Placement::Rr {
+            // (With one request at a time, affinity always finds the node that holds the
+            // prefix: it never needs a pull.)
             assert!(want.peer > 0, "{name}: the slice must exercise pulls");
         }
         assert!(want.dram > 0 && want.gpu > 0, "{name} {arm:?}: every tier is exercised");
