@@ -103,7 +103,10 @@ fn check(file: &Path, placement: Placement, name: &str) {
             computed: live["blocks"]["computed"].as_u64().unwrap(),
             stored: live["blocks"]["stored"].as_u64().unwrap(),
         };
-        assert_eq!(blocks, want, "{name} {arm:?}: the daemons (left) against the model");
+        assert_eq!(
+            blocks, want,
+            "{name} {arm:?}: the daemons (left) against the model"
+        );
         let inserts = live["daemon"]["inserts"].as_u64().unwrap();
         assert_eq!(
             inserts,
@@ -115,7 +118,10 @@ fn check(file: &Path, placement: Placement, name: &str) {
             // prefix: it never needs a pull.)
             assert!(want.peer > 0, "{name}: the slice must exercise pulls");
         }
-        assert!(want.dram > 0 && want.gpu > 0, "{name} {arm:?}: every tier is exercised");
+        assert!(
+            want.dram > 0 && want.gpu > 0,
+            "{name} {arm:?}: every tier is exercised"
+        );
     }
 }
 

@@ -57,7 +57,10 @@ impl GpuCache {
 
     /// Leading blocks of `blocks` held.
     pub fn leading(&self, blocks: &[u64]) -> usize {
-        blocks.iter().take_while(|b| self.at.contains_key(b)).count()
+        blocks
+            .iter()
+            .take_while(|b| self.at.contains_key(b))
+            .count()
     }
 
     /// After a prefill every block of the request is in GPU memory: touch them in order.

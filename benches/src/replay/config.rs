@@ -118,6 +118,10 @@ pub struct Setup {
     pub block_bytes: u64,
 }
 
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's serialize_with passes a reference"
+)]
 fn ser_policy<S: serde::Serializer>(p: &PolicyKind, s: S) -> Result<S::Ok, S::Error> {
     serde::Serialize::serialize(p, s)
 }
@@ -134,7 +138,10 @@ impl Setup {
     /// daemon of `arms` reaches the daemon's minimum DRAM tier.
     pub fn of(a: &ReplayArgs) -> anyhow::Result<Self> {
         anyhow::ensure!(a.nodes >= 1, "--nodes must be at least 1");
-        anyhow::ensure!(a.engines_per_node >= 1, "--engines-per-node must be at least 1");
+        anyhow::ensure!(
+            a.engines_per_node >= 1,
+            "--engines-per-node must be at least 1"
+        );
         anyhow::ensure!(
             a.dram_blocks >= a.engines_per_node,
             "--dram-blocks {} leaves no block for each of {} engines' private tier",
@@ -191,7 +198,10 @@ fn block_bytes(blocks: u64) -> u64 {
 /// The slab size for `blocks` blocks of `block` bytes: `block` times the largest divisor of
 /// `blocks` up to 256, so the tier holds exactly `blocks` slots of one class.
 pub fn slab_bytes(blocks: u64, block: u64) -> u64 {
-    let per = (1..=256.min(blocks)).rev().find(|d| blocks % d == 0).unwrap_or(1);
+    let per = (1..=256.min(blocks))
+        .rev()
+        .find(|d| blocks.is_multiple_of(*d))
+        .unwrap_or(1);
     per * block
 }
 
@@ -203,7 +213,10 @@ mod tests {
     fn blocks_reach_the_minimum_dram_and_slabs_divide_it() {
         for blocks in [1000u64, 2000, 4000, 8000, 16_000, 32_000, 4001] {
             let b = block_bytes(blocks);
-            assert!(b * blocks >= MIN_DAEMON_DRAM && b % 4096 == 0, "{blocks}");
+            assert!(
+                b * blocks >= MIN_DAEMON_DRAM && b.is_multiple_of(4096),
+                "{blocks}"
+            );
             assert_eq!(blocks * b % slab_bytes(blocks, b), 0, "{blocks}");
         }
         assert_eq!(block_bytes(32_000), 4096);

@@ -59,7 +59,10 @@ impl Live<'_> {
 
     fn hint(&self, source: Option<(usize, usize)>) -> Option<Hint> {
         source.and_then(|(c, blocks)| {
-            self.daemons[c].peer.clone().map(|endpoint| Hint { endpoint, blocks })
+            self.daemons[c]
+                .peer
+                .clone()
+                .map(|endpoint| Hint { endpoint, blocks })
         })
     }
 

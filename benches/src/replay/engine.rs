@@ -106,7 +106,9 @@ impl Engine {
             && !rest.is_empty()
         {
             let keys: Vec<Key> = rest.iter().map(|&b| blocks::key(b)).collect();
-            let hint = hint.filter(|h| h.blocks > g).map(|h| hint_json(h, &r.blocks));
+            let hint = hint
+                .filter(|h| h.blocks > g)
+                .map(|h| hint_json(h, &r.blocks));
             let t0 = Instant::now();
             let lead = get(c, *ns, (&keys, rest), hint.as_deref(), &mut s, self.block)?;
             t.get_s = t0.elapsed().as_secs_f64();

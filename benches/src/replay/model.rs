@@ -54,18 +54,17 @@ impl Dram {
         if self.holds(b) {
             return false;
         }
-        let s = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                let Some(v) = self.policy.victim(&mut |_| true) else {
-                    return false;
-                };
-                let old = self.block_of.remove(&v).expect("victim holds a block");
-                if let Some((_, true)) = self.slot.remove(&old) {
-                    ix.removed(c, old);
-                }
-                v
+        let s = if let Some(s) = self.free.pop() {
+            s
+        } else {
+            let Some(v) = self.policy.victim(&mut |_| true) else {
+                return false;
+            };
+            let old = self.block_of.remove(&v).expect("victim holds a block");
+            if let Some((_, true)) = self.slot.remove(&old) {
+                ix.removed(c, old);
             }
+            v
         };
         self.policy.insert(s, b);
         self.slot.insert(b, (s, announced));
@@ -122,7 +121,9 @@ impl Model {
             let covered = source.map_or(0, |(_, n)| n.saturating_sub(g));
             let pulled = self.pull(c, source.map(|(b, _)| b), &rest[..covered]);
             let d = &mut self.drams[c];
-            rest.iter().for_each(|&b| d.touch(b));
+            for &b in rest {
+                d.touch(b);
+            }
             let lead = rest.iter().take_while(|&&b| d.holds(b)).count();
             s.peer = rest[..lead].iter().filter(|b| pulled.contains(b)).count() as u64;
             s.dram = lead as u64 - s.peer;
@@ -147,7 +148,9 @@ impl Model {
             .into_iter()
             .filter(|&b| self.drams[src].holds(b))
             .collect();
-        got.iter().for_each(|&b| self.drams[src].touch(b));
+        for &b in &got {
+            self.drams[src].touch(b);
+        }
         for &b in &got {
             self.drams[c].insert((c, &mut self.index), b, false);
         }

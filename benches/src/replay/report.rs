@@ -2,6 +2,8 @@
 //! answers), the offline optimum beside them, bytes moved, the daemons' own counters, the
 //! modelled TTFT and throughput (labelled as a model), as JSON and as a text table.
 
+use std::fmt::Write;
+
 use kvnode_proto::stats::TierStats;
 
 use super::config::{Arm, Setup};
@@ -220,8 +222,9 @@ pub fn table(arms: &[ArmSummary]) -> String {
         "| arm | hit rate | GPU | DRAM | peer | ceiling | of ceiling | Belady (blocks) | offline policy | pulled MB | TTFT model p50 / p90 / p99 ms | model req/s | wall s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for a in arms {
-        s.push_str(&format!(
-            "| {:?} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} | {:.3} ({}) | {:.3} | {:.1} | {:.0} / {:.0} / {:.0} | {:.1} | {:.1} |\n",
+        let _ = writeln!(
+            s,
+            "| {:?} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} | {:.3} ({}) | {:.3} | {:.1} | {:.0} / {:.0} / {:.0} | {:.1} | {:.1} |",
             a.arm,
             a.hit_rate,
             a.hit_rate_gpu,
@@ -238,7 +241,7 @@ pub fn table(arms: &[ArmSummary]) -> String {
             a.ttft_model_ms.p99,
             a.throughput_model_rps,
             a.wall_s,
-        ));
+        );
     }
     s
 }

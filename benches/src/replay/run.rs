@@ -79,13 +79,16 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
         if a.deterministic {
             "deterministic (one request at a time)".to_owned()
         } else {
-            format!("speedup {}x, {} in flight per engine", a.speedup, a.in_flight)
+            format!(
+                "speedup {}x, {} in flight per engine",
+                a.speedup, a.in_flight
+            )
         }
     );
     println!(
         "scale: a 512-token block is one {}-byte kvnode page (the cost model's engine: {} MiB); hit rates and bytes are counted from the daemons' answers; TTFT and req/s are a MODEL",
         setup.block_bytes,
-        cost.kv_bytes_per_token * 512.0 / (1 << 20) as f64
+        cost.kv_bytes_per_token * 512.0 / f64::from(1 << 20)
     );
     let mut arms: Vec<ArmSummary> = Vec::new();
     for &arm in &a.arm {
@@ -132,7 +135,8 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
             setup.placement,
             a.policy
         );
-        std::fs::write(p, svg::render(&title, &arms)).with_context(|| format!("{}", p.display()))?;
+        std::fs::write(p, svg::render(&title, &arms))
+            .with_context(|| format!("{}", p.display()))?;
     }
     Ok(())
 }

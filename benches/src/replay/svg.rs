@@ -61,7 +61,10 @@ pub fn render(title: &str, arms: &[ArmSummary]) -> String {
             x += v * BAR;
         }
         text(&mut s, x + 4.0, y + 14.0, &format!("{:.3}", a.hit_rate));
-        for (v, c) in [(a.offline.ceiling, "#000"), (a.offline.belady_hit_rate, "#d62728")] {
+        for (v, c) in [
+            (a.offline.ceiling, "#000"),
+            (a.offline.belady_hit_rate, "#d62728"),
+        ] {
             let lx = LEFT + v * BAR;
             let _ = writeln!(
                 s,
@@ -91,10 +94,7 @@ fn ttft(s: &mut String, top: f64, arms: &[ArmSummary]) {
         top + 16.0,
         &[("p50", "#1f77b4"), ("p90", "#ff7f0e"), ("p99", "#d62728")],
     );
-    let max = arms
-        .iter()
-        .map(|a| a.ttft_model_ms.p99)
-        .fold(1.0, f64::max);
+    let max = arms.iter().map(|a| a.ttft_model_ms.p99).fold(1.0, f64::max);
     for (i, a) in arms.iter().enumerate() {
         let y = top + 30.0 + i as f64 * 44.0;
         text(s, 10.0, y + 20.0, &format!("{:?}", a.arm));
