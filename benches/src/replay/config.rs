@@ -88,6 +88,13 @@ pub struct ReplayArgs {
     /// pure function of the trace and the flags (CI checks it against the offline model).
     #[arg(long)]
     pub deterministic: bool,
+    /// Run the offline model of the deterministic replay instead of daemons (model.rs: the
+    /// daemon's policy and its get/put/pull semantics; CI checks it equals the daemons).
+    #[arg(long)]
+    pub model: bool,
+    /// With `--model`: a what-if where daemons also announce the blocks they pull.
+    #[arg(long, requires = "model")]
+    pub model_announces_pulled: bool,
     /// Write the SVG chart here.
     #[arg(long)]
     pub svg: Option<PathBuf>,

@@ -84,6 +84,7 @@ pub struct Model {
     gpus: Vec<GpuCache>,
     drams: Vec<Dram>,
     index: Index,
+    announce_pulled: bool,
 }
 
 impl Model {
@@ -98,6 +99,7 @@ impl Model {
                 .collect(),
             drams: (0..n).map(|_| Dram::new(setup, blocks)).collect(),
             index: Index::default(),
+            announce_pulled: false,
         }
     }
 
@@ -152,7 +154,7 @@ impl Model {
             self.drams[src].touch(b);
         }
         for &b in &got {
-            self.drams[c].insert((c, &mut self.index), b, false);
+            self.drams[c].insert((c, &mut self.index), b, self.announce_pulled);
         }
         got
     }
@@ -161,7 +163,19 @@ impl Model {
 /// Runs the model of a deterministic replay of `trace` in `arm`: per request, its engine and
 /// where its blocks came from.
 pub fn run(setup: &Setup, arm: Arm, trace: &[Request]) -> Vec<(usize, Served)> {
+    run_what_if(setup, arm, trace, false)
+}
+
+/// [`run`], and with `announce_pulled` a daemon that also announced the blocks it pulled
+/// (a what-if: today's daemon does not).
+pub fn run_what_if(
+    setup: &Setup,
+    arm: Arm,
+    trace: &[Request],
+    announce_pulled: bool,
+) -> Vec<(usize, Served)> {
     let mut m = Model::new(setup, arm);
+    m.announce_pulled = announce_pulled;
     let cache_of = (0..setup.engines())
         .map(|e| setup.cache_of(arm, e))
         .collect();

@@ -33,6 +33,18 @@ pub fn replay_arm(
     arm: Arm,
     trace: &[Request],
 ) -> anyhow::Result<(Vec<Record>, DaemonCounters, f64)> {
+    if a.model {
+        let t = Instant::now();
+        let recs = super::model::run_what_if(setup, arm, trace, a.model_announces_pulled)
+            .into_iter()
+            .map(|(engine, served)| Record {
+                engine,
+                served,
+                timing: super::engine::Timing::default(),
+            })
+            .collect();
+        return Ok((recs, DaemonCounters::default(), t.elapsed().as_secs_f64()));
+    }
     let daemons = fleet::start(setup, arm, &a.policy)?;
     let endpoints: Vec<String> = daemons.iter().map(|d| d.events.clone()).collect();
     let subs = events::start(&endpoints)?;
@@ -76,7 +88,9 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
         setup.gpu_blocks,
         a.policy,
         setup.placement,
-        if a.deterministic {
+        if a.model {
+            "MODEL of the deterministic replay (no daemons)".to_owned()
+        } else if a.deterministic {
             "deterministic (one request at a time)".to_owned()
         } else {
             format!(
