@@ -41,6 +41,9 @@ pub enum BenchCmd {
     /// Offline hit rates of the eviction policies on a trace, next to Belady's MIN and the
     /// infinite-cache ceiling (no daemon; docs/eviction.md).
     Evict(crate::evict::EvictArgs),
+    /// A production trace (Mooncake format) through daemons it starts: hit rates by tier
+    /// against Belady's MIN and the ceiling, for engine-private, node-shared and pulling arms.
+    Replay(crate::replay::ReplayArgs),
 }
 
 #[derive(Debug, Args)]

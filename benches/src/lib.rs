@@ -12,6 +12,8 @@
 //!   into a client region, streamed against staged ([`deliver`]).
 //! - [`backpressure`]: puts offered at twice the disk's rate through a small DRAM tier, vs fio.
 //! - [`evict`]: offline hit rates of the eviction policies on a trace vs Belady's MIN.
+//! - [`replay`]: a production trace through daemons it starts, against Belady's MIN and the
+//!   infinite-cache ceiling (docs/replay.md).
 //! - [`restart`]: first hit after a takeover, a SIGKILL or a SIGTERM restart, vs the time to
 //!   spawn the binary.
 
@@ -43,5 +45,6 @@ pub fn run(cmd: &BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Restart(a) => restart::run(a),
         BenchCmd::Backpressure(a) => backpressure::run(a),
         BenchCmd::Evict(a) => evict::run(a),
+        BenchCmd::Replay(a) => replay::run(a),
     }
 }

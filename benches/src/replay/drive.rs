@@ -1,0 +1,191 @@
+//! Drives the live replay of one arm: engines as threads with bounded requests in flight,
+//! requests released at the trace's timestamps (sped up) and placed by the router over the
+//! KV-event index; or, deterministic, one request at a time with the router's view synced to
+//! every daemon's published events before each placement.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kvnode_client::Client;
+
+use super::config::{Arm, Setup};
+use super::engine::{Engine, Hint, Served, Timing};
+use super::events::{Subscribers, View};
+use super::fleet::Daemon;
+use super::router::Router;
+use super::trace::Request;
+
+/// What happened to one request.
+#[derive(Clone, Copy, Debug)]
+pub struct Record {
+    /// Engine that served it.
+    pub engine: usize,
+    /// Where its blocks came from.
+    pub served: Served,
+    /// Wall time of its daemon calls.
+    pub timing: Timing,
+}
+
+/// The live fleet of one arm.
+#[derive(Debug)]
+pub struct Live<'a> {
+    /// Setup.
+    pub setup: &'a Setup,
+    /// Arm.
+    pub arm: Arm,
+    /// Its daemons.
+    pub daemons: &'a [Daemon],
+    /// The router's view.
+    pub subs: &'a Subscribers,
+}
+
+impl Live<'_> {
+    fn engine(&self, e: usize) -> anyhow::Result<Engine> {
+        let sock = self
+            .setup
+            .cache_of(self.arm, e)
+            .map(|c| self.daemons[c].sock.as_path());
+        Engine::new(self.setup.gpu_blocks, sock, self.setup.block_bytes)
+    }
+
+    fn router(&self) -> Router {
+        let cache_of = (0..self.setup.engines())
+            .map(|e| self.setup.cache_of(self.arm, e))
+            .collect();
+        Router::new(self.setup, cache_of, self.arm == Arm::Pulls)
+    }
+
+    fn hint(&self, source: Option<(usize, usize)>) -> Option<Hint> {
+        source.and_then(|(c, blocks)| {
+            self.daemons[c]
+                .peer
+                .clone()
+                .map(|endpoint| Hint { endpoint, blocks })
+        })
+    }
+
+    /// One request at a time, in trace order; before each placement the router's view has
+    /// every event each daemon published.
+    pub fn deterministic(&self, trace: &[Request]) -> anyhow::Result<Vec<Record>> {
+        let mut engines: Vec<Engine> = (0..self.setup.engines())
+            .map(|e| self.engine(e))
+            .collect::<anyhow::Result<_>>()?;
+        let mut admin: Vec<Client> = self
+            .daemons
+            .iter()
+            .map(|d| Client::connect(&d.sock))
+            .collect::<Result<_, _>>()?;
+        let mut router = self.router();
+        let idle = vec![0; engines.len()];
+        let mut out = Vec::with_capacity(trace.len());
+        for r in trace {
+            sync(&mut admin, &self.subs.view)?;
+            let d = {
+                let ix = self.subs.view.index.lock().expect("index lock");
+                router.place(&r.blocks, &ix, &idle)
+            };
+            let hint = self.hint(d.source);
+            let (served, timing) = engines[d.engine].serve(r, hint.as_ref())?;
+            out.push(Record {
+                engine: d.engine,
+                served,
+                timing,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The trace's timestamps divided by `speedup`, at most `in_flight` requests per engine.
+    pub fn timed(
+        &self,
+        trace: &[Request],
+        speedup: f64,
+        in_flight: usize,
+    ) -> anyhow::Result<Vec<Record>> {
+        let n = self.setup.engines();
+        let load: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
+        let (done_tx, done_rx) = mpsc::channel::<anyhow::Result<(usize, Record)>>();
+        let mut senders = Vec::with_capacity(n);
+        let mut threads = Vec::with_capacity(n);
+        for e in 0..n {
+            let (tx, rx) = mpsc::channel::<(usize, Request, Option<Hint>)>();
+            senders.push(tx);
+            let mut engine = self.engine(e)?;
+            let (done, load) = (done_tx.clone(), Arc::clone(&load));
+            threads.push(std::thread::spawn(move || {
+                for (i, r, hint) in rx {
+                    let res = engine.serve(&r, hint.as_ref()).map(|(served, timing)| {
+                        let rec = Record {
+                            engine: e,
+                            served,
+                            timing,
+                        };
+                        (i, rec)
+                    });
+                    load[e].fetch_sub(1, Ordering::Relaxed);
+                    let failed = res.is_err();
+                    let _ = done.send(res);
+                    if failed {
+                        return;
+                    }
+                }
+            }));
+        }
+        drop(done_tx);
+        let mut router = self.router();
+        let t0 = Instant::now();
+        for (i, r) in trace.iter().enumerate() {
+            let due = Duration::from_secs_f64(r.at_ms as f64 / 1e3 / speedup);
+            if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                std::thread::sleep(wait);
+            }
+            let now: Vec<usize> = load.iter().map(|l| l.load(Ordering::Relaxed)).collect();
+            let d = {
+                let ix = self.subs.view.index.lock().expect("index lock");
+                router.place(&r.blocks, &ix, &now)
+            };
+            while load[d.engine].load(Ordering::Relaxed) >= in_flight.max(1) {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            load[d.engine].fetch_add(1, Ordering::Relaxed);
+            senders[d.engine]
+                .send((i, r.clone(), self.hint(d.source)))
+                .context("an engine stopped")?;
+        }
+        drop(senders);
+        let mut out: Vec<Option<Record>> = vec![None; trace.len()];
+        for res in done_rx {
+            let (i, rec) = res?;
+            out[i] = Some(rec);
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+        out.into_iter()
+            .map(|r| r.context("a request was not served"))
+            .collect()
+    }
+}
+
+/// Waits until the subscribers have every event each daemon has published (none queued).
+fn sync(admin: &mut [Client], view: &View) -> anyhow::Result<()> {
+    let t = Instant::now();
+    for (c, a) in admin.iter_mut().enumerate() {
+        loop {
+            let ev = a.stats()?.events.unwrap_or_default();
+            if ev.queued_bytes == 0 && view.seen[c].load(Ordering::Relaxed) >= ev.published {
+                break;
+            }
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(10),
+                "the router's subscriber missed KV events of daemon {c}: {} seen, {} published",
+                view.seen[c].load(Ordering::Relaxed),
+                ev.published
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! One engine rank of the live replay: its GPU prefix cache, and a client of its cache's
+//! daemon. A request is served as an engine with a KV connector serves it: the leading blocks
+//! in GPU memory, then one get of the rest from the daemon (with the router's hint, the
+//! daemon first pulls what the hinted node holds and it lacks), every block read back checked
+//! against its id, the rest recomputed and offloaded after the prefill.
+
+use std::time::Instant;
+
+use anyhow::{Context, ensure};
+use kvnode_client::Client;
+use kvnode_proto::client::PutStatus;
+use kvnode_proto::pull::KeyOutcome;
+use kvnode_proto::{Key, NamespaceSpec};
+
+use super::blocks::{self, GpuCache, PAGE_TOKENS};
+use super::trace::Request;
+
+/// Where each block of one request came from (blocks; exact, from the daemon's answers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Served {
+    /// Blocks the request references.
+    pub refs: u64,
+    /// Leading blocks found in the engine's GPU cache.
+    pub gpu: u64,
+    /// Next leading blocks the engine's daemon held.
+    pub dram: u64,
+    /// Next leading blocks the daemon pulled from the hinted peer.
+    pub peer: u64,
+    /// Blocks recomputed.
+    pub computed: u64,
+    /// Recomputed blocks the daemon stored on offload (the rest it held already).
+    pub stored: u64,
+}
+
+/// Wall time of the daemon calls of one request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timing {
+    /// Seconds in the get (and its pull, if hinted).
+    pub get_s: f64,
+    /// Whether the get pulled.
+    pub pulled: bool,
+    /// Seconds in the offload puts.
+    pub put_s: f64,
+}
+
+/// A `kv.fetch` hint: the peer's endpoint and the leading blocks the router thinks it holds.
+#[derive(Clone, Debug)]
+pub struct Hint {
+    /// `tcp://host:port` of the peer daemon.
+    pub endpoint: String,
+    /// Leading blocks of the request it holds.
+    pub blocks: usize,
+}
+
+/// The namespace every engine and daemon of the replay uses.
+pub fn spec(block: u64) -> NamespaceSpec {
+    NamespaceSpec {
+        model: "kvnode-replay".into(),
+        page_size: PAGE_TOKENS,
+        segments: vec![block],
+        ..NamespaceSpec::default()
+    }
+}
+
+/// An engine rank.
+#[derive(Debug)]
+pub struct Engine {
+    /// GPU prefix cache.
+    pub gpu: GpuCache,
+    conn: Option<(Client, u32)>,
+    block: usize,
+}
+
+impl Engine {
+    /// An engine with `gpu_blocks` of GPU cache, a client of the daemon at `sock` if any.
+    pub fn new(
+        gpu_blocks: usize,
+        sock: Option<&std::path::Path>,
+        block: u64,
+    ) -> anyhow::Result<Self> {
+        let conn = sock
+            .map(|s| -> anyhow::Result<(Client, u32)> {
+                let mut c = Client::connect(s).context("engine connecting to its daemon")?;
+                let ns = c.register(&spec(block))?.ns;
+                Ok((c, ns))
+            })
+            .transpose()?;
+        Ok(Self {
+            gpu: GpuCache::new(gpu_blocks),
+            conn,
+            block: block as usize,
+        })
+    }
+
+    /// Serves `r`.
+    pub fn serve(&mut self, r: &Request, hint: Option<&Hint>) -> anyhow::Result<(Served, Timing)> {
+        let g = self.gpu.leading(&r.blocks);
+        let mut s = Served {
+            refs: r.blocks.len() as u64,
+            gpu: g as u64,
+            ..Served::default()
+        };
+        let mut t = Timing::default();
+        let rest = &r.blocks[g..];
+        if let Some((c, ns)) = self.conn.as_mut()
+            && !rest.is_empty()
+        {
+            let keys: Vec<Key> = rest.iter().map(|&b| blocks::key(b)).collect();
+            let hint = hint
+                .filter(|h| h.blocks > g)
+                .map(|h| hint_json(h, &r.blocks));
+            let t0 = Instant::now();
+            let lead = get(c, *ns, (&keys, rest), hint.as_deref(), &mut s, self.block)?;
+            t.get_s = t0.elapsed().as_secs_f64();
+            t.pulled = hint.is_some();
+            let t1 = Instant::now();
+            s.stored = offload(c, *ns, &r.blocks, g + lead, self.block)?;
+            t.put_s = t1.elapsed().as_secs_f64();
+        }
+        s.computed = s.refs - s.gpu - s.dram - s.peer;
+        self.gpu.admit(&r.blocks);
+        Ok((s, t))
+    }
+}
+
+fn hint_json(h: &Hint, blocks: &[u64]) -> String {
+    serde_json::json!({
+        "source_control_endpoint": h.endpoint,
+        "block_hashes": &blocks[..h.blocks],
+    })
+    .to_string()
+}
+
+/// The get: counts the leading run by source and checks every block's bytes; returns the
+/// leading run's length.
+fn get(
+    c: &mut Client,
+    ns: u32,
+    (keys, ids): (&[Key], &[u64]),
+    hint: Option<&str>,
+    s: &mut Served,
+    block: usize,
+) -> anyhow::Result<usize> {
+    let (lease, op) = c.get_lease_hinted(ns, keys, hint, Some(30_000))?;
+    let lead = lease.leading_hits();
+    for (i, e) in lease.extents.iter().enumerate() {
+        let Some(e) = e else { continue };
+        let want = blocks::content(ids[i], block);
+        ensure!(
+            c.arena().read(*e) == want.as_slice(),
+            "block {} read back from the daemon differs from what was stored",
+            ids[i]
+        );
+    }
+    for i in 0..lead {
+        let pulled = op
+            .as_ref()
+            .is_some_and(|o| o.results.get(i) == Some(&KeyOutcome::Pulled));
+        if pulled {
+            s.peer += 1;
+        } else {
+            s.dram += 1;
+        }
+    }
+    if lease.id != 0 {
+        c.release(lease.id)?;
+    }
+    Ok(lead)
+}
+
+/// Offloads `blocks[from..]` (recomputed) with their router metadata; returns how many the
+/// daemon stored (the others it held already).
+fn offload(
+    c: &mut Client,
+    ns: u32,
+    blocks: &[u64],
+    from: usize,
+    block: usize,
+) -> anyhow::Result<u64> {
+    let mut stored = 0;
+    let ids: Vec<usize> = (from..blocks.len()).collect();
+    for part in ids.chunks(64) {
+        let keys: Vec<Key> = part.iter().map(|&i| blocks::key(blocks[i])).collect();
+        let bytes: Vec<Vec<u8>> = part
+            .iter()
+            .map(|&i| blocks::content(blocks[i], block))
+            .collect();
+        let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        let meta = part
+            .iter()
+            .map(|&i| Some(blocks::meta(blocks[i], i.checked_sub(1).map(|p| blocks[p]))))
+            .collect();
+        for st in c.put_with_meta(ns, &keys, &refs, meta)? {
+            match st {
+                PutStatus::Stored => stored += 1,
+                PutStatus::Exists => {}
+                other => anyhow::bail!("offload refused: {other:?}"),
+            }
+        }
+    }
+    Ok(stored)
+}

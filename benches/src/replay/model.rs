@@ -1,0 +1,191 @@
+//! The offline model of a deterministic replay: the same trace, router, GPU caches and
+//! placement, with each daemon's DRAM tier replaced by the daemon's own eviction policy over
+//! a set of slots, doing what the daemon does on each call of the replay:
+//!
+//! - a get leases (and so touches) every key it holds, in key order;
+//! - with a hint, it first pulls the covered keys it lacks: the source leases (touches) them,
+//!   the destination stores them unannounced (no KV event; pulled blocks carry no tokens);
+//! - a put stores each key it lacks (evicting the policy's victim when full, which announces
+//!   the victim's removal if it was announced) and leaves keys it holds untouched.
+//!
+//! CI replays a slice against real daemons and checks their counts equal this model's.
+
+use std::collections::HashMap;
+
+use kvnode_engine::policy::{EvictionPolicy, Policy, SlotId};
+
+use super::blocks::GpuCache;
+use super::config::{Arm, Setup};
+use super::engine::Served;
+use super::router::{Index, Router};
+use super::trace::Request;
+
+/// One daemon's DRAM tier, modelled.
+#[derive(Debug)]
+struct Dram {
+    policy: Policy,
+    slot: HashMap<u64, (SlotId, bool)>,
+    block_of: HashMap<SlotId, u64>,
+    free: Vec<SlotId>,
+}
+
+impl Dram {
+    fn new(setup: &Setup, blocks: usize) -> Self {
+        Self {
+            policy: Policy::new(setup.policy),
+            slot: HashMap::new(),
+            block_of: HashMap::new(),
+            free: (0..blocks as SlotId).rev().collect(),
+        }
+    }
+
+    fn holds(&self, b: u64) -> bool {
+        self.slot.contains_key(&b)
+    }
+
+    fn touch(&mut self, b: u64) {
+        if let Some(&(s, _)) = self.slot.get(&b) {
+            self.policy.touch(s);
+        }
+    }
+
+    /// Stores `b` unless held; returns whether it stored it.
+    fn insert(&mut self, (c, ix): (usize, &mut Index), b: u64, announced: bool) -> bool {
+        if self.holds(b) {
+            return false;
+        }
+        let s = if let Some(s) = self.free.pop() {
+            s
+        } else {
+            let Some(v) = self.policy.victim(&mut |_| true) else {
+                return false;
+            };
+            let old = self.block_of.remove(&v).expect("victim holds a block");
+            if let Some((_, true)) = self.slot.remove(&old) {
+                ix.removed(c, old);
+            }
+            v
+        };
+        self.policy.insert(s, b);
+        self.slot.insert(b, (s, announced));
+        self.block_of.insert(s, b);
+        if announced {
+            ix.stored(c, b);
+        }
+        true
+    }
+}
+
+/// The model of one arm.
+#[derive(Debug)]
+pub struct Model {
+    setup: Setup,
+    arm: Arm,
+    gpus: Vec<GpuCache>,
+    drams: Vec<Dram>,
+    index: Index,
+    announce_pulled: bool,
+}
+
+impl Model {
+    /// A fresh fleet of `arm`.
+    pub fn new(setup: &Setup, arm: Arm) -> Self {
+        let (n, blocks) = setup.caches(arm);
+        Self {
+            setup: setup.clone(),
+            arm,
+            gpus: (0..setup.engines())
+                .map(|_| GpuCache::new(setup.gpu_blocks))
+                .collect(),
+            drams: (0..n).map(|_| Dram::new(setup, blocks)).collect(),
+            index: Index::default(),
+            announce_pulled: false,
+        }
+    }
+
+    /// The router's view (exact here: what every daemon announced).
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Serves `r` on `engine`, with a hint to `source` covering its leading blocks.
+    pub fn serve(&mut self, engine: usize, r: &Request, source: Option<(usize, usize)>) -> Served {
+        let g = self.gpus[engine].leading(&r.blocks);
+        let mut s = Served {
+            refs: r.blocks.len() as u64,
+            gpu: g as u64,
+            ..Served::default()
+        };
+        let rest = &r.blocks[g..];
+        if let Some(c) = self.setup.cache_of(self.arm, engine)
+            && !rest.is_empty()
+        {
+            let covered = source.map_or(0, |(_, n)| n.saturating_sub(g));
+            let pulled = self.pull(c, source.map(|(b, _)| b), &rest[..covered]);
+            let d = &mut self.drams[c];
+            for &b in rest {
+                d.touch(b);
+            }
+            let lead = rest.iter().take_while(|&&b| d.holds(b)).count();
+            s.peer = rest[..lead].iter().filter(|b| pulled.contains(b)).count() as u64;
+            s.dram = lead as u64 - s.peer;
+            for &b in &rest[lead..] {
+                s.stored += u64::from(d.insert((c, &mut self.index), b, true));
+            }
+        }
+        s.computed = s.refs - s.gpu - s.dram - s.peer;
+        self.gpus[engine].admit(&r.blocks);
+        s
+    }
+
+    /// The hinted pull into cache `c` from `src`: returns the blocks pulled.
+    fn pull(&mut self, c: usize, src: Option<usize>, covered: &[u64]) -> Vec<u64> {
+        let Some(src) = src else { return Vec::new() };
+        let want: Vec<u64> = covered
+            .iter()
+            .copied()
+            .filter(|&b| !self.drams[c].holds(b))
+            .collect();
+        let got: Vec<u64> = want
+            .into_iter()
+            .filter(|&b| self.drams[src].holds(b))
+            .collect();
+        for &b in &got {
+            self.drams[src].touch(b);
+        }
+        for &b in &got {
+            self.drams[c].insert((c, &mut self.index), b, self.announce_pulled);
+        }
+        got
+    }
+}
+
+/// Runs the model of a deterministic replay of `trace` in `arm`: per request, its engine and
+/// where its blocks came from.
+pub fn run(setup: &Setup, arm: Arm, trace: &[Request]) -> Vec<(usize, Served)> {
+    run_what_if(setup, arm, trace, false)
+}
+
+/// [`run`], and with `announce_pulled` a daemon that also announced the blocks it pulled
+/// (a what-if: today's daemon does not).
+pub fn run_what_if(
+    setup: &Setup,
+    arm: Arm,
+    trace: &[Request],
+    announce_pulled: bool,
+) -> Vec<(usize, Served)> {
+    let mut m = Model::new(setup, arm);
+    m.announce_pulled = announce_pulled;
+    let cache_of = (0..setup.engines())
+        .map(|e| setup.cache_of(arm, e))
+        .collect();
+    let mut router = Router::new(setup, cache_of, arm == Arm::Pulls);
+    let idle = vec![0; setup.engines()];
+    trace
+        .iter()
+        .map(|r| {
+            let d = router.place(&r.blocks, m.index(), &idle);
+            (d.engine, m.serve(d.engine, r, d.source))
+        })
+        .collect()
+}
