@@ -168,24 +168,22 @@ mod tests {
             let path = dir.as_ref()?.join(format!("{name}_trace.jsonl"));
             trace::load(&path, None).ok()
         };
-        match (load("conversation"), load("synthetic")) {
-            (Some(c), Some(s)) => Some(vec![("conversation", c), ("synthetic", s)]),
-            _ => {
-                let allowed = std::env::var("KVNODE_TEST_ALLOW_SKIP").unwrap_or_default();
-                assert!(
-                    allowed
-                        .split(',')
-                        .any(|w| w.trim() == "traces" || w.trim() == "all"),
-                    "the Mooncake traces are missing: put them in ../shared/traces/mooncake_fast25 \
-                     beside the repository or point KVNODE_TRACES at a copy (see \
-                     ../shared/traces/README.md), or set KVNODE_TEST_ALLOW_SKIP=traces to skip on purpose"
-                );
-                eprintln!(
-                    "\n!!!!! SKIPPING (KVNODE_TEST_ALLOW_SKIP={allowed}): no Mooncake traces !!!!!\n"
-                );
-                None
-            }
+        if let (Some(c), Some(s)) = (load("conversation"), load("synthetic")) {
+            return Some(vec![("conversation", c), ("synthetic", s)]);
         }
+        let allowed = std::env::var("KVNODE_TEST_ALLOW_SKIP").unwrap_or_default();
+        assert!(
+            allowed
+                .split(',')
+                .any(|w| w.trim() == "traces" || w.trim() == "all"),
+            "the Mooncake traces are missing: put them in ../shared/traces/mooncake_fast25 \
+             beside the repository or point KVNODE_TRACES at a copy (see \
+             ../shared/traces/README.md), or set KVNODE_TEST_ALLOW_SKIP=traces to skip on purpose"
+        );
+        eprintln!(
+            "\n!!!!! SKIPPING (KVNODE_TEST_ALLOW_SKIP={allowed}): no Mooncake traces !!!!!\n"
+        );
+        None
     }
 
     /// The issue's capacities and a few more, per trace.

@@ -43,6 +43,10 @@ pub enum Placement {
 
 /// `kvnode bench replay` flags.
 #[derive(Debug, Args, Clone)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent command-line switches, not a state machine"
+)]
 pub struct ReplayArgs {
     /// Trace in Mooncake's format (one JSON request a line; ../shared/traces/README.md).
     #[arg(long)]

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use kvnode_engine::policy::{EvictionPolicy, Policy, SlotId};
+use kvnode_engine::policy::{BatchHint, EvictionPolicy, Policy, SlotId};
 
 use super::blocks::GpuCache;
 use super::config::{Arm, Setup};
@@ -43,14 +43,20 @@ impl Dram {
         self.slot.contains_key(&b)
     }
 
-    fn touch(&mut self, b: u64) {
+    /// Reads `b` if held; `hint` is its place in the daemon's batch.
+    fn touch(&mut self, b: u64, hint: BatchHint) {
         if let Some(&(s, _)) = self.slot.get(&b) {
-            self.policy.touch(s);
+            self.policy.touch(s, hint);
         }
     }
 
-    /// Stores `b` unless held; returns whether it stored it.
-    fn insert(&mut self, (c, ix): (usize, &mut Index), b: u64, announced: bool) -> bool {
+    /// Stores `b` unless held (`hint`: its place in the put); returns whether it stored it.
+    fn insert(
+        &mut self,
+        (c, ix): (usize, &mut Index),
+        (b, hint): (u64, BatchHint),
+        announced: bool,
+    ) -> bool {
         if self.holds(b) {
             return false;
         }
@@ -66,7 +72,7 @@ impl Dram {
             }
             v
         };
-        self.policy.insert(s, b);
+        self.policy.insert(s, b, hint);
         self.slot.insert(b, (s, announced));
         self.block_of.insert(s, b);
         if announced {
@@ -123,14 +129,16 @@ impl Model {
             let covered = source.map_or(0, |(_, n)| n.saturating_sub(g));
             let pulled = self.pull(c, source.map(|(b, _)| b), &rest[..covered]);
             let d = &mut self.drams[c];
-            for &b in rest {
-                d.touch(b);
+            for (i, &b) in rest.iter().enumerate() {
+                d.touch(b, BatchHint::at(i, rest.len()));
             }
             let lead = rest.iter().take_while(|&&b| d.holds(b)).count();
             s.peer = rest[..lead].iter().filter(|b| pulled.contains(b)).count() as u64;
             s.dram = lead as u64 - s.peer;
-            for &b in &rest[lead..] {
-                s.stored += u64::from(d.insert((c, &mut self.index), b, true));
+            let put = &rest[lead..];
+            for (j, &b) in put.iter().enumerate() {
+                let hint = BatchHint::at(j, put.len());
+                s.stored += u64::from(d.insert((c, &mut self.index), (b, hint), true));
             }
         }
         s.computed = s.refs - s.gpu - s.dram - s.peer;
@@ -150,11 +158,12 @@ impl Model {
             .into_iter()
             .filter(|&b| self.drams[src].holds(b))
             .collect();
-        for &b in &got {
-            self.drams[src].touch(b);
+        for (i, &b) in got.iter().enumerate() {
+            self.drams[src].touch(b, BatchHint::at(i, got.len()));
         }
-        for &b in &got {
-            self.drams[c].insert((c, &mut self.index), b, self.announce_pulled);
+        for (i, &b) in got.iter().enumerate() {
+            let hint = BatchHint::at(i, got.len());
+            self.drams[c].insert((c, &mut self.index), (b, hint), self.announce_pulled);
         }
         got
     }

@@ -87,10 +87,10 @@ pub fn belady(trace: &[Request], capacity: usize) -> Outcome {
             }
             order.insert((next[pos], *b));
             pos += 1;
-            if due.len() > capacity {
-                if let Some((_, victim)) = order.pop_last() {
-                    due.remove(&victim);
-                }
+            if due.len() > capacity
+                && let Some((_, victim)) = order.pop_last()
+            {
+                due.remove(&victim);
             }
         }
     }
@@ -170,8 +170,8 @@ mod tests {
         let mut x = 7u64;
         for i in 0..400u64 {
             x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
             let stem = (x >> 60) % 5;
             t.push(req(&[
                 1000 + stem,

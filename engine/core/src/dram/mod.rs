@@ -268,7 +268,7 @@ impl DramTier {
     ) -> Option<Leased> {
         self.with(|s| {
             (s.commit(owner, r, meta, on_lower) == CommitStatus::Committed)
-                .then(|| s.lease_slot(r.ns, r.slot))
+                .then(|| s.lease_slot(r.ns, r.slot, r.hint))
         })
     }
 

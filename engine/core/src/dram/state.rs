@@ -522,8 +522,9 @@ impl State {
         Ok(out)
     }
 
-    /// Leases the block just committed in `slot` (counted as a hit, as a lookup would be).
-    pub fn lease_slot(&mut self, ns: u32, slot: SlotId) -> Leased {
+    /// Leases the block just committed in `slot` (counted as a hit, as a lookup would be;
+    /// `hint` is its place in the batch that reserved it).
+    pub fn lease_slot(&mut self, ns: u32, slot: SlotId, hint: BatchHint) -> Leased {
         let offset = self.offset(slot);
         let c = self.class_of(slot) as usize;
         let Slot::Block(r) = self.slot_mut(slot) else {
@@ -532,7 +533,7 @@ impl State {
         r.leases += 1;
         r.reads = r.reads.saturating_add(1);
         let (len, fingerprint) = (r.len, r.fingerprint);
-        self.pools[c].policy.touch(slot);
+        self.pools[c].policy.touch(slot, hint);
         self.totals.hits += 1;
         self.totals.leases += 1;
         self.namespaces[ns as usize].stats.hits += 1;
