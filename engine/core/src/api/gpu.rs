@@ -252,6 +252,7 @@ impl Session {
                 hint,
                 into: Vec::new(),
                 deadline_ms: m.deadline_ms,
+                hand_leases: true,
             })
             .await;
         Ok(gpu_pulled::start(

@@ -137,7 +137,8 @@ impl Stream {
             };
             let Some(run) = run else { break };
             self.retire_completed().await;
-            if !self.submit(run).await {
+            let handed = arrivals.op().take_leases(run.clone());
+            if !self.submit(run, handed).await {
                 break;
             }
         }
@@ -184,27 +185,21 @@ impl Stream {
         self.cancels.iter().for_each(Canceller::cancel);
     }
 
-    /// Leases the run's keys and submits their copies. When DRAM cannot lease all of them
-    /// at once (promotions past the hold limit, or no room), the copies in flight are waited
+    /// Leases the run's keys and submits their copies. `handed[k]` is key `run.start + k`'s
+    /// lease from its pull's commit, where the op kept one (a pulled page is then not looked
+    /// up again); the rest (local hits) are held here. When DRAM cannot lease all of them at
+    /// once (promotions past the hold limit, or no room), the copies in flight are waited
     /// for, their leases released, and the rest leased again. False: stop (a key vanished
     /// before its lease, no room even with nothing in flight, or a copy failed; the keys
     /// from there on stay `Miss`).
-    async fn submit(&mut self, run: Range<usize>) -> bool {
+    async fn submit(&mut self, run: Range<usize>, mut handed: Vec<Option<Lease>>) -> bool {
         let mut at = run.start;
         while at < run.end {
-            let got = match self
-                .store
-                .hold(self.ns, &self.keys[at..run.end], false)
-                .await
-            {
-                Ok(g) => g,
-                Err(e) => {
-                    tracing::warn!(error = %e, "leasing pulled pages for an onload failed");
-                    return false;
-                }
+            let Some((upto, leases)) = self.lease(at..run.end, &mut handed[at - run.start..]).await
+            else {
+                return false;
             };
-            let upto = got.short.map_or(run.end, |s| at + s);
-            let (whole, copied) = self.copy_leased(at..upto, got.leases);
+            let (whole, copied) = self.copy_leased(at..upto, leases);
             if !copied || !whole {
                 return false;
             }
@@ -220,6 +215,42 @@ impl Stream {
             at = upto;
         }
         true
+    }
+
+    /// The leases of keys `range` in prefix order: those in `handed` (taken), the others
+    /// held now. Returns where they end (short of `range.end` when DRAM had no room) and the
+    /// leases up to there; `None` when the store refused.
+    async fn lease(
+        &self,
+        range: Range<usize>,
+        handed: &mut [Option<Lease>],
+    ) -> Option<(usize, Vec<Option<Lease>>)> {
+        let missing: Vec<usize> = range
+            .clone()
+            .filter(|&i| handed[i - range.start].is_none())
+            .collect();
+        let (mut held, mut upto) = (Vec::new(), range.end);
+        if !missing.is_empty() {
+            let keys: Vec<Key> = missing.iter().map(|&i| self.keys[i]).collect();
+            match self.store.hold(self.ns, &keys, false).await {
+                Ok(g) => {
+                    upto = g.short.map_or(range.end, |s| missing[s]);
+                    held = g.leases;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "leasing pulled pages for an onload failed");
+                    return None;
+                }
+            }
+        }
+        let mut held = held.into_iter();
+        let leases = (range.start..upto)
+            .map(|i| match handed[i - range.start].take() {
+                Some(l) => Some(l),
+                None => held.next().flatten(),
+            })
+            .collect();
+        Some((upto, leases))
     }
 
     /// Submits the copies of the leased keys `keys`. Returns (every key was leased, the

@@ -41,6 +41,7 @@ impl Session {
             hint,
             into: Vec::new(),
             deadline_ms: None,
+            hand_leases: false,
         }
     }
 
@@ -57,6 +58,7 @@ impl Session {
         let (op, inline) = peers
             .start_get(PullRequest {
                 deadline_ms,
+                hand_leases: false,
                 ..self.request(ns, keys, hint)
             })
             .await;
@@ -137,6 +139,7 @@ impl Session {
             .start(PullRequest {
                 into: owned,
                 deadline_ms,
+                hand_leases: false,
                 ..self.request(ns, keys, hint)
             })
             .await;

@@ -234,6 +234,7 @@ impl Session {
                 hint,
                 into: Vec::new(),
                 deadline_ms,
+                hand_leases: false,
             })
             .await;
         let op = ListedOp::new(peers, op);

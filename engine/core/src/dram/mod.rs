@@ -257,18 +257,23 @@ impl DramTier {
         })
     }
 
-    /// Commits a reservation and leases the block under one lock; `None` when it was not
-    /// committed.
+    /// Commits a reservation and leases the block under one lock (with its checksum, when
+    /// given: a verified pull); `None` when it was not committed.
     pub(crate) fn commit_leased(
         &self,
         owner: u64,
         r: &Reserved,
-        meta: Option<&Arc<RouterMeta>>,
-        on_lower: bool,
+        (meta, on_lower): (Option<&Arc<RouterMeta>>, bool),
+        fingerprint: Option<u64>,
     ) -> Option<Leased> {
         self.with(|s| {
-            (s.commit(owner, r, meta, on_lower) == CommitStatus::Committed)
-                .then(|| s.lease_slot(r.ns, r.slot, r.hint))
+            if s.commit(owner, r, meta, on_lower) != CommitStatus::Committed {
+                return None;
+            }
+            if let Some(x) = fingerprint {
+                s.set_checksum(r.slot, x);
+            }
+            Some(s.lease_slot(r.ns, r.slot, r.hint))
         })
     }
 

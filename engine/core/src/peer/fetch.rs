@@ -590,6 +590,7 @@ impl Chunk {
             return;
         }
         let copied = self.op.copy_into(i, landing.dst());
+        let mut lease = None;
         let outcome = match (landing.slot, landing.refused) {
             (Some(r), _) => {
                 let at = SlotId {
@@ -600,7 +601,15 @@ impl Chunk {
                     len: u64::from(len),
                     fingerprint: fingerprint(hash),
                 };
-                if r.commit_verified(at.fingerprint) == CommitStatus::Committed {
+                // An op whose consumer copies the block onward keeps the commit's lease for
+                // it (no second lookup, no eviction before the copy).
+                let committed = if self.op.hands_leases() {
+                    lease = r.commit_verified_leased(at.fingerprint);
+                    lease.is_some()
+                } else {
+                    r.commit_verified(at.fingerprint) == CommitStatus::Committed
+                };
+                if committed {
                     p.hashes.put(at, Sums { hash: *hash, tag });
                     p.count_pulled(u64::from(len));
                 }
@@ -618,7 +627,7 @@ impl Chunk {
         };
         match copied {
             Err(why) => self.op.set(i, KeyOutcome::Failed(why)),
-            Ok(_) => self.op.set(i, outcome),
+            Ok(_) => self.op.set_leased(i, outcome, lease),
         }
     }
 }

@@ -15,7 +15,7 @@ use kvnode_proto::pull::{FailCode, Failure, KeyOutcome, OpReport, OpState};
 use tokio::sync::watch;
 
 use super::fair::{FairShares, Share};
-use crate::store::Reservation;
+use crate::store::{Lease, Reservation};
 
 #[derive(Debug)]
 struct Inner {
@@ -29,6 +29,9 @@ struct Inner {
     /// Its tenant's keys in flight to the peer (fair.rs): one given back per key answered,
     /// the rest when the op ends.
     share: Option<Share>,
+    /// For a consumer that copies pulled blocks onward: the lease each pulled block's commit
+    /// took, kept until the consumer takes it ([`PullOp::take_leases`]); `None`: not kept.
+    handed: Option<Vec<Option<Lease>>>,
 }
 
 /// One operation.
@@ -72,6 +75,9 @@ pub struct NewOp {
     pub into: Vec<(u64, Reservation)>,
     /// Time from now to the op's deadline.
     pub deadline: Duration,
+    /// Keep each pulled block's lease from its commit for the consumer
+    /// ([`PullOp::take_leases`]), so it need not look the block up again.
+    pub hand_leases: bool,
 }
 
 fn leading(r: &[KeyOutcome]) -> u32 {
@@ -92,7 +98,9 @@ impl PullOp {
             results,
             into,
             deadline,
+            hand_leases,
         } = o;
+        let handed = hand_leases.then(|| (0..keys.len()).map(|_| None).collect());
         let pending = results
             .iter()
             .filter(|r| **r == KeyOutcome::Pending)
@@ -114,6 +122,7 @@ impl PullOp {
                 pending,
                 ended: None,
                 share: None,
+                handed,
             }),
             done: watch::channel(false).0,
             changes: watch::channel(0).0,
@@ -159,11 +168,25 @@ impl PullOp {
     /// Records key `idx`'s outcome. Ignored once the op has ended (the block itself is
     /// already committed to the DRAM tier by the caller: nothing completed is lost).
     pub fn set(&self, idx: usize, outcome: KeyOutcome) {
+        self.set_leased(idx, outcome, None);
+    }
+
+    /// Whether the op keeps each pulled block's commit lease for its consumer.
+    pub fn hands_leases(&self) -> bool {
+        self.with(|i| i.handed.is_some())
+    }
+
+    /// [`PullOp::set`], keeping `lease` (the pulled block's, taken by its commit) for the
+    /// consumer when the op hands leases; dropped (released) otherwise or once ended.
+    pub fn set_leased(&self, idx: usize, outcome: KeyOutcome, lease: Option<Lease>) {
         let ended = self.with(|i| {
             if i.state.is_terminal() || i.results.get(idx) != Some(&KeyOutcome::Pending) {
                 return None;
             }
             i.results[idx] = outcome;
+            if let (Some(h), Some(l)) = (&mut i.handed, lease) {
+                h[idx] = Some(l);
+            }
             i.pending -= 1;
             if let Some(s) = &mut i.share {
                 s.release(1);
@@ -186,6 +209,15 @@ impl PullOp {
     /// whether the op has ended.
     pub fn landed(&self) -> (usize, bool) {
         self.with(|i| (leading(&i.results) as usize, i.state.is_terminal()))
+    }
+
+    /// Takes the leases kept for keys `range` (`None` where none is kept: a local hit, a
+    /// block committed by someone else first, or an op that does not hand leases).
+    pub fn take_leases(&self, range: std::ops::Range<usize>) -> Vec<Option<Lease>> {
+        self.with(|i| match &mut i.handed {
+            Some(h) => h[range].iter_mut().map(Option::take).collect(),
+            None => range.map(|_| None).collect(),
+        })
     }
 
     /// Changes whenever a key's outcome is set or the op ends.

@@ -32,6 +32,8 @@ pub struct PullRequest<'a> {
     pub into: Vec<(u64, Reservation)>,
     /// Deadline; `None`: the declared timeout for the keys to pull.
     pub deadline_ms: Option<u64>,
+    /// Keep each pulled block's commit lease for the caller ([`PullOp::take_leases`]).
+    pub hand_leases: bool,
 }
 
 /// A pull left for the caller to drive ([`Peers::start_get`]). A caller that stops waiting
@@ -107,6 +109,7 @@ impl Peers {
             results,
             into: req.into,
             deadline,
+            hand_leases: req.hand_leases,
         });
         // Only an op still running when its reply goes out enters the op table: one that
         // ended before (refused, or nothing to pull) is reported in that reply and forgotten.

@@ -187,6 +187,7 @@ impl Pair {
                 hint: &self.hint,
                 into: Vec::new(),
                 deadline_ms: Some(5000),
+                hand_leases: false,
             })
             .await;
         op.wait(Duration::from_secs(10)).await;
@@ -357,6 +358,7 @@ async fn stalled_block_costs_about_the_io_timeout_and_leaks_no_reservation() {
             hint: &hint,
             into: Vec::new(),
             deadline_ms: Some(5000),
+            hand_leases: false,
         })
         .await;
     op.wait(Duration::from_secs(10)).await;
@@ -573,4 +575,80 @@ async fn a_small_request_is_summed_in_line() {
     for i in 0..2 {
         assert_eq!(ahead.take(i).await, None, "block {i}");
     }
+}
+
+impl Pair {
+    /// Pulls keys `0..n` into an op that keeps each pulled block's commit lease (as a hinted
+    /// GPU onload's does) or not, and waits for it.
+    async fn pull_handing(&self, n: u8, hand_leases: bool) -> Arc<super::PullOp> {
+        let keys: Vec<Key> = (0..n).map(key).collect();
+        let op = self
+            .dst
+            .peers
+            .start(super::PullRequest {
+                conn: 1,
+                ns: self.ns,
+                keys: &keys,
+                hint: &self.hint,
+                into: Vec::new(),
+                deadline_ms: Some(5000),
+                hand_leases,
+            })
+            .await;
+        op.wait(Duration::from_secs(10)).await;
+        assert_eq!(op.report().state, OpState::Done, "{:?}", op.report());
+        op
+    }
+
+    /// Puts other blocks worth twice the destination's DRAM tier, so every block no one
+    /// leases is evicted.
+    fn flood(&self) {
+        for i in 0..2 * (32 << 20) / PAGE {
+            let mut d = [0u8; 32];
+            d[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            d[31] = 0x1f;
+            let k = Key::page(Digest(d));
+            let r = self.dst.store.reserve(2, self.ns, &[k], &[PAGE as u64]);
+            if let Some(Ok(mut r)) = r.ok().and_then(|mut v| v.pop()) {
+                r.bytes_mut().fill(0x5a);
+                r.commit();
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulled_blocks_handed_to_the_consumer_stay_leased_until_taken() {
+    let p = pair(4, FaultPlan::default()).await;
+    let op = p.pull_handing(4, true).await;
+    p.flood();
+    // The blocks were leased by their commits (no lookup after the landing), so the flood
+    // could not evict them before the consumer took them.
+    let leases = op.take_leases(0..4);
+    for (i, l) in leases.iter().enumerate() {
+        let b = l
+            .as_ref()
+            .unwrap_or_else(|| panic!("key {i}: no lease handed over"));
+        assert_eq!(b.bytes(), bytes(i as u8).as_slice(), "key {i}");
+    }
+    assert!(
+        op.take_leases(0..4).iter().all(Option::is_none),
+        "taken twice"
+    );
+    drop(leases);
+    p.flood();
+    assert_eq!(
+        p.held(4).await,
+        vec![false; 4],
+        "released once the consumer is done"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_op_that_hands_no_leases_leaves_its_pulled_blocks_evictable() {
+    let p = pair(4, FaultPlan::default()).await;
+    let op = p.pull_handing(4, false).await;
+    assert!(op.take_leases(0..4).iter().all(Option::is_none));
+    p.flood();
+    assert_eq!(p.held(4).await, vec![false; 4]);
 }

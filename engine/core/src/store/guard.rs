@@ -143,15 +143,29 @@ impl Reservation {
         self.commit_as(false, Some(fingerprint))
     }
 
+    /// [`Reservation::commit_verified`] that also leases the block in the same step, for a
+    /// caller that hands it on (a pulled block an onload copies): `None` when it was not
+    /// committed.
+    pub fn commit_verified_leased(self, fingerprint: u64) -> Option<Lease> {
+        self.commit_leased(false, Some(fingerprint))
+    }
+
     /// Publishes the slot and leases the block in the same step (no second lookup, and no
     /// eviction between the two): `None` when it was not committed (a block of the same key
-    /// was committed first; the slot is freed). `on_lower` as in [`Reservation::commit_as`].
-    pub(super) fn commit_leased(mut self, on_lower: bool) -> Option<Lease> {
+    /// was committed first; the slot is freed). `on_lower` and `fingerprint` as in
+    /// [`Reservation::commit_as`].
+    pub(super) fn commit_leased(
+        mut self,
+        on_lower: bool,
+        fingerprint: Option<u64>,
+    ) -> Option<Lease> {
         let raw = self.raw.take().expect("a live reservation holds its slot");
-        let got = self
-            .store
-            .dram
-            .commit_leased(self.owner, &raw, self.meta.as_ref(), on_lower);
+        let got = self.store.dram.commit_leased(
+            self.owner,
+            &raw,
+            (self.meta.as_ref(), on_lower),
+            fingerprint,
+        );
         self.store.quota_release(raw.ns, raw.len);
         got.map(|l| Lease::new(Arc::clone(&self.store), l))
     }

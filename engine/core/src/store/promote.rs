@@ -60,7 +60,7 @@ impl Store {
                 continue;
             };
             r.set_meta(meta);
-            match r.commit_leased(true) {
+            match r.commit_leased(true, None) {
                 Some(l) => {
                     landed += 1;
                     out.push((i, Got::Leased(l)));
