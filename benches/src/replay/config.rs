@@ -41,12 +41,17 @@ pub enum Placement {
     Affinity,
 }
 
+/// A behaviour the model can add (`--what-if`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WhatIf {
+    /// Daemons announce the blocks they pull (KV events), so the router sees them.
+    AnnouncePulled,
+    /// Engines touch their GPU-cache hits in the node tier (a lookup that keeps them recent).
+    TouchGpuHits,
+}
+
 /// `kvnode bench replay` flags.
 #[derive(Debug, Args, Clone)]
-#[expect(
-    clippy::struct_excessive_bools,
-    reason = "independent command-line switches, not a state machine"
-)]
 pub struct ReplayArgs {
     /// Trace in Mooncake's format (one JSON request a line; ../shared/traces/README.md).
     #[arg(long)]
@@ -96,9 +101,10 @@ pub struct ReplayArgs {
     /// daemon's policy and its get/put/pull semantics; CI checks it equals the daemons).
     #[arg(long)]
     pub model: bool,
-    /// With `--model`: a what-if where daemons also announce the blocks they pull.
-    #[arg(long, requires = "model")]
-    pub model_announces_pulled: bool,
+    /// With `--model`: what-ifs the daemons and engines of today do not do, comma separated
+    /// (docs/replay.md, "What limits pulls").
+    #[arg(long, value_enum, value_delimiter = ',', requires = "model")]
+    pub what_if: Vec<WhatIf>,
     /// Write the SVG chart here.
     #[arg(long)]
     pub svg: Option<PathBuf>,

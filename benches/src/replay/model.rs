@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use kvnode_engine::policy::{BatchHint, EvictionPolicy, Policy, SlotId};
 
 use super::blocks::GpuCache;
-use super::config::{Arm, Setup};
+use super::config::{Arm, Setup, WhatIf};
 use super::engine::Served;
 use super::router::{Index, Router};
 use super::trace::Request;
@@ -90,7 +90,7 @@ pub struct Model {
     gpus: Vec<GpuCache>,
     drams: Vec<Dram>,
     index: Index,
-    announce_pulled: bool,
+    what_if: Vec<WhatIf>,
 }
 
 impl Model {
@@ -105,7 +105,7 @@ impl Model {
                 .collect(),
             drams: (0..n).map(|_| Dram::new(setup, blocks)).collect(),
             index: Index::default(),
-            announce_pulled: false,
+            what_if: Vec::new(),
         }
     }
 
@@ -129,6 +129,11 @@ impl Model {
             let covered = source.map_or(0, |(_, n)| n.saturating_sub(g));
             let pulled = self.pull(c, source.map(|(b, _)| b), &rest[..covered]);
             let d = &mut self.drams[c];
+            if self.what_if.contains(&WhatIf::TouchGpuHits) {
+                for (i, &b) in r.blocks[..g].iter().enumerate() {
+                    d.touch(b, BatchHint::at(i, r.blocks.len()));
+                }
+            }
             for (i, &b) in rest.iter().enumerate() {
                 d.touch(b, BatchHint::at(i, rest.len()));
             }
@@ -163,7 +168,8 @@ impl Model {
         }
         for (i, &b) in got.iter().enumerate() {
             let hint = BatchHint::at(i, got.len());
-            self.drams[c].insert((c, &mut self.index), (b, hint), self.announce_pulled);
+            let announce = self.what_if.contains(&WhatIf::AnnouncePulled);
+            self.drams[c].insert((c, &mut self.index), (b, hint), announce);
         }
         got
     }
@@ -172,19 +178,18 @@ impl Model {
 /// Runs the model of a deterministic replay of `trace` in `arm`: per request, its engine and
 /// where its blocks came from.
 pub fn run(setup: &Setup, arm: Arm, trace: &[Request]) -> Vec<(usize, Served)> {
-    run_what_if(setup, arm, trace, false)
+    run_what_if(setup, arm, trace, &[])
 }
 
-/// [`run`], and with `announce_pulled` a daemon that also announced the blocks it pulled
-/// (a what-if: today's daemon does not).
+/// [`run`] with behaviours today's daemons and engines do not have (`what_if`).
 pub fn run_what_if(
     setup: &Setup,
     arm: Arm,
     trace: &[Request],
-    announce_pulled: bool,
+    what_if: &[WhatIf],
 ) -> Vec<(usize, Served)> {
     let mut m = Model::new(setup, arm);
-    m.announce_pulled = announce_pulled;
+    m.what_if = what_if.to_vec();
     let cache_of = (0..setup.engines())
         .map(|e| setup.cache_of(arm, e))
         .collect();

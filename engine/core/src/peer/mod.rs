@@ -18,6 +18,8 @@
 //! - [`fair`]: each tenant's fair share of a peer's cap on keys in flight.
 //! - [`arrivals`]: following an op's leading keys as they land (for onward copies).
 //! - [`timeouts`]: latency histograms and the declared timeout model.
+//! - `trust`: the allowlist, the cluster keys and this daemon's identity; `wires`: the
+//!   transport, the links to peers and the listener's address (the hub's two concerns).
 
 pub mod arrivals;
 pub mod auth;
@@ -37,20 +39,23 @@ mod start;
 pub use start::PullRequest;
 pub mod timeouts;
 pub mod transport;
+mod trust;
+mod wires;
 
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_ucx;
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use kvnode_proto::hint::Endpoint;
 use kvnode_proto::pull::{FailCode, Failure};
+use trust::Trust;
+use wires::Wires;
 
 pub use arrivals::Arrivals;
 pub use auth::{ClusterKey, Identity, KeyRing};
@@ -88,24 +93,19 @@ pub struct PeerCounters {
     pub ucx_served_by: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
-/// The peer service of one daemon: authorization, links, operations, measurements.
+/// The peer service of one daemon: who may be pulled from ([`Trust`]), how peers are reached
+/// ([`Wires`]), the operations, and what they measured.
 #[derive(Debug)]
 pub struct Peers {
     cfg: PeerConfig,
     /// Why `cfg.connections` is what it is (`configured`, or the automatic choice's basis).
     conns_basis: String,
-    allow: Vec<Allowed>,
-    /// The cluster keys (`None`: keyless, fixed at start; the keys can be reloaded).
-    keys: Option<RwLock<Arc<KeyRing>>>,
-    identity: Identity,
-    me: Option<Endpoint>,
-    /// Where the peer listener is bound (set when it starts serving).
-    listening: OnceLock<SocketAddr>,
-    /// Content hashes of blocks sent and pulled.
-    pub hashes: hashes::HashCache,
-    links: Mutex<HashMap<Endpoint, Arc<fetch::PeerLink>>>,
+    trust: Trust,
+    wires: Wires,
     /// Cluster membership, when the daemon runs with one (set once at start-up).
     membership: OnceLock<Arc<dyn Membership>>,
+    /// Content hashes of blocks sent and pulled.
+    pub hashes: hashes::HashCache,
     /// Operations.
     pub ops: OpTable,
     /// Latency measurements.
@@ -113,11 +113,6 @@ pub struct Peers {
     /// Counters.
     pub counters: PeerCounters,
     owners: AtomicU64,
-    transport: transport::Transport,
-    /// UCX, when `transport` is `ucx` or `auto` and it initialized.
-    ucx: Option<Arc<transport::UcxNode>>,
-    /// Why UCX is off under `auto` (for the start-up line).
-    ucx_off: Option<String>,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
 }
@@ -136,78 +131,20 @@ impl Peers {
             connections: choice.n,
             ..cfg.clone()
         };
-        let allow = cfg.allowlist()?;
-        let keys = cfg
-            .cluster_key
-            .as_deref()
-            .map(KeyRing::load)
-            .transpose()?
-            .map(|r| RwLock::new(Arc::new(r)));
-        let me = cfg
-            .advertise
-            .as_deref()
-            .or_else(|| {
-                cfg.listen
-                    .as_deref()
-                    .filter(|l| !l.starts_with("0.0.0.0") && !l.starts_with("[::]"))
-            })
-            .and_then(|a| {
-                Endpoint::parse(a)
-                    .or_else(|_| Endpoint::parse(&format!("tcp://{a}")))
-                    .ok()
-            });
-        let (ucx, ucx_off) = Self::start_ucx(cfg, &store)?;
         Ok(Self {
-            ucx,
-            ucx_off,
-            identity: Identity {
-                node: me
-                    .as_ref()
-                    .map_or_else(|| "unnamed".to_owned(), ToString::to_string),
-                advertised: me.clone(),
-            },
+            trust: Trust::new(cfg)?,
+            wires: Wires::new(cfg, &store)?,
             cfg: cfg.clone(),
             conns_basis: choice.basis,
-            allow,
-            keys,
-            me,
-            listening: OnceLock::new(),
-            hashes: hashes::HashCache::default(),
-            links: Mutex::new(HashMap::new()),
             membership: OnceLock::new(),
+            hashes: hashes::HashCache::default(),
             ops: OpTable::default(),
             stats: PullStats::default(),
             counters: PeerCounters::default(),
             owners: AtomicU64::new(PULL_OWNER_BASE),
-            transport: transport::Transport::from_config(cfg),
             store,
             metrics,
         })
-    }
-
-    /// UCX as `cfg.transport` asks: none for `tcp`; for `ucx` a start-up failure is the
-    /// daemon's (a clear error, e.g. software RMA without the trusted-network switch); for
-    /// `auto` it falls back to TCP, and the reason is kept for the start-up line.
-    fn start_ucx(
-        cfg: &PeerConfig,
-        store: &Arc<Store>,
-    ) -> Result<(Option<Arc<transport::UcxNode>>, Option<String>), PeerError> {
-        if cfg.transport == TransportKind::Tcp {
-            return Ok((None, None));
-        }
-        let setup = transport::UcxSetup::resolve(&cfg.ucx_asked()).map_err(ConfigError::from)?;
-        let started = transport::UcxNode::start(store, &setup).map_err(|e| match e {
-            transport::UcxStartError::Ucx(e) => ConfigError::UcxStart(e),
-            e => ConfigError::UcxUnsafe(e),
-        });
-        match (cfg.transport, started) {
-            (_, Ok(n)) => Ok((Some(Arc::new(n)), None)),
-            (TransportKind::Auto, Err(e)) => {
-                tracing::warn!(error = %e, "peer transport auto: UCX not used; pulling over TCP");
-                Ok((None, Some(e.to_string())))
-            }
-            (_, Err(e)) => Err(e.into()),
-        }
     }
 
     /// The configuration in force (`connections` resolved: never 0).
@@ -232,56 +169,37 @@ impl Peers {
 
     /// The transport peers are dialled and served with.
     pub fn transport(&self) -> &transport::Transport {
-        &self.transport
+        self.wires.transport()
     }
 
     /// This daemon's UCX state, when UCX is in use.
     pub fn ucx(&self) -> Option<&Arc<transport::UcxNode>> {
-        self.ucx.as_ref()
+        self.wires.ucx()
     }
 
     /// Revokes the UCX key every peer holds to this daemon's arena (registers the arena
     /// afresh; open connections get the new key before their next answer). Run it when the
     /// cluster key rotates or a member is removed. `Ok(None)` without UCX.
     pub fn revoke_remote_access(&self) -> Result<Option<u64>, PeerError> {
-        let Some(u) = &self.ucx else { return Ok(None) };
-        let g = u.reregister().map_err(ConfigError::Reregister)?;
-        tracing::info!(generation = g, "UCX arena key revoked and re-issued");
-        Ok(Some(g))
+        self.wires.revoke_remote_access()
     }
 
     /// The cluster keys in force now, if any.
     pub fn keys(&self) -> Option<Arc<KeyRing>> {
-        self.keys
-            .as_ref()
-            .map(|k| Arc::clone(&k.read().expect("key lock")))
+        self.trust.keys()
     }
 
     /// Whether a session derived from key `id` may go on (its key is still held).
     pub fn key_held(&self, id: Option<u64>) -> bool {
-        match (self.keys(), id) {
-            (Some(r), Some(id)) => r.get(id).is_some(),
-            (None, None) => true,
-            _ => false,
-        }
+        self.trust.key_held(id)
     }
 
     /// Reads the cluster key file again (one or two keys) and uses it for every new
     /// handshake; sessions under a key no longer held are closed at their next request. On
-    /// error the keys in force stay. Returns a line for the log.
+    /// error the keys in force stay. A rotation also revokes the UCX key every peer was
+    /// given to this arena. Returns a line for the log.
     pub fn reload_keys(&self) -> Result<String, PeerError> {
-        let (Some(path), Some(lock)) = (self.cfg.cluster_key.as_deref(), self.keys.as_ref()) else {
-            return Err(ConfigError::NoKeyFile.into());
-        };
-        let ring = KeyRing::load(path)?;
-        let line = format!(
-            "cluster keys reloaded from {}: ids {} (were {})",
-            path.display(),
-            ring.describe(),
-            lock.read().expect("key lock").describe()
-        );
-        *lock.write().expect("key lock") = Arc::new(ring);
-        // A key rotation also revokes the UCX key every peer was given to this arena.
+        let line = self.trust.reload()?;
         if let Some(g) = self.revoke_remote_access()? {
             return Ok(format!("{line}; UCX arena key re-issued (generation {g})"));
         }
@@ -295,33 +213,23 @@ impl Peers {
 
     /// This daemon's identity in handshakes.
     pub fn identity(&self) -> &Identity {
-        &self.identity
+        self.trust.identity()
     }
 
     /// This daemon's advertised name.
     pub fn node(&self) -> &str {
-        &self.identity.node
+        &self.trust.identity().node
     }
 
     /// Records where the peer listener is bound (for refusing hints that name this daemon).
     pub fn set_listening(&self, a: SocketAddr) {
-        let _ = self.listening.set(a);
+        self.wires.set_listening(a);
     }
 
     /// Whether `a` is this daemon's own peer listener: its port, and an address of this
     /// host that the listener is bound to (any local address when it listens on a wildcard).
     pub fn is_self(&self, a: SocketAddr) -> bool {
-        let Some(l) = self.listening.get() else {
-            return false;
-        };
-        if a.port() != l.port() {
-            return false;
-        }
-        let ip = a.ip().to_canonical();
-        if ip == l.ip().to_canonical() {
-            return true;
-        }
-        l.ip().is_unspecified() && (ip.is_loopback() || is_local_address(ip))
+        self.wires.is_self(a)
     }
 
     /// Connect plus authentication limit.
@@ -370,81 +278,50 @@ impl Peers {
     /// from memory (never waits on etcd).
     pub fn authorize(&self, e: &Endpoint) -> Result<(), Failure> {
         let refuse = |m: String| Err(Failure::new(FailCode::NotAuthorized, m));
-        if self.me.as_ref() == Some(e)
+        if self.trust.names_me(e)
             || e.ip()
                 .is_some_and(|ip| self.is_self(SocketAddr::new(ip, e.port)))
         {
             return refuse(format!("hint names this daemon ({e}) as the source"));
         }
-        if self.keys.is_none() && !config::is_loopback(e) {
+        if self.trust.keys().is_none() && !config::is_loopback(e) {
             return refuse(format!(
                 "{e} is not on loopback and this daemon has no cluster key"
             ));
         }
-        if self.allow.iter().any(|a| a.admits(e)) {
+        if self.trust.allows(e) {
             return Ok(());
         }
-        // Configured CIDRs bound the cluster's members too: a record in etcd naming an
-        // address outside them (another service on the network) is never dialled.
-        if self.membership.get().is_some()
-            && self
-                .allow
-                .iter()
-                .any(|a| matches!(a, config::Allowed::Cidr(..)))
-        {
+        let refused_member = || {
             self.counters
                 .refused_members
                 .fetch_add(1, Ordering::Relaxed);
+        };
+        // Configured CIDRs bound the cluster's members too: a record in etcd naming an
+        // address outside them (another service on the network) is never dialled.
+        if self.membership.get().is_some() && self.trust.has_cidrs() {
+            refused_member();
             return refuse(format!(
                 "{e} is outside every CIDR in --peers: cluster members must lie within them"
             ));
         }
         match self.membership.get() {
-            Some(m) => m.authorize(e).inspect_err(|_| {
-                self.counters
-                    .refused_members
-                    .fetch_add(1, Ordering::Relaxed);
-            }),
+            Some(m) => m.authorize(e).inspect_err(|_| refused_member()),
             None => refuse(format!("{e} is not an authorized peer (not in --peers)")),
         }
     }
 
     fn link(&self, e: &Endpoint) -> Arc<fetch::PeerLink> {
-        let mut m = self.links.lock().expect("links lock");
-        Arc::clone(
-            m.entry(e.clone())
-                .or_insert_with(|| Arc::new(fetch::PeerLink::new(e.clone(), self.cfg.connections))),
-        )
+        self.wires.link(e, self.cfg.connections)
     }
 
     /// One line for the start-up log.
     pub fn describe(&self) -> String {
-        let sealing = if self.cfg.encrypt {
-            "every frame encrypted (AES-256-GCM)"
-        } else {
-            "every header encrypted (AES-256-GCM), block bodies in the clear and authenticated by their BLAKE3 hash"
-        };
-        let auth = match self.keys() {
-            Some(r) => format!(
-                "cluster key ids {}: peers prove the key in a handshake bound to both daemons; {sealing}",
-                r.describe()
-            ),
-            None => "no cluster key: only loopback peers are served and dialled; frames carry integrity tags, which authenticate nothing without a key".to_owned(),
-        };
-        let transport = match (&self.ucx, &self.ucx_off) {
-            (Some(u), _) => format!("transport ucx ({})", u.describe()),
-            (None, Some(why)) => format!("transport tcp (auto: UCX unavailable: {why})"),
-            (None, None) => "transport tcp".to_owned(),
-        };
         format!(
-            "peer service {}; {auth}; {transport}; {} allowlist entries",
-            self.identity.node,
-            self.allow.len()
+            "peer service {}; {}; {}",
+            self.trust.identity().node,
+            self.trust.describe(self.cfg.encrypt),
+            self.wires.describe()
         )
     }
-}
-
-/// Whether `ip` is an address of this host (something may bind to it).
-fn is_local_address(ip: IpAddr) -> bool {
-    std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }

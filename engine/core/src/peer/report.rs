@@ -26,14 +26,7 @@ impl Peers {
     /// identity its handshake gave), sorted by name.
     pub fn peer_stats(&self) -> Vec<PeerStats> {
         let mut by: BTreeMap<String, PeerStats> = BTreeMap::new();
-        let links: Vec<_> = self
-            .links
-            .lock()
-            .expect("links lock")
-            .values()
-            .cloned()
-            .collect();
-        for l in links {
+        for l in self.wires.links() {
             let e = at(&mut by, &l.name);
             e.peer_ucx_gets_total += l.ucx_gets.load(Ordering::Relaxed);
             e.peer_ucx_fallbacks_total += l.ucx_fallbacks.load(Ordering::Relaxed);

@@ -231,7 +231,9 @@ impl PullConn for PullWire {
     fn slots(&mut self) -> Option<&mut UcxPull> {
         match self {
             Self::Ucx(c) => Some(c),
-            _ => None,
+            Self::Tcp(_) => None,
+            #[cfg(feature = "test-seams")]
+            Self::Faulty(_) => None,
         }
     }
 }
