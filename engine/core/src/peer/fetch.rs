@@ -8,52 +8,41 @@
 //! piece by piece while still in cache, checked against the hash in the block's sealed
 //! header, and committed whether or not the op is still waiting: nothing completed is thrown
 //! away. Only then, under the op's fence, are they copied into client buffers.
+//!
+//! The pull's protocol state (which keys each request asked for, which are answered, the
+//! GETs in flight, the deadline) and its rules live in [`machine::PullMachine`], which has
+//! no socket and no clock; [`Chunk`] drives it: it reads frames and bodies through the
+//! [`PullConn`](super::transport::PullConn) contract, feeds them and the time to the
+//! machine, and carries out its steps against the transport, the store and the op.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kvnode_proto::NamespaceId;
 use kvnode_proto::client::{CommitStatus, PutStatus};
-use kvnode_proto::peer::{HASH_LEN, PeerMsg, PullKey};
+use kvnode_proto::peer::{HASH_LEN, PeerMsg};
 use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 
-use super::error::{HandshakeError, PullError, Verbatim, Violation};
+use super::error::{PullError, Violation};
 use super::hashes::{SlotId, Sums, fingerprint};
 use super::op::PullOp;
 use super::transport::{PullConn as _, PullWire, SlotReads as _};
 use super::{PeerError, Peers};
+use crate::store::Lease;
 
 mod check;
 mod gets;
 mod hash_ahead;
 mod link;
+mod machine;
 
-use check::{Checked, read_checked, read_hashed};
+use check::{read_checked, read_hashed};
 use gets::{Flight, Landing};
 use hash_ahead::HashAhead;
 pub use link::PeerLink;
 use link::stale;
-
-/// Where a block's bytes come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Body<'a> {
-    /// The payload that follows the `Block` frame, with its AEAD tag (empty unless encrypted).
-    Inline(&'a [u8]),
-    /// A UCX GET of the source's slot at this address, with the block MAC its `Slot` carried
-    /// (empty when none).
-    Remote(u64, &'a [u8]),
-}
-
-/// A block answer: op key `i` of request `req`, `len` bytes, and where they come from.
-#[derive(Clone, Copy, Debug)]
-struct Answer<'a> {
-    i: usize,
-    req: u64,
-    len: u32,
-    body: Body<'a>,
-}
+use machine::{Answer, Body, PullMachine, Step, Verdict};
 
 /// When a pull's blocks came, from its requests' send: the first, the last, and how many
 /// (`stats`: first-block latency and the gap per further block).
@@ -93,20 +82,18 @@ impl Timing {
     }
 }
 
+/// The driver of one chunk's pull: it owns the connection's use, the store and the op, and
+/// feeds frames and time to the chunk's [`PullMachine`], whose steps it carries out.
 struct Chunk {
     peers: Arc<Peers>,
     link: Arc<PeerLink>,
     op: Arc<PullOp>,
-    /// Keys of this chunk not yet answered (op key indices); a key whose GET is in flight
-    /// stays here until it lands.
-    open: Vec<usize>,
-    /// Blocks whose UCX GET is in flight, by op key index (the GET's tag).
-    flights: HashMap<usize, Flight>,
+    /// The pull's protocol state; each GET in flight keeps its [`Flight`] there.
+    m: PullMachine<Flight>,
     /// The thread hashing large TCP blocks while they are received (started at the first).
     ahead: Option<HashAhead>,
-    /// Requests already sent from the runtime task ([`Chunk::send_early`]): their keys by
-    /// request id, and when they left.
-    sent: Option<(Requests, Instant)>,
+    /// When the requests were sent from the runtime task ([`Chunk::send_early`]).
+    sent: Option<Instant>,
     /// Received on the calling worker thread itself (see [`Chunk::pull_blocking`]).
     in_place: bool,
     /// Longest wait for the peer without progress: the io timeout, and for an in-place
@@ -116,9 +103,6 @@ struct Chunk {
 
 /// A pull awaited by its client's request with at most this many keys is received in place.
 pub const IN_PLACE_KEYS: usize = 4;
-
-/// Keys (op key indices) of each `Pull` request sent, by request id.
-type Requests = HashMap<u64, Vec<usize>>;
 
 /// Pulls op keys `idxs` from `link`, bounded by its connection permits and timeouts.
 /// `in_place`: a small pull awaited by the client's own request, received on the calling
@@ -137,18 +121,13 @@ pub async fn run_chunk(
     let peer_idx = (crate::probes::hash_name(&link.name) & 0xffff_ffff) as u32;
     crate::probes::peer_pull_start(peer_idx, op.id, n as u32);
     let t0 = peers.metrics().now_ns();
-    let io = if in_place {
-        let left = op.deadline.saturating_duration_since(Instant::now());
-        peers.io_timeout().min(left.max(Duration::from_millis(1)))
-    } else {
-        peers.io_timeout()
-    };
+    let m = PullMachine::new(idxs, in_place.then_some(op.deadline));
+    let io = m.wait_limit(Instant::now(), peers.io_timeout());
     let c = Chunk {
         peers,
         link,
         op,
-        open: idxs,
-        flights: HashMap::new(),
+        m,
         ahead: None,
         sent: None,
         in_place,
@@ -171,7 +150,7 @@ pub async fn run_chunk(
     if let Err(e) = r {
         let why = e.failure();
         tracing::debug!(peer = %link.name, op = op.id, error = %why, "pull chunk failed");
-        for &i in &c.open {
+        for &i in c.m.open() {
             op.set(i, KeyOutcome::Failed(why.clone()));
         }
         peers.count_failure();
@@ -185,6 +164,15 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.outstanding.fetch_sub(self.1, Ordering::Relaxed);
     }
+}
+
+/// A key's checked bytes, where they landed, on their way to the store and the op.
+struct Arrived {
+    i: usize,
+    len: u32,
+    /// The hash its sealed header carried.
+    hash: [u8; HASH_LEN],
+    landing: Landing,
 }
 
 impl Chunk {
@@ -229,10 +217,10 @@ impl Chunk {
                 Err(e) => return (c, Err(e)),
             };
         }
-        let before = c.open.len();
+        let before = c.m.open().len();
         let (c, w, r) = c.pull_blocking(w).await;
         let (c, w, r) = match r {
-            Err(e) if was_pooled && c.open.len() == before && stale(&e) => {
+            Err(e) if was_pooled && c.m.open().len() == before && stale(&e) => {
                 tracing::debug!(peer = %c.link.name, error = %e, "pooled connection went stale; redialling");
                 match c.link.dial(&c.peers).await {
                     Ok(w) => c.pull_blocking(w).await,
@@ -262,12 +250,7 @@ impl Chunk {
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         if self.in_place && multi {
             let r = tokio::task::block_in_place(|| self.pull_on(&mut w));
-            let r = match r {
-                Err(e) if e.timed_out().is_some() && Instant::now() >= self.op.deadline => {
-                    Err(PullError::Deadline.into())
-                }
-                r => r,
-            };
+            let r = r.map_err(|e| self.m.on_error(Instant::now(), e));
             return (self, w, r);
         }
         let t = tokio::task::spawn_blocking(move || {
@@ -284,7 +267,7 @@ impl Chunk {
     /// (if already finished) or cancelled before its slot is freed.
     fn pull_on(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
         let r = self.pull_frames(w);
-        if self.flights.is_empty() {
+        if !self.m.gets_for(None) {
             return r;
         }
         let r = r.and(Err(Violation::GetsOutlivedRequests.into()));
@@ -301,49 +284,39 @@ impl Chunk {
     }
 
     /// One `Pull` per `batch_keys` open keys, with fresh request ids.
-    fn requests(&self, ns: NamespaceId) -> (Vec<PeerMsg>, Requests) {
-        let mut reqs = Requests::new();
-        let mut msgs = Vec::new();
-        for part in self.open.chunks(self.peers.batch_keys()) {
-            let req = self.link.next_req.fetch_add(1, Ordering::Relaxed);
-            let keys = part
-                .iter()
-                .map(|&i| PullKey(self.op.keys[i].0, self.op.keys[i].1))
-                .collect();
-            msgs.push(PeerMsg::Pull { req, ns, keys });
-            reqs.insert(req, part.to_vec());
-        }
-        (msgs, reqs)
+    fn requests(&mut self, ns: NamespaceId) -> Vec<PeerMsg> {
+        let link = &self.link;
+        let next = || link.next_req.fetch_add(1, Ordering::Relaxed);
+        self.m
+            .requests(ns, &self.op.keys, self.peers.batch_keys(), next)
     }
 
     /// Sends the chunk's requests from the runtime task, without waiting on the socket, so
     /// the source starts answering while the receiving thread is still being woken.
     fn send_early(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
-        let (msgs, reqs) = self.requests(self.wire_ns()?);
+        let msgs = self.requests(self.wire_ns()?);
         let t = Instant::now();
         w.send_early(&msgs)?;
-        self.sent = Some((reqs, t));
+        self.sent = Some(t);
         Ok(())
     }
 
+    /// Feeds the source's frames to the machine until every request is done.
     fn pull_frames(&mut self, w: &mut PullWire) -> Result<(), PeerError> {
-        let io = self.io;
         let ns = self.wire_ns()?;
-        let (mut reqs, sent) = if let Some(early) = self.sent.take() {
-            early
+        let sent = if let Some(t) = self.sent.take() {
+            t
         } else {
-            let (msgs, reqs) = self.requests(ns);
+            let msgs = self.requests(ns);
             let t = Instant::now();
-            w.send_all(&msgs, io)?;
-            (reqs, t)
+            w.send_all(&msgs, self.io)?;
+            t
         };
         let mut timing = Timing::since(sent);
-        while !reqs.is_empty() {
-            if self.in_place && Instant::now() >= self.op.deadline {
-                return Err(PullError::Deadline.into());
-            }
-            let (msg, _) = w.recv(io)?;
-            if let Some(len) = self.on_frame(w, ns, &mut reqs, msg)? {
+        while !self.m.is_done() {
+            self.m.handle_timeout(Instant::now())?;
+            let (msg, _) = w.recv(self.io)?;
+            if let Some(len) = self.on_frame(w, ns, msg)? {
                 timing.block(len);
             }
         }
@@ -357,143 +330,65 @@ impl Chunk {
         &mut self,
         w: &mut PullWire,
         ns: NamespaceId,
-        reqs: &mut Requests,
         msg: PeerMsg,
     ) -> Result<Option<u32>, PeerError> {
-        let at = |reqs: &Requests, req: u64, idx: u32| {
-            reqs.get(&req)
-                .and_then(|v| v.get(idx as usize))
-                .copied()
-                .ok_or(Violation::UnknownKey { req, idx })
-        };
-        match msg {
-            PeerMsg::Block {
-                req,
-                idx,
-                len,
-                hash,
-                seal,
-            } => {
-                let i = at(reqs, req, idx)?;
-                let body = Body::Inline(&seal);
-                let a = Answer { i, req, len, body };
-                self.block(w, ns, a, &hash).map(Some)
+        if let PeerMsg::UcxOffer {
+            worker,
+            rkey,
+            base,
+            len,
+        } = msg
+        {
+            // The transport's own frame: the old endpoint closes, what it is reading lands
+            // first.
+            self.land_where(w, ns, None)?;
+            let slots = w.slots().ok_or(Violation::OfferWithoutUcx)?;
+            return slots.rekey(&worker, &rkey, base, len).map(|()| None);
+        }
+        match self.m.handle_frame(msg)? {
+            Step::Nothing => Ok(None),
+            Step::Body(a) => {
+                let len = a.len;
+                self.receive(w, ns, a)?;
+                Ok(Some(len))
             }
-            PeerMsg::Slot {
-                req,
-                idx,
-                len,
-                addr,
-                hash,
-                seal,
-            } => {
-                let i = at(reqs, req, idx)?;
-                let body = Body::Remote(addr, &seal);
-                let a = Answer { i, req, len, body };
-                self.block(w, ns, a, &hash).map(Some)
-            }
-            PeerMsg::UcxOffer {
-                worker,
-                rkey,
-                base,
-                len,
-            } => {
-                // The old endpoint closes: what it is reading lands first.
-                self.land_where(w, ns, |_| true)?;
-                let slots = w.slots().ok_or(Violation::OfferWithoutUcx)?;
-                slots.rekey(&worker, &rkey, base, len).map(|()| None)
-            }
-            PeerMsg::Miss { req, idx } => {
-                let i = at(reqs, req, idx)?;
-                self.answered(i)?;
-                self.op.set(i, KeyOutcome::Missed);
+            Step::Outcome { key, outcome } => {
+                self.op.set(key, outcome);
                 Ok(None)
             }
-            PeerMsg::Done { req } => self.done(w, ns, reqs, req).map(|()| None),
-            PeerMsg::Pong { .. } => Ok(None),
-            PeerMsg::Refused { reason } => Err(HandshakeError::Refused(Verbatim(reason)).into()),
-            other => Err(Violation::FromSource {
-                got: Box::new(other),
-            }
-            .into()),
+            Step::Done(req) => self.done(w, ns, req).map(|()| None),
         }
     }
 
     /// Request `req` is answered: its GETs land (every `Slot` of it came before its `Done`),
     /// then, on a connection that reads slots, the source may release its leases.
-    fn done(
-        &mut self,
-        w: &mut PullWire,
-        ns: NamespaceId,
-        reqs: &mut Requests,
-        req: u64,
-    ) -> Result<(), PeerError> {
-        self.land_where(w, ns, |f| f.req == req)?;
-        let keys = reqs.remove(&req).ok_or(Violation::UnknownRequest { req })?;
-        if keys.iter().any(|i| self.open.contains(i)) {
-            return Err(Violation::Unanswered { req }.into());
-        }
+    fn done(&mut self, w: &mut PullWire, ns: NamespaceId, req: u64) -> Result<(), PeerError> {
+        self.land_where(w, ns, Some(req))?;
+        self.m.close(req)?;
         if w.slots().is_some() {
             w.send_all(&[PeerMsg::Landed { req }], self.io)?;
         }
         Ok(())
     }
 
-    /// Receives key `a.i`'s block (a `Block` body, or a `Slot` whose GET is started and
-    /// lands later) whose header claims `hash`; returns its length.
-    fn block(
-        &mut self,
-        w: &mut PullWire,
-        ns: NamespaceId,
-        a: Answer<'_>,
-        hash: &[u8],
-    ) -> Result<u32, PeerError> {
-        // Stays open until received (landed), so a failure before fails this key too.
-        let i = a.i;
-        self.position(i)?;
-        if self.flights.contains_key(&i) {
-            return Err(Violation::AnsweredTwice { key: i }.into());
-        }
-        let hash: [u8; HASH_LEN] = hash
-            .try_into()
-            .map_err(|_| Violation::HashLength { len: hash.len() })?;
-        if self.receive(w, ns, a, hash)? {
-            self.answered(i)?;
-        }
-        Ok(a.len)
-    }
-
-    fn position(&self, i: usize) -> Result<usize, PeerError> {
-        self.open
-            .iter()
-            .position(|&x| x == i)
-            .ok_or(Violation::AnsweredTwice { key: i }.into())
-    }
-
-    fn answered(&mut self, i: usize) -> Result<(), PeerError> {
-        let pos = self.position(i)?;
-        self.open.swap_remove(pos);
-        Ok(())
-    }
-
-    /// Reads one block's payload off the wire into a reserved DRAM slot, verifies it against
-    /// `hash` and commits it; or starts the GET of the source's slot into one. Whether the key
-    /// is settled (false: its GET is in flight).
-    fn receive(
-        &mut self,
-        w: &mut PullWire,
-        ns: NamespaceId,
-        a: Answer<'_>,
-        hash: [u8; HASH_LEN],
-    ) -> Result<bool, PeerError> {
-        let Answer { i, req, len, body } = a;
+    /// Reads key `a.i`'s block off the wire into a reserved DRAM slot, verifies it against
+    /// its header's hash and commits it; or starts the GET of the source's slot into one
+    /// (it lands later).
+    fn receive(&mut self, w: &mut PullWire, ns: NamespaceId, a: Answer) -> Result<(), PeerError> {
+        let Answer {
+            i,
+            req,
+            len,
+            hash,
+            body,
+        } = a;
         let p = &self.peers;
         let io = self.io;
         let key = self.op.keys[i];
         let reserved =
             p.store()
                 .reserve(p.reservation_owner(), self.op.ns, &[key], &[u64::from(len)]);
-        let mut landing = match reserved {
+        let landing = match reserved {
             Ok(mut v) => match v.pop() {
                 Some(Ok(r)) => Landing::slot(r),
                 Some(Err(st)) => Landing::scratch(len, Some(st)),
@@ -502,35 +397,39 @@ impl Chunk {
             Err(e) => {
                 // Read the payload off the wire anyway, so the connection stays in step
                 // (a Slot leaves nothing on the wire).
-                if let Body::Inline(seal) = body {
+                if let Body::Inline { seal } = &body {
                     let mut scratch = vec![0; len as usize];
                     read_hashed(w, &mut scratch, seal, io, None)?;
                 }
+                self.m.answered(i)?;
                 let why = Failure::new(FailCode::LocalStore, e.to_string());
                 self.op.set(i, KeyOutcome::Failed(why));
-                return Ok(true);
+                return Ok(());
             }
         };
+        let mut arrived = Arrived {
+            i,
+            len,
+            hash,
+            landing,
+        };
         match body {
-            Body::Inline(seal) => {
-                // On error `landing` drops here: the reservation is freed unpublished.
+            Body::Inline { seal } => {
+                // On error `arrived` drops here: the reservation is freed unpublished.
                 let ahead = self.hash_ahead(len);
-                let checked = read_checked(w, landing.dst(), seal, io, ahead)?;
-                self.settle(ns, i, len, &hash, landing, checked);
-                Ok(true)
+                let checked = read_checked(w, arrived.landing.dst(), &seal, io, ahead)?;
+                let verdict = self.m.body_in(i, &hash, checked)?;
+                self.settle(ns, arrived, verdict);
             }
-            Body::Remote(addr, seal) => {
+            Body::Remote { addr, seal } => {
                 let f = Flight {
-                    req,
-                    len,
-                    hash,
-                    tag: seal.try_into().ok(),
-                    landing,
+                    tag: seal.as_slice().try_into().ok(),
+                    arrived,
                 };
-                self.post_get(w, ns, i, addr, f)?;
-                Ok(false)
+                self.post_get(w, ns, req, addr, f)?;
             }
         }
+        Ok(())
     }
 
     /// The hashing helper for a block of `len` bytes: started at the chunk's first block
@@ -552,54 +451,51 @@ impl Chunk {
         self.ahead.as_ref()
     }
 
-    /// Commits landed bytes to the store and the op if `checked` says they are the block
-    /// whose hash is `hash`; a mismatch fails the key and commits nothing.
-    fn settle(
+    /// Carries out the machine's verdict on checked bytes: a mismatch fails the key and
+    /// commits nothing; matching bytes are copied to the client (under the op's fence),
+    /// committed to the store, and the key's outcome recorded.
+    fn settle(&self, ns: NamespaceId, mut a: Arrived, verdict: Verdict) {
+        let tag = match verdict {
+            Verdict::Commit { tag } => tag,
+            Verdict::Mismatch(check) => {
+                self.peers.count_failure();
+                let why = check.failure(a.len, &self.link.name);
+                tracing::warn!(op = self.op.id, "{}", why.message);
+                self.op.set(a.i, KeyOutcome::Failed(why));
+                return;
+            }
+        };
+        let i = a.i;
+        let copied = self.op.copy_into(i, a.landing.dst());
+        let (outcome, lease) = self.commit(ns, a, tag, copied == Ok(true));
+        match copied {
+            Err(why) => self.op.set(i, KeyOutcome::Failed(why)),
+            Ok(_) => self.op.set_leased(i, outcome, lease),
+        }
+    }
+
+    /// Commits verified bytes to the store (with their hash and block MAC `tag`, kept for
+    /// serving them on): the key's outcome, given whether they reached the client's buffer,
+    /// and the commit's lease when the op hands leases to its consumer.
+    fn commit(
         &self,
         ns: NamespaceId,
-        i: usize,
-        len: u32,
-        hash: &[u8; HASH_LEN],
-        mut landing: Landing,
-        checked: Checked,
-    ) {
+        a: Arrived,
+        tag: Option<(u64, [u8; kvnode_blockmac::TAG_LEN])>,
+        copied: bool,
+    ) -> (KeyOutcome, Option<Lease>) {
         let p = &self.peers;
-        let key = self.op.keys[i];
-        let (ok, by, tag) = match checked {
-            // blake3::Hash compares in constant time.
-            Checked::Hashed(sum) => (
-                blake3::Hash::from(sum) == blake3::Hash::from(*hash),
-                "BLAKE3",
-                None,
-            ),
-            // The tag came in the sealed header with `hash`, computed by the source from the
-            // same bytes: matching bytes are the bytes `hash` names.
-            Checked::Tagged { ok, id, tag } => (ok, "block MAC", Some((id, tag))),
-        };
-        if !ok {
-            p.count_failure();
-            let why = Failure::new(
-                FailCode::Checksum,
-                format!(
-                    "checksum mismatch ({by}) on a {len}-byte block from {}: altered in transit, or changed on the source; not committed",
-                    self.link.name
-                ),
-            );
-            tracing::warn!(op = self.op.id, "{}", why.message);
-            self.op.set(i, KeyOutcome::Failed(why));
-            return;
-        }
-        let copied = self.op.copy_into(i, landing.dst());
+        let key = self.op.keys[a.i];
         let mut lease = None;
-        let outcome = match (landing.slot, landing.refused) {
+        let outcome = match (a.landing.slot, a.landing.refused) {
             (Some(r), _) => {
                 let at = SlotId {
                     ns,
                     digest: key.0,
                     segment: key.1,
                     offset: r.offset(),
-                    len: u64::from(len),
-                    fingerprint: fingerprint(hash),
+                    len: u64::from(a.len),
+                    fingerprint: fingerprint(&a.hash),
                 };
                 // An op whose consumer copies the block onward keeps the commit's lease for
                 // it (no second lookup, no eviction before the copy).
@@ -610,13 +506,13 @@ impl Chunk {
                     r.commit_verified(at.fingerprint) == CommitStatus::Committed
                 };
                 if committed {
-                    p.hashes.put(at, Sums { hash: *hash, tag });
-                    p.count_pulled(u64::from(len));
+                    p.hashes.put(at, Sums { hash: a.hash, tag });
+                    p.count_pulled(u64::from(a.len));
                 }
                 KeyOutcome::Pulled
             }
             (None, Some(PutStatus::Exists)) => KeyOutcome::Pulled,
-            (None, st) if copied == Ok(true) => {
+            (None, st) if copied => {
                 tracing::debug!(status = ?st, "pulled block copied to the client only");
                 KeyOutcome::Pulled
             }
@@ -625,9 +521,6 @@ impl Chunk {
                 format!("cannot store the pulled block: {st:?}"),
             )),
         };
-        match copied {
-            Err(why) => self.op.set(i, KeyOutcome::Failed(why)),
-            Ok(_) => self.op.set_leased(i, outcome, lease),
-        }
+        (outcome, lease)
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use kvnode_proto::peer::HASH_LEN;
 
 use super::hash_ahead::{self, HashAhead};
+use super::machine::Checked;
 use crate::peer::PeerError;
 use crate::peer::error::WireError;
 use crate::peer::transport::{PullConn as _, PullWire};
@@ -77,19 +78,6 @@ fn read_pieces(
         at += piece.len();
     }
     Ok(())
-}
-
-/// How a received block was checked.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Checked {
-    /// By its BLAKE3 hash, compared with the header's.
-    Hashed([u8; HASH_LEN]),
-    /// Against the block MAC in its header (`seal`) under cluster key `id`: whether it matched.
-    Tagged {
-        ok: bool,
-        id: u64,
-        tag: [u8; TAG_LEN],
-    },
 }
 
 /// Fills `dst` with the next payload bytes and checks them: against the block MAC of a

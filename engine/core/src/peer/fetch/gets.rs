@@ -11,10 +11,10 @@
 
 use kvnode_proto::NamespaceId;
 use kvnode_proto::client::PutStatus;
-use kvnode_proto::peer::HASH_LEN;
 use std::time::Duration;
 
-use super::{Checked, Chunk, PeerError, PullWire};
+use super::machine::Checked;
+use super::{Arrived, Chunk, PeerError, PullWire};
 use crate::peer::transport::{PullConn, SlotReads as _};
 
 use crate::peer::error::{PullError, Violation};
@@ -60,37 +60,35 @@ impl Landing {
     }
 }
 
-/// A block whose GET is in flight.
+/// A block whose GET is in flight (kept by the chunk's machine until it lands).
 pub(super) struct Flight {
-    /// The `Pull` request it answers.
-    pub(super) req: u64,
-    pub(super) len: u32,
-    /// The hash its sealed `Slot` carried.
-    pub(super) hash: [u8; HASH_LEN],
     /// The block MAC its sealed `Slot` carried, if any.
     pub(super) tag: Option<[u8; TAG_LEN]>,
-    pub(super) landing: Landing,
+    /// The key, its length and hash, and the slot the GET writes.
+    pub(super) arrived: Arrived,
 }
 
 impl Chunk {
-    /// Starts key `i`'s GET from the source's `addr` into `f`'s landing, after landing
-    /// older GETs while the window is full.
+    /// Starts key `f`'s GET (answering request `req`) from the source's `addr` into its
+    /// landing, after landing older GETs while the window is full.
     pub(super) fn post_get(
         &mut self,
         w: &mut PullWire,
         ns: NamespaceId,
-        i: usize,
+        req: u64,
         addr: u64,
         mut f: Flight,
     ) -> Result<(), PeerError> {
         while slots(w)?.in_flight() >= slots(w)?.window() {
             self.land_one(w, ns)?;
         }
-        let dst = f.landing.dst();
-        // SAFETY: the landing moves into `flights` (its bytes stay put) and leaves only when
-        // the GET has landed, or was handed back by `abandon`, or is retired if UCX keeps it.
+        let i = f.arrived.i;
+        let dst = f.arrived.landing.dst();
+        // SAFETY: the landing moves into the machine's flights (its bytes stay put) and
+        // leaves only when the GET has landed, or was handed back by `abandon`, or is
+        // retired if UCX keeps it.
         unsafe { slots(w)?.post(dst.as_mut_ptr(), dst.len(), addr, i as u64) }?;
-        self.flights.insert(i, f);
+        self.m.get_started(i, req, f);
         Ok(())
     }
 
@@ -111,37 +109,37 @@ impl Chunk {
         mac: Option<&BlockMac>,
     ) -> Result<(), PeerError> {
         let i = tag as usize;
-        let Some(mut f) = self.flights.remove(&i) else {
-            return Err(Violation::GetNotInFlight { key: i }.into());
-        };
+        let mut f = self.m.get_landed(i)?;
         r?; // the buffer is quiet: dropping `f` frees its slot
         self.link
             .ucx_gets
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // One fast pass against the Slot's block MAC where the session has one, else BLAKE3.
+        let dst = f.arrived.landing.dst();
         let checked = match (mac, f.tag) {
             (Some(m), Some(want)) => {
-                let got = m.tag(f.landing.dst());
+                let got = m.tag(dst);
                 Checked::Tagged {
                     ok: tags_equal(&got, &want),
                     id: m.id(),
                     tag: got,
                 }
             }
-            _ => Checked::Hashed(*blake3::hash(f.landing.dst()).as_bytes()),
+            _ => Checked::Hashed(*blake3::hash(dst).as_bytes()),
         };
-        self.settle(ns, i, f.len, &f.hash, f.landing, checked);
-        self.answered(i)
+        let verdict = self.m.body_in(i, &f.arrived.hash, checked)?;
+        self.settle(ns, f.arrived, verdict);
+        Ok(())
     }
 
-    /// Lands every GET in flight that `which` selects.
+    /// Lands every GET in flight for request `req` (every request: `None`).
     pub(super) fn land_where(
         &mut self,
         w: &mut PullWire,
         ns: NamespaceId,
-        which: impl Fn(&Flight) -> bool,
+        req: Option<u64>,
     ) -> Result<(), PeerError> {
-        while self.flights.values().any(&which) {
+        while self.m.gets_for(req) {
             self.land_one(w, ns)?;
         }
         Ok(())
@@ -166,9 +164,9 @@ impl Chunk {
             let _ = self.landed(ns, tag, r, mac.as_deref());
         }
         let kept = u.abandon(io);
-        for (i, f) in self.flights.drain() {
+        for (i, f) in self.m.drain_gets() {
             if kept.contains(&(i as u64)) {
-                f.landing.retire();
+                f.arrived.landing.retire();
             }
         }
         if kept.is_empty() {
