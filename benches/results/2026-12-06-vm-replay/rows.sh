@@ -2,11 +2,11 @@
 # Issue 40's six rows through one real daemon (one node, one engine, no GPU cache),
 # deterministic: the whole trace, one request at a time. Run from the repository root after
 # `cargo build --release -p kvnode -p kvnode-e2e --bins --tests` (a test-seam build, hence
-# KVNODE_TEST_SEAMS=1). Add the new policy's name to POLICIES once it is merged.
+# KVNODE_TEST_SEAMS=1).
 set -e
 OUT=benches/results/2026-12-06-vm-replay
 TR=${KVNODE_TRACES:-../shared/traces}/mooncake_fast25
-POLICIES=${POLICIES:-"lru s3fifo"}
+POLICIES=${POLICIES:-"lru s3fifo chain"}
 for p in $POLICIES; do
   for row in conversation:2000 conversation:8000 conversation:32000 synthetic:1000 synthetic:4000 synthetic:16000; do
     t=${row%%:*}; c=${row##*:}
