@@ -332,7 +332,9 @@ fn round(
     a: &PullArgs,
     dm: &Daemons,
     d: &mut Client,
-    (db, big, big_hint): (u32, &[Key], &str),
+    db: u32,
+    big: &[Key],
+    big_hint: &str,
     page: u64,
 ) -> anyhow::Result<Round> {
     let bytes = page as f64 * big.len() as f64;
@@ -410,7 +412,7 @@ pub fn run(a: &PullArgs) -> anyhow::Result<()> {
     let first = bytes / pull(&mut d, db, &big, &big_hint)?;
     let before = Counters::read(&mut d)?;
     let rounds = (0..a.rounds.max(1))
-        .map(|_| round(a, &dm, &mut d, (db, &big, &big_hint), page))
+        .map(|_| round(a, &dm, &mut d, db, &big, &big_hint, page))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let measured: usize = rounds.iter().map(|r| r.pulls.len() * big.len()).sum();
     let moved = Moved::between(before, Counters::read(&mut d)?, measured as u64);

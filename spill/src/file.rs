@@ -132,6 +132,35 @@ pub(crate) fn open_spill_file(
     Ok(f)
 }
 
+/// Opens (or creates) the file at `path` private to this user, refusing a symbolic link,
+/// and takes its exclusive lock.
+fn open_locked(path: &Path, direct: bool) -> Result<File, SpillError> {
+    let mut opts = OpenOptions::new();
+    // O_NOFOLLOW: a symlink planted at the path is refused (ELOOP), never followed.
+    opts.read(true)
+        .write(true)
+        .create(true)
+        .mode(crate::perms::FILE_MODE);
+    let flags = if direct { libc::O_DIRECT } else { 0 } | libc::O_NOFOLLOW;
+    opts.custom_flags(flags);
+    match opts.open(path) {
+        Ok(f) => {
+            crate::perms::private_file(&f, path)?;
+            crate::lock::lock_exclusive(&f, path)?;
+            Ok(f)
+        }
+        Err(e) if direct && is_einval(&e) => Err(SpillError::DirectIoUnsupported {
+            path: path.into(),
+            source: e,
+        }),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(SpillError::Insecure {
+            path: path.into(),
+            why: "it is a symbolic link".into(),
+        }),
+        Err(e) => Err(SpillError::io("opening spill file", path, e)),
+    }
+}
+
 fn open_checked(
     path: &Path,
     index: u32,
@@ -142,34 +171,7 @@ fn open_checked(
     if let Some(dir) = path.parent() {
         crate::perms::private_dir(dir)?;
     }
-    let mut opts = OpenOptions::new();
-    // O_NOFOLLOW: a symlink planted at the path is refused (ELOOP), never followed.
-    opts.read(true)
-        .write(true)
-        .create(true)
-        .mode(crate::perms::FILE_MODE);
-    let flags = if direct { libc::O_DIRECT } else { 0 } | libc::O_NOFOLLOW;
-    opts.custom_flags(flags);
-    let file = match opts.open(path) {
-        Ok(f) => {
-            crate::perms::private_file(&f, path)?;
-            crate::lock::lock_exclusive(&f, path)?;
-            f
-        }
-        Err(e) if direct && is_einval(&e) => {
-            return Err(SpillError::DirectIoUnsupported {
-                path: path.into(),
-                source: e,
-            });
-        }
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(SpillError::Insecure {
-                path: path.into(),
-                why: "it is a symbolic link".into(),
-            });
-        }
-        Err(e) => return Err(SpillError::io("opening spill file", path, e)),
-    };
+    let file = open_locked(path, direct)?;
     let len = file
         .metadata()
         .map_err(|e| SpillError::io("stat", path, e))?

@@ -1,6 +1,6 @@
 //! The IO worker: one thread per spill file, owning its ring, regions and in-flight operations.
 
-use crate::buf::{AlignedBuf, Arena};
+use crate::buf::{AlignedBuf, Arena, Mem};
 use crate::engine::{Cqe, IoEngine, Sqe};
 use crate::error::SpillError;
 use crate::file::SpillFile;
@@ -24,6 +24,15 @@ pub(crate) struct WorkerSettings {
     pub max_block: usize,
     pub sync_interval: Option<Duration>,
     pub seal_on_shutdown: bool,
+}
+
+/// A block payload's write: from where, how long, through which registered buffer, and the
+/// bounce copy that must live until the write completes.
+struct WriteSource {
+    ptr: *const u8,
+    len: usize,
+    fixed: Option<u16>,
+    bounce: Option<AlignedBuf>,
 }
 
 struct WriteFlight {
@@ -307,32 +316,17 @@ impl Worker {
         let mut hdr = self.take_buf(SECTOR as usize);
         hdr.fill(0);
         hdr[..HEADER_LEN].copy_from_slice(&header.encode());
-        let aligned = (mem.ptr as usize).is_multiple_of(SECTOR as usize)
-            && len.is_multiple_of(SECTOR as usize);
-        let (src, wlen, fixed, bounce) = if !self.direct || aligned {
-            (
-                mem.ptr.cast_const(),
-                len,
-                if self.direct { mem.fixed } else { None },
-                None,
-            )
-        } else {
-            let mut b = self.take_buf(round_up(len as u64) as usize);
-            b[..len].copy_from_slice(payload);
-            b[len..].fill(0);
-            Shared::bump(&self.shared.counters.bounce_copies, 1);
-            (b.as_ptr(), b.len(), None, Some(b))
-        };
+        let src = self.write_source(&mem, payload);
         let hdr_ptr = hdr.as_ptr();
-        let remaining = if wlen > 0 { 2 } else { 1 };
+        let remaining = if src.len > 0 { 2 } else { 1 };
         let f = WriteFlight {
             key,
             op,
             header,
             region: p.region,
             hdr,
-            bounce,
-            wlen: wlen as u32,
+            bounce: src.bounce,
+            wlen: src.len as u32,
             remaining,
             error: None,
             evicted,
@@ -347,16 +341,42 @@ impl Worker {
                 fixed: None,
             },
         );
-        if wlen > 0 {
+        if src.len > 0 {
             self.push(
                 t | 1,
                 Sqe::Write {
-                    buf: src,
-                    len: wlen as u32,
+                    buf: src.ptr,
+                    len: src.len as u32,
                     offset: p.file_offset + SECTOR,
-                    fixed,
+                    fixed: src.fixed,
                 },
             );
+        }
+    }
+
+    /// Where a block's payload is written from: the caller's memory when it may be (buffered
+    /// I/O, or O_DIRECT with sector alignment), else a sector-aligned bounce copy.
+    fn write_source(&mut self, mem: &Mem, payload: &[u8]) -> WriteSource {
+        let len = payload.len();
+        let aligned = (mem.ptr as usize).is_multiple_of(SECTOR as usize)
+            && len.is_multiple_of(SECTOR as usize);
+        if !self.direct || aligned {
+            return WriteSource {
+                ptr: mem.ptr.cast_const(),
+                len,
+                fixed: if self.direct { mem.fixed } else { None },
+                bounce: None,
+            };
+        }
+        let mut b = self.take_buf(round_up(len as u64) as usize);
+        b[..len].copy_from_slice(payload);
+        b[len..].fill(0);
+        Shared::bump(&self.shared.counters.bounce_copies, 1);
+        WriteSource {
+            ptr: b.as_ptr(),
+            len: b.len(),
+            fixed: None,
+            bounce: Some(b),
         }
     }
 

@@ -60,16 +60,24 @@ fn handshake_errors_are_reported_and_the_connection_closed() {
 }
 
 #[test]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one scenario walked step by step on one connection"
-)]
 fn malformed_frames_get_clear_errors_and_nothing_changes() {
     let d = Daemon::start(&["--dram", "16MiB"]);
     let (mut c, ns, keys, data) = seed_blocks(&d);
-
-    // Unknown op: decodable frame, undecodable header. Error, connection continues.
+    // One connection through every refusal that keeps it open; it still works after.
     let mut r = Raw::connect(&d, true);
+    undecodable_headers(&mut r, ns);
+    refused_puts(&mut r, ns, &keys);
+    leases_and_hello_after_errors(&mut r, ns, &keys);
+    // Then frames that end their connection.
+    broken_frames(&d);
+    assert_unchanged(&mut c, ns, &keys, &data);
+    assert_eq!(c.stats().unwrap().tiers[0].blocks, 16);
+}
+
+/// An unknown op, a key of the wrong length, a payload on an op that takes none: each an
+/// error, the connection goes on.
+fn undecodable_headers(r: &mut Raw, ns: u32) {
+    // Unknown op: decodable frame, undecodable header. Error, connection continues.
     let mut inner = BTreeMap::new();
     inner.insert("x".to_owned(), serde_bytes_like::Bytes(vec![1]));
     let mut op = BTreeMap::new();
@@ -102,6 +110,10 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
         &[1, 2, 3],
     );
     r.expect_error(ErrorCode::Invalid);
+}
+
+/// Puts refused for their lengths, namespace, size or an existing key: nothing stored.
+fn refused_puts(r: &mut Raw, ns: u32, keys: &[kvnode_proto::Key]) {
     // Put whose lengths disagree with its payload.
     r.send(
         &Request {
@@ -162,6 +174,11 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
     assert!(
         matches!(r.recv().unwrap().reply, Reply::Put { results } if results == vec![PutStatus::Exists])
     );
+}
+
+/// A double release, a release never taken and a second Hello are refused; the connection
+/// still answers after all of it.
+fn leases_and_hello_after_errors(r: &mut Raw, ns: u32, keys: &[kvnode_proto::Key]) {
     // Double release, and release of a lease never taken.
     r.send(
         &Request {
@@ -214,7 +231,7 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
             op: Op::Exists {
                 hint: None,
                 ns,
-                keys: keys.clone(),
+                keys: keys.to_vec(),
             },
         },
         &[],
@@ -223,9 +240,12 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
         r.recv().unwrap().reply,
         Reply::Exists { count: 16, .. }
     ));
+}
 
+/// An impossible length prefix (error, then closed) and a truncated frame with a hang-up.
+fn broken_frames(d: &Daemon) {
     // A prefix with an impossible length: error frame, then the connection is dropped.
-    let mut bad = Raw::connect(&d, true);
+    let mut bad = Raw::connect(d, true);
     bad.0
         .write_all(
             &FramePrefix {
@@ -237,14 +257,14 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
         .unwrap();
     bad.expect_error(ErrorCode::Malformed);
     assert!(bad.closed());
-    let mut bad = Raw::connect(&d, true);
+    let mut bad = Raw::connect(d, true);
     let mut huge = [0u8; 8];
     huge[..4].copy_from_slice(&(u32::MAX).to_le_bytes());
     bad.0.write_all(&huge).unwrap();
     bad.expect_error(ErrorCode::Malformed);
     assert!(bad.closed());
     // A truncated frame followed by a hang-up.
-    let mut t = Raw::connect(&d, true);
+    let mut t = Raw::connect(d, true);
     t.0.write_all(
         &FramePrefix {
             header_len: 100,
@@ -255,9 +275,6 @@ fn malformed_frames_get_clear_errors_and_nothing_changes() {
     .unwrap();
     t.0.write_all(&[0x80; 10]).unwrap();
     drop(t);
-
-    assert_unchanged(&mut c, ns, &keys, &data);
-    assert_eq!(c.stats().unwrap().tiers[0].blocks, 16);
 }
 
 fn serde_json_like(ns: u32) -> impl serde::Serialize {

@@ -207,7 +207,9 @@ fn assert_pulled(op: &OpReport, log: &str) {
 fn assert_refused_undialled(
     cl: &mut Cluster,
     n: &[Daemon],
-    (from, to, port): (usize, usize, u16),
+    from: usize,
+    to: usize,
+    port: u16,
     why: &str,
 ) {
     let trap = DialTrap::arm(&cl.fabric, from, to, port);
@@ -271,7 +273,7 @@ fn members_pull_without_peers_and_crashes_restarts_and_partitions_show_in_the_me
         assert_pulled(&op, &n[src - 1].log());
     }
     // An endpoint no member advertises (a member's address, another port).
-    assert_refused_undialled(&mut cl, &n, (2, 1, 7799), "not a live cluster member");
+    assert_refused_undialled(&mut cl, &n, 2, 1, 7799, "not a live cluster member");
 
     crash_and_restart_at_a_new_port(&mut cl, &mut n);
     partition_and_heal(&mut cl, &n);
@@ -297,7 +299,7 @@ fn crash_and_restart_at_a_new_port(cl: &mut Cluster, n: &mut [Daemon]) {
     let gone = t.elapsed();
     eprintln!("SIGKILLed member left the membership after {gone:?} (ttl {TTL_S} s)");
     assert!(gone <= Duration::from_secs(TTL_S + 2), "{gone:?}");
-    assert_refused_undialled(cl, n, (1, 3, 7700), "not a live cluster member");
+    assert_refused_undialled(cl, n, 1, 3, 7700, "not a live cluster member");
 
     // Node 3 back at a new port: accepted there, refused at the old one.
     n[2] = cl.start(3, 7701);
@@ -310,7 +312,7 @@ fn crash_and_restart_at_a_new_port(cl: &mut Cluster, n: &mut [Daemon]) {
                 .any(|m| m.node_id == "n3" && m.endpoints == [new_ep.clone()])
         });
     }
-    assert_refused_undialled(cl, n, (1, 3, 7700), "not a live cluster member");
+    assert_refused_undialled(cl, n, 1, 3, 7700, "not a live cluster member");
     let keys = cl.fresh(3);
     assert_pulled(&pull(&n[0], &new_ep, &keys), &n[2].log());
 }
@@ -361,7 +363,7 @@ fn partition_and_heal(cl: &mut Cluster, n: &[Daemon]) {
         "partitioned member dropped by the others after {:?}",
         t.elapsed()
     );
-    assert_refused_undialled(cl, n, (1, 2, 7700), "not a live cluster member");
+    assert_refused_undialled(cl, n, 1, 2, 7700, "not a live cluster member");
     // Node 2 itself: etcd unreachable -> degraded (last view in force) -> expired.
     wait_for(&n[1], "n2 degraded", Duration::from_secs(5), |r| {
         r.summary.state == ClusterState::Degraded && !r.summary.etcd_healthy
@@ -373,7 +375,7 @@ fn partition_and_heal(cl: &mut Cluster, n: &[Daemon]) {
         |r| r.summary.state == ClusterState::Expired && !r.summary.in_force,
     );
     eprintln!("partitioned node's own membership expired {expired:?} after it was seen degraded");
-    assert_refused_undialled(cl, n, (2, 1, 7700), "past the membership grace");
+    assert_refused_undialled(cl, n, 2, 1, 7700, "past the membership grace");
 
     // Heal: node 2 registers again and everyone sees three members.
     cl.fabric.set_connected(2, true);
@@ -409,7 +411,7 @@ fn etcd_outage_keeps_known_members_for_the_grace_then_refuses_and_all_reregister
         assert_eq!(r.summary.state, ClusterState::Connecting, "{r:?}");
         assert!(!r.summary.in_force);
     }
-    assert_refused_undialled(&mut cl, &n, (1, 2, 7700), "etcd has not answered");
+    assert_refused_undialled(&mut cl, &n, 1, 2, 7700, "etcd has not answered");
     wait_log(&n[0], "cannot reach etcd");
 
     let mut etcd = Etcd::start(&cl.fabric, &cl.dir);
@@ -498,7 +500,7 @@ fn incompatible_member_is_listed_and_refused(cl: &mut Cluster, etcd: &Etcd, n: &
         },
     );
     let why = format!("peer protocol v{next}");
-    assert_refused_undialled(cl, n, (1, 3, 7702), &why);
+    assert_refused_undialled(cl, n, 1, 3, 7702, &why);
 }
 
 /// etcd killed: degraded within the grace, expired after it.
@@ -526,7 +528,7 @@ fn outage_grace_expiry(cl: &mut Cluster, etcd: &mut Etcd, n: &[Daemon]) {
         Duration::from_secs(cl.grace_s + 3),
         |r| r.summary.state == ClusterState::Expired,
     );
-    assert_refused_undialled(cl, n, (1, 2, 7700), "past the membership grace");
+    assert_refused_undialled(cl, n, 1, 2, 7700, "past the membership grace");
     let s = n[0]
         .client()
         .stats()

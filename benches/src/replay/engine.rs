@@ -110,7 +110,7 @@ impl Engine {
                 .filter(|h| h.blocks > g)
                 .map(|h| hint_json(h, &r.blocks));
             let t0 = Instant::now();
-            let lead = get(c, *ns, (&keys, rest), hint.as_deref(), &mut s, self.block)?;
+            let lead = get(c, *ns, &keys, rest, hint.as_deref(), &mut s, self.block)?;
             t.get_s = t0.elapsed().as_secs_f64();
             t.pulled = hint.is_some();
             let t1 = Instant::now();
@@ -136,7 +136,8 @@ fn hint_json(h: &Hint, blocks: &[u64]) -> String {
 fn get(
     c: &mut Client,
     ns: u32,
-    (keys, ids): (&[Key], &[u64]),
+    keys: &[Key],
+    ids: &[u64],
     hint: Option<&str>,
     s: &mut Served,
     block: usize,

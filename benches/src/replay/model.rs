@@ -53,8 +53,10 @@ impl Dram {
     /// Stores `b` unless held (`hint`: its place in the put); returns whether it stored it.
     fn insert(
         &mut self,
-        (c, ix): (usize, &mut Index),
-        (b, hint): (u64, BatchHint),
+        ix: &mut Index,
+        c: usize,
+        b: u64,
+        hint: BatchHint,
         announced: bool,
     ) -> bool {
         if self.holds(b) {
@@ -143,7 +145,7 @@ impl Model {
             let put = &rest[lead..];
             for (j, &b) in put.iter().enumerate() {
                 let hint = BatchHint::at(j, put.len());
-                s.stored += u64::from(d.insert((c, &mut self.index), (b, hint), true));
+                s.stored += u64::from(d.insert(&mut self.index, c, b, hint, true));
             }
         }
         s.computed = s.refs - s.gpu - s.dram - s.peer;
@@ -169,7 +171,7 @@ impl Model {
         for (i, &b) in got.iter().enumerate() {
             let hint = BatchHint::at(i, got.len());
             let announce = self.what_if.contains(&WhatIf::AnnouncePulled);
-            self.drams[c].insert((c, &mut self.index), (b, hint), announce);
+            self.drams[c].insert(&mut self.index, c, b, hint, announce);
         }
         got
     }

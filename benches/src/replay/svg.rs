@@ -10,7 +10,7 @@ const W: f64 = 900.0;
 const LEFT: f64 = 170.0;
 const BAR: f64 = 600.0;
 
-fn rect(s: &mut String, (x, y, w, h): (f64, f64, f64, f64), fill: &str) {
+fn rect(s: &mut String, x: f64, y: f64, w: f64, h: f64, fill: &str) {
     let _ = writeln!(
         s,
         r#"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{h:.1}" fill="{fill}"/>"#
@@ -24,7 +24,7 @@ fn text(s: &mut String, x: f64, y: f64, t: &str) {
 fn legend(s: &mut String, y: f64, items: &[(&str, &str)]) {
     for (i, (name, color)) in items.iter().enumerate() {
         let x = 560.0 + i as f64 * 85.0;
-        rect(s, (x, y - 11.0, 12.0, 12.0), color);
+        rect(s, x, y - 11.0, 12.0, 12.0, color);
         text(s, x + 16.0, y, name);
     }
 }
@@ -57,7 +57,7 @@ pub fn render(title: &str, arms: &[ArmSummary]) -> String {
             (a.hit_rate_dram, "#2ca02c"),
             (a.hit_rate_peer, "#ff7f0e"),
         ] {
-            rect(&mut s, (x, y, v * BAR, 20.0), c);
+            rect(&mut s, x, y, v * BAR, 20.0, c);
             x += v * BAR;
         }
         text(&mut s, x + 4.0, y + 14.0, &format!("{:.3}", a.hit_rate));
@@ -104,7 +104,7 @@ fn ttft(s: &mut String, top: f64, arms: &[ArmSummary]) {
             .enumerate()
         {
             let yy = y + j as f64 * 13.0;
-            rect(s, (LEFT, yy, v / max * BAR, 12.0), c);
+            rect(s, LEFT, yy, v / max * BAR, 12.0, c);
             text(s, LEFT + v / max * BAR + 4.0, yy + 11.0, &format!("{v:.0}"));
         }
     }

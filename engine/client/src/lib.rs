@@ -120,6 +120,14 @@ pub(crate) fn unexpected(r: &Reply) -> ClientError {
     }
 }
 
+/// Where a `GetToRegion` writes: the region and each key's offset and room in it.
+#[derive(Clone, Copy)]
+struct RegionDest<'a> {
+    region: u32,
+    offsets: &'a [u64],
+    lens: &'a [u64],
+}
+
 impl Client {
     /// Connects, performs the handshake and maps the daemon's arena.
     pub fn connect(path: impl AsRef<Path>) -> Result<Self> {
@@ -459,7 +467,11 @@ impl Client {
         offsets: &[u64],
         lens: &[u64],
     ) -> Result<Vec<Option<u64>>> {
-        let to = (region, offsets, lens);
+        let to = RegionDest {
+            region,
+            offsets,
+            lens,
+        };
         self.region_get(ns, keys, to, None, None)
             .map(|(lens, _)| lens)
     }
@@ -468,10 +480,15 @@ impl Client {
         &mut self,
         ns: u32,
         keys: &[Key],
-        (region, offsets, lens): (u32, &[u64], &[u64]),
+        to: RegionDest<'_>,
         hint: Option<&str>,
         deadline_ms: Option<u64>,
     ) -> Result<RegionGot> {
+        let RegionDest {
+            region,
+            offsets,
+            lens,
+        } = to;
         match self.call(Op::GetToRegion {
             ns,
             keys: keys.to_vec(),
@@ -500,7 +517,11 @@ impl Client {
         hint: &str,
         deadline_ms: Option<u64>,
     ) -> Result<RegionGot> {
-        let to = (region, offsets, lens);
+        let to = RegionDest {
+            region,
+            offsets,
+            lens,
+        };
         self.region_get(ns, keys, to, Some(hint), deadline_ms)
     }
 

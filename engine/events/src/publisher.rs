@@ -47,7 +47,7 @@ impl Publisher {
     /// Validates `config`, binds the sockets and starts the publisher thread. Returns once
     /// both sockets are bound, or with the bind error.
     pub fn start(config: PublisherConfig) -> Result<Self, PublisherError> {
-        let endpoints = config.validate()?;
+        let (endpoint, replay) = config.validate()?;
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel(config.queue_capacity);
         let queue_bytes = config.queue_bytes;
@@ -67,7 +67,7 @@ impl Publisher {
                     stop: stop_rx,
                     ready: ready_tx,
                 };
-                runtime.block_on(run(config, endpoints, chan));
+                runtime.block_on(run(config, endpoint, replay, chan));
             })
             .map_err(PublisherError::Start)?;
         let bound = match ready_rx.recv() {
@@ -183,11 +183,7 @@ async fn bind<S: Socket>(
 }
 
 /// The publisher thread's body: bind, report, batch until stopped, drain, linger.
-async fn run(
-    config: PublisherConfig,
-    (endpoint, replay): (Endpoint, Option<Endpoint>),
-    chan: Channel,
-) {
+async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoint>, chan: Channel) {
     let Channel {
         mut rx,
         counters,

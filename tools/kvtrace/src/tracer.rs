@@ -191,54 +191,8 @@ impl<'o> Tracer<'o> {
         let skel = open.load().context(
             "loading the BPF programs (kernel too old, or BPF disabled by lockdown/sysctl?)",
         )?;
-        let mut links = Vec::new();
+        let mut links = attach_usdt(&skel, pids, &opts)?;
         let p = &skel.progs;
-        let all = [
-            (&p.op_start, "op_start"),
-            (&p.op_done, "op_done"),
-            (&p.evict, "evict"),
-            (&p.lease_overdue, "lease_overdue"),
-            (&p.stall, "stall"),
-            (&p.spill_complete, "spill_complete"),
-            (&p.peer_pull_done, "peer_pull_done"),
-            (&p.promote, "promote"),
-            (&p.demote, "demote"),
-            (&p.cancel, "cancel"),
-            (&p.fence, "fence"),
-        ];
-        let wanted =
-            |name: &str| opts.probes.contains(&name) || (opts.pair_ops && name == "op_start");
-        for (i, &pid) in pids.iter().enumerate() {
-            let exe = format!("/proc/{pid}/exe");
-            // The cookie is the daemon's index: its op histograms are op_hists[i * KVT_OPS..].
-            let cookie = UsdtOpts {
-                cookie: i as u64,
-                ..UsdtOpts::default()
-            };
-            for (prog, name) in all.iter().filter(|(_, n)| wanted(n)) {
-                match prog.attach_usdt_with_opts(
-                    pid.cast_signed(),
-                    &exe,
-                    "kvnode",
-                    *name,
-                    cookie.clone(),
-                ) {
-                    Ok(l) => links.push(l),
-                    // A daemon built before this probe existed: trace what it has.
-                    Err(e)
-                        if e.kind() == libbpf_rs::ErrorKind::NotFound
-                            && !REQUIRED.contains(name) => {}
-                    Err(e) => {
-                        return Err(e)
-                            .with_context(|| format!("attaching USDT kvnode:{name} to pid {pid}"));
-                    }
-                }
-            }
-            skel.maps
-                .pids
-                .update(&pid.to_ne_bytes(), &[1], MapFlags::ANY)
-                .context("filling the pid filter")?;
-        }
         if opts.uring_slow_ns > 0 {
             for (prog, tp) in [
                 (&p.uring_submit, "io_uring_submit_req"),
@@ -314,4 +268,56 @@ impl<'o> Tracer<'o> {
             })
             .collect()
     }
+}
+
+/// Attaches the wanted USDT probes to every daemon in `pids` (the cookie is the daemon's index)
+/// and fills the pid filter.
+fn attach_usdt(skel: &KvtraceSkel<'_>, pids: &[u32], opts: &Options) -> anyhow::Result<Vec<Link>> {
+    let mut links = Vec::new();
+    let p = &skel.progs;
+    let all = [
+        (&p.op_start, "op_start"),
+        (&p.op_done, "op_done"),
+        (&p.evict, "evict"),
+        (&p.lease_overdue, "lease_overdue"),
+        (&p.stall, "stall"),
+        (&p.spill_complete, "spill_complete"),
+        (&p.peer_pull_done, "peer_pull_done"),
+        (&p.promote, "promote"),
+        (&p.demote, "demote"),
+        (&p.cancel, "cancel"),
+        (&p.fence, "fence"),
+    ];
+    let wanted = |name: &str| opts.probes.contains(&name) || (opts.pair_ops && name == "op_start");
+    for (i, &pid) in pids.iter().enumerate() {
+        let exe = format!("/proc/{pid}/exe");
+        // The cookie is the daemon's index: its op histograms are op_hists[i * KVT_OPS..].
+        let cookie = UsdtOpts {
+            cookie: i as u64,
+            ..UsdtOpts::default()
+        };
+        for (prog, name) in all.iter().filter(|(_, n)| wanted(n)) {
+            match prog.attach_usdt_with_opts(
+                pid.cast_signed(),
+                &exe,
+                "kvnode",
+                *name,
+                cookie.clone(),
+            ) {
+                Ok(l) => links.push(l),
+                // A daemon built before this probe existed: trace what it has.
+                Err(e)
+                    if e.kind() == libbpf_rs::ErrorKind::NotFound && !REQUIRED.contains(name) => {}
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("attaching USDT kvnode:{name} to pid {pid}"));
+                }
+            }
+        }
+        skel.maps
+            .pids
+            .update(&pid.to_ne_bytes(), &[1], MapFlags::ANY)
+            .context("filling the pid filter")?;
+    }
+    Ok(links)
 }

@@ -263,7 +263,8 @@ impl DramTier {
         &self,
         owner: u64,
         r: &Reserved,
-        (meta, on_lower): (Option<&Arc<RouterMeta>>, bool),
+        meta: Option<&Arc<RouterMeta>>,
+        on_lower: bool,
         fingerprint: Option<u64>,
     ) -> Option<Leased> {
         self.with(|s| {

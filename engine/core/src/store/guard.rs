@@ -163,7 +163,8 @@ impl Reservation {
         let got = self.store.dram.commit_leased(
             self.owner,
             &raw,
-            (self.meta.as_ref(), on_lower),
+            self.meta.as_ref(),
+            on_lower,
             fingerprint,
         );
         self.store.quota_release(raw.ns, raw.len);
