@@ -56,7 +56,8 @@ pub(super) struct Node {
     pub(super) peers: Arc<Peers>,
 }
 
-fn node(peer: &crate::peer::PeerConfig) -> Node {
+/// A 32 MiB DRAM-only store (4 MiB slabs, LRU), as every peer unit test's node has.
+pub(super) fn small_store() -> Arc<Store> {
     let arena = Arc::new(Arena::create(32 << 20, false).expect("arena"));
     let announcer = Announcer::new(None);
     let dram = Arc::new(DramTier::with_announcer(
@@ -67,7 +68,11 @@ fn node(peer: &crate::peer::PeerConfig) -> Node {
         },
         Arc::clone(&announcer),
     ));
-    let store = Store::new(arena, dram, None, announcer);
+    Store::new(arena, dram, None, announcer)
+}
+
+fn node(peer: &crate::peer::PeerConfig) -> Node {
+    let store = small_store();
     let peers = Peers::new(peer, Arc::clone(&store), Arc::new(Metrics::default())).expect("peers");
     Node {
         store,
@@ -176,6 +181,12 @@ pub(super) async fn pair_gets(
 
 impl Pair {
     pub(super) async fn pull(&self, n: u8) -> OpReport {
+        self.pull_op(n, false).await.report()
+    }
+
+    /// Pulls keys `0..n` into an op that keeps each pulled block's commit lease (as a hinted
+    /// GPU onload's does) or not, and waits for it to end.
+    async fn pull_op(&self, n: u8, hand_leases: bool) -> Arc<super::PullOp> {
         let keys: Vec<Key> = (0..n).map(key).collect();
         let op = self
             .dst
@@ -187,11 +198,11 @@ impl Pair {
                 hint: &self.hint,
                 into: Vec::new(),
                 deadline_ms: Some(5000),
-                hand_leases: false,
+                hand_leases,
             })
             .await;
         op.wait(Duration::from_secs(10)).await;
-        op.report()
+        op
     }
 
     /// Which keys the destination holds, checking their bytes.
@@ -578,24 +589,9 @@ async fn a_small_request_is_summed_in_line() {
 }
 
 impl Pair {
-    /// Pulls keys `0..n` into an op that keeps each pulled block's commit lease (as a hinted
-    /// GPU onload's does) or not, and waits for it.
+    /// [`Pair::pull_op`] that must end `Done`.
     async fn pull_handing(&self, n: u8, hand_leases: bool) -> Arc<super::PullOp> {
-        let keys: Vec<Key> = (0..n).map(key).collect();
-        let op = self
-            .dst
-            .peers
-            .start(super::PullRequest {
-                conn: 1,
-                ns: self.ns,
-                keys: &keys,
-                hint: &self.hint,
-                into: Vec::new(),
-                deadline_ms: Some(5000),
-                hand_leases,
-            })
-            .await;
-        op.wait(Duration::from_secs(10)).await;
+        let op = self.pull_op(n, hand_leases).await;
         assert_eq!(op.report().state, OpState::Done, "{:?}", op.report());
         op
     }

@@ -12,13 +12,9 @@ use kvnode_proto::pull::{FailCode, Failure, KeyOutcome, OpState};
 use kvnode_proto::{Digest, Key, NamespaceId, NamespaceSpec};
 
 use super::{Answer, Body, Check, Checked, PullMachine, Step, Verdict};
-use crate::arena::Arena;
-use crate::dram::{DramTier, TierConfig};
 use crate::peer::PeerError;
 use crate::peer::error::{PullError, Stage, Violation};
 use crate::peer::op::{NewOp, PullOp};
-use crate::policy::PolicyKind;
-use crate::residency::Announcer;
 use crate::store::Store;
 
 const PAGE: usize = 4096;
@@ -57,17 +53,7 @@ struct Pull {
 impl Pull {
     /// `n` keys pulled in requests of `batch`, ids from 1; `deadline`: an in-place pull's.
     fn new(n: usize, batch: usize, deadline: Option<Instant>) -> Self {
-        let arena = Arc::new(Arena::create(32 << 20, false).expect("arena"));
-        let announcer = Announcer::new(None);
-        let dram = Arc::new(DramTier::with_announcer(
-            &TierConfig {
-                capacity: arena.len(),
-                slab_bytes: 4 << 20,
-                policy: PolicyKind::Lru,
-            },
-            Arc::clone(&announcer),
-        ));
-        let store = Store::new(arena, dram, None, announcer);
+        let store = crate::peer::tests::small_store();
         let spec = NamespaceSpec {
             model: "pull-machine".into(),
             page_size: 64,
