@@ -15,7 +15,7 @@ use kvnode_e2e::{Daemon, block, free_port, hint, key, spec};
 use kvnode_proto::Key;
 use kvnode_proto::frame::{FramePrefix, PREFIX_LEN, encode_frame};
 use kvnode_proto::peer::{PeerMsg, decode_peer};
-use kvnode_proto::pull::{FailCode, KeyOutcome, OpState};
+use kvnode_proto::pull::{FailCode, KeyOutcome, OpReport, OpState};
 
 const PAGE: usize = 1 << 20;
 const UCX: [&str; 3] = kvnode_e2e::UCX_SOFTWARE;
@@ -47,11 +47,7 @@ fn fill(d: &Daemon, keys: &[Key]) -> u32 {
 }
 
 /// Pulls `keys` from the source on `port` into `d` with a hinted get; the op and the pages.
-fn pull(
-    d: &Daemon,
-    port: u16,
-    keys: &[Key],
-) -> (kvnode_proto::pull::OpReport, Vec<Option<Vec<u8>>>) {
+fn pull(d: &Daemon, port: u16, keys: &[Key]) -> (OpReport, Vec<Option<Vec<u8>>>) {
     let mut c = d.client();
     let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
     let (pages, op) = c
@@ -115,14 +111,7 @@ fn pull_after_rekey_by_gets(src: &Daemon, dst: &Daemon, port: u16, keys: &[Key],
     let name = format!("tcp://127.0.0.1:{port}");
     let (got0, served0) = (peer_stats(dst, &name), slots_served(src));
     let (op, pages) = pull(dst, port, keys);
-    assert_eq!(op.state, OpState::Done, "{op:?}\n{}", dst.log());
-    for (i, p) in pages.iter().enumerate() {
-        assert_eq!(
-            p.as_deref(),
-            Some(block(i as u64, PAGE).as_slice()),
-            "page {i}"
-        );
-    }
+    assert_pulled_whole(&op, &pages, dst);
     let got = peer_stats(dst, &name);
     let rest = (keys.len() - done) as u64;
     assert_eq!(
@@ -422,14 +411,7 @@ fn an_encrypted_session_is_never_offered_ucx_and_pulls_over_tcp() {
         ],
     );
     let (op, pages) = pull(&dst, port, &keys);
-    assert_eq!(op.state, OpState::Done, "{op:?}\n{}", dst.log());
-    for (i, p) in pages.iter().enumerate() {
-        assert_eq!(
-            p.as_deref(),
-            Some(block(i as u64, PAGE).as_slice()),
-            "page {i}"
-        );
-    }
+    assert_pulled_whole(&op, &pages, &dst);
     let log = dst.log();
     // An encrypting destination does not even ask for UCX (a source asked by a plain one
     // declines: source.rs), so neither an offer nor a GET happens.
@@ -463,14 +445,7 @@ fn an_encrypting_source_declines_ucx_to_a_plain_destination_and_serves_over_tcp(
     fill(&src, &keys);
     let dst = dest(port, &keyed);
     let (op, pages) = pull(&dst, port, &keys);
-    assert_eq!(op.state, OpState::Done, "{op:?}\n{}", dst.log());
-    for (i, p) in pages.iter().enumerate() {
-        assert_eq!(
-            p.as_deref(),
-            Some(block(i as u64, PAGE).as_slice()),
-            "page {i}"
-        );
-    }
+    assert_pulled_whole(&op, &pages, &dst);
     let got = peer_stats(&dst, &format!("tcp://127.0.0.1:{port}"));
     assert_eq!(
         got.peer_ucx_gets_total, 0,
@@ -553,4 +528,16 @@ fn a_keyed_ucx_pull_checks_every_get_against_the_block_mac_of_its_slot() {
         d.get(ns, &keys[1..2]).unwrap()[0].is_none(),
         "the changed block was committed"
     );
+}
+
+/// The op ended `Done` and every page is its block's bytes.
+fn assert_pulled_whole(op: &OpReport, pages: &[Option<Vec<u8>>], dst: &Daemon) {
+    assert_eq!(op.state, OpState::Done, "{op:?}\n{}", dst.log());
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(
+            p.as_deref(),
+            Some(block(i as u64, PAGE).as_slice()),
+            "page {i}"
+        );
+    }
 }

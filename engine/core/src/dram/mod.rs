@@ -248,13 +248,7 @@ impl DramTier {
         on_lower: bool,
         fingerprint: Option<u64>,
     ) -> CommitStatus {
-        self.with(|s| {
-            let st = s.commit(owner, r, meta, on_lower);
-            if let (CommitStatus::Committed, Some(x)) = (st, fingerprint) {
-                s.set_checksum(r.slot, x);
-            }
-            st
-        })
+        self.with(|s| s.commit_checked(owner, r, meta, on_lower, fingerprint))
     }
 
     /// Commits a reservation and leases the block under one lock (with its checksum, when
@@ -268,13 +262,8 @@ impl DramTier {
         fingerprint: Option<u64>,
     ) -> Option<Leased> {
         self.with(|s| {
-            if s.commit(owner, r, meta, on_lower) != CommitStatus::Committed {
-                return None;
-            }
-            if let Some(x) = fingerprint {
-                s.set_checksum(r.slot, x);
-            }
-            Some(s.lease_slot(r.ns, r.slot, r.hint))
+            (s.commit_checked(owner, r, meta, on_lower, fingerprint) == CommitStatus::Committed)
+                .then(|| s.lease_slot(r.ns, r.slot, r.hint))
         })
     }
 

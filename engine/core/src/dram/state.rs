@@ -522,6 +522,23 @@ impl State {
         Ok(out)
     }
 
+    /// [`State::commit`], keeping `fingerprint` (a checksum the caller verified the bytes
+    /// against) with the block when it was committed.
+    pub fn commit_checked(
+        &mut self,
+        owner: u64,
+        r: &Reserved,
+        meta: Option<&Arc<RouterMeta>>,
+        on_lower: bool,
+        fingerprint: Option<u64>,
+    ) -> CommitStatus {
+        let st = self.commit(owner, r, meta, on_lower);
+        if let (CommitStatus::Committed, Some(x)) = (st, fingerprint) {
+            self.set_checksum(r.slot, x);
+        }
+        st
+    }
+
     /// Leases the block just committed in `slot` (counted as a hit, as a lookup would be;
     /// `hint` is its place in the batch that reserved it).
     pub fn lease_slot(&mut self, ns: u32, slot: SlotId, hint: BatchHint) -> Leased {

@@ -237,10 +237,10 @@ fn slabs_emptied_by_clear_go_to_another_class_without_eviction() {
 fn chain_tier_evicts_a_put_from_its_tail() {
     let t = tier(8 * MIB, 2 * MIB, PolicyKind::Chain);
     let ns = t.register(&spec("m", MIB)).unwrap().ns;
-    let put_batch = |first: u32| {
-        let keys: Vec<Key> = (first..first + 4).map(key).collect();
+    let put_batch = |first: u32, n: u32| {
+        let keys: Vec<Key> = (first..first + n).map(key).collect();
         let rs: Vec<Reserved> = t
-            .reserve(1, ns, &keys, &[MIB; 4])
+            .reserve(1, ns, &keys, &vec![MIB; n as usize])
             .unwrap()
             .into_iter()
             .map(Result::unwrap)
@@ -251,10 +251,10 @@ fn chain_tier_evicts_a_put_from_its_tail() {
                 .all(|s| *s == CommitStatus::Committed)
         );
     };
-    put_batch(0);
-    put_batch(10);
+    put_batch(0, 4);
+    put_batch(10, 4);
     // 8 slots: the second put filled the tier; a third evicts four pages.
-    put_batch(20);
+    put_batch(20, 4);
     let held = |i: u32| t.exists(ns, &[key(i)]).unwrap() == 1;
     let left: Vec<u32> = [0, 1, 2, 3, 10, 11, 12, 13]
         .into_iter()
@@ -262,18 +262,7 @@ fn chain_tier_evicts_a_put_from_its_tail() {
         .collect();
     assert_eq!(left, vec![10, 11, 12, 13], "the oldest put went first");
     // A fourth put evicts the second put from its tail: its head pages stay longest.
-    let keys: Vec<Key> = (30..32).map(key).collect();
-    let rs: Vec<Reserved> = t
-        .reserve(1, ns, &keys, &[MIB; 2])
-        .unwrap()
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
-    assert!(
-        commit(&t, 1, &rs)
-            .iter()
-            .all(|s| *s == CommitStatus::Committed)
-    );
+    put_batch(30, 2);
     assert!(held(10) && held(11), "a chain's head left before its tail");
     assert!(!held(12) && !held(13), "the chain's tail stayed");
 }

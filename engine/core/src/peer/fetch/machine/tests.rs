@@ -116,6 +116,15 @@ impl Pull {
         Ok(step)
     }
 
+    /// Feeds request 1's `Slot` for key 0 and starts its GET, as the driver does.
+    fn get_of_first_slot(&mut self) -> Answer {
+        let Step::Body(a) = self.feed(slot(1, 0, 0)).unwrap() else {
+            panic!("a Slot is a body to GET");
+        };
+        self.m.get_started(a.i, a.req, ());
+        a
+    }
+
     /// The driver's `settle`, with the store commit recorded instead of made.
     fn settle(&mut self, i: usize, v: Verdict) {
         match v {
@@ -292,10 +301,7 @@ fn done_before_every_key_is_answered_or_landed_is_a_violation() {
     ));
     // A GET not yet landed leaves its key unanswered.
     let mut p = Pull::new(1, 1, None);
-    let Step::Body(a) = p.feed(slot(1, 0, 0)).unwrap() else {
-        panic!("a Slot is a body to GET");
-    };
-    p.m.get_started(a.i, a.req, ());
+    p.get_of_first_slot();
     assert!(p.m.gets_for(Some(1)) && !p.m.gets_for(Some(2)));
     assert!(matches!(
         p.m.get_landed(5),
@@ -307,10 +313,7 @@ fn done_before_every_key_is_answered_or_landed_is_a_violation() {
     ));
     // Landed and checked, the request closes.
     let mut p = Pull::new(1, 1, None);
-    let Step::Body(a) = p.feed(slot(1, 0, 0)).unwrap() else {
-        panic!("a Slot is a body to GET");
-    };
-    p.m.get_started(a.i, a.req, ());
+    let a = p.get_of_first_slot();
     p.m.get_landed(0).unwrap();
     let v =
         p.m.body_in(0, &a.hash, Checked::Hashed(hash_of(0)))
