@@ -377,6 +377,29 @@ impl Client {
         }
     }
 
+    /// Executes every action of a router's hints envelope (`kv.prefetch`, `kv.retain`,
+    /// `kv.release`, `kv.demote`, `kv.evict`, `kv.fetch`) for the request's `keys`: one
+    /// result per action, in order, with the envelope's `message_id`. An action the daemon
+    /// does not execute comes back `Refused` by name; the others still run.
+    pub fn act(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        hints: &str,
+    ) -> Result<(String, Vec<kvnode_proto::actions::ActionResult>)> {
+        match self.call(Op::Act {
+            ns,
+            keys: keys.to_vec(),
+            hints: hints.to_owned(),
+        })? {
+            Reply::Acted {
+                message_id,
+                results,
+            } => Ok((message_id, results)),
+            r => Err(unexpected(&r)),
+        }
+    }
+
     /// Starts a pull operation; with `into` (Alloc handles, one per key) pulled bytes are
     /// copied into those slots, which come back when the op ends.
     pub fn pull(

@@ -223,6 +223,19 @@ pub enum Op {
         /// Ticket from `OnloadStarted`.
         ticket: u64,
     },
+    /// Executes every action of a router's hints envelope (`kv.prefetch`, `kv.retain`,
+    /// `kv.release`, `kv.demote`, `kv.evict`, `kv.fetch`; docs/client-protocol.md) on the keys
+    /// of one request: an action applies to the keys whose router hash it names. Replies
+    /// `Acted`, one result per action; an action the daemon does not execute is refused there
+    /// by name, the others still run.
+    Act {
+        /// Namespace handle.
+        ns: u32,
+        /// The request's keys, in prefix order.
+        keys: Vec<Key>,
+        /// The envelope (JSON).
+        hints: String,
+    },
     /// Waits until layer `layer` of a started layer-wise onload (`PageMove::layers` > 0) has
     /// landed in every page; replies `LayerLoaded`. The onload stays pending: finish it with
     /// `OnloadWait` or `OnloadCancel`.
@@ -497,6 +510,13 @@ pub enum Reply {
         /// onload stopped first (cancelled, or a copy failed); `OnloadWait` says which pages.
         complete: bool,
     },
+    /// One result per action of an `Act`'s envelope, in order.
+    Acted {
+        /// The envelope's `message_id`.
+        message_id: String,
+        /// In action order.
+        results: Vec<crate::actions::ActionResult>,
+    },
     /// The request failed; nothing it would have changed was changed.
     Error {
         /// Category.
@@ -530,6 +550,7 @@ impl Op {
             Op::Wait { .. } => OpKind::Wait,
             Op::Cancel { .. } => OpKind::Cancel,
             Op::Timeouts => OpKind::Timeouts,
+            Op::Act { .. } => OpKind::Act,
             Op::AttachGpu(_) => OpKind::AttachGpu,
             Op::Offload(_) => OpKind::Offload,
             Op::Onload(_)

@@ -28,14 +28,19 @@ pub enum HintError {
     #[error("hint is {0} bytes, more than the {MAX_HINT_BYTES}-byte limit")]
     TooLarge(usize),
     /// Unknown envelope version.
-    #[error("hint protocol_version {0:?} is not supported (expected \"0.1\")")]
+    #[error("hint protocol_version {0:?} is not supported (expected \"0.1\" or \"1.0\")")]
     ProtocolVersion(String),
     /// No `kv.fetch` action.
     #[error("hint carries no kv.fetch action")]
     NoFetch,
     /// Unknown action version.
-    #[error("kv.fetch action_version {0:?} is not supported (expected \"1.0\")")]
+    #[error("action_version {0:?} is not supported (expected \"1.0\")")]
     ActionVersion(String),
+    /// An action type this daemon does not execute.
+    #[error(
+        "action_type {0:?} is not executed by kvnode (it executes kv.fetch, kv.prefetch, kv.retain, kv.release, kv.demote and kv.evict)"
+    )]
+    UnknownAction(String),
     /// A field missing or of the wrong type.
     #[error("hint field {field}: {why}")]
     Field {
@@ -165,7 +170,7 @@ fn str_field<'a>(
     }
 }
 
-fn payload_of(o: &serde_json::Map<String, Value>) -> Result<FetchHint, HintError> {
+pub(crate) fn payload_of(o: &serde_json::Map<String, Value>) -> Result<FetchHint, HintError> {
     if let Some(m) = str_field(o, "mode")?
         && m != "copy"
     {
@@ -215,7 +220,7 @@ pub fn parse_hint(text: &str) -> Result<FetchHint, HintError> {
         return payload_of(&o);
     }
     let pv = str_field(&o, "protocol_version")?.unwrap_or_default();
-    if pv != HINT_PROTOCOL_VERSION {
+    if !crate::actions::PROTOCOL_VERSIONS.contains(&pv) {
         return Err(HintError::ProtocolVersion(pv.to_owned()));
     }
     let Some(Value::Array(actions)) = o.get("actions") else {

@@ -16,11 +16,13 @@
 //! - [`peer`]: peer-to-peer pull protocol messages.
 //! - [`pull`]: client-visible pull operations and declared timeouts.
 //! - [`hint`]: router `kv.fetch` hints, parsed as untrusted input.
+//! - [`actions`]: every action of a router's hints envelope, parsed as untrusted input.
 //! - [`stats`]: the statistics report returned by `stats`.
 //! - [`cluster`]: cluster membership as reported by `cluster`, `stats` and `/metrics`.
 //! - [`obs`]: probe codes and the latency report (`histograms` op, `kvtrace record`).
 //! - [`size`]: human byte sizes (`512MiB`, `16GiB`).
 
+pub mod actions;
 pub mod client;
 pub mod cluster;
 pub mod frame;

@@ -229,6 +229,14 @@ pub struct TierStats {
     pub copied_down: u64,
     /// Times the oldest block waiting for write-behind was older than `spill.lag` (NVMe).
     pub lag_exceeded: u64,
+    /// Blocks held by `kv.retain` now (DRAM).
+    pub retained_blocks: u64,
+    /// Bytes of those blocks (DRAM).
+    pub retained_bytes: u64,
+    /// Keys a `kv.retain` refused because their tenant's retained quota was full (DRAM).
+    pub retain_refused: u64,
+    /// Holds that ended because their time ran out (DRAM).
+    pub retain_expired: u64,
 }
 
 /// Counters of one slot class.
@@ -277,6 +285,10 @@ pub struct NamespaceStats {
     pub evictions: u64,
     /// Blocks removed by delete or clear.
     pub removed: u64,
+    /// Blocks held by `kv.retain` now.
+    pub retained_blocks: u64,
+    /// Bytes of those blocks.
+    pub retained_bytes: u64,
 }
 
 /// Client regions attached since start, by how the daemon copies them (docs/sglang.md).

@@ -57,6 +57,7 @@ impl Session {
                 |r| Reply::Cluster(Box::new(r)),
             ),
             op @ (Op::Pull { .. } | Op::Wait { .. } | Op::Cancel { .. }) => self.peer_op(op).await,
+            Op::Act { ns, keys, hints } => self.act(ns, &keys, &hints).await,
             op @ (Op::AttachRegion { .. }
             | Op::DetachRegion { .. }
             | Op::GetToRegion { .. }

@@ -8,7 +8,9 @@ use crate::dram::TierError;
 pub(super) fn tier_error(e: &TierError) -> Reply {
     let code = match e {
         TierError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
-        TierError::SlotTooLarge { .. } | TierError::TooManyClasses(_) => ErrorCode::Unsupported,
+        TierError::SlotTooLarge { .. } | TierError::TooManyClasses(_) | TierError::NoLowerTier => {
+            ErrorCode::Unsupported
+        }
         _ => ErrorCode::Invalid,
     };
     error(code, e.to_string())

@@ -14,6 +14,7 @@
 //! A [`session::Session`] owns everything a connection holds (leases, reservations,
 //! regions, GPU mappings) as guards, so whatever ends the connection releases them.
 
+mod act;
 mod conn;
 mod data;
 mod dispatch;

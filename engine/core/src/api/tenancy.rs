@@ -74,6 +74,7 @@ fn op_ns(op: &Op) -> Option<u32> {
         | Op::Exists { ns, .. }
         | Op::Delete { ns, .. }
         | Op::Pull { ns, .. }
+        | Op::Act { ns, .. }
         | Op::GetToRegion { ns, .. }
         | Op::PutFromRegion { ns, .. } => Some(*ns),
         Op::Clear { ns } => *ns,

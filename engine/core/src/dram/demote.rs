@@ -73,6 +73,7 @@ impl State {
     /// Picks up to `max` unleased blocks to demote while free bytes (counting demotions in
     /// flight) are below `high`. The class with most resident bytes gives first.
     pub fn pick_demotions(&mut self, max: usize, high: u64) -> Vec<Demotion> {
+        self.expire_retention(std::time::Instant::now());
         let mut out = Vec::new();
         let mut exhausted = vec![false; self.pools.len()];
         while out.len() < max && self.free_bytes() + self.demoting_bytes < high {
@@ -82,35 +83,76 @@ impl State {
             else {
                 break;
             };
-            let slabs = &self.slabs;
+            let (slabs, held) = (&self.slabs, &self.retention);
             let victim = self.pools[c].policy.victim(&mut |s| {
                 let (slab, idx) = super::pool::slot_parts(s);
                 matches!(&slabs[slab as usize].slots[idx as usize], Slot::Block(r) if r.leases == 0)
+                    && !held.holds(s)
             });
             let Some(slot) = victim else {
                 exhausted[c] = true;
                 continue;
             };
-            let offset = self.offset(slot);
-            let slot_bytes = self.pools[c].slot_bytes;
-            let Slot::Block(r) = self.slot_mut(slot) else {
-                unreachable!("victim holds a block")
-            };
-            r.leases += 1;
-            r.demoting = true;
-            out.push(Demotion {
-                slot,
-                key: r.key,
-                offset,
-                len: r.len,
-                slot_bytes,
-                reads: r.reads,
-                on_lower: r.on_lower,
-            });
-            self.demoting_bytes += slot_bytes;
-            self.totals.in_flight += 1;
+            out.push(self.begin_demotion(slot));
         }
         out
+    }
+
+    /// Takes the block in `slot` (resident, unleased, not held) out of the eviction policy
+    /// and leases it for its move down.
+    fn begin_demotion(&mut self, slot: SlotId) -> Demotion {
+        let c = self.class_of(slot) as usize;
+        let offset = self.offset(slot);
+        let slot_bytes = self.pools[c].slot_bytes;
+        let Slot::Block(r) = self.slot_mut(slot) else {
+            unreachable!("a demoted slot holds a block")
+        };
+        r.leases += 1;
+        r.demoting = true;
+        let d = Demotion {
+            slot,
+            key: r.key,
+            offset,
+            len: r.len,
+            slot_bytes,
+            reads: r.reads,
+            on_lower: r.on_lower,
+        };
+        self.demoting_bytes += slot_bytes;
+        self.totals.in_flight += 1;
+        d
+    }
+
+    /// Picks the named blocks for a demotion now (`kv.demote`): each resident, unleased block
+    /// of `keys` leaves the eviction policy and its hold (an explicit demote ends a
+    /// retention). Returns the picks and how many keys were skipped (absent, leased, or
+    /// already moving).
+    pub fn pick_keys(
+        &mut self,
+        ns: u32,
+        keys: &[kvnode_proto::Key],
+    ) -> Result<(Vec<Demotion>, u32), super::TierError> {
+        let id = self.ns(ns)?.id;
+        let (mut out, mut skipped) = (Vec::new(), 0);
+        for k in keys {
+            let key = BlockKey {
+                ns: id,
+                digest: k.0,
+                segment: k.1,
+            };
+            let slot = self.index.get(&key).copied();
+            let Some(slot) = slot.filter(|&s| {
+                matches!(self.slot(s), Slot::Block(r) if r.leases == 0 && !r.doomed && !r.demoting)
+            }) else {
+                skipped += 1;
+                continue;
+            };
+            self.unretain(slot);
+            let c = self.class_of(slot) as usize;
+            self.pools[c].policy.remove(slot);
+            out.push(self.begin_demotion(slot));
+        }
+        Ok((out, skipped))
     }
 
     /// Ends a demotion. For `Moved`, `on_lower` runs (under the lock, before the DRAM
@@ -155,7 +197,7 @@ impl State {
         self.index.remove(&d.key);
         let c = self.class_of(d.slot) as usize;
         self.pools[c].evictions += 1;
-        self.account_removed(ns, len, true);
+        self.account_removed(d.slot, ns, len, true);
         if leases == 0 {
             self.free_slot(d.slot);
         } else if let Slot::Block(r) = self.slot_mut(d.slot) {

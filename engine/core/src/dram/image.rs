@@ -4,7 +4,9 @@
 //! What travels: the slab size and count, the namespaces in handle order (re-registering
 //! them in that order recreates the same slot classes), the class of every slab, and for
 //! each committed block its slot, key, length, checksum, whether NVMe holds a copy, and its
-//! router metadata (so the new daemon announces what it holds). Reservations, leases and
+//! router metadata (so the new daemon announces what it holds), and the blocks held by
+//! `kv.retain` with the end of each hold (wall clock, so the hold keeps its end across the
+//! gap; a slot that holds no restored block is ignored). Reservations, leases and
 //! eviction order do not travel: the old daemon has no request in flight when it writes the
 //! image, and the new one starts with the blocks in slot order.
 //!
@@ -40,6 +42,9 @@ pub struct ImageHeader {
     pub classes: Vec<u64>,
     /// Class of each slab (`None`: unassigned).
     pub slab_class: Vec<Option<u32>>,
+    /// Held blocks (`kv.retain`): slot and the hold's end in Unix milliseconds.
+    #[serde(default)]
+    pub retained: Vec<(SlotId, u64)>,
 }
 
 /// Why an image cannot be restored.
@@ -119,6 +124,11 @@ fn get_meta(r: &mut Reader<'_>) -> Result<RouterMeta, ImageError> {
     })
 }
 
+fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 impl State {
     /// The image of the tier. Refused while a slot is reserved or a block is being moved
     /// (someone may still write into the arena).
@@ -135,6 +145,12 @@ impl State {
             namespaces: self.namespaces.iter().map(|n| n.spec.clone()).collect(),
             classes: self.pools.iter().map(|p| p.slot_bytes).collect(),
             slab_class: self.slabs.iter().map(|s| s.class).collect(),
+            retained: self
+                .retention
+                .ends()
+                .into_iter()
+                .map(|(slot, end)| (slot, unix_ms(end)))
+                .collect(),
         };
         let h = serde_json::to_vec(&header).map_err(|e| bad(e.to_string()))?;
         let mut out = Vec::with_capacity(32 + h.len() + self.index.len() * 96);
@@ -215,6 +231,12 @@ impl State {
         }
         if !r.b.is_empty() {
             return Err(bad("trailing bytes after the last block"));
+        }
+        for &(slot, end) in &header.retained {
+            s.restore_hold(
+                slot,
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(end),
+            );
         }
         // Free lists: the slots no block took, lowest first.
         for c in 0..s.pools.len() {

@@ -24,6 +24,7 @@ pub use copy::CopyDown;
 pub use demote::{DemoteEnd, Demotion, Finished};
 use state::State;
 pub use state::quota::QuotaScope;
+pub use state::retain::{RetainOutcome, RetainScope};
 
 /// A request the tier refuses as a whole.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +53,9 @@ pub enum TierError {
     /// Too many slot classes.
     #[error("too many distinct slot sizes ({0}); the daemon supports at most 4096 classes")]
     TooManyClasses(usize),
+    /// A move down asked for on a daemon without a lower tier.
+    #[error("this daemon has no NVMe tier (start it with --spill DIR): blocks cannot be demoted")]
+    NoLowerTier,
     /// `keys` and `lens` differ in length.
     #[error("{keys} keys but {lens} lengths")]
     LengthMismatch {
@@ -171,6 +175,28 @@ impl DramTier {
         on_lower: impl FnOnce(Option<&Arc<RouterMeta>>),
     ) -> Finished {
         self.with(|s| s.finish_demotion(d, end, on_lower))
+    }
+
+    /// Picks the named blocks for a demotion now, ending their holds; see
+    /// [`Demotion`]. Also returns how many keys were not resident or not movable now.
+    pub fn pick_keys(&self, ns: u32, keys: &[Key]) -> Result<(Vec<Demotion>, u32), TierError> {
+        self.with(|s| s.pick_keys(ns, keys))
+    }
+
+    /// Holds the resident blocks of `keys` in DRAM for `ttl`, within `scope`'s quota.
+    pub fn retain(
+        &self,
+        ns: u32,
+        keys: &[Key],
+        ttl: std::time::Duration,
+        scope: RetainScope<'_>,
+    ) -> Result<RetainOutcome, TierError> {
+        self.with(|s| s.retain(ns, keys, ttl, scope))
+    }
+
+    /// Ends the holds on `keys`; returns how many were held.
+    pub fn release_retention(&self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
+        self.with(|s| s.release_retention(ns, keys))
     }
 
     /// Whether each key is resident in DRAM.
@@ -314,7 +340,10 @@ impl DramTier {
 
     /// Counters.
     pub fn snapshot(&self) -> TierSnapshot {
-        self.with(|s| s.snapshot())
+        self.with(|s| {
+            s.expire_retention(std::time::Instant::now());
+            s.snapshot()
+        })
     }
 }
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 const MAX_CLASSES: usize = 4096;
 
 pub(super) mod quota;
+pub(super) mod retain;
 
 #[derive(Debug)]
 pub(super) struct NsEntry {
@@ -47,6 +48,8 @@ pub(super) struct State {
     pub demoting_bytes: u64,
     /// Committed blocks awaiting their write-behind copy (`spill.lag`; copy.rs).
     pub write_behind: super::pool::WriteBehind,
+    /// Blocks held by `kv.retain` (state/retain.rs).
+    pub retention: retain::Retention,
 }
 
 impl NsEntry {
@@ -83,6 +86,7 @@ impl State {
             has_lower: false,
             demoting_bytes: 0,
             write_behind: super::pool::WriteBehind::default(),
+            retention: retain::Retention::default(),
         }
     }
 
@@ -187,7 +191,7 @@ impl State {
         &mut self.slabs[slab as usize].slots[idx as usize]
     }
 
-    fn slot(&self, slot: SlotId) -> &Slot {
+    pub(in crate::dram) fn slot(&self, slot: SlotId) -> &Slot {
         let (slab, idx) = slot_parts(slot);
         &self.slabs[slab as usize].slots[idx as usize]
     }
@@ -323,10 +327,12 @@ impl State {
 
     fn evict_one(&mut self, class: u32) -> Option<SlotId> {
         let c = class as usize;
-        let slabs = &self.slabs;
+        self.expire_retention(std::time::Instant::now());
+        let (slabs, held) = (&self.slabs, &self.retention);
         let victim = self.pools[c].policy.victim(&mut |s| {
             let (slab, idx) = slot_parts(s);
             matches!(&slabs[slab as usize].slots[idx as usize], Slot::Block(r) if r.leases == 0)
+                && !held.holds(s)
         })?;
         self.pools[c].evictions += 1;
         self.count_drop(victim);
@@ -336,16 +342,20 @@ impl State {
 
     /// Takes a whole slab from another class: one with no reserved or leased slot.
     fn reclaim_slab(&mut self, for_class: u32) -> Option<u32> {
+        self.expire_retention(std::time::Instant::now());
         let mut donors: Vec<u32> = (0..self.pools.len() as u32)
             .filter(|&c| c != for_class && !self.pools[c as usize].slabs.is_empty())
             .collect();
         donors.sort_by_key(|&c| std::cmp::Reverse(self.pools[c as usize].slabs.len()));
         for c in donors {
             let found = self.pools[c as usize].slabs.iter().copied().find(|&slab| {
-                self.slabs[slab as usize].slots.iter().all(|s| match s {
+                let slots = &self.slabs[slab as usize].slots;
+                slots.iter().enumerate().all(|(i, s)| match s {
                     Slot::Free => true,
                     Slot::Reserved { .. } => false,
-                    Slot::Block(r) => r.leases == 0,
+                    Slot::Block(r) => {
+                        r.leases == 0 && !self.retention.holds(slot_id(slab, i as u32))
+                    }
                 })
             });
             let Some(slab) = found else { continue };
@@ -379,7 +389,7 @@ impl State {
         debug_assert_eq!(r.leases, 0);
         if !r.doomed {
             self.index.remove(&r.key);
-            self.account_removed(r.ns, r.len, evicted);
+            self.account_removed(slot, r.ns, r.len, evicted);
         }
         // `r.residency` drops here: the block left DRAM.
     }
@@ -394,7 +404,9 @@ impl State {
         }
     }
 
-    pub fn account_removed(&mut self, ns: u32, len: u64, evicted: bool) {
+    /// The block in `slot` left the index: counters, and its retention ends.
+    pub fn account_removed(&mut self, slot: SlotId, ns: u32, len: u64, evicted: bool) {
+        self.unretain(slot);
         self.totals.blocks -= 1;
         self.totals.bytes -= len;
         let st = &mut self.namespaces[ns as usize].stats;
@@ -639,7 +651,7 @@ impl State {
         }
         // The block leaves DRAM now, even if a lease keeps its bytes a while longer.
         let residency = r.residency.take();
-        self.account_removed(ns, len, false);
+        self.account_removed(slot, ns, len, false);
         if leases == 0 {
             self.free_slot(slot);
         }

@@ -21,8 +21,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use kvnode_proto::Key;
+
 use super::Store;
-use crate::dram::{DemoteEnd, Demotion, Finished};
+use crate::dram::{DemoteEnd, Demotion, Finished, TierError};
 use crate::nvme::config::Admission;
 use crate::nvme::{NvmeTier, QuotaRoom, spill_key};
 
@@ -42,10 +44,41 @@ impl Store {
         let picks = self.dram.pick_demotions(room, high);
         let started = picks.len();
         for d in picks {
-            let m = Move::begin(self, nvme, d);
+            let m = Move::begin(self, nvme, d, false);
             tokio::spawn(m.run());
         }
         started
+    }
+
+    /// `kv.demote`: writes the named resident blocks to NVMe now and frees their DRAM (their
+    /// retention ends). Each move runs in a task of its own, so a caller that goes away
+    /// leaves none half done. The NVMe admission policy does not apply (the router asked);
+    /// the tenant's NVMe quota does.
+    pub async fn demote_now(
+        self: &Arc<Self>,
+        ns: u32,
+        keys: &[Key],
+    ) -> Result<DemotedNow, TierError> {
+        let Some(nvme) = self.nvme.clone() else {
+            return Err(TierError::NoLowerTier);
+        };
+        let (picks, skipped) = self.dram.pick_keys(ns, keys)?;
+        let moves: Vec<_> = picks
+            .into_iter()
+            .map(|d| tokio::spawn(Move::begin(self, &nvme, d, true).run()))
+            .collect();
+        let mut out = DemotedNow {
+            skipped,
+            ..DemotedNow::default()
+        };
+        for m in moves {
+            match m.await {
+                Ok(DemoteEnd::Moved) => out.moved += 1,
+                Ok(DemoteEnd::Dropped) => out.refused += 1,
+                Ok(DemoteEnd::Failed) | Err(_) => out.failed += 1,
+            }
+        }
+        Ok(out)
     }
 
     /// Waits (bounded) until DRAM has `need` bytes free, demoting to NVMe ahead of need, for
@@ -90,11 +123,13 @@ struct Move {
     d: Demotion,
     room: QuotaRoom,
     ended: bool,
+    /// Asked for by name (`kv.demote`): the admission policy does not apply.
+    asked: bool,
 }
 
 impl Move {
     /// Counts the move in flight from its pick on.
-    fn begin(store: &Arc<Store>, nvme: &Arc<NvmeTier>, d: Demotion) -> Self {
+    fn begin(store: &Arc<Store>, nvme: &Arc<NvmeTier>, d: Demotion, asked: bool) -> Self {
         nvme.begin_detached_move();
         Self {
             store: Arc::clone(store),
@@ -102,16 +137,17 @@ impl Move {
             d,
             room: QuotaRoom::Free,
             ended: false,
+            asked,
         }
     }
 
     /// Moves the picked block down: writes it (unless NVMe has it already, admission or
     /// its tenant's NVMe quota says no) and ends the move.
-    async fn run(mut self) {
+    async fn run(mut self) -> DemoteEnd {
         let (nvme, d) = (&self.nvme, &self.d);
         let end = if d.on_lower && nvme.has_copy(&d.key) {
             DemoteEnd::Moved
-        } else if nvme.settings().admission == Admission::SecondRead && d.reads < 2 {
+        } else if !self.asked && nvme.settings().admission == Admission::SecondRead && d.reads < 2 {
             DemoteEnd::Dropped
         } else if nvme.no_quota_room(&mut self.room, d.key.ns, d.len) {
             // No room within its tenant's NVMe quota (nvme/quota.rs).
@@ -132,6 +168,7 @@ impl Move {
             }
         };
         self.end(end);
+        end
     }
 
     /// Settles the quota, ends the demotion in DRAM (announcing the DISK store first when
@@ -270,4 +307,17 @@ mod tests {
         let l = l[0].as_ref().expect("the block stayed");
         assert_eq!(l.bytes(), page(i).as_slice());
     }
+}
+
+/// What a `kv.demote` did, per key.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DemotedNow {
+    /// Written to NVMe (or already there) and gone from DRAM.
+    pub moved: u32,
+    /// Left DRAM without a copy: no room in the tenant's NVMe quota.
+    pub refused: u32,
+    /// The write failed: the block stays in DRAM.
+    pub failed: u32,
+    /// Not resident in DRAM, leased by a reader, or already moving.
+    pub skipped: u32,
 }

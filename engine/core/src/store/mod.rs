@@ -27,6 +27,7 @@
 mod demote;
 mod flush;
 mod guard;
+mod intent;
 mod prefix;
 mod promote;
 mod quota;
@@ -44,7 +45,7 @@ use crate::nvme::NvmeTier;
 use crate::residency::Announcer;
 use crate::tenant::Tenants;
 
-pub use demote::spawn_demoter;
+pub use demote::{DemotedNow, spawn_demoter};
 pub use flush::FlushReport;
 pub use guard::{Lease, Reservation};
 pub use prefix::{Delivery, Got, Prefix, PrefixLease, Window};

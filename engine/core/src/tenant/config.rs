@@ -62,6 +62,10 @@ pub struct TenantSettings {
     /// Bytes of NVMe blocks the tenant may hold. Default: no limit but the tier.
     #[serde(serialize_with = "ser_opt_size", deserialize_with = "de_opt_size")]
     pub nvme_quota: Option<u64>,
+    /// Bytes of its DRAM blocks that `kv.retain` may hold at once. Default: half its DRAM
+    /// quota (half the tier without one).
+    #[serde(serialize_with = "ser_opt_size", deserialize_with = "de_opt_size")]
+    pub retain_quota: Option<u64>,
     /// Hand this tenant's clients the arena memfd (zero-copy lease reads and `Alloc`). The
     /// mapping shows every tenant's blocks, so only a tenant trusted with all of them may
     /// have it. Default: false (inline gets/puts, regions and GPU ops still work).
@@ -334,6 +338,7 @@ mod tests {
                         gids,
                         dram_quota,
                         nvme_quota,
+                        retain_quota: dram_quota.map(|q| q / 2),
                         share_arena,
                         publish_events,
                         limits: ClientLimits::default(),

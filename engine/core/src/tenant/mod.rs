@@ -62,6 +62,8 @@ pub struct Tenant {
     pub dram_quota: Option<u64>,
     /// NVMe quota in bytes.
     pub nvme_quota: Option<u64>,
+    /// Retained (`kv.retain`) quota in bytes, if set.
+    pub retain_quota: Option<u64>,
     /// Whether its clients get the arena memfd.
     pub share_arena: bool,
     /// Own DRAM blocks evicted to stay within the DRAM quota.
@@ -124,6 +126,7 @@ fn tenant(s: &TenantSettings, base: ClientLimits, nofile: u64) -> Tenant {
         salt: format!("{SALT_PREFIX}{}", s.name),
         dram_quota: s.dram_quota,
         nvme_quota: s.nvme_quota,
+        retain_quota: s.retain_quota,
         share_arena: s.share_arena,
         dram_quota_evictions: AtomicU64::new(0),
         nvme_quota_evictions: AtomicU64::new(0),

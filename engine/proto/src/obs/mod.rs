@@ -83,6 +83,8 @@ codes!(
         Cancel = 22 => "cancel",
         /// Declared prefetch timeouts.
         Timeouts = 23 => "timeouts",
+        /// Execute a router's hints envelope (prefetch, retain, release, demote, evict).
+        Act = 24 => "act",
     }
 );
 

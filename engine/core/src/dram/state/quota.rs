@@ -61,12 +61,14 @@ impl State {
             }
         }
         classes.dedup();
+        self.expire_retention(std::time::Instant::now());
         for c in classes {
-            let slabs = &self.slabs;
+            let (slabs, held) = (&self.slabs, &self.retention);
             let victim = self.pools[c as usize].policy.victim(&mut |s| {
                 let (slab, idx) = slot_parts(s);
                 matches!(&slabs[slab as usize].slots[idx as usize],
                     Slot::Block(r) if r.leases == 0 && set.contains(&r.ns))
+                    && !held.holds(s)
             });
             let Some(v) = victim else { continue };
             let Slot::Block(r) = self.slot(v) else {
