@@ -456,3 +456,76 @@ fn an_unknown_action_is_refused_by_name_and_the_others_still_run() {
     assert!(e.to_string().contains("protocol_version"), "{e}");
     assert_eq!(c.exists(ns, &keys[2..]).unwrap(), 2);
 }
+
+#[test]
+fn a_get_joins_the_prefetch_in_flight_and_no_block_is_pulled_twice() {
+    const BIG: usize = 1 << 20;
+    const N: u64 = 96;
+    let port = free_port();
+    let src = peer_source(port, &[]);
+    let dst = peer_dest(
+        &format!("tcp://127.0.0.1:{port}"),
+        &["--peer-io-timeout-ms", "20000", "--peer-connections", "1"],
+    );
+    let keys: Vec<Key> = (0..N).map(key).collect();
+    let mut s = src.client();
+    let sns = s.register(&spec("m", BIG as u64)).unwrap().ns;
+    for chunk in keys.chunks(8) {
+        let data: Vec<Vec<u8>> = chunk
+            .iter()
+            .map(|k| block(k.0.router_hash(), BIG))
+            .collect();
+        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        s.put(sns, chunk, &refs).unwrap();
+    }
+    let hits0 = tier(&mut s, "dram").hits;
+    let mut c = dst.client();
+    let ns = c.register(&spec("m", BIG as u64)).unwrap().ns;
+    let r = act(
+        &mut c,
+        ns,
+        &keys,
+        &[(
+            "kv.prefetch",
+            serde_json::json!({"source_control_endpoint": format!("tcp://127.0.0.1:{port}"),
+            "block_hashes": hashes(&keys), "execute_at": "now"}),
+        )],
+    );
+    src.freeze();
+    let ActionOutcome::Pulling(op) = &r[0].outcome else {
+        panic!("{r:?}")
+    };
+    let pending = c
+        .wait(op.op, 1)
+        .unwrap()
+        .results
+        .iter()
+        .filter(|k| **k == KeyOutcome::Pending)
+        .count();
+    assert!(
+        pending > 0,
+        "the prefetch finished before the get: the test proves nothing"
+    );
+    // The request's own hinted get, on another connection, while the prefetch is stalled.
+    let sock = dst.socket().to_path_buf();
+    let hint = kvnode_e2e::hint(port, &keys);
+    let keys2 = keys.clone();
+    let get = std::thread::spawn(move || {
+        let mut c = Client::connect(&sock).unwrap();
+        let ns = c.register(&spec("m", BIG as u64)).unwrap().ns;
+        c.get_hinted(ns, &keys2, Some(&hint), Some(20_000)).unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    src.signal(libc::SIGCONT);
+    let (pages, gop) = get.join().unwrap();
+    let gop = gop.unwrap();
+    assert_eq!(gop.state, OpState::Done, "{gop:?}");
+    for (k, p) in keys.iter().zip(&pages) {
+        assert_eq!(p.as_deref(), Some(block(k.0.router_hash(), BIG).as_slice()));
+    }
+    let prefetched = c.wait(op.op, 10_000).unwrap();
+    assert_eq!(prefetched.state, OpState::Done, "{prefetched:?}");
+    // Each block left the source once: the get pulled nothing of its own.
+    assert_eq!(tier(&mut s, "dram").hits - hits0, N, "blocks served twice");
+    eprintln!("{pending} of {N} blocks were in flight when the get joined");
+}

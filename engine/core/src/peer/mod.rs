@@ -31,6 +31,7 @@ pub mod error;
 pub mod fair;
 pub mod fetch;
 pub mod hashes;
+pub mod join;
 pub mod membership;
 pub mod op;
 mod report;
@@ -108,6 +109,8 @@ pub struct Peers {
     pub hashes: hashes::HashCache,
     /// Operations.
     pub ops: OpTable,
+    /// The keys being pulled now, for later ops to join (join.rs).
+    pub in_flight: join::KeysInFlight,
     /// Latency measurements.
     pub stats: PullStats,
     /// Counters.
@@ -139,6 +142,7 @@ impl Peers {
             membership: OnceLock::new(),
             hashes: hashes::HashCache::default(),
             ops: OpTable::default(),
+            in_flight: join::KeysInFlight::default(),
             stats: PullStats::default(),
             counters: PeerCounters::default(),
             owners: AtomicU64::new(PULL_OWNER_BASE),

@@ -171,6 +171,11 @@ impl PullOp {
         self.set_leased(idx, outcome, None);
     }
 
+    /// Key `idx`'s outcome so far.
+    pub fn outcome(&self, idx: usize) -> KeyOutcome {
+        self.with(|i| i.results.get(idx).cloned().unwrap_or(KeyOutcome::Pending))
+    }
+
     /// Whether the op keeps each pulled block's commit lease for its consumer.
     pub fn hands_leases(&self) -> bool {
         self.with(|i| i.handed.is_some())

@@ -129,6 +129,25 @@ impl Peers {
             op.refuse(&why);
             return (op, None);
         }
+        // Keys another op is pulling now are followed, not pulled again (join.rs).
+        let joined = self.in_flight.find(req.ns, req.keys, &pending);
+        let pending: Vec<usize> = pending
+            .into_iter()
+            .filter(|i| !joined.iter().any(|j| j.0 == *i))
+            .collect();
+        if !joined.is_empty() {
+            tokio::spawn(super::join::follow(
+                Arc::clone(self.store()),
+                Arc::clone(&op),
+                joined,
+            ));
+            if pending.is_empty() {
+                if !inline {
+                    expire_at(&op, deadline);
+                }
+                return (op, None);
+            }
+        }
         let link = self.link(&plan.endpoint);
         let tenant = self.store().tenants().of_handle(req.ns).unwrap_or(0);
         let n = pending.len() as u64;
@@ -148,6 +167,7 @@ impl Peers {
                 return (op, None);
             }
         }
+        self.in_flight.register(&op, &pending);
         let run = self.spawn(&link, &op, &pending, deadline, inline);
         (op, run)
     }
@@ -245,11 +265,7 @@ impl Peers {
                 false,
             ));
         }
-        let timer = Arc::clone(op);
-        tokio::spawn(async move {
-            timer.wait(deadline).await;
-            timer.expire();
-        });
+        expire_at(op, deadline);
         None
     }
 
@@ -271,4 +287,13 @@ impl Peers {
         }
         back
     }
+}
+
+/// Ends `op` at its deadline (a task of its own) unless it ends first.
+fn expire_at(op: &Arc<PullOp>, deadline: Duration) {
+    let timer = Arc::clone(op);
+    tokio::spawn(async move {
+        timer.wait(deadline).await;
+        timer.expire();
+    });
 }
