@@ -529,3 +529,50 @@ fn a_get_joins_the_prefetch_in_flight_and_no_block_is_pulled_twice() {
     assert_eq!(tier(&mut s, "dram").hits - hits0, N, "blocks served twice");
     eprintln!("{pending} of {N} blocks were in flight when the get joined");
 }
+
+#[test]
+fn a_hinted_lookup_runs_the_envelopes_other_actions_and_reports_each() {
+    let port = free_port();
+    let src = peer_source(port, &[]);
+    let dst = peer_dest(&format!("tcp://127.0.0.1:{port}"), &[]);
+    let keys: Vec<Key> = (0..4).map(key).collect();
+    let mut s = src.client();
+    let sns = s.register(&spec("m", PAGE as u64)).unwrap().ns;
+    put(&mut s, sns, 0..4);
+    let mut c = dst.client();
+    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
+    put(&mut c, ns, 0..2);
+    let ep = format!("tcp://127.0.0.1:{port}");
+    let hint = envelope(&[
+        (
+            "kv.fetch",
+            // kv.fetch hashes are integers, as Dynamo's router writes them.
+            serde_json::json!({"source_control_endpoint": ep,
+                "block_hashes": keys.iter().map(|k| k.0.router_hash()).collect::<Vec<u64>>()}),
+        ),
+        (
+            "kv.retain",
+            serde_json::json!({"block_hashes": hashes(&keys[..2]), "ttl_seconds": 30}),
+        ),
+        ("kv.pin", serde_json::json!({"block_hashes": hashes(&keys)})),
+    ]);
+    let (n, op) = c.exists_hinted(ns, &keys, Some(&hint)).unwrap();
+    assert_eq!(n, 2);
+    let op = op.expect("the kv.fetch started a pull");
+    assert_eq!(op.actions.len(), 2, "{op:?}");
+    assert_eq!(
+        (
+            op.actions[0].action_type.as_str(),
+            done_blocks(&op.actions[0])
+        ),
+        ("kv.retain", 2)
+    );
+    assert!(
+        matches!(&op.actions[1].outcome, ActionOutcome::Refused { code: ErrorCode::Unsupported, message } if message.contains("\"kv.pin\"")),
+        "{op:?}"
+    );
+    assert_eq!(tier(&mut c, "dram").retained_blocks, 2);
+    let done = c.wait(op.op, 10_000).unwrap();
+    assert_eq!(done.state, OpState::Done, "{done:?}");
+    assert_eq!(c.exists(ns, &keys).unwrap(), 4);
+}

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::client::ErrorCode;
-use crate::hint::{Endpoint, FetchHint, HintError, MAX_HINT_BYTES, MAX_HINT_HASHES};
+use crate::hint::{Endpoint, FetchHint, HashForm, HintError, MAX_HINT_BYTES, block_hashes};
 use crate::pull::OpReport;
 
 /// Envelope `protocol_version`s accepted: Dynamo's `kv.fetch` envelope ("0.1") and its typed
@@ -176,34 +176,6 @@ fn text<'a>(o: &'a Map<String, Value>, k: &'static str) -> Result<Option<&'a str
     }
 }
 
-/// `block_hashes`: a non-empty array of u64, each an integer or a decimal string.
-fn hashes(o: &Map<String, Value>) -> Result<Vec<u64>, HintError> {
-    let a = match o.get("block_hashes") {
-        Some(Value::Array(a)) => a,
-        Some(v) => return Err(field("block_hashes", format!("expected an array, got {v}"))),
-        None => return Err(field("block_hashes", "missing")),
-    };
-    if a.is_empty() {
-        return Err(HintError::EmptyHashes);
-    }
-    if a.len() > MAX_HINT_HASHES {
-        return Err(HintError::TooManyHashes(a.len()));
-    }
-    a.iter()
-        .enumerate()
-        .map(|(index, v)| {
-            let n = match v {
-                Value::String(s) if s.bytes().all(|b| b.is_ascii_digit()) => s.parse().ok(),
-                v => v.as_u64(),
-            };
-            n.ok_or_else(|| HintError::HashRange {
-                index,
-                value: v.to_string(),
-            })
-        })
-        .collect()
-}
-
 /// `execute_at`: only "now" (or absent) reaches the daemon; an engine seam defers
 /// "request_completion" actions and sends them when the request ends.
 fn now_only(o: &Map<String, Value>) -> Result<(), HintError> {
@@ -237,7 +209,7 @@ fn retain(o: &Map<String, Value>) -> Result<Action, HintError> {
             .ok_or_else(|| field("priority", format!("expected an integer >= 0, got {v}")))?,
     };
     Ok(Action::Retain {
-        block_hashes: hashes(o)?,
+        block_hashes: block_hashes(o, HashForm::IntegersOrDecimal)?,
         ttl: Duration::from_secs_f64(ttl),
         priority,
     })
@@ -253,17 +225,17 @@ fn action_of(kind: &str, o: &Map<String, Value>) -> Result<Action, HintError> {
             source: text(o, "source_control_endpoint")?
                 .map(Endpoint::parse)
                 .transpose()?,
-            block_hashes: hashes(o)?,
+            block_hashes: block_hashes(o, HashForm::IntegersOrDecimal)?,
         },
         "kv.retain" => retain(o)?,
         "kv.release" => Action::Release {
-            block_hashes: hashes(o)?,
+            block_hashes: block_hashes(o, HashForm::IntegersOrDecimal)?,
         },
         "kv.demote" => Action::Demote {
-            block_hashes: hashes(o)?,
+            block_hashes: block_hashes(o, HashForm::IntegersOrDecimal)?,
         },
         "kv.evict" => Action::Evict {
-            block_hashes: hashes(o)?,
+            block_hashes: block_hashes(o, HashForm::IntegersOrDecimal)?,
         },
         other => return Err(HintError::UnknownAction(other.to_owned())),
     })

@@ -170,6 +170,52 @@ fn str_field<'a>(
     }
 }
 
+/// How a payload may write its hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HashForm {
+    /// JSON integers only (`kv.fetch`, as Dynamo's router writes it).
+    Integers,
+    /// Integers or decimal strings (Dynamo's session policy writes `kv.retain` / `kv.evict`
+    /// hashes as strings).
+    IntegersOrDecimal,
+}
+
+/// `block_hashes`: a non-empty array of at most [`MAX_HINT_HASHES`] u64 in `form`.
+pub(crate) fn block_hashes(
+    o: &serde_json::Map<String, Value>,
+    form: HashForm,
+) -> Result<Vec<u64>, HintError> {
+    let a = match o.get("block_hashes") {
+        Some(Value::Array(a)) => a,
+        Some(v) => return Err(field("block_hashes", format!("expected an array, got {v}"))),
+        None => return Err(field("block_hashes", "missing")),
+    };
+    if a.is_empty() {
+        return Err(HintError::EmptyHashes);
+    }
+    if a.len() > MAX_HINT_HASHES {
+        return Err(HintError::TooManyHashes(a.len()));
+    }
+    a.iter()
+        .enumerate()
+        .map(|(index, v)| {
+            let n = match v {
+                Value::String(s)
+                    if form == HashForm::IntegersOrDecimal
+                        && s.bytes().all(|b| b.is_ascii_digit()) =>
+                {
+                    s.parse().ok()
+                }
+                v => v.as_u64(),
+            };
+            n.ok_or_else(|| HintError::HashRange {
+                index,
+                value: v.to_string(),
+            })
+        })
+        .collect()
+}
+
 pub(crate) fn payload_of(o: &serde_json::Map<String, Value>) -> Result<FetchHint, HintError> {
     if let Some(m) = str_field(o, "mode")?
         && m != "copy"
@@ -179,27 +225,7 @@ pub(crate) fn payload_of(o: &serde_json::Map<String, Value>) -> Result<FetchHint
     let ep = str_field(o, "source_control_endpoint")?
         .ok_or_else(|| field("source_control_endpoint", "missing"))?;
     let endpoint = Endpoint::parse(ep)?;
-    let hashes = match o.get("block_hashes") {
-        Some(Value::Array(a)) => a,
-        Some(v) => return Err(field("block_hashes", format!("expected an array, got {v}"))),
-        None => return Err(field("block_hashes", "missing")),
-    };
-    if hashes.is_empty() {
-        return Err(HintError::EmptyHashes);
-    }
-    if hashes.len() > MAX_HINT_HASHES {
-        return Err(HintError::TooManyHashes(hashes.len()));
-    }
-    let block_hashes = hashes
-        .iter()
-        .enumerate()
-        .map(|(index, v)| {
-            v.as_u64().ok_or_else(|| HintError::HashRange {
-                index,
-                value: v.to_string(),
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let block_hashes = block_hashes(o, HashForm::Integers)?;
     Ok(FetchHint {
         endpoint,
         block_hashes,

@@ -111,6 +111,10 @@ pub struct OpReport {
     pub reason: Option<Failure>,
     /// Milliseconds from submission to the report.
     pub elapsed_ms: f64,
+    /// Results of the other actions of the request's hint envelope (besides the `kv.fetch`
+    /// this op follows), in envelope order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<crate::actions::ActionResult>,
 }
 
 /// Measured pull latency figures for one (peer, page-size bucket).

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use kvnode_proto::Key;
-use kvnode_proto::actions::{Action, ActionOutcome, ActionResult, parse_envelope};
+use kvnode_proto::actions::{Action, ActionOutcome, ActionResult, Parsed, parse_envelope};
 use kvnode_proto::client::{ErrorCode, Reply};
 use kvnode_proto::hint::{Endpoint, HintError};
 
@@ -70,31 +70,59 @@ impl Session {
         };
         let mut results = Vec::with_capacity(env.actions.len());
         for p in env.actions {
-            let outcome = match p.action {
-                Ok(a) => self.run_action(ns, keys, a).await,
-                Err(e) => ActionOutcome::Refused {
-                    code: match e {
-                        HintError::UnknownAction(_) | HintError::ActionVersion(_) => {
-                            ErrorCode::Unsupported
-                        }
-                        _ => ErrorCode::Invalid,
-                    },
-                    message: format!(
-                        "action {:?} ({:?}) refused: {e}",
-                        p.action_id, p.action_type
-                    ),
-                },
-            };
-            tracing::debug!(conn = self.id, action = %p.action_type, id = %p.action_id, ?outcome, "router action");
-            results.push(ActionResult {
-                action_id: p.action_id,
-                action_type: p.action_type,
-                outcome,
-            });
+            results.push(self.execute(ns, keys, p).await);
         }
         Reply::Acted {
             message_id: env.message_id,
             results,
+        }
+    }
+
+    /// The actions of a hinted request's envelope besides the `kv.fetch` its pull follows
+    /// (the first one), executed as `Act` executes them; reported in the pull's report. A
+    /// hint that is not an envelope (the compact form, or one the pull refuses) has none.
+    pub(super) async fn side_actions(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        hint: Option<&str>,
+    ) -> Vec<ActionResult> {
+        let Some(Ok(env)) = hint.map(parse_envelope) else {
+            return Vec::new();
+        };
+        let mut followed = false;
+        let mut out = Vec::new();
+        for p in env.actions {
+            if matches!(p.action, Ok(Action::Fetch(_))) && !std::mem::replace(&mut followed, true) {
+                continue;
+            }
+            out.push(self.execute(ns, keys, p).await);
+        }
+        out
+    }
+
+    /// One parsed action, executed (or refused) and reported.
+    async fn execute(&mut self, ns: u32, keys: &[Key], p: Parsed) -> ActionResult {
+        let outcome = match p.action {
+            Ok(a) => self.run_action(ns, keys, a).await,
+            Err(e) => ActionOutcome::Refused {
+                code: match e {
+                    HintError::UnknownAction(_) | HintError::ActionVersion(_) => {
+                        ErrorCode::Unsupported
+                    }
+                    _ => ErrorCode::Invalid,
+                },
+                message: format!(
+                    "action {:?} ({:?}) refused: {e}",
+                    p.action_id, p.action_type
+                ),
+            },
+        };
+        tracing::debug!(conn = self.id, action = %p.action_type, id = %p.action_id, ?outcome, "router action");
+        ActionResult {
+            action_id: p.action_id,
+            action_type: p.action_type,
+            outcome,
         }
     }
 
@@ -155,6 +183,7 @@ impl Session {
             };
         };
         let hint = fetch_hint(source, hashes);
-        ActionOutcome::Pulling(Box::new(self.exists_pull(ns, keys, &hint).await))
+        let req = self.plain_request(ns, keys, &hint);
+        ActionOutcome::Pulling(Box::new(self.background_pull(req).await))
     }
 }

@@ -243,18 +243,13 @@ impl Session {
             dev: a.dev,
             layout: a.layout.clone(),
         };
+        let req = PullRequest {
+            deadline_ms: m.deadline_ms,
+            hand_leases: true,
+            ..self.request(m.ns, &m.keys, hint).await
+        };
         let peers = Arc::clone(&self.engine.peers);
-        let op = peers
-            .start(PullRequest {
-                conn: self.id,
-                ns: m.ns,
-                keys: &m.keys,
-                hint,
-                into: Vec::new(),
-                deadline_ms: m.deadline_ms,
-                hand_leases: true,
-            })
-            .await;
+        let op = peers.start(req).await;
         Ok(gpu_pulled::start(
             peers,
             Arc::clone(&self.engine.store),

@@ -33,7 +33,27 @@ impl Session {
         }
     }
 
-    fn request<'a>(&self, ns: u32, keys: &'a [Key], hint: &'a str) -> PullRequest<'a> {
+    /// A pull for `keys` following `hint`, with the envelope's other actions executed and
+    /// their results carried into the op's report (act.rs).
+    pub(super) async fn request<'a>(
+        &mut self,
+        ns: u32,
+        keys: &'a [Key],
+        hint: &'a str,
+    ) -> PullRequest<'a> {
+        PullRequest {
+            actions: self.side_actions(ns, keys, Some(hint)).await,
+            ..self.plain_request(ns, keys, hint)
+        }
+    }
+
+    /// A pull for `keys` following `hint` alone.
+    pub(super) fn plain_request<'a>(
+        &self,
+        ns: u32,
+        keys: &'a [Key],
+        hint: &'a str,
+    ) -> PullRequest<'a> {
         PullRequest {
             conn: self.id,
             ns,
@@ -42,6 +62,7 @@ impl Session {
             into: Vec::new(),
             deadline_ms: None,
             hand_leases: false,
+            actions: Vec::new(),
         }
     }
 
@@ -59,7 +80,7 @@ impl Session {
             .start_get(PullRequest {
                 deadline_ms,
                 hand_leases: false,
-                ..self.request(ns, keys, hint)
+                ..self.request(ns, keys, hint).await
             })
             .await;
         if let Some(mut run) = inline {
@@ -93,8 +114,15 @@ impl Session {
 
     /// Starts a background pull for `Exists` with a hint.
     pub(super) async fn exists_pull(&mut self, ns: u32, keys: &[Key], hint: &str) -> OpReport {
+        let req = self.request(ns, keys, hint).await;
+        self.background_pull(req).await
+    }
+
+    /// Starts `req` as a background pull and reports it; an op that ended at once is
+    /// forgotten (this report is its last).
+    pub(super) async fn background_pull(&mut self, req: PullRequest<'_>) -> OpReport {
         let peers = Arc::clone(&self.engine.peers);
-        let op = peers.start(self.request(ns, keys, hint)).await;
+        let op = peers.start(req).await;
         let r = op.report();
         if r.state.is_terminal() {
             // This reply is its final report: nothing is left to `Wait` for.
@@ -140,7 +168,7 @@ impl Session {
                 into: owned,
                 deadline_ms,
                 hand_leases: false,
-                ..self.request(ns, keys, hint)
+                ..self.request(ns, keys, hint).await
             })
             .await;
         let r = op.report();

@@ -225,18 +225,12 @@ impl Session {
         if let Err(reply) = self.check_region(to.region, keys.len(), to.offsets, to.lens, true) {
             return reply;
         }
+        let req = PullRequest {
+            deadline_ms,
+            ..self.request(ns, keys, hint).await
+        };
         let peers = Arc::clone(&self.engine.peers);
-        let op = peers
-            .start(PullRequest {
-                conn: self.id,
-                ns,
-                keys,
-                hint,
-                into: Vec::new(),
-                deadline_ms,
-                hand_leases: false,
-            })
-            .await;
+        let op = peers.start(req).await;
         let op = ListedOp::new(peers, op);
         let mut arrivals = Arrivals::new(Arc::clone(op.op()));
         let mut got: Vec<Option<u64>> = vec![None; keys.len()];

@@ -47,6 +47,8 @@ pub struct PullOp {
     pub conn: u64,
     /// Peer endpoint, if a pull was started.
     pub peer: Option<String>,
+    /// Results of the request's other router actions.
+    actions: Vec<kvnode_proto::actions::ActionResult>,
     /// Deadline.
     pub deadline: Instant,
     started: Instant,
@@ -78,6 +80,8 @@ pub struct NewOp {
     /// Keep each pulled block's lease from its commit for the consumer
     /// ([`PullOp::take_leases`]), so it need not look the block up again.
     pub hand_leases: bool,
+    /// Results of the request's other router actions (reported as they are).
+    pub actions: Vec<kvnode_proto::actions::ActionResult>,
 }
 
 fn leading(r: &[KeyOutcome]) -> u32 {
@@ -99,6 +103,7 @@ impl PullOp {
             into,
             deadline,
             hand_leases,
+            actions,
         } = o;
         let handed = hand_leases.then(|| (0..keys.len()).map(|_| None).collect());
         let pending = results
@@ -112,6 +117,7 @@ impl PullOp {
             keys,
             conn,
             peer,
+            actions,
             deadline: now + deadline,
             started: now,
             inner: Mutex::new(Inner {
@@ -322,6 +328,7 @@ impl PullOp {
             peer: self.peer.clone(),
             reason: i.reason.clone(),
             elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            actions: self.actions.clone(),
         })
     }
 

@@ -34,6 +34,8 @@ pub struct PullRequest<'a> {
     pub deadline_ms: Option<u64>,
     /// Keep each pulled block's commit lease for the caller ([`PullOp::take_leases`]).
     pub hand_leases: bool,
+    /// Results of the hint envelope's other actions, carried into the op's report.
+    pub actions: Vec<kvnode_proto::actions::ActionResult>,
 }
 
 /// A pull left for the caller to drive ([`Peers::start_get`]). A caller that stops waiting
@@ -110,6 +112,7 @@ impl Peers {
             into: req.into,
             deadline,
             hand_leases: req.hand_leases,
+            actions: req.actions,
         });
         // Only an op still running when its reply goes out enters the op table: one that
         // ended before (refused, or nothing to pull) is reported in that reply and forgotten.
