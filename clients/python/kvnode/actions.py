@@ -50,14 +50,19 @@ class ActionLog:
         self.counts: Dict[str, int] = {"actions_sent": 0, "actions_refused": 0}
         self._log = log
 
-    def claim(self, acts: RequestActions, phase: str, ns: int, keys: Sequence[list]) -> List[list]:
-        """The `keys` this envelope has not yet been sent with (in `ns`, for `phase`), now
-        marked sent. Empty: nothing to send."""
+    def claim(self, acts: RequestActions, phase: str, scope: object, keys: Sequence[list]
+              ) -> Optional[List[list]]:
+        """The `keys` this envelope has not yet been sent with (in `scope`: a namespace, for
+        `phase`), now marked sent; None when there is nothing to send (every key was sent
+        already). The first claim is never None, even without keys, so every action reaches
+        the daemon at least once and is answered."""
         with self._lock:
-            entry = self._entry((acts.key, phase, ns))
+            at = (acts.key, phase, scope)
+            first = at not in self._sent
+            entry = self._entry(at)
             new = [k for k in keys if (bytes(k[0]), int(k[1])) not in entry.keys]
             entry.keys.update((bytes(k[0]), int(k[1])) for k in new)
-            return new
+            return new if new or first else None
 
     def _entry(self, at: tuple) -> _Sent:
         entry = self._sent.get(at)
@@ -69,45 +74,47 @@ class ActionLog:
             self._sent.move_to_end(at)
         return entry
 
-    def _first(self, acts: RequestActions, phase: str, ns: int, action_id: str) -> bool:
+    def _first(self, acts: RequestActions, phase: str, scope: object, action_id: str) -> bool:
         with self._lock:
-            entry = self._entry((acts.key, phase, ns))
+            entry = self._entry((acts.key, phase, scope))
             if action_id in entry.counted:
                 return False
             entry.counted.add(action_id)
             return True
 
     def send(self, conn: Connection, ns: int, keys: Sequence[list], acts: RequestActions,
-             phase: str, text: Optional[str]) -> List[ActionResult]:
-        """`Act` with the envelope `text` on the claimed `keys`; logs and counts the answers.
-        A daemon that refuses the envelope or fails counts every action refused; the error
-        (KvnodeError / OSError) is raised for the caller's connection handling."""
+             phase: str, text: Optional[str], scope: object = None) -> List[ActionResult]:
+        """`Act` in `ns` with the envelope `text` on the claimed `keys`; logs and counts the
+        answers (each action once per envelope, phase and `scope`, by default `ns`). A daemon
+        that refuses the envelope or fails counts every action refused; the error (KvnodeError /
+        OSError) is raised for the caller's connection handling."""
         if text is None:
             return []
+        scope = ns if scope is None else scope
         try:
             message_id, results = act(conn, ns, list(keys), text)
         except (KvnodeError, OSError) as e:
-            self.undelivered(acts, phase, ns, e)
+            self.undelivered(acts, phase, scope, e)
             raise
         for i, r in enumerate(results):
             ident = r.action_id or f"#{i}"
-            if not self._first(acts, phase, ns, f"sent:{ident}"):
+            if not self._first(acts, phase, scope, f"sent:{ident}"):
                 continue
             with self._lock:
                 self.counts["actions_sent"] += 1
-            if r.refused and self._first(acts, phase, ns, f"refused:{ident}"):
+            if r.refused and self._first(acts, phase, scope, f"refused:{ident}"):
                 with self._lock:
                     self.counts["actions_refused"] += 1
                 self._log.warning("kvnode: router action %r (%s) of envelope %r refused (%s): %s",
                                   r.action_id, r.action_type, message_id, r.code, r.message)
         return results
 
-    def undelivered(self, acts: RequestActions, phase: str, ns: int, why: Exception) -> None:
+    def undelivered(self, acts: RequestActions, phase: str, scope: object, why: Exception) -> None:
         """The envelope's actions of `phase` did not execute (`why`): logged, and counted
         refused once per envelope and phase."""
         self._log.warning("kvnode: router actions of envelope %r (%s) not executed: %s",
                           acts.message_id, phase, why)
-        if self._first(acts, phase, ns, "undelivered"):
+        if self._first(acts, phase, scope, "undelivered"):
             with self._lock:
                 self.counts["actions_refused"] += _count(acts, phase)
 
@@ -128,6 +135,7 @@ class _Job:
     acts: RequestActions
     phase: str
     text: Optional[str]
+    scope: object = None
 
 
 class ActionSender:
@@ -146,15 +154,16 @@ class ActionSender:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, keys: Sequence[list], acts: RequestActions, phase: str,
-               text: Optional[str]) -> None:
-        """Queues one `Act` (returns at once); `keys` are those `ActionLog.claim` returned."""
-        if text is None or not keys:
+    def submit(self, keys: Optional[Sequence[list]], acts: RequestActions, phase: str,
+               text: Optional[str], scope: object = None) -> None:
+        """Queues one `Act` (returns at once); `keys` are those `ActionLog.claim` returned for
+        `scope`."""
+        if text is None or keys is None:
             return
         with self._lock:
             self._pending += 1
             self._idle.clear()
-        self._q.put(_Job(list(keys), acts, phase, text))
+        self._q.put(_Job(list(keys), acts, phase, text, scope))
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Waits until every queued `Act` was answered; False on timeout."""
@@ -167,21 +176,29 @@ class ActionSender:
             self._conn.close()
             self._conn = None
 
+    def _open(self) -> Connection:
+        if self._conn is None:
+            conn = self._connect()
+            try:
+                self._ns = self._register(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
     def _run(self) -> None:
         while True:
             job = self._q.get()
             if job is None:
                 return
             try:
-                if self._conn is None:
-                    try:
-                        conn = self._connect()
-                        self._ns = self._register(conn)
-                        self._conn = conn
-                    except (KvnodeError, OSError) as e:
-                        self.log.undelivered(job.acts, job.phase, -1, e)
-                        continue
-                self.log.send(self._conn, self._ns, job.keys, job.acts, job.phase, job.text)
+                try:
+                    conn = self._open()
+                except (KvnodeError, OSError) as e:
+                    self.log.undelivered(job.acts, job.phase, job.scope, e)
+                    continue
+                self.log.send(conn, self._ns, job.keys, job.acts, job.phase, job.text, job.scope)
             except (KvnodeError, OSError):
                 # Logged and counted by ActionLog.send; reconnect for the next job.
                 if self._conn is not None:

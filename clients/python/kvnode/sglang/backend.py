@@ -240,7 +240,7 @@ class KvnodeStorage(_Base):
             return
         for b, keys in pools:
             new = self.actions.claim(acts, UNPLACED, b.ns, b.keys(keys))
-            if not new:
+            if new is None:
                 continue
             try:
                 self.actions.send(self._conn(), b.ns, new, acts, UNPLACED, acts.unplaced_text())
