@@ -17,7 +17,7 @@ from vllm.v1.kv_hints.protocol import KvHintAction
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.request import RequestStatus
 
-from conftest import make_request, make_scheduler, vllm_config
+from conftest import EOS, make_request, make_scheduler, runner_output, vllm_config
 from kvnode.vllm_tier.namespace import wire_key
 from kvnode.wire import Connection
 from test_scheduler_side import deposit, prompt
@@ -83,6 +83,33 @@ def test_connector_retains_at_arrival_counts_the_unknown_refusal_and_retains_def
     assert log.take() == {"actions_sent": 3, "actions_refused": 1}
     stats = conn.get_kv_connector_stats().data
     assert (stats["actions_sent"], stats["actions_refused"]) == (3, 1)
+    conn.shutdown()
+
+
+def test_connector_holds_deferred_actions_until_the_workers_report_the_requests_offloads_done(daemon, model_dir):
+    s = make_scheduler(vllm_config(model_dir, daemon.socket, lookup_wait_ms=5000))
+    conn = s.connector
+    nseg = len(conn.spec["segments"])
+    req = make_request("saved", prompt(42, 3), max_tokens=1)
+    routed = [maybe_convert_block_hash(h) for h in req.block_hashes]
+    req.kv_transfer_params = {"protocol_version": "0.1", "message_id": "req-9", "actions": [
+        {"action_id": "later", "action_type": "kv.retain", "action_version": "1.0",
+         "payload": {"block_hashes": routed[:2], "ttl_seconds": 60, "execute_at": "request_completion"}}]}
+    log = conn.sched.lookup.actions
+    s.add_request(req)
+    out = s.schedule()
+    assert [len(m.block_ids) for m in out.kv_connector_metadata.plan.saves] == [3]
+    s.update_from_output(out, runner_output([req], token=EOS))
+    assert req.is_finished() and conn.sched.awaiting_free == {"saved"}
+    deposit(daemon.socket, conn.spec, req.block_hashes[:3])  # what the workers' offloads store
+    out = s.schedule()
+    s.update_from_output(out, runner_output([]))
+    time.sleep(0.2)
+    assert log.take()["actions_sent"] == 0, "sent before the workers reported the offloads done"
+    out = s.schedule()
+    s.update_from_output(out, runner_output([], finished_sending={"saved"}))
+    until(lambda: log.take()["actions_sent"] == 1)
+    assert retained(daemon.socket) == 2 * nseg, "the deferred kv.retain found the offloaded blocks"
     conn.shutdown()
 
 
