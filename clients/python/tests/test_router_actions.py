@@ -1,6 +1,7 @@
-"""Router actions other than kv.fetch through SGLang's storage backend, against a real daemon:
-the envelope's split (kvnode.hints.split_envelope), and the backend's one `Act` per envelope
-and key at the first storage call that carries the request's kv_hints (batch_exists).
+"""Router actions other than kv.fetch through SGLang's storage backend, against real daemons:
+the envelope's split (kvnode.hints.split_envelope), the backend's one `Act` per envelope and key
+at the first storage call that carries the request's kv_hints (batch_exists), and the same
+through SGLang's own /generate request path with the seam (tests/sglang_stack.py).
 
 Run: `KVNODE_BIN=target/release/kvnode python -m pytest clients/python/tests/test_router_actions.py`.
 """
@@ -15,6 +16,7 @@ from sglang.srt.mem_cache.utils import hash_str_to_int64
 import sglang_pools as sp
 from kvnode.hints import AT_COMPLETION, extract_router_hint, split_envelope
 from kvnode.wire import Connection
+from test_router_hint_e2e import body, envelope, prefetchable, request, store_on_a, tokens, workers  # noqa: F401
 from test_sglang_backend import hashes, storage
 
 EP = "tcp://10.0.0.2:7000"
@@ -92,3 +94,23 @@ def test_sglang_backend_acts_once_at_batch_exists_and_counts_refused_unknown_and
     # SGLang 0.5.23 calls no backend method when a request ends: the deferred retain never runs.
     assert retained(daemon.socket) == 2 * s.seg_n
     s.close()
+
+
+def test_generate_body_actions_reach_bs_daemon_after_the_hinted_pull_through_sglangs_request_path(workers, caplog):
+    w = workers
+    toks = tokens(6, seed=11)
+    keys, _ = store_on_a(w, toks, 0)
+    env = envelope(w["pa"], keys)
+    routed = env["actions"][0]["payload"]["block_hashes"]
+    env["actions"] += [action("keep", "kv.retain", block_hashes=routed[:3], ttl_seconds=60),
+                       action("odd", "kv.unheard", block_hashes=routed[:1]),
+                       action("later", "kv.retain", block_hashes=routed[3:5], ttl_seconds=60,
+                              execute_at=AT_COMPLETION)]
+    req = request(body(toks, env))
+    b_socket = w["b"].socket_path
+    with caplog.at_level(logging.WARNING, logger="kvnode.sglang_backend"):
+        assert w["wb"].prefetch(req) == prefetchable(toks), "the kv.fetch still pulls from A"
+    assert retained(b_socket) == 3 * w["b"].seg_n, "kv.retain covers the pages the hint pulled"
+    assert w["b"].actions.take() == {"actions_sent": 3, "actions_refused": 2}
+    assert ["'odd' (kv.unheard)" in m or "'later' (kv.retain)" in m
+            for m in (r.getMessage() for r in caplog.records if "refused" in r.getMessage())] == [True, True]
