@@ -7,6 +7,7 @@ import mmap
 import os
 import socket
 import struct
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import msgpack
@@ -156,6 +157,12 @@ class Connection:
         body = self.call({"Exists": {"ns": ns, "keys": keys, **(extra or {})}})[1]
         return body["count"], body.get("pull")
 
+    def act(self, ns: int, keys: List[list], hints: str) -> Tuple[str, List["ActionResult"]]:
+        """Runs every action of the hints envelope `hints` (JSON text) on the request's `keys`:
+        (the envelope's message_id, one ActionResult per action, in order). An envelope-level
+        fault (not JSON, an unknown protocol_version, too many actions) raises KvnodeError."""
+        return act(self, ns, keys, hints)
+
     def wait(self, op: int, timeout_ms: int) -> Dict[str, Any]:
         """Waits up to `timeout_ms` for a pull op to end; returns its OpReport (ended or not)."""
         return self.call({"Wait": {"op": op, "timeout_ms": int(timeout_ms)}})[1]
@@ -249,6 +256,56 @@ def open_namespace(connect: Callable[[], "Connection"], register: Callable[["Con
 def exists(conn: "Connection", ns: int, keys: List[list], extra: Optional[dict] = None) -> Dict[str, Any]:
     """The daemon's `Exists` answer for `keys` in `ns` (`extra`: e.g. a hint field)."""
     return conn.call({"Exists": {"ns": ns, "keys": keys, **(extra or {})}})[1]
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What the daemon did with one action of an `Act` (kvnode_proto::actions::ActionResult).
+
+    outcome   "Done" (executed), "Started" (a promotion from NVMe runs in the background),
+              "Pulling" (a peer pull started: `report` is its OpReport, follow it with `Wait`)
+              or "Refused" (nothing changed: `code` is the ErrorCode name, `message` says why,
+              naming the action)
+    blocks    keys acted on (Done / Started)
+    skipped   keys named but not acted on (Done / Started)
+    note      what was skipped and why (Done), else ""
+    """
+
+    action_id: str
+    action_type: str
+    outcome: str
+    blocks: int = 0
+    skipped: int = 0
+    note: str = ""
+    code: str = ""
+    message: str = ""
+    report: Optional[Dict[str, Any]] = None
+
+    @property
+    def refused(self) -> bool:
+        return self.outcome == "Refused"
+
+
+def action_result(raw: Dict[str, Any]) -> ActionResult:
+    """One wire `ActionResult` map as an ActionResult."""
+    outcome, body = _split_reply(raw["outcome"])
+    body = body or {}
+    ident = {"action_id": str(raw.get("action_id", "")), "action_type": str(raw.get("action_type", ""))}
+    if outcome == "Pulling":
+        return ActionResult(**ident, outcome=outcome, report=body)
+    if outcome == "Refused":
+        return ActionResult(**ident, outcome=outcome, code=str(body.get("code", "")),
+                            message=str(body.get("message", "")))
+    return ActionResult(**ident, outcome=outcome, blocks=int(body.get("blocks", 0)),
+                        skipped=int(body.get("skipped", 0)), note=str(body.get("note", "")))
+
+
+def act(conn: "Connection", ns: int, keys: List[list], hints_text: str) -> Tuple[str, List[ActionResult]]:
+    """The daemon's `Act` for the request's `keys` in `ns`: every action of the envelope
+    `hints_text` (JSON) applies to the keys whose router hash it names. Returns (message_id,
+    one ActionResult per action, in order); raises KvnodeError on an envelope-level fault."""
+    body = conn.call({"Act": {"ns": ns, "keys": keys, "hints": hints_text}})[1]
+    return str(body.get("message_id", "")), [action_result(r) for r in body.get("results") or []]
 
 
 def wait_for_daemon(path: str, proc: Any = None, timeout: float = 10.0,

@@ -17,8 +17,9 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from kvnode import hitpolicy, transfer
+from kvnode.actions import UNPLACED, ActionLog
 from kvnode.common import default_socket, hint_field, hinted_exists, pull_budget_ms
-from kvnode.hints import extract_router_hint
+from kvnode.hints import extract_router_hint, split_envelope
 from kvnode.metrics import Metrics
 from kvnode.namespace import digest_of, namespace_spec
 from kvnode.outcomes import stored, usable
@@ -80,6 +81,8 @@ class KvnodeStorage(_Base):
         self._all: List[Connection] = []
         self._lock = threading.Lock()
         self._metrics = Metrics()
+        # The router's non-fetch actions (docs/sglang.md "Router actions"); `actions.take()`.
+        self.actions = ActionLog(logger)
         self.daemon_timeouts: Optional[dict] = None
         self._conn()  # fail fast when the daemon is not there
         self.supports_hints = self._probe_timeouts(extra)
@@ -225,6 +228,25 @@ class KvnodeStorage(_Base):
     def _hint(self, extra_info: Any) -> dict:
         return router_hint_fields(extract_router_hint(extra_info), self.supports_hints)
 
+    def _act(self, extra_info: Any, pools: Sequence[tuple]) -> None:
+        """Sends the envelope's actions other than kv.fetch for the request's keys, once per
+        envelope and key (SGLang asks in batches: each batch's new keys), in each pool's
+        namespace: `pools` is (PoolBinding, page keys) pairs. SGLang 0.5.23 gives storage
+        backends no request-completion call, so request_completion actions go with the others
+        as written and the daemon refuses them by name (logged and counted, never silent).
+        A failed `Act` never fails the storage call."""
+        acts = split_envelope(extra_info)
+        if acts is None:
+            return
+        for b, keys in pools:
+            new = self.actions.claim(acts, UNPLACED, b.ns, b.keys(keys))
+            if new is None:
+                continue
+            try:
+                self.actions.send(self._conn(), b.ns, new, acts, UNPLACED, acts.unplaced_text())
+            except (KvnodeError, OSError):
+                pass  # logged and counted by ActionLog.send
+
     def _get_pages(self, b: PoolBinding, keys: Sequence[str], host_indices: Any, hint: dict) -> List[bool]:
         c = self._conn()
         return transfer.get_pages(c, lambda e: self._region(c, e), b, keys, host_indices, hint)
@@ -277,6 +299,7 @@ class KvnodeStorage(_Base):
         b = self._binding(KV)
         res = self._get_pages(b, keys, host_indices, self._hint(extra_info))
         self._record(True, res, b.page_bytes, t0)
+        self._act(extra_info, [(b, keys)])
         return res
 
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
@@ -293,7 +316,10 @@ class KvnodeStorage(_Base):
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         if not keys:
             return 0
-        return self._leading(self._binding(KV), keys, self._hint(extra_info))
+        b = self._binding(KV)
+        n = self._leading(b, keys, self._hint(extra_info))
+        self._act(extra_info, [(b, keys)])  # after the hint's pull: retains cover pulled pages
+        return n
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -311,6 +337,10 @@ class KvnodeStorage(_Base):
             present = self._each(self._binding(t.name), keys[:kv_pages], hint) if kv_pages else []
             per_pool.append((t.name, t.hit_policy, len(t.keys or []), present))
         final, hits, restorable = hitpolicy.combine(kv_pages, per_pool, kv_name=PoolName.KV)
+        if keys:
+            extra = [(self._binding(t.name), keys) for t in pool_transfers or []
+                     if _pool_key(t.name) != KV]
+            self._act(extra_info, [(self._binding(KV), keys), *extra])
         return PoolTransferResult(final, hits, restorable)
 
     def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
@@ -322,6 +352,8 @@ class KvnodeStorage(_Base):
             b = self._binding(t.name)
             out[t.name] = self._get_pages(b, keys, t.host_indices, hint) if keys else []
             self._record(True, out[t.name], b.page_bytes, t0)
+            if keys:
+                self._act(extra_info, [(b, keys)])
         return out
 
     def batch_set_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:

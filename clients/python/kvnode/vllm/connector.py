@@ -23,7 +23,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from kvnode.hints import extract_router_hint
+from kvnode.hints import extract_router_hint, request_source, split_envelope
 from kvnode.vllm.config import KvnodeVllmConfig
 from kvnode.vllm.keys import RankGeometry, Segment
 from kvnode.vllm.lookup import LookupService
@@ -226,6 +226,7 @@ class KvnodeConnector(KVConnectorBase_V1):
         if self.sched is not None:
             now.update(lookups=self.sched.lookups, hit_tokens=self.sched.hit_tokens,
                        pending_answers=self.sched.pending_answers)
+            now.update(self.sched.lookup.actions.take())
         d = delta(now, self._last_stats)
         return KvnodeConnectorStats(data=d) if d else None
 
@@ -247,8 +248,20 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._admin = None
 
     # ==== scheduler side ================================================================
+    @staticmethod
+    def _source(request: "Request") -> Any:
+        """The request's envelope: `Request.kv_hints`, else `kv_transfer_params`."""
+        return request_source(getattr(request, "kv_hints", None),
+                              getattr(request, "kv_transfer_params", None))
+
     def _hint(self, request: "Request") -> Optional[dict]:
-        return extract_router_hint(getattr(request, "kv_transfer_params", None))
+        return extract_router_hint(self._source(request))
+
+    def _send_actions(self, request: "Request") -> None:
+        """The request's actions other than kv.fetch, at the earliest call (once per envelope)."""
+        assert self.sched is not None
+        self.sched.submit_actions(request.request_id, split_envelope(self._source(request)),
+                                  request.block_hashes, request.num_tokens)
 
     def on_new_request(self, request: "Request") -> None:
         assert self.sched is not None
@@ -256,12 +269,14 @@ class KvnodeConnector(KVConnectorBase_V1):
         if not request.skip_reading_prefix_cache:
             self.sched.submit_lookup(request.request_id, request.block_hashes, request.num_tokens,
                                      self._hint(request))
+        self._send_actions(request)
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int):
         assert self.sched is not None
         self._requests[request.request_id] = request
         n = self.sched.matched_tokens(request.request_id, request.block_hashes, request.num_tokens,
                                       num_computed_tokens, self._hint(request))
+        self._send_actions(request)
         return (None, False) if n is None else (n, False)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
@@ -304,7 +319,7 @@ class KvnodeConnector(KVConnectorBase_V1):
     def request_finished(self, request: "Request", block_ids: list) -> Tuple[bool, Optional[dict]]:
         assert self.sched is not None
         self._requests.pop(request.request_id, None)
-        return self.sched.request_finished(request.request_id), None
+        return self.sched.request_finished(request.request_id, request.block_hashes), None
 
     def reset_cache(self) -> bool:
         """vLLM's reset_prefix_cache: clears this namespace in the daemon."""

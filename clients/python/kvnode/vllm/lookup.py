@@ -9,6 +9,10 @@ then `Wait`s on that pull (bounded by the daemon's declared timeout and `hint_wa
 again, so the request is scheduled only once the pulled blocks are local (docs/peer-protocol.md).
 Until the answer is there, `result` returns None: vLLM then skips the request this step.
 
+The request's other router actions (`submit_act`) go through the same queue and connection, so
+the `Act` of a request's immediate actions runs after its lookup (and a hinted pull: a
+`kv.retain` then covers the pulled blocks); kvnode.actions logs and counts the answers.
+
 A daemon that is down or refuses answers "0 blocks" (the request is computed, never blocked).
 """
 
@@ -20,7 +24,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from kvnode.actions import ActionLog
 from kvnode.common import hint_field, hinted_exists, pull_budget_ms
+from kvnode.hints import RequestActions
 from kvnode.wire import Connection, KvnodeError, exists, open_namespace
 
 logger = logging.getLogger("kvnode.vllm")
@@ -38,6 +44,20 @@ class Lookup:
     reason: Optional[str] = None
 
 
+@dataclass
+class _Act:
+    """One queued `Act`: the claimed keys and the envelope text of one phase."""
+
+    keys: List[list]
+    acts: RequestActions
+    phase: str
+    text: str
+
+
+#: ActionLog scope of this service's one namespace.
+_SCOPE = 0
+
+
 class LookupService:
     """Answers prefix lookups on one background thread (one daemon connection)."""
 
@@ -49,11 +69,12 @@ class LookupService:
         self._hint_wait_s = hint_wait_s
         self._lock = threading.Lock()
         self._lookups: Dict[str, Lookup] = {}
-        self._q: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._q: "queue.Queue[Any]" = queue.Queue()  # req_id, an _Act, or None (stop)
         self._conn: Optional[Connection] = None
         self._ns = 0
         self._timeouts: Optional[dict] = None
         self.served = 0
+        self.actions = ActionLog(logger)
         self._thread = threading.Thread(target=self._run, name="kvnode-lookup", daemon=True)
         self._thread.start()
 
@@ -68,6 +89,16 @@ class LookupService:
     def get(self, req_id: str) -> Optional[Lookup]:
         with self._lock:
             return self._lookups.get(req_id)
+
+    def submit_act(self, digests: List[bytes], acts: RequestActions, phase: str,
+                   text: Optional[str]) -> None:
+        """Queues the `Act` of one phase of a request's actions (kvnode.actions) on the blocks
+        `digests` (every segment), for the keys this envelope was not yet sent with."""
+        if text is None:
+            return
+        keys = self.actions.claim(acts, phase, _SCOPE, [[d, s] for d in digests for s in range(self._nseg)])
+        if keys is not None:
+            self._q.put(_Act(keys, acts, phase, text))  # type: ignore[arg-type]
 
     def forget(self, req_id: str) -> None:
         with self._lock:
@@ -91,6 +122,9 @@ class LookupService:
             req_id = self._q.get()
             if req_id is None:
                 return
+            if isinstance(req_id, _Act):
+                self._act(req_id)
+                continue
             lk = self.get(req_id)
             if lk is None or lk.done.is_set():
                 continue
@@ -108,6 +142,22 @@ class LookupService:
                     self._conn = None
             self.served += 1
             lk.done.set()
+
+    def _act(self, job: _Act) -> None:
+        try:
+            conn = self._connection()
+        except (KvnodeError, OSError) as e:
+            self.actions.undelivered(job.acts, job.phase, _SCOPE, e)
+            self._conn = None
+            return
+        try:
+            self.actions.send(conn, self._ns, job.keys, job.acts, job.phase, job.text, _SCOPE)
+        except (KvnodeError, OSError):
+            try:  # logged and counted; reconnect on the next request
+                conn.close()
+            except OSError:
+                pass
+            self._conn = None
 
     def _connection(self) -> Connection:
         if self._conn is None:

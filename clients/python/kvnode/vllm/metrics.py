@@ -19,6 +19,8 @@ COUNTERS: Dict[str, str] = {
     "lookups": "prefix lookups sent to kvnode",
     "hit_tokens": "prompt tokens served from kvnode",
     "pending_answers": "scheduler asks answered 'not yet' (lookup or hinted pull pending)",
+    "actions_sent": "router actions (other than kv.fetch) sent to kvnode in an Act",
+    "actions_refused": "router actions kvnode refused, or that never reached it (logged at warning)",
 }
 
 

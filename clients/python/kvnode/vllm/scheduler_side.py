@@ -4,6 +4,11 @@ Per request it remembers: how many leading blocks the daemon holds (the lookup),
 to onload this step (after vLLM allocated them), how many leading blocks are already in kvnode
 or on their way (so each block is offloaded once), and whether any offload was issued (then
 vLLM must not free the request's blocks until the workers report the offloads done).
+
+A request's router actions other than kv.fetch (kvnode.hints.split_envelope) go to the daemon
+through the lookup thread: the immediate ones when the request arrives, after its lookup; the
+request_completion ones when it finishes, or, when it offloaded blocks, once the workers report
+those offloads done (so a deferred kv.retain finds the request's blocks in the daemon).
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set
 
+from kvnode.actions import COMPLETION, NOW
+from kvnode.hints import RequestActions
 from kvnode.vllm.keys import block_hashes_per_block, digest_of
 from kvnode.vllm.lookup import LookupService
 from kvnode.vllm.plan import BlockMove, StepPlan
@@ -45,6 +52,9 @@ class SchedulerSide:
         self._step = 0
         self._preempted: List[str] = []
         self._awaiting_free: Set[str] = set()
+        self._actions: Dict[str, RequestActions] = {}
+        # request_completion actions held until the request's offloads are done.
+        self._at_free: Dict[str, tuple] = {}
         # Counters for metrics / stats.
         self.lookups = 0
         self.hit_tokens = 0
@@ -69,6 +79,16 @@ class SchedulerSide:
         self._state(req_id)
         self.lookups += 1
         self.lookup.submit(req_id, self._digests(hashes, num_tokens // self.block_size), hint)
+
+    def submit_actions(self, req_id: str, acts: Optional[RequestActions], hashes: Sequence[bytes],
+                       num_tokens: int) -> None:
+        """Sends the request's immediate actions on its full prompt blocks (once per envelope
+        and block; no waiting) and keeps its request_completion ones for `request_finished`."""
+        if acts is None:
+            return
+        self._actions[req_id] = acts
+        self.lookup.submit_act(self._digests(hashes, num_tokens // self.block_size), acts, NOW,
+                               acts.now_text())
 
     def matched_tokens(self, req_id: str, hashes: Sequence[bytes], num_tokens: int,
                        num_computed_tokens: int, hint: Optional[dict]) -> Optional[int]:
@@ -139,15 +159,27 @@ class SchedulerSide:
                 st.offloaded = True
         return plan
 
-    def request_finished(self, req_id: str) -> bool:
+    def request_finished(self, req_id: str, hashes: Sequence[bytes] = ()) -> bool:
         """True when vLLM must keep the request's blocks until the workers report its
-        offloads done (`finished_sending`)."""
+        offloads done (`finished_sending`). The request's request_completion actions go to
+        the daemon now, on its full blocks (`hashes`), or at that report."""
         self.lookup.forget(req_id)
         st = self._reqs.pop(req_id, None)
+        acts = self._actions.pop(req_id, None)
+        deferred = None
+        if acts is not None and acts.at_completion:
+            deferred = (acts, self._digests(hashes, len(hashes)))
         if st is not None and st.offloaded:
             self._awaiting_free.add(req_id)
+            if deferred is not None:
+                self._at_free[req_id] = deferred
             return True
+        if deferred is not None:
+            self._send_at_completion(*deferred)
         return False
+
+    def _send_at_completion(self, acts: RequestActions, digests: List[bytes]) -> None:
+        self.lookup.submit_act(digests, acts, COMPLETION, acts.completion_text())
 
     def load_failed(self, block_ids_by_req: Dict[str, Sequence[int]], invalid: Set[int]) -> None:
         """Workers reported `invalid` blocks (vLLM recomputes from the first one of each
@@ -164,6 +196,9 @@ class SchedulerSide:
     def finished_sending(self, req_ids) -> None:
         for r in req_ids or ():
             self._awaiting_free.discard(r)
+            deferred = self._at_free.pop(r, None)
+            if deferred is not None:
+                self._send_at_completion(*deferred)
 
     @property
     def awaiting_free(self) -> Set[str]:

@@ -12,6 +12,10 @@ Router hints: a request whose `ReqContext.kv_hints` (or `kv_transfer_params`) ca
 batch sends the hint with `Exists` (the daemon starts pulling the named peer's blocks into its
 own tier), waits on the pull (bounded by the daemon's declared timeout and `hint_wait_s`), then
 answers like a plain lookup. Pulled blocks are then ordinary local hits and load like any other.
+
+Router actions other than kv.fetch (`Actions`, kept in ReqContext): after a request's batch is
+answered (and its hint's pull waited for), the same thread sends them in one `Act` on that
+batch's keys, each key once per envelope; a failed `Act` is logged and counted, never a miss.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 
+from kvnode.actions import NOW, ActionLog
 from kvnode.common import hint_field, hinted_exists, pull_budget_ms
+from kvnode.hints import RequestActions
 from kvnode.vllm_tier.namespace import split_key, wire_key
 from kvnode.wire import Connection, KvnodeError, exists, open_namespace
 
@@ -36,6 +42,30 @@ class Hint:
 
     def field(self) -> Dict[str, Any]:
         return hint_field(self.hint)
+
+
+class Actions:
+    """A request's router actions other than kv.fetch (`kvnode.hints.split_envelope`), kept in
+    ReqContext, and the keys the request named to the tier (its lookups and stores), on which
+    its request_completion actions run when it ends."""
+
+    #: ActionLog scope: the tier's one namespace.
+    SCOPE = 0
+
+    def __init__(self, acts: RequestActions):
+        self.acts = acts
+        self._lock = threading.Lock()
+        self._keys: Dict[bytes, None] = {}  # OffloadKeys in first-seen order
+        self.sent_now = False  # the immediate actions reached the daemon once
+
+    def saw(self, keys: Iterable[OffloadKey]) -> None:
+        with self._lock:
+            for k in keys:
+                self._keys.setdefault(bytes(k), None)
+
+    def keys(self) -> List[bytes]:
+        with self._lock:
+            return list(self._keys)
 
 
 class LookupCounters:
@@ -66,8 +96,9 @@ class DaemonLookup(AsyncLookupManager):
 
     def __init__(self, tier_type: str, connect: Callable[[], Connection],
                  register: Callable[[Connection], int], windowed: Set[int], hinted: bool,
-                 hint_wait_s: float, counters: LookupCounters):
+                 hint_wait_s: float, counters: LookupCounters, actions: Optional[ActionLog] = None):
         self._connect, self._register = connect, register
+        self._actions = actions
         self._windowed, self._hinted, self._hint_wait_s = windowed, hinted, hint_wait_s
         self._counters = counters
         self._conn: Optional[Connection] = None
@@ -123,7 +154,27 @@ class DaemonLookup(AsyncLookupManager):
                     out[i] = self._exists([w])["count"] == 1
         self._counters.add("lookup_keys", len(keys))
         self._counters.add("lookup_hits", sum(out))
+        self._act(keys, req_context)
         return out
+
+    def _act(self, keys: List[OffloadKey], req_context: ReqContext) -> None:
+        """The request's immediate actions on this batch's keys not yet sent (after the
+        lookup: a kv.retain covers blocks the hint pulled). Never fails the lookup."""
+        state = req_context.get_state(Actions)
+        if state is None or self._actions is None:
+            return
+        state.saw(keys)
+        text = state.acts.now_text()
+        if text is None:
+            return
+        new = self._actions.claim(state.acts, NOW, Actions.SCOPE, [wire_key(k) for k in keys])
+        if new is None:
+            return
+        state.sent_now = True
+        try:
+            self._actions.send(self._connection(), self._ns, new, state.acts, NOW, text, Actions.SCOPE)
+        except (KvnodeError, OSError):
+            pass  # logged and counted by ActionLog.send
 
     def _pull(self, wk: List[list], hint: Hint) -> None:
         """The hint's pull, waited for; the plain lookup that follows counts what it brought."""

@@ -25,6 +25,8 @@ COUNTERS: Dict[str, str] = {
     "store_blocks": "chunks stored into kvnode (new or already present)",
     "store_failed_blocks": "chunks kvnode did not store (no space, daemon down, ...)",
     "store_failed_jobs": "store jobs reported failed",
+    "actions_sent": "router actions (other than kv.fetch) sent to the kvnode daemon in an Act",
+    "actions_refused": "router actions the daemon refused, or that never reached it (logged at warning)",
 }
 LOOKUP_RTT = PREFIX + "lookup_rtt_seconds"
 _RTT_BUCKETS = (0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 1.0)

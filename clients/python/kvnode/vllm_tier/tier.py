@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional
 
 import msgspec
 from vllm.v1.kv_offload.base import (ConfigInfoMapping, Locality, LookupResult, Medium,
@@ -22,12 +22,13 @@ from vllm.v1.kv_offload.base import (ConfigInfoMapping, Locality, LookupResult, 
                                      RequestOffloadingContext, ScheduleEndContext)
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from kvnode.hints import extract_router_hint
+from kvnode.actions import COMPLETION, NOW, ActionLog, ActionSender
+from kvnode.hints import extract_router_hint, request_source, split_envelope
 from kvnode.vllm_tier import metrics
 from kvnode.vllm_tier.config import TierConfig
 from kvnode.vllm_tier.jobs import Job, Transfers
-from kvnode.vllm_tier.lookup import DaemonLookup, Hint, LookupCounters
-from kvnode.vllm_tier.namespace import UnsupportedLayout, check_layout, namespace_spec
+from kvnode.vllm_tier.lookup import Actions, DaemonLookup, Hint, LookupCounters
+from kvnode.vllm_tier.namespace import UnsupportedLayout, check_layout, namespace_spec, wire_key
 from kvnode.vllm_tier.primary import close_extents, shared_extents, view_base
 from kvnode.wire import Connection, KvnodeError
 
@@ -38,15 +39,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger("kvnode.vllm_tier")
 
 
+def _source(req_context: ReqContext) -> Any:
+    hints = req_context.kv_hints
+    return request_source(None if hints is None else msgspec.to_builtins(hints),
+                          req_context.kv_transfer_params)
+
+
 def request_hint(req_context: ReqContext) -> Optional[dict]:
     """The request's kv.fetch hint: vLLM's `kv_hints` envelope (what the in-tree kvcr tier
     reads), else the connector's forms in `kv_transfer_params`; None when absent or malformed."""
-    if req_context.kv_hints is not None:
-        return extract_router_hint({"kv_hints": msgspec.to_builtins(req_context.kv_hints)})
-    params = req_context.kv_transfer_params
-    if isinstance(params, dict):
-        return extract_router_hint(params.get("kv_router_hint", params))
-    return None
+    return extract_router_hint(_source(req_context))
 
 
 class KvnodeTier(SecondaryTierManager):
@@ -84,10 +86,17 @@ class KvnodeTier(SecondaryTierManager):
                     if g.sliding_window_size_in_chunks is not None}
         self._counters = LookupCounters()
         self._io: Dict[str, float] = {}
+        # Router actions other than kv.fetch: immediate ones from the lookup threads, deferred
+        # ones (request_completion) from their own thread once the request ended.
+        self.actions = ActionLog(logger)
+        self._actions_reported: Dict[str, int] = {}
+        self._sender = ActionSender(self._connect, self._register, self.actions, "kvnode-tier-actions")
+        self._ended: Dict[str, Actions] = {}  # ended requests whose stores are still running
+        self._job_req: Dict[int, Actions] = {}  # store job -> its request's actions
         self._plain = DaemonLookup(tier_type, self._connect, self._register, windowed, False,
-                                   self.cfg.hint_wait_s, self._counters)
+                                   self.cfg.hint_wait_s, self._counters, self.actions)
         self._hinted = DaemonLookup(tier_type, self._connect, self._register, windowed, True,
-                                    self.cfg.hint_wait_s, self._counters)
+                                    self.cfg.hint_wait_s, self._counters, self.actions)
         self._transfers = Transfers(self._connect, self._register, nseg, row, base, extents,
                                     self.cfg.threads)
         self._jobs: Dict[int, list] = {}
@@ -137,6 +146,9 @@ class KvnodeTier(SecondaryTierManager):
         hint = request_hint(req_context)
         if hint is not None:
             req_context.set_state(Hint(hint))
+        acts = split_envelope(_source(req_context))
+        if acts is not None:
+            req_context.set_state(Actions(acts))
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -155,12 +167,17 @@ class KvnodeTier(SecondaryTierManager):
     def _submit(self, jm: TransferJob, is_load: bool) -> None:
         keys = list(jm.keys)
         self._jobs[jm.job_id] = keys
+        state = jm.req_context.get_state(Actions) if jm.req_context is not None else None
+        if state is not None and not is_load:
+            state.saw(keys)  # deferred actions run on the blocks the request stored too
+            self._job_req[jm.job_id] = state
         self._transfers.submit(Job(jm.job_id, is_load, keys, [int(c) for c in jm.chunk_ids]))
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         results = []
         for o in self._transfers.finished():
             keys = self._jobs.pop(o.job_id)
+            self._store_done(self._job_req.pop(o.job_id, None), keys)
             good = sum(o.ok)
             kind = "load" if o.is_load else "store"
             self._count(f"{kind}_blocks", good)
@@ -189,6 +206,44 @@ class KvnodeTier(SecondaryTierManager):
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._plain.cleanup(req_context.req_id)
         self._hinted.cleanup(req_context.req_id)
+        state = req_context.get_state(Actions)
+        if state is None:
+            return
+        if any(s is state for s in self._job_req.values()):
+            self._ended[req_context.req_id] = state  # finished once its stores are done
+        else:
+            self._finish(state)
+
+    def _store_done(self, state: Optional[Actions], keys: List[OffloadKey]) -> None:
+        """A store job of a request with actions ended: its immediate actions run on the
+        stored keys (from the sender thread: this is vLLM's scheduler thread); a request that
+        ended and has no store left gets its request_completion actions."""
+        if state is None:
+            return
+        self._send(state, NOW, keys)
+        if any(s is state for s in self._job_req.values()):
+            return
+        ended = [r for r, s in self._ended.items() if s is state]
+        for r in ended:
+            del self._ended[r]
+            self._finish(state)
+
+    def _send(self, state: Actions, phase: str, keys: List[OffloadKey]) -> None:
+        text = state.acts.now_text() if phase == NOW else state.acts.completion_text()
+        if text is None:
+            return
+        claimed = self.actions.claim(state.acts, phase, Actions.SCOPE, [wire_key(k) for k in keys])
+        if claimed is not None and phase == NOW:
+            state.sent_now = True
+        self._sender.submit(claimed, state.acts, phase, text, Actions.SCOPE)
+
+    def _finish(self, state: Actions) -> None:
+        """The request ended: its request_completion actions on every key it looked up or
+        stored, and its immediate ones if no lookup or store ever sent them."""
+        keys = state.keys()
+        if not state.sent_now:
+            self._send(state, NOW, keys)
+        self._send(state, COMPLETION, keys)
 
     def take_events(self) -> Iterable:
         # The daemon publishes its own KV events (CPU_PINNED / DISK, docs/events.md) for every
@@ -202,6 +257,7 @@ class KvnodeTier(SecondaryTierManager):
     def shutdown(self) -> None:
         self._plain.shutdown()
         self._hinted.shutdown()
+        self._sender.close()
         self._transfers.close()
         close_extents(self._extents)
         self._extents = []
@@ -211,6 +267,9 @@ class KvnodeTier(SecondaryTierManager):
         for k, v in self._io.items():
             counters[k] = counters.get(k, 0) + v
         self._io = {}
+        for k, total in self.actions.take().items():
+            counters[k] = counters.get(k, 0) + total - self._actions_reported.get(k, 0)
+            self._actions_reported[k] = total
         return metrics.stats(self._label, counters, rtts)
 
     def config_info(self) -> ConfigInfoMapping:
