@@ -295,6 +295,33 @@ fn render_movement(o: &mut String, s: &StatsReport) {
                 .map_or(String::new(), |r| format!("  POISONED: {r}"))
         );
     }
+    render_retention(o, s);
+}
+
+/// Blocks held by `kv.retain` (DRAM), once any hold was ever asked for.
+fn render_retention(o: &mut String, s: &StatsReport) {
+    let asked = |t: &kvnode_proto::stats::TierStats| {
+        t.retained_blocks + t.retain_refused + t.retain_expired > 0
+    };
+    if !s.tiers.iter().any(asked) {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\n{:<6} {:>10} {:>10} {:>10} {:>10}",
+        "tier", "retained", "ret-bytes", "refused", "expired"
+    );
+    for t in s.tiers.iter().filter(|t| asked(t)) {
+        let _ = writeln!(
+            o,
+            "{:<6} {:>10} {:>10} {:>10} {:>10}",
+            t.tier,
+            t.retained_blocks,
+            ByteSize(t.retained_bytes).to_string(),
+            t.retain_refused,
+            t.retain_expired
+        );
+    }
 }
 
 pub use kvnode_client::report::render_timeouts;

@@ -167,7 +167,7 @@ type TierMetric = (
     fn(&TierStats) -> u64,
 );
 
-const PER_TIER: [TierMetric; 11] = [
+const PER_TIER: [TierMetric; 15] = [
     (
         "tier_hits",
         MetricType::Counter,
@@ -221,6 +221,30 @@ const PER_TIER: [TierMetric; 11] = [
         MetricType::Counter,
         "Blocks copied to NVMe while kept in DRAM (write-behind, stop-time flush).",
         |t| t.copied_down,
+    ),
+    (
+        "tier_retained_blocks",
+        MetricType::Gauge,
+        "Blocks held in DRAM by kv.retain.",
+        |t| t.retained_blocks,
+    ),
+    (
+        "tier_retained_bytes",
+        MetricType::Gauge,
+        "Bytes of blocks held in DRAM by kv.retain.",
+        |t| t.retained_bytes,
+    ),
+    (
+        "tier_retain_refused",
+        MetricType::Counter,
+        "Keys kv.retain refused because the tenant's retained quota was full.",
+        |t| t.retain_refused,
+    ),
+    (
+        "tier_retain_expired",
+        MetricType::Counter,
+        "kv.retain holds that ended because their time ran out.",
+        |t| t.retain_expired,
     ),
     (
         "tier_lag_exceeded",
