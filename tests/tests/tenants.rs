@@ -122,6 +122,7 @@ fn another_tenant_cannot_read_a_prefix_even_naming_its_salt_or_handle() {
         "lease_error",
         "delete_error",
         "put_error",
+        "act_error",
     ] {
         assert!(
             get(&b, op).contains(&format!("unknown namespace handle {a_ns}")),

@@ -266,3 +266,40 @@ fn chain_tier_evicts_a_put_from_its_tail() {
     assert!(held(10) && held(11), "a chain's head left before its tail");
     assert!(!held(12) && !held(13), "the chain's tail stayed");
 }
+
+#[test]
+fn retention_is_held_to_the_tenants_quota_and_to_the_tiers_share() {
+    let t = tier(8 * MIB, 2 * MIB, PolicyKind::Lru);
+    let a = t.register(&spec("a", MIB)).unwrap().ns;
+    let b = t.register(&spec("b", MIB)).unwrap().ns;
+    for i in 0..3 {
+        put(&t, a, i, MIB).unwrap();
+        put(&t, b, 10 + i, MIB).unwrap();
+    }
+    let ttl = std::time::Duration::from_secs(60);
+    let keys = |from: u32| [key(from), key(from + 1), key(from + 2)];
+    // Tenant a may hold 2 MiB; the tier 3 MiB for everyone.
+    let scope = |set: &'static [u32], limit| RetainScope {
+        set: Some(set),
+        limit,
+        tier_limit: 3 * MIB,
+    };
+    let ra = t.retain(a, &keys(0), ttl, scope(&[0], 2 * MIB)).unwrap();
+    assert_eq!((ra.held, ra.over_quota), (2, 1), "a's own quota");
+    // b's quota is ample, but the tier's share leaves room for one block only.
+    let rb = t.retain(b, &keys(10), ttl, scope(&[1], 8 * MIB)).unwrap();
+    assert_eq!((rb.held, rb.over_quota), (1, 2), "the tier's share");
+    let s = t.snapshot().tier;
+    assert_eq!(
+        (s.retained_blocks, s.retained_bytes, s.retain_refused),
+        (3, 3 * MIB, 3)
+    );
+    // Filling the tier evicts every block but the three held ones.
+    for i in 100..120 {
+        put(&t, a, i, MIB).unwrap();
+    }
+    assert_eq!(t.exists(a, &keys(0)[..2]).unwrap(), 2);
+    assert_eq!(t.exists(b, &keys(10)[..1]).unwrap(), 1);
+    assert_eq!(t.release_retention(a, &keys(0)).unwrap(), 2);
+    assert_eq!(t.snapshot().tier.retained_blocks, 1);
+}

@@ -199,6 +199,7 @@ impl Pair {
                 into: Vec::new(),
                 deadline_ms: Some(5000),
                 hand_leases,
+                actions: Vec::new(),
             })
             .await;
         op.wait(Duration::from_secs(10)).await;
@@ -370,6 +371,7 @@ async fn stalled_block_costs_about_the_io_timeout_and_leaks_no_reservation() {
             into: Vec::new(),
             deadline_ms: Some(5000),
             hand_leases: false,
+            actions: Vec::new(),
         })
         .await;
     op.wait(Duration::from_secs(10)).await;

@@ -294,7 +294,7 @@ mod tests {
         let d = picks.into_iter().next().expect("a block to demote");
         let slot_key = d.key;
         let before = nvme.in_flight();
-        let m = Move::begin(&f.store, &nvme, d);
+        let m = Move::begin(&f.store, &nvme, d, false);
         assert_eq!(nvme.in_flight(), before + 1, "counted from its pick");
         drop(m);
         assert_eq!(nvme.in_flight(), before, "the move stopped counting");

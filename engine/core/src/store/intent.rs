@@ -10,8 +10,8 @@ use kvnode_proto::Key;
 use super::{Location, Store};
 use crate::dram::{RetainOutcome, RetainScope, TierError};
 
-/// Share of a tenant's DRAM quota (of the tier, without a tenant map) that retention may hold
-/// when no `retain_quota` is set.
+/// Retention may hold 1/this of a tenant's DRAM quota when no `retain_quota` is set (of the
+/// tier without a tenant map), and 1/this of the tier for all tenants together.
 const DEFAULT_RETAIN_SHARE: u64 = 2;
 
 impl Store {
@@ -37,6 +37,7 @@ impl Store {
         let scope = RetainScope {
             set: set.as_deref(),
             limit,
+            tier_limit: self.dram.free_and_capacity().1 / DEFAULT_RETAIN_SHARE,
         };
         self.dram.retain(ns, keys, ttl, scope)
     }

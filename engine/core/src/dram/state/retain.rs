@@ -56,6 +56,9 @@ pub struct RetainScope<'a> {
     pub set: Option<&'a [u32]>,
     /// Bytes they may hold retained.
     pub limit: u64,
+    /// Bytes every tenant together may hold retained (so retention never takes the whole
+    /// tier from those who hold none).
+    pub tier_limit: u64,
 }
 
 /// What a `kv.retain` did.
@@ -65,7 +68,7 @@ pub struct RetainOutcome {
     pub held: u32,
     /// Keys not resident in DRAM (or on their way out of it).
     pub absent: u32,
-    /// Keys refused: the tenant's retained quota is full.
+    /// Keys refused: the tenant's retained quota (or the tier's) is full.
     pub over_quota: u32,
 }
 
@@ -155,6 +158,7 @@ impl State {
         self.expire_retention(now);
         let until = now + ttl;
         let mut used = self.retained_bytes(scope.set);
+        let mut all = self.totals.retained_bytes;
         let mut out = RetainOutcome::default();
         for k in keys {
             let Some((slot, len)) = self.resident_slot(ns, k)? else {
@@ -172,11 +176,13 @@ impl State {
                 out.held += 1;
                 continue;
             }
-            if used.saturating_add(len) > scope.limit {
+            if used.saturating_add(len) > scope.limit || all.saturating_add(len) > scope.tier_limit
+            {
                 out.over_quota += 1;
                 continue;
             }
             used += len;
+            all += len;
             self.hold(slot, Held { until, ns, len });
             out.held += 1;
         }

@@ -81,6 +81,7 @@ impl Pull {
             into,
             deadline: Duration::from_mins(1),
             hand_leases: false,
+            actions: Vec::new(),
         });
         let mut m = PullMachine::new((0..n).collect(), deadline);
         let mut next = 0;
