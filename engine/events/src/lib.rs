@@ -33,6 +33,7 @@ pub mod ipc;
 pub mod publisher;
 pub mod replay;
 pub mod sink;
+pub mod snapshot;
 pub mod stats;
 pub mod validate;
 pub mod wire;
@@ -43,8 +44,9 @@ pub use config::{Access, PublisherConfig};
 pub use endpoint::Endpoint;
 pub use error::{PublisherError, SinkError};
 pub use publisher::Publisher;
-pub use replay::END_OF_REPLAY_SEQ;
+pub use replay::{END_OF_REPLAY_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ};
 pub use sink::EventSink;
+pub use snapshot::{Announced, SnapshotSource};
 pub use stats::Stats;
 pub use validate::{RejectReason, Rejection, ValidEvent, validate};
 pub use wire::{
