@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use dynamo_kv_router::indexer::{KvIndexerInterface, LowerTierIndexers};
 use dynamo_kv_router::protocols::{
     BlockHashOptions, KvCacheEventData, StorageTier, WorkerWithDpRank,
 };
@@ -696,13 +697,17 @@ fn a_snapshot_then_the_live_stream_equal_the_daemons_residency_under_traffic() {
 /// seq past the watermark + 1, is replayed first from 0 / the watermark + 1
 /// (`handle_gap`); the replay applies every batch of the answer whatever its seq and keeps
 /// the last seq as the watermark (`replay_gap`); a live seq at or below the watermark is
-/// skipped (`Stale`). The indexer is the per-tier view fed by Dynamo's parser and
-/// normalizer (stricter than Dynamo's indexers: a double store or an orphan remove fails).
+/// skipped (`Stale`). Each applied batch goes, through Dynamo's parser and normalizer, to
+/// two indexers: the crate's own lower-tier indexers (`LowerTierIndexers`, routed as the
+/// crate's `Indexer::apply_event_routed` does: a clear to every tier, anything else to its
+/// tier), and the per-tier view (stricter: a double store or an orphan remove fails).
 struct DynamoListener {
     watermark: Option<u64>,
     view: RouterView,
     norm: ZmqEventNormalizer,
     id: u64,
+    indexer: LowerTierIndexers,
+    indexer_norm: ZmqEventNormalizer,
     /// The start of each replay it asked for, and the seq frames of the answer.
     replays: Vec<(u64, Vec<u64>)>,
 }
@@ -714,6 +719,8 @@ impl DynamoListener {
             view: RouterView::default(),
             norm: ZmqEventNormalizer::new(PAGE),
             id: 0,
+            indexer: LowerTierIndexers::new(1, PAGE),
+            indexer_norm: ZmqEventNormalizer::new(PAGE),
             replays: Vec::new(),
         }
     }
@@ -729,18 +736,63 @@ impl DynamoListener {
             self.replays
                 .push((start, answer.iter().map(|(q, _)| *q).collect()));
             for (q, p) in &answer {
-                self.apply(*q, p);
+                self.apply(rt, *q, p);
             }
         }
         if self.watermark.is_some_and(|last| seq <= last) {
             return;
         }
-        self.apply(seq, payload);
+        self.apply(rt, seq, payload);
     }
 
-    fn apply(&mut self, seq: u64, payload: &[u8]) {
+    fn apply(&mut self, rt: &tokio::runtime::Runtime, seq: u64, payload: &[u8]) {
         self.view.apply_batch(payload, &mut self.norm, &mut self.id);
+        let worker = WorkerWithDpRank::new(1, 0);
+        for raw in decode_event_batch(payload).unwrap().events {
+            let placed = self.indexer_norm.normalize(raw, seq, worker).unwrap();
+            let event = placed.into_router_event().expect("a local worker's event");
+            rt.block_on(async {
+                if matches!(event.event.data, KvCacheEventData::Cleared) {
+                    for tier in self.indexer.all() {
+                        tier.apply_event_and_wait(event.clone()).await.unwrap();
+                    }
+                } else {
+                    let tier = self.indexer.get_or_create(event.storage_tier);
+                    tier.apply_event_and_wait(event).await.unwrap();
+                }
+            });
+        }
         self.watermark = Some(seq);
+    }
+
+    /// The blocks of this worker Dynamo's indexer of `tier` holds (its own dump).
+    fn indexed(&self, rt: &tokio::runtime::Runtime, tier: StorageTier) -> HashSet<u64> {
+        let Some(index) = self.indexer.get(tier) else {
+            return HashSet::new();
+        };
+        let mut held = HashSet::new();
+        for e in rt.block_on(index.dump_events()).unwrap() {
+            assert_eq!(e.worker_id, 1);
+            if let KvCacheEventData::Stored(s) = e.event.data {
+                held.extend(s.blocks.iter().map(|b| b.block_hash.0));
+            }
+        }
+        held
+    }
+
+    /// Dynamo's indexer holds exactly what the view holds, per tier.
+    fn assert_indexer_is_the_view(&self, rt: &tokio::runtime::Runtime) {
+        for (tier, name) in [
+            (StorageTier::HostPinned, "dram"),
+            (StorageTier::Disk, "nvme"),
+        ] {
+            let view = self.view.tiers.get(name).cloned().unwrap_or_default();
+            assert_eq!(
+                self.indexed(rt, tier),
+                view,
+                "{name}: Dynamo's indexer vs the view"
+            );
+        }
     }
 }
 
@@ -806,11 +858,18 @@ fn dynamos_listener_restarted_or_reconnected_past_the_ring_ends_with_exactly_the
             seqs.len(),
             &seqs[..seqs.len().min(3)]
         );
-        let ids = (0..48)
+        let ids: Vec<u64> = (0..48)
             .chain(1000..filler)
             .chain([5000, 5001])
-            .chain(probes.iter().copied());
-        assert_view_is_the_daemons(&l.view, &mut c, ns, ids);
+            .chain(probes.iter().copied())
+            .collect();
+        assert_view_is_the_daemons(&l.view, &mut c, ns, ids.iter().copied());
+        l.assert_indexer_is_the_view(&rt);
+        eprintln!(
+            "{name}: Dynamo's indexer holds {} DRAM and {} NVMe blocks, as the daemon",
+            l.indexed(&rt, StorageTier::HostPinned).len(),
+            l.indexed(&rt, StorageTier::Disk).len()
+        );
     }
 }
 
