@@ -11,6 +11,11 @@
 //!  counted, logged once) -------->+-----------------------------------------------------+
 //! ```
 //!
+//! A router that (re)connects after the ring moved on gets a residency snapshot ([`snapshot`]):
+//! asked for with `[ "", "kvnode:snapshot" ]`, or in place of a replay the ring no longer
+//! covers. The engine registers the [`SnapshotSource`]; a marker on the event queue gives the
+//! snapshot its exact seq.
+//!
 //! Access: events carry prompt token ids, so the sockets bind `ipc://` paths created with a
 //! configured mode and group ([`ipc`]); `tcp://` needs [`Access::tcp_readable_by_anyone`].
 //! Memory: the queue is bounded in events and bytes, the replay ring (kept only with a
