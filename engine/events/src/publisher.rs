@@ -234,6 +234,7 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
             counters: Arc::clone(&counters),
             dp_rank: config.dp_rank,
             batch_events: config.max_batch_events,
+            pace: Mutex::default(),
         };
         let serve = replay::serve(router, answer, replay_stop_rx);
         replay_task = Some(tokio::spawn(serve));

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::account::RingShare;
@@ -136,6 +137,9 @@ pub const SNAPSHOT_SEQ: [u8; 8] = (-2i64).to_be_bytes();
 /// How often a snapshot is retaken when the ring evicted its seq before it could be read.
 const SNAPSHOT_TRIES: usize = 3;
 
+/// After a copy that held the engine's epoch lock for `t`, the next copy waits `9 t`.
+const PACE_FACTOR: u32 = 9;
+
 /// What a request asks for.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 enum Ask {
@@ -202,6 +206,8 @@ pub(crate) struct Answerer {
     pub(crate) dp_rank: Option<u32>,
     /// Events per snapshot batch (the publisher's `max_batch_events`).
     pub(crate) batch_events: usize,
+    /// The earliest time the next snapshot may copy (see [`PACE_FACTOR`]).
+    pub(crate) pace: Mutex<Option<Instant>>,
 }
 
 impl Answerer {
@@ -215,13 +221,25 @@ impl Answerer {
     async fn take(&self) -> Option<(u64, Vec<Entry>)> {
         let source = self.source.get()?;
         for _ in 0..SNAPSHOT_TRIES {
+            let next = *self.pace.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(at) = next {
+                tokio::time::sleep_until(at).await;
+            }
             let (marker, seq) = Marker::new();
             let src = Arc::clone(&source);
-            let copied = tokio::task::spawn_blocking(move || {
-                src.snapshot(marker).map(snapshot::parents_first)
+            let (copied, held) = tokio::task::spawn_blocking(move || {
+                let t0 = std::time::Instant::now();
+                let copied = src.snapshot(marker);
+                let held = t0.elapsed();
+                (copied.map(snapshot::parents_first), held)
             })
             .await
             .ok()?;
+            // The copy stalled the engine's stores and removals for `held` (at most): the
+            // next copy waits 9 times that, so a flood of requests stalls them at most 10%
+            // of the time.
+            *self.pace.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(Instant::now() + held * PACE_FACTOR);
             match copied {
                 Ok(entries) => return Some((seq.await.ok()?, entries)),
                 // The queue is full: let the publisher drain it.

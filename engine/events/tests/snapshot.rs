@@ -169,6 +169,43 @@ async fn a_replay_the_ring_no_longer_covers_gets_the_snapshot_under_s_minus_1_th
     assert_eq!(publisher.stats().snapshots, 1);
 }
 
+/// A source whose copy holds its lock for 20 ms, recording when each copy started.
+struct Slow {
+    sink: EventSink,
+    starts: std::sync::Mutex<Vec<Instant>>,
+}
+
+impl SnapshotSource for Slow {
+    fn snapshot(&self, marker: Marker) -> Result<Vec<Entry>, Marker> {
+        self.starts.lock().unwrap().push(Instant::now());
+        std::thread::sleep(Duration::from_millis(20));
+        self.sink.mark(marker)?;
+        Ok(Vec::new())
+    }
+}
+
+/// Back-to-back snapshot requests do not hold the engine's lock more than a tenth of the
+/// time: after a copy that took 20 ms the next one starts 9 × 20 ms after it ended.
+#[tokio::test]
+async fn a_flood_of_snapshot_requests_holds_the_source_at_most_a_tenth_of_the_time() {
+    let publisher = Publisher::start(config(16)).unwrap();
+    let slow = Arc::new(Slow {
+        sink: publisher.sink(),
+        starts: std::sync::Mutex::default(),
+    });
+    let source: Arc<dyn SnapshotSource> = slow.clone();
+    publisher.sink().serve_snapshots(Arc::downgrade(&source));
+    for _ in 0..4 {
+        ask(publisher.replay_endpoint().unwrap()).await;
+    }
+    let starts = slow.starts.lock().unwrap().clone();
+    assert_eq!(starts.len(), 4);
+    for w in starts.windows(2) {
+        let gap = w[1] - w[0];
+        assert!(gap >= Duration::from_millis(195), "copies {gap:?} apart");
+    }
+}
+
 /// Prints the cost of answering a snapshot of 100 000 blocks (encode and send, 64 events
 /// a batch) to a DEALER on loopback.
 #[tokio::test]
