@@ -125,8 +125,16 @@ mod tests {
         assert_eq!((s.socket_mode, s.socket_group), (0o660, Some(990)));
         assert_eq!(s.replay_ring_bytes, 8 << 20);
         assert_eq!(s.queue_bytes, 64 << 20);
+        assert_eq!(s.publisher_config().unwrap().replay_ring_len, 10_000);
         let d = parse("").unwrap();
         assert_eq!((d.socket_mode, d.tcp_readable_by_anyone), (0o600, false));
+        let small = parse("endpoint = \"ipc:///e\"\nreplay = \"ipc:///r\"\nreplay_ring_len = 16\n");
+        assert_eq!(
+            small.unwrap().publisher_config().unwrap().replay_ring_len,
+            16
+        );
+        let zero = parse("endpoint = \"ipc:///e\"\nreplay = \"ipc:///r\"\nreplay_ring_len = 0\n");
+        assert!(zero.unwrap_err().contains("replay_ring_len"));
     }
 
     #[test]
