@@ -186,6 +186,11 @@ fn a_uid_refused_at_the_socket_cannot_read_tenant_a_tokens_live_or_by_replay() {
         get(&router, "salts").contains("kvnode-tenant:a/"),
         "{router:?}"
     );
+    assert_ne!(
+        get(&router, "snapshot_batches"),
+        "0",
+        "the router's snapshot request is answered: {router:?}"
+    );
     // The attacker's view: nothing of A's, live or replayed.
     let spy = spy_while_a_puts(UID_B, &d.socket, &events, &replay);
     assert_eq!(
@@ -198,8 +203,12 @@ fn a_uid_refused_at_the_socket_cannot_read_tenant_a_tokens_live_or_by_replay() {
         "uid {UID_B} read tenant A's salt: {spy:?}"
     );
     assert_eq!(
-        (get(&spy, "live_batches"), get(&spy, "replay_batches")),
-        ("0", "0"),
+        (
+            get(&spy, "live_batches"),
+            get(&spy, "replay_batches"),
+            get(&spy, "snapshot_batches")
+        ),
+        ("0", "0", "0"),
         "{spy:?}"
     );
 }

@@ -9,9 +9,12 @@
 //! Run: `cargo test --release -p kvnode-e2e --test events`.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use dynamo_kv_router::indexer::{KvIndexerInterface, LowerTierIndexers};
 use dynamo_kv_router::protocols::{
     BlockHashOptions, KvCacheEventData, StorageTier, WorkerWithDpRank,
 };
@@ -88,23 +91,26 @@ struct Fixture {
 }
 
 fn start() -> Fixture {
+    start_with(&[])
+}
+
+/// [`start`] with `extra` daemon flags (e.g. a small replay ring).
+fn start_with(extra: &[&str]) -> Fixture {
     let dir = spill_dir(&format!("events-{}", free_port()));
     // The events sockets: ipc paths in a private directory, mode 0600 (the default).
     let sockets = temp_dir("events-ipc");
     let events = format!("ipc://{}", sockets.join("ev.sock").display());
     let replay = format!("ipc://{}", sockets.join("replay.sock").display());
-    let daemon = Daemon::start_spilling(
-        &dir,
-        "48MiB",
-        &[
-            "--events",
-            &events,
-            "--events-replay",
-            &replay,
-            "--dp-rank",
-            "0",
-        ],
-    );
+    let mut args = vec![
+        "--events",
+        &events,
+        "--events-replay",
+        &replay,
+        "--dp-rank",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    let daemon = Daemon::start_spilling(&dir, "48MiB", &args);
     Fixture {
         daemon,
         events,
@@ -289,6 +295,126 @@ impl RouterView {
     }
 }
 
+/// The router's view holds exactly the daemon's blocks: as many per tier as the daemon
+/// counts, and each of `ids` in some tier iff the daemon has it.
+fn assert_view_is_the_daemons(
+    view: &RouterView,
+    c: &mut Client,
+    ns: u32,
+    ids: impl Iterator<Item = u64>,
+) {
+    let stats = c.stats().unwrap();
+    assert_eq!(
+        view.count("dram") as u64,
+        stats.tiers[0].blocks,
+        "DRAM residency"
+    );
+    assert_eq!(
+        view.count("nvme") as u64,
+        stats.tiers[1].blocks,
+        "NVMe residency"
+    );
+    let union: HashSet<u64> = view.tiers.values().flatten().copied().collect();
+    let mut all_ids: Vec<u64> = ids.collect();
+    all_ids.sort_unstable();
+    all_ids.dedup();
+    for i in all_ids {
+        let present = c.exists(ns, &[key(i)]).unwrap() == 1;
+        assert_eq!(
+            present,
+            union.contains(&i),
+            "block {i}: daemon vs router view"
+        );
+    }
+}
+
+/// `[topic, seq, payload]` of a live message, as (seq, payload).
+fn live_batch(m: &ZmqMessage) -> (u64, Bytes) {
+    assert_eq!(m.len(), 3, "[topic, seq, payload]");
+    let seq = u64::from_be_bytes(m.get(1).unwrap()[..].try_into().unwrap());
+    (seq, m.get(2).unwrap().clone())
+}
+
+/// A SUB on its own thread and runtime, receiving every live batch as it comes (so it
+/// never falls behind while the test blocks elsewhere) until dropped.
+struct Follower {
+    got: Arc<Mutex<Vec<(u64, Bytes)>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Follower {
+    fn start(events: &str) -> Self {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (g, halt, ep) = (Arc::clone(&got), Arc::clone(&stop), events.to_owned());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let mut sub = SubSocket::new();
+                sub.connect(&ep).await.unwrap();
+                sub.subscribe("").await.unwrap();
+                while !halt.load(Relaxed) {
+                    let m = tokio::time::timeout(Duration::from_millis(20), sub.recv()).await;
+                    if let Ok(Ok(m)) = m {
+                        g.lock().unwrap().push(live_batch(&m));
+                    }
+                }
+            });
+        });
+        Self {
+            got,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Puts probe blocks `base..` until a batch arrives (the subscription is in force);
+    /// returns the probes put.
+    fn in_force(&self, c: &mut Client, ns: u32, base: u64) -> Vec<u64> {
+        let mut probes = Vec::new();
+        let t0 = Instant::now();
+        while self.got.lock().unwrap().is_empty() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the subscriber got nothing in 10 s"
+            );
+            let p = base + probes.len() as u64;
+            put(c, ns, &[p]);
+            probes.push(p);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        probes
+    }
+
+    /// Waits until a batch storing block `id` arrived (then 100 ms more), and hands over
+    /// every batch received so far.
+    fn through(&self, id: u64) -> Vec<(u64, Bytes)> {
+        let t0 = Instant::now();
+        while !self.got.lock().unwrap().iter().any(|(_, p)| stores(p, id)) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the store of {id} did not arrive live within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        std::mem::take(&mut *self.got.lock().unwrap())
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("follower thread");
+        }
+    }
+}
+
 fn run_case(steps: &[Step]) {
     let fx = start();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -304,48 +430,15 @@ fn run_case(steps: &[Step]) {
         apply(&mut c, ns, s, &mut filler);
     }
     settle(&mut c);
-    let mut sub = rt.block_on(async {
-        let mut s = SubSocket::new();
-        s.connect(&fx.events).await.unwrap();
-        s.subscribe("").await.unwrap();
-        s
-    });
-    // The subscription is in force once a batch arrives: put probe blocks until one does.
-    let mut probes = Vec::new();
-    let mut live: Vec<u64> = Vec::new();
-    let t0 = Instant::now();
-    while live.is_empty() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the subscriber got nothing in 10 s"
-        );
-        let p = 7000 + probes.len() as u64;
-        put(&mut c, ns, &[p]);
-        probes.push(p);
-        let got = rt
-            .block_on(async { tokio::time::timeout(Duration::from_millis(50), sub.recv()).await });
-        if let Ok(Ok(m)) = got {
-            live.push(u64::from_be_bytes(
-                m.get(1).unwrap()[..].try_into().unwrap(),
-            ));
-        }
-    }
+    let follower = Follower::start(&fx.events);
+    let probes = follower.in_force(&mut c, ns, 7000);
     for s in late {
         apply(&mut c, ns, s, &mut filler);
     }
     // A final put: the marker whose publication proves every earlier event published.
     put(&mut c, ns, &[5000]);
     settle(&mut c);
-    live.extend(rt.block_on(async {
-        let mut seqs = Vec::new();
-        while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
-            assert_eq!(m.len(), 3, "[topic, seq, payload]");
-            seqs.push(u64::from_be_bytes(
-                m.get(1).unwrap()[..].try_into().unwrap(),
-            ));
-        }
-        seqs
-    }));
+    let live: Vec<u64> = follower.through(5000).into_iter().map(|(q, _)| q).collect();
     // Recover what the subscriber missed (it joined late) from the replay socket.
     let all = replay_through(&rt, &fx.replay, 5000);
     let seqs: Vec<u64> = all.iter().map(|(s, _)| *s).collect();
@@ -357,32 +450,8 @@ fn run_case(steps: &[Step]) {
     for (_, p) in &all {
         view.apply_batch(p, &mut norm, &mut id);
     }
-    let stats = c.stats().unwrap();
-    assert_eq!(
-        view.count("dram") as u64,
-        stats.tiers[0].blocks,
-        "DRAM residency"
-    );
-    assert_eq!(
-        view.count("nvme") as u64,
-        stats.tiers[1].blocks,
-        "NVMe residency"
-    );
-    let union: HashSet<u64> = view.tiers.values().flatten().copied().collect();
-    let mut all_ids: Vec<u64> = (0..48)
-        .chain(1000..filler)
-        .chain([5000])
-        .chain(probes)
-        .collect();
-    all_ids.sort_unstable();
-    for i in all_ids {
-        let present = c.exists(ns, &[key(i)]).unwrap() == 1;
-        assert_eq!(
-            present,
-            union.contains(&i),
-            "block {i}: daemon vs router view"
-        );
-    }
+    let ids = (0..48).chain(1000..filler).chain([5000]).chain(probes);
+    assert_view_is_the_daemons(&view, &mut c, ns, ids);
     drop(c);
     drop(fx);
 }
@@ -437,4 +506,409 @@ fn clears_racing_demotions_never_publish_an_orphan_removal() {
             ClearAll,
         ]);
     }
+}
+
+// Residency snapshots (issue 43 item 3; docs/events.md "Snapshot").
+
+/// The snapshot request body, and the seq frame of an explicit snapshot's batches.
+const SNAPSHOT_REQUEST: &[u8] = b"kvnode:snapshot";
+const SNAPSHOT_SEQ: i64 = -2;
+/// A replay ring far smaller than the traffic: replay alone leaves holes.
+const SMALL_RING: &[&str] = &["--events-replay-len", "16"];
+
+/// Every kind of change, in many more batches than [`SMALL_RING`] keeps.
+const HISTORY: &[Step] = &[
+    Step::Put(0, 8),
+    Step::Fill,
+    Step::Get(0, 4),
+    Step::Delete(5),
+    Step::Put(8, 8),
+    Step::Fill,
+    Step::Get(0, 12),
+    Step::ClearAll,
+    Step::Put(0, 6),
+    Step::Fill,
+    Step::Get(0, 6),
+    Step::Delete(2),
+    Step::Put(20, 8),
+    Step::Fill,
+    Step::Get(20, 4),
+];
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Asks `endpoint` for a snapshot: its batches, and the seq S it is consistent with.
+async fn snapshot_of(endpoint: &str) -> (Vec<Bytes>, u64) {
+    let mut d = DealerSocket::new();
+    d.connect(endpoint).await.unwrap();
+    let req = vec![Bytes::new(), Bytes::from_static(SNAPSHOT_REQUEST)];
+    d.send(ZmqMessage::try_from(req).unwrap()).await.unwrap();
+    let mut out = Vec::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), d.recv())
+            .await
+            .expect("the snapshot answers")
+            .unwrap();
+        assert_eq!(m.len(), 3, "[\"\", seq, payload]");
+        let seq = i64::from_be_bytes(m.get(1).unwrap()[..].try_into().unwrap());
+        let payload = m.get(2).unwrap().clone();
+        if seq == -1 {
+            let s = payload[..].try_into().expect("the end marker carries S");
+            return (out, u64::from_be_bytes(s));
+        }
+        assert_eq!(seq, SNAPSHOT_SEQ, "a snapshot batch's seq frame");
+        out.push(payload);
+    }
+}
+
+/// Puts 80 filler blocks one at a time, each after the last batch was sealed (the flush
+/// interval is 2 ms): 80 batches or more, five times what [`SMALL_RING`] keeps.
+fn overrun(c: &mut Client, ns: u32, filler: &mut u64) {
+    for _ in 0..80 {
+        put(c, ns, &[*filler]);
+        *filler += 1;
+        std::thread::sleep(Duration::from_millis(4));
+    }
+}
+
+/// The daemon published far more batches than its ring keeps, which evicted some.
+fn assert_ring_overrun(c: &mut Client) {
+    let e = c.stats().unwrap().events.expect("events on");
+    assert!(
+        e.batches > 5 * 16 && e.replay_ring_evicted > 0 && e.replay_ring_batches <= 16,
+        "the ring was not overrun: {e:?}"
+    );
+}
+
+/// Puts chains, deletes and gets (promotions) on its own connection until stopped.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Traffic {
+    /// Starts at block `base`; its blocks are `base..` what [`Traffic::stop`] returns.
+    fn start(mut c: Client, base: u64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let halt = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let ns = c.register(&ns_spec()).unwrap().ns;
+            let mut next = base;
+            for round in 0u64.. {
+                if halt.load(Relaxed) {
+                    break;
+                }
+                put(&mut c, ns, &(next..next + 4).collect::<Vec<_>>());
+                next += 4;
+                if round % 3 == 2 {
+                    c.delete(ns, &[key(next - 6)]).unwrap();
+                }
+                if round % 5 == 4 {
+                    let keys: Vec<Key> = (base..next).step_by(7).take(8).map(key).collect();
+                    c.get(ns, &keys).unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            next
+        });
+        Self { stop, thread }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, Relaxed);
+        self.thread.join().expect("traffic thread")
+    }
+}
+
+/// A subscriber that joins after the ring was overrun asks for the snapshot while other
+/// clients keep putting, deleting, demoting and promoting, then follows the live stream
+/// from the snapshot's seq: it ends with exactly the daemon's blocks per tier, without a
+/// gap (a remove without its store fails the view) and without a duplicate store (a
+/// double store fails it).
+#[test]
+fn a_snapshot_then_the_live_stream_equal_the_daemons_residency_under_traffic() {
+    let fx = start_with(SMALL_RING);
+    let rt = runtime();
+    let mut c = fx.daemon.client();
+    let ns = c.register(&ns_spec()).unwrap().ns;
+    let mut filler = 1000;
+    for s in HISTORY {
+        apply(&mut c, ns, s, &mut filler);
+    }
+    overrun(&mut c, ns, &mut filler);
+    settle(&mut c);
+    assert_ring_overrun(&mut c);
+    let follower = Follower::start(&fx.events);
+    let probes = follower.in_force(&mut c, ns, 7000);
+    let traffic = Traffic::start(fx.daemon.client(), 100_000);
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    let (snap, s) = rt.block_on(snapshot_of(&fx.replay));
+    let took = t0.elapsed();
+    std::thread::sleep(Duration::from_millis(100));
+    let end = traffic.stop();
+    put(&mut c, ns, &[5000]);
+    settle(&mut c);
+    let live = follower.through(5000);
+    let first = live[0].0;
+    assert!(
+        first < s,
+        "the subscriber followed from {first}, before the snapshot's seq {s}: traffic ran between"
+    );
+    let mut view = RouterView::default();
+    let mut norm = ZmqEventNormalizer::new(PAGE);
+    let mut id = 0;
+    for p in &snap {
+        view.apply_batch(p, &mut norm, &mut id);
+    }
+    let blocks = view.count("dram") + view.count("nvme");
+    let from_s: Vec<&(u64, Bytes)> = live.iter().filter(|(q, _)| *q >= s).collect();
+    let seqs: Vec<u64> = from_s.iter().map(|(q, _)| *q).collect();
+    assert_eq!(
+        seqs,
+        (s..s + seqs.len() as u64).collect::<Vec<_>>(),
+        "the live stream from the snapshot's seq has no gap"
+    );
+    assert!(seqs.len() > 10, "traffic went on after the snapshot");
+    for (_, p) in from_s {
+        view.apply_batch(p, &mut norm, &mut id);
+    }
+    eprintln!(
+        "snapshot: {blocks} blocks in {} batches, S = {s}, answered in {took:?}; \
+         {} live batches from S",
+        snap.len(),
+        seqs.len()
+    );
+    let ids = (0..48)
+        .chain(1000..filler)
+        .chain([5000])
+        .chain(probes)
+        .chain(100_000..end);
+    assert_view_is_the_daemons(&view, &mut c, ns, ids);
+}
+
+/// Dynamo 1.6.1's ZMQ listener (`services/indexer/listener.rs`, `ListenerLoop`; private in
+/// the crate), ported where it decides what reaches the indexer: a first seq above 0, or a
+/// seq past the watermark + 1, is replayed first from 0 / the watermark + 1
+/// (`handle_gap`); the replay applies every batch of the answer whatever its seq and keeps
+/// the last seq as the watermark (`replay_gap`); a live seq at or below the watermark is
+/// skipped (`Stale`). Each applied batch goes, through Dynamo's parser and normalizer, to
+/// two indexers: the crate's own lower-tier indexers (`LowerTierIndexers`, routed as the
+/// crate's `Indexer::apply_event_routed` does: a clear to every tier, anything else to its
+/// tier), and the per-tier view (stricter: a double store or an orphan remove fails).
+struct DynamoListener {
+    watermark: Option<u64>,
+    view: RouterView,
+    norm: ZmqEventNormalizer,
+    id: u64,
+    indexer: LowerTierIndexers,
+    indexer_norm: ZmqEventNormalizer,
+    /// The start of each replay it asked for, and the seq frames of the answer.
+    replays: Vec<(u64, Vec<u64>)>,
+}
+
+impl DynamoListener {
+    fn new() -> Self {
+        Self {
+            watermark: None,
+            view: RouterView::default(),
+            norm: ZmqEventNormalizer::new(PAGE),
+            id: 0,
+            indexer: LowerTierIndexers::new(1, PAGE),
+            indexer_norm: ZmqEventNormalizer::new(PAGE),
+            replays: Vec::new(),
+        }
+    }
+
+    fn handle(&mut self, rt: &tokio::runtime::Runtime, replay: &str, seq: u64, payload: &[u8]) {
+        let gap_from = match self.watermark {
+            None if seq > 0 => Some(0),
+            Some(last) if seq > last + 1 => Some(last + 1),
+            _ => None,
+        };
+        if let Some(start) = gap_from {
+            let answer = rt.block_on(replay_from(replay, start));
+            self.replays
+                .push((start, answer.iter().map(|(q, _)| *q).collect()));
+            for (q, p) in &answer {
+                self.apply(rt, *q, p);
+            }
+        }
+        if self.watermark.is_some_and(|last| seq <= last) {
+            return;
+        }
+        self.apply(rt, seq, payload);
+    }
+
+    fn apply(&mut self, rt: &tokio::runtime::Runtime, seq: u64, payload: &[u8]) {
+        self.view.apply_batch(payload, &mut self.norm, &mut self.id);
+        let worker = WorkerWithDpRank::new(1, 0);
+        for raw in decode_event_batch(payload).unwrap().events {
+            let placed = self.indexer_norm.normalize(raw, seq, worker).unwrap();
+            let event = placed.into_router_event().expect("a local worker's event");
+            rt.block_on(async {
+                if matches!(event.event.data, KvCacheEventData::Cleared) {
+                    for tier in self.indexer.all() {
+                        tier.apply_event_and_wait(event.clone()).await.unwrap();
+                    }
+                } else {
+                    let tier = self.indexer.get_or_create(event.storage_tier);
+                    tier.apply_event_and_wait(event).await.unwrap();
+                }
+            });
+        }
+        self.watermark = Some(seq);
+    }
+
+    /// The blocks of this worker Dynamo's indexer of `tier` holds (its own dump).
+    fn indexed(&self, rt: &tokio::runtime::Runtime, tier: StorageTier) -> HashSet<u64> {
+        let Some(index) = self.indexer.get(tier) else {
+            return HashSet::new();
+        };
+        let mut held = HashSet::new();
+        for e in rt.block_on(index.dump_events()).unwrap() {
+            assert_eq!(e.worker_id, 1);
+            if let KvCacheEventData::Stored(s) = e.event.data {
+                held.extend(s.blocks.iter().map(|b| b.block_hash.0));
+            }
+        }
+        held
+    }
+
+    /// Dynamo's indexer holds exactly what the view holds, per tier.
+    fn assert_indexer_is_the_view(&self, rt: &tokio::runtime::Runtime) {
+        for (tier, name) in [
+            (StorageTier::HostPinned, "dram"),
+            (StorageTier::Disk, "nvme"),
+        ] {
+            let view = self.view.tiers.get(name).cloned().unwrap_or_default();
+            assert_eq!(
+                self.indexed(rt, tier),
+                view,
+                "{name}: Dynamo's indexer vs the view"
+            );
+        }
+    }
+}
+
+/// Dynamo's unchanged listener, restarted (empty) and reconnected (with its old state and
+/// watermark) after far more batches than the ring keeps, asks for an evicted seq through
+/// the ordinary replay protocol; the answer (a clear, the snapshot under seq S - 1, the
+/// ring from S) leaves both with exactly the daemon's blocks per tier.
+#[test]
+fn dynamos_listener_restarted_or_reconnected_past_the_ring_ends_with_exactly_the_nodes_blocks() {
+    let fx = start_with(SMALL_RING);
+    let rt = runtime();
+    let mut c = fx.daemon.client();
+    let ns = c.register(&ns_spec()).unwrap().ns;
+    let mut filler = 1000;
+    let mut a = DynamoListener::new();
+    let follow_a = Follower::start(&fx.events);
+    let mut probes = follow_a.in_force(&mut c, ns, 7000);
+    for s in &HISTORY[..5] {
+        apply(&mut c, ns, s, &mut filler);
+    }
+    put(&mut c, ns, &[5001]);
+    settle(&mut c);
+    for (q, p) in follow_a.through(5001) {
+        a.handle(&rt, &fx.replay, q, &p);
+    }
+    // A loses its connection (keeping its state); the daemon goes on far past the ring.
+    drop(follow_a);
+    for s in &HISTORY[5..] {
+        apply(&mut c, ns, s, &mut filler);
+    }
+    overrun(&mut c, ns, &mut filler);
+    settle(&mut c);
+    assert_ring_overrun(&mut c);
+    let snapshots_before = c.stats().unwrap().events.unwrap().snapshots;
+    // B is a restarted router (nothing known); A reconnects.
+    let mut b = DynamoListener::new();
+    let follow_b = Follower::start(&fx.events);
+    probes.extend(follow_b.in_force(&mut c, ns, 7100));
+    let follow_a = Follower::start(&fx.events);
+    probes.extend(follow_a.in_force(&mut c, ns, 7200));
+    for s in [
+        Step::Put(30, 5),
+        Step::Fill,
+        Step::Get(30, 5),
+        Step::Delete(31),
+    ] {
+        apply(&mut c, ns, &s, &mut filler);
+    }
+    put(&mut c, ns, &[5000]);
+    settle(&mut c);
+    for (q, p) in follow_b.through(5000) {
+        b.handle(&rt, &fx.replay, q, &p);
+    }
+    for (q, p) in follow_a.through(5000) {
+        a.handle(&rt, &fx.replay, q, &p);
+    }
+    let snapshots = c.stats().unwrap().events.unwrap().snapshots - snapshots_before;
+    assert_eq!(snapshots, 2, "each recovery was answered with a snapshot");
+    for (name, l) in [("restarted", &b), ("reconnected", &a)] {
+        let (start, seqs) = l.replays.last().expect("it replayed");
+        eprintln!(
+            "{name}: asked from {start}, answered {} batches, seq frames {:?}..",
+            seqs.len(),
+            &seqs[..seqs.len().min(3)]
+        );
+        let ids: Vec<u64> = (0..48)
+            .chain(1000..filler)
+            .chain([5000, 5001])
+            .chain(probes.iter().copied())
+            .collect();
+        assert_view_is_the_daemons(&l.view, &mut c, ns, ids.iter().copied());
+        l.assert_indexer_is_the_view(&rt);
+        eprintln!(
+            "{name}: Dynamo's indexer holds {} DRAM and {} NVMe blocks, as the daemon",
+            l.indexed(&rt, StorageTier::HostPinned).len(),
+            l.indexed(&rt, StorageTier::Disk).len()
+        );
+    }
+}
+
+/// A snapshot request framed any other way gets no answer and is counted as a bad
+/// request; the socket still answers a good one afterwards.
+#[test]
+fn malformed_snapshot_requests_get_no_answer_and_are_counted() {
+    let fx = start();
+    let rt = runtime();
+    let mut c = fx.daemon.client();
+    let ns = c.register(&ns_spec()).unwrap().ns;
+    put(&mut c, ns, &[0, 1, 2]);
+    let bad: [&[&[u8]]; 4] = [
+        &[b"", b"kvnode:snapshoT"],
+        &[b"", b"kvnode:snapshot!"],
+        &[b"", SNAPSHOT_REQUEST, b""],
+        &[SNAPSHOT_REQUEST, b""],
+    ];
+    rt.block_on(async {
+        let mut d = DealerSocket::new();
+        d.connect(&fx.replay).await.unwrap();
+        for frames in bad {
+            let msg: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
+            d.send(ZmqMessage::try_from(msg).unwrap()).await.unwrap();
+            let answer = tokio::time::timeout(Duration::from_millis(300), d.recv()).await;
+            assert!(answer.is_err(), "{frames:?} was answered: {answer:?}");
+        }
+    });
+    let e = c.stats().unwrap().events.unwrap();
+    assert_eq!((e.replay_bad_requests, e.snapshots), (4, 0), "{e:?}");
+    let (snap, s) = rt.block_on(snapshot_of(&fx.replay));
+    let mut view = RouterView::default();
+    let mut id = 0;
+    for p in &snap {
+        view.apply_batch(p, &mut ZmqEventNormalizer::new(PAGE), &mut id);
+    }
+    assert_eq!(
+        view.count("dram"),
+        3,
+        "the three blocks, consistent with seq {s}"
+    );
 }

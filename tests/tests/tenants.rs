@@ -439,6 +439,94 @@ fn published_events_carry_the_daemon_derived_salt() {
     }
 }
 
+/// A residency snapshot withholds what live events withhold: tenant B (no
+/// `publish_events`) puts the same chain as tenant A, and the snapshot holds A's three
+/// blocks only, under A's salt.
+#[test]
+fn a_snapshot_withholds_the_blocks_of_tenants_that_do_not_publish() {
+    use dynamo_kv_router::protocols::{BlockHashOptions, KvCacheEventData, WorkerWithDpRank};
+    use dynamo_kv_router::zmq_wire::{ZmqEventNormalizer, decode_event_batch};
+    use dynamo_kv_router::{LocalBlockHash, compute_block_hash_for_seq};
+
+    if !can_switch_uids() {
+        return;
+    }
+    let sockets = temp_dir("tenant-snapshot");
+    let events = format!("ipc://{}", sockets.join("ev.sock").display());
+    let replay = format!("ipc://{}", sockets.join("replay.sock").display());
+    let d = daemon(
+        "",
+        "publish_events = true",
+        &["--events", &events, "--events-replay", &replay],
+    );
+    for uid in [UID_A, UID_B] {
+        let put = probe(uid, &d.socket, &["put_meta", "s", "3"]);
+        assert_eq!(get(&put, "stored"), "3", "{put:?}");
+    }
+    let e = d.client().stats().unwrap().events.unwrap();
+    assert_eq!(e.withheld, 3, "B's stores are withheld: {e:?}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (batches, _) = rt.block_on(snapshot_of(&replay));
+    let mut norm = ZmqEventNormalizer::new(4);
+    let mut stored = Vec::new();
+    for payload in batches {
+        for raw in decode_event_batch(&payload)
+            .expect("dynamo decodes it")
+            .events
+        {
+            let placed = norm
+                .normalize(raw, 0, WorkerWithDpRank::new(1, 0))
+                .expect("normalized");
+            if let KvCacheEventData::Stored(s) = placed.event.data {
+                stored.extend(s.blocks.iter().map(|b| (b.block_hash.0, b.tokens_hash)));
+            }
+        }
+    }
+    let salted = |h: u64| -> Vec<LocalBlockHash> {
+        let tokens: Vec<u32> = (0..4).map(|j| (h * 4 + j) as u32).collect();
+        let opts = BlockHashOptions {
+            block_mm_infos: None,
+            lora_name: None,
+            cache_namespace: Some("kvnode-tenant:a/s"),
+            is_eagle: None,
+        };
+        compute_block_hash_for_seq(&tokens, 4, opts)
+    };
+    assert_eq!(stored.len(), 3, "A's blocks only: {stored:?}");
+    for (h, tokens_hash) in stored {
+        assert_eq!(vec![tokens_hash], salted(h), "block {h} under A's salt");
+    }
+}
+
+/// Asks for a residency snapshot (docs/events.md): its batches (seq frame -2), and S.
+async fn snapshot_of(endpoint: &str) -> (Vec<bytes::Bytes>, u64) {
+    use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+    let mut d = DealerSocket::new();
+    d.connect(endpoint).await.unwrap();
+    let req = vec![
+        bytes::Bytes::new(),
+        bytes::Bytes::from_static(b"kvnode:snapshot"),
+    ];
+    d.send(ZmqMessage::try_from(req).unwrap()).await.unwrap();
+    let mut out = Vec::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), d.recv())
+            .await
+            .expect("the snapshot answers")
+            .unwrap();
+        let seq = i64::from_be_bytes(m.get(1).unwrap()[..].try_into().unwrap());
+        let payload = m.get(2).unwrap().clone();
+        if seq == -1 {
+            return (out, u64::from_be_bytes(payload[..].try_into().unwrap()));
+        }
+        assert_eq!(seq, -2);
+        out.push(payload);
+    }
+}
+
 async fn replay_all(endpoint: &str) -> Vec<(u64, bytes::Bytes)> {
     use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
     let mut d = DealerSocket::new();

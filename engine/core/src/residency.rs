@@ -12,11 +12,17 @@
 //! reading; a clear advances the epoch and publishes `AllBlocksCleared` holding it for
 //! writing. So every store or removal lands entirely before or entirely after a clear on
 //! the wire, and a router never sees a removal whose store a clear already wiped.
+//!
+//! Snapshots: the announcer keeps a registry of every (medium, block) it announced and has
+//! not yet removed, updated under the same read lock as the event. A snapshot holds the
+//! lock for writing while it copies the registry (Arcs only) and queues a marker, so the
+//! copy is exactly what the wire said up to the marker (see `kvnode_events::snapshot`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use kvnode_events::{Account, BlockStored, EventSink, Medium};
+use kvnode_events::snapshot::{Entry, Marker};
+use kvnode_events::{Account, Announced, BlockStored, EventSink, Medium, SnapshotSource};
 use kvnode_proto::NamespaceSpec;
 use kvnode_proto::client::BlockMeta;
 
@@ -125,12 +131,69 @@ impl RouterMeta {
     }
 }
 
+impl Announced for RouterMeta {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    fn parent(&self) -> Option<u64> {
+        self.parent
+    }
+
+    /// The one place a block's store is built, live or in a snapshot.
+    fn stored(&self, medium: Medium) -> BlockStored {
+        BlockStored::new(medium, self.block_size)
+            .with_parent(self.parent)
+            .with_salt(self.salt.clone())
+            .block(self.hash, &self.tokens)
+    }
+}
+
+/// Every (medium, block) announced and not yet removed: what a snapshot copies. A slab:
+/// each live residency owns one slot (16 bytes: the medium and an `Arc` of the metadata
+/// its residencies already share), freed slots are reused.
+#[derive(Debug, Default)]
+struct Registry {
+    slots: Vec<Option<(Medium, Arc<RouterMeta>)>>,
+    free: Vec<u32>,
+}
+
+impl Registry {
+    fn insert(&mut self, medium: Medium, meta: Arc<RouterMeta>) -> u32 {
+        let entry = Some((medium, meta));
+        if let Some(slot) = self.free.pop() {
+            self.slots[slot as usize] = entry;
+            return slot;
+        }
+        self.slots.push(entry);
+        u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 residencies")
+    }
+
+    fn remove(&mut self, slot: u32) {
+        if let Some(s) = self.slots.get_mut(slot as usize)
+            && s.take().is_some()
+        {
+            self.free.push(slot);
+        }
+    }
+
+    fn copy(&self) -> Vec<Entry> {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|(m, meta)| (*m, Arc::clone(meta) as Arc<dyn Announced>))
+            .collect()
+    }
+}
+
 /// Publishes residency events; cheap to share. Without a sink it announces nothing.
 #[derive(Debug, Default)]
 pub struct Announcer {
     sink: Option<Out>,
     /// Clears so far; see the module doc for why publishing happens under this lock.
     epoch: RwLock<u64>,
+    /// What is announced now (only with a sink); changed only under `epoch`.
+    registry: Mutex<Registry>,
     /// Whose blocks are announced, charged to which account.
     policy: Policy,
 }
@@ -181,12 +244,23 @@ impl Announcer {
     }
 
     /// An announcer publishing through `sink` the blocks `policy` allows.
+    /// It serves the publisher's residency snapshots.
     pub fn with_policy(sink: Option<EventSink>, policy: Policy) -> Arc<Self> {
-        Arc::new(Self {
+        let a = Arc::new(Self {
             sink: sink.map(Out::Sink),
             epoch: RwLock::new(0),
+            registry: Mutex::default(),
             policy,
-        })
+        });
+        if let Some(Out::Sink(s)) = &a.sink {
+            let weak: std::sync::Weak<Self> = Arc::downgrade(&a);
+            s.serve_snapshots(weak as std::sync::Weak<dyn SnapshotSource>);
+        }
+        a
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn epoch_read(&self) -> std::sync::RwLockReadGuard<'_, u64> {
@@ -211,20 +285,19 @@ impl Announcer {
         let Decision::Publish(account) = self.policy.decide(meta.salt.as_deref()) else {
             return None;
         };
-        let ev = BlockStored::new(medium, meta.block_size)
-            .with_parent(meta.parent)
-            .with_salt(meta.salt.clone())
-            .block(meta.hash, &meta.tokens);
+        let ev = meta.stored(medium);
         let epoch = self.epoch_read();
         if !sink.stored(account, ev) {
             return None;
         }
+        let slot = self.registry().insert(medium, Arc::clone(&meta));
         Some(Residency {
             announcer: Arc::clone(self),
             account: account.cloned(),
             meta,
             medium,
             epoch: *epoch,
+            slot,
         })
     }
 
@@ -234,6 +307,7 @@ impl Announcer {
         if let Some(sink) = &self.sink {
             let mut epoch = self.epoch.write().unwrap_or_else(PoisonError::into_inner);
             *epoch += 1;
+            *self.registry() = Registry::default();
             sink.cleared();
         }
     }
@@ -264,6 +338,9 @@ impl Announcer {
             replay_ring_batches: s.ring_batches,
             replay_ring_evicted: s.ring_evicted,
             replay_requests: s.replay_requests,
+            replay_bad_requests: s.replay_bad_requests,
+            snapshots: s.snapshots,
+            snapshot_blocks: s.snapshot_blocks,
             tenants: self
                 .policy
                 .accounts()
@@ -280,6 +357,20 @@ impl Announcer {
     }
 }
 
+impl SnapshotSource for Announcer {
+    /// Holds the epoch lock for writing (no store or removal is between its event and its
+    /// registry change), copies the registry's Arcs and queues the marker behind them.
+    fn snapshot(&self, marker: Marker) -> Result<Vec<Entry>, Marker> {
+        let Some(Out::Sink(sink)) = &self.sink else {
+            return Err(marker);
+        };
+        let _epoch = self.epoch.write().unwrap_or_else(PoisonError::into_inner);
+        let entries = self.registry().copy();
+        sink.mark(marker)?;
+        Ok(entries)
+    }
+}
+
 /// One block resident in one tier; dropping it announces the block left that tier.
 #[derive(Debug)]
 pub struct Residency {
@@ -289,6 +380,8 @@ pub struct Residency {
     meta: Arc<RouterMeta>,
     medium: Medium,
     epoch: u64,
+    /// Its slot in the announcer's registry (void once `epoch` is past).
+    slot: u32,
 }
 
 impl Residency {
@@ -306,6 +399,7 @@ impl Drop for Residency {
         let epoch = self.announcer.epoch_read();
         if *epoch == self.epoch {
             sink.removed(self.account.as_ref(), self.medium, self.meta.hash);
+            self.announcer.registry().remove(self.slot);
         }
     }
 }

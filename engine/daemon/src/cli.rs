@@ -169,6 +169,9 @@ pub struct ServeArgs {
     /// Most payload bytes kept for event replay (default 64MiB).
     #[arg(long, requires = "events_replay", value_name = "SIZE")]
     pub events_replay_bytes: Option<String>,
+    /// Most batches kept for event replay (default 10000); older requests get a snapshot.
+    #[arg(long, requires = "events_replay", value_name = "N")]
+    pub events_replay_len: Option<usize>,
     /// Data-parallel rank written into every event batch.
     #[arg(long, requires = "events")]
     pub dp_rank: Option<u32>,

@@ -133,6 +133,9 @@ fn apply_tiering_flags(a: &ServeArgs, cfg: &mut EngineConfig) -> anyhow::Result<
     if let Some(b) = &a.events_replay_bytes {
         cfg.events.replay_ring_bytes = parse_size(b).context("--events-replay-bytes")?;
     }
+    if let Some(n) = a.events_replay_len {
+        cfg.events.replay_ring_len = n;
+    }
     Ok(())
 }
 

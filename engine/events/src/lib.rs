@@ -11,6 +11,11 @@
 //!  counted, logged once) -------->+-----------------------------------------------------+
 //! ```
 //!
+//! A router that (re)connects after the ring moved on gets a residency snapshot ([`snapshot`]):
+//! asked for with `[ "", "kvnode:snapshot" ]`, or in place of a replay the ring no longer
+//! covers. The engine registers the [`SnapshotSource`]; a marker on the event queue gives the
+//! snapshot its exact seq.
+//!
 //! Access: events carry prompt token ids, so the sockets bind `ipc://` paths created with a
 //! configured mode and group ([`ipc`]); `tcp://` needs [`Access::tcp_readable_by_anyone`].
 //! Memory: the queue is bounded in events and bytes, the replay ring (kept only with a
@@ -33,6 +38,7 @@ pub mod ipc;
 pub mod publisher;
 pub mod replay;
 pub mod sink;
+pub mod snapshot;
 pub mod stats;
 pub mod validate;
 pub mod wire;
@@ -43,8 +49,9 @@ pub use config::{Access, PublisherConfig};
 pub use endpoint::Endpoint;
 pub use error::{PublisherError, SinkError};
 pub use publisher::Publisher;
-pub use replay::END_OF_REPLAY_SEQ;
+pub use replay::{END_OF_REPLAY_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ};
 pub use sink::EventSink;
+pub use snapshot::{Announced, SnapshotSource};
 pub use stats::Stats;
 pub use validate::{RejectReason, Rejection, ValidEvent, validate};
 pub use wire::{

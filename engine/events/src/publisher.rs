@@ -15,7 +15,8 @@ use crate::endpoint::Endpoint;
 use crate::error::PublisherError;
 use crate::ipc::{self, IpcPath};
 use crate::replay::{self, Ring, SharedRing};
-use crate::sink::{EventSink, Queued};
+use crate::sink::{EventSink, Item, Queued};
+use crate::snapshot::{Marker, SourceSlot};
 use crate::stats::{Counters, Stats, bump, kind_index};
 use crate::validate::ValidEvent;
 use crate::wire::now_ts;
@@ -52,17 +53,20 @@ impl Publisher {
         let (tx, rx) = mpsc::channel(config.queue_capacity);
         let queue_bytes = config.queue_bytes;
         let (stop_tx, stop_rx) = watch::channel(false);
+        let source = Arc::new(SourceSlot::default());
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(PublisherError::Start)?;
         let thread_counters = Arc::clone(&counters);
+        let thread_source = Arc::clone(&source);
         let thread = std::thread::Builder::new()
             .name("kvnode-events".into())
             .spawn(move || {
                 let chan = Channel {
                     rx,
+                    source: thread_source,
                     counters: thread_counters,
                     stop: stop_rx,
                     ready: ready_tx,
@@ -87,7 +91,7 @@ impl Publisher {
             "KV event publisher bound"
         );
         Ok(Self {
-            sink: EventSink::new(tx, Arc::clone(&counters), queue_bytes),
+            sink: EventSink::new(tx, Arc::clone(&counters), queue_bytes, source),
             counters,
             endpoint: bound.endpoint,
             replay_endpoint: bound.replay_endpoint,
@@ -145,7 +149,9 @@ type Ready = std::sync::mpsc::SyncSender<Result<Bound, PublisherError>>;
 
 /// What the publisher thread is handed besides its config.
 struct Channel {
-    rx: mpsc::Receiver<Queued>,
+    rx: mpsc::Receiver<Item>,
+    /// The residency source snapshots come from, once the engine registers one.
+    source: Arc<SourceSlot>,
     counters: Arc<Counters>,
     stop: watch::Receiver<bool>,
     ready: Ready,
@@ -186,6 +192,7 @@ async fn bind<S: Socket>(
 async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoint>, chan: Channel) {
     let Channel {
         mut rx,
+        source,
         counters,
         mut stop,
         ready,
@@ -221,7 +228,15 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
             config.replay_ring_bytes,
             Arc::clone(&counters),
         )));
-        let serve = replay::serve(router, Arc::clone(&r), counters.clone(), replay_stop_rx);
+        let answer = replay::Answerer {
+            ring: Arc::clone(&r),
+            source,
+            counters: Arc::clone(&counters),
+            dp_rank: config.dp_rank,
+            batch_events: config.max_batch_events,
+            pace: Mutex::default(),
+        };
+        let serve = replay::serve(router, answer, replay_stop_rx);
         replay_task = Some(tokio::spawn(serve));
         ring = Some(r);
     }
@@ -243,9 +258,8 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
     batcher.run(&mut rx, &mut stop, config.flush_interval).await;
     // Nothing new is accepted from here; what is already queued still goes out.
     rx.close();
-    while let Some(queued) = rx.recv().await {
-        batcher.take(queued);
-        if batcher.buf.len() == batcher.max_events {
+    while let Some(item) = rx.recv().await {
+        if batcher.take(item).await || batcher.buf.len() == batcher.max_events {
             batcher.publish().await;
         }
     }
@@ -272,16 +286,34 @@ struct Batcher {
 }
 
 impl Batcher {
-    fn take(&mut self, queued: Queued) {
-        self.buf.push(queued.event);
-        self.charges.push(queued.charge);
+    /// Buffers an event; a marker seals the open batch and learns the seq after it.
+    /// Returns whether the batch was sealed.
+    async fn take(&mut self, item: Item) -> bool {
+        match item {
+            Item::Event(Queued { event, charge }) => {
+                self.buf.push(event);
+                self.charges.push(charge);
+                false
+            }
+            Item::Mark(marker) => {
+                self.seal(marker).await;
+                true
+            }
+        }
+    }
+
+    /// Publishes the open batch, then tells `marker` the seq of the next batch: every
+    /// event queued before the marker is in a batch below it, every later one at or above.
+    async fn seal(&mut self, marker: Marker) {
+        self.publish().await;
+        marker.resolve(self.seq);
     }
 
     /// Seals a batch when it holds `max_events`, or `interval` after its first event
     /// arrived, whichever is first. Returns when `stop` flips or every sink is gone.
     async fn run(
         &mut self,
-        rx: &mut mpsc::Receiver<Queued>,
+        rx: &mut mpsc::Receiver<Item>,
         stop: &mut watch::Receiver<bool>,
         interval: std::time::Duration,
     ) {
@@ -293,13 +325,17 @@ impl Batcher {
                 first = rx.recv() => first,
             };
             let Some(first) = first else { break };
-            self.take(first);
+            if self.take(first).await {
+                continue;
+            }
             let deadline = tokio::time::sleep_until(Instant::now() + interval);
             tokio::pin!(deadline);
             while self.buf.len() < self.max_events {
                 match rx.try_recv() {
-                    Ok(event) => {
-                        self.take(event);
+                    Ok(item) => {
+                        if self.take(item).await {
+                            break;
+                        }
                         continue;
                     }
                     Err(mpsc::error::TryRecvError::Disconnected) => break,
@@ -313,8 +349,8 @@ impl Batcher {
                         break;
                     }
                     () = &mut deadline => break,
-                    event = rx.recv() => match event {
-                        Some(event) => self.take(event),
+                    item = rx.recv() => match item {
+                        Some(item) => if self.take(item).await { break },
                         None => break,
                     },
                 }

@@ -7,10 +7,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::account::RingShare;
+use crate::batch::EventBatch;
+use crate::snapshot::{self, Entry, Marker, SourceSlot};
 use crate::stats::{Counters, bump};
+use crate::validate::ValidEvent;
+use crate::wire::{AllBlocksCleared, KvEvent, now_ts};
 
 /// The sequence frame that closes a replay answer: -1 as an 8-byte big-endian i64.
 pub const END_OF_REPLAY_SEQ: [u8; 8] = (-1i64).to_be_bytes();
@@ -35,6 +40,8 @@ pub(crate) struct Ring {
     max_bytes: u64,
     bytes: u64,
     batches: VecDeque<Kept>,
+    /// The seq after the newest batch pushed (kept or not).
+    next: u64,
     counters: Arc<Counters>,
 }
 
@@ -45,6 +52,7 @@ impl Ring {
             max_bytes,
             bytes: 0,
             batches: VecDeque::with_capacity(max_batches.min(1024)),
+            next: 0,
             counters,
         }
     }
@@ -54,6 +62,7 @@ impl Ring {
     pub(crate) fn push(&mut self, seq: u64, payload: Bytes, shares: Vec<RingShare>) {
         debug_assert!(self.batches.back().is_none_or(|k| k.seq + 1 == seq));
         self.bytes += payload.len() as u64;
+        self.next = seq + 1;
         self.batches.push_back(Kept {
             seq,
             payload,
@@ -98,6 +107,15 @@ impl Ring {
             .collect()
     }
 
+    /// Whether every batch from `start` on is still kept (a `start` past the newest
+    /// batch is covered: there is nothing to miss).
+    pub(crate) fn covers(&self, start: u64) -> bool {
+        match self.batches.front() {
+            Some(first) => start >= first.seq,
+            None => start >= self.next,
+        }
+    }
+
     /// Payload bytes kept.
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> u64 {
@@ -108,28 +126,56 @@ impl Ring {
 /// A ring shared between the batcher (writer) and the replay loop (reader).
 pub(crate) type SharedRing = Arc<Mutex<Ring>>;
 
-/// A parsed replay request: who asked, whether it framed with an empty delimiter, and from where.
+/// The request frame that asks for a residency snapshot instead of a replay. Not 8 bytes
+/// long, so it can never be mistaken for a `start_seq`.
+pub const SNAPSHOT_REQUEST: &[u8] = b"kvnode:snapshot";
+
+/// The sequence frame of the batches of an explicitly requested snapshot: -2 as an 8-byte
+/// big-endian i64 (no batch ever carries it).
+pub const SNAPSHOT_SEQ: [u8; 8] = (-2i64).to_be_bytes();
+
+/// How often a snapshot is retaken when the ring evicted its seq before it could be read.
+const SNAPSHOT_TRIES: usize = 3;
+
+/// After a copy that held the engine's epoch lock for `t`, the next copy waits `9 t`.
+const PACE_FACTOR: u32 = 9;
+
+/// What a request asks for.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+enum Ask {
+    /// Every kept batch from this seq on.
+    Replay(u64),
+    /// The whole residency, consistent with a seq (see `docs/events.md`).
+    Snapshot,
+}
+
+/// A parsed request: who asked, whether it framed with an empty delimiter, and what for.
 #[derive(Debug, PartialEq, Eq)]
 struct Request {
     peer: Bytes,
     delimited: bool,
-    start_seq: u64,
+    ask: Ask,
 }
 
-/// Accepts `[identity, "", start_seq(8 BE)]` (DEALER, as Dynamo and `SGLang` send it) and
-/// `[identity, start_seq(8 BE)]` (a DEALER without the delimiter; answered the same way).
+/// Accepts `[identity, "", body]` (DEALER, as Dynamo and `SGLang` send it) and
+/// `[identity, body]` (a DEALER without the delimiter; answered the same way), where body
+/// is `start_seq` (8 bytes BE) or [`SNAPSHOT_REQUEST`].
 fn parse_request(msg: &ZmqMessage) -> Option<Request> {
     let frames: Vec<&Bytes> = msg.iter().collect();
-    let (peer, delimited, seq) = match frames.as_slice() {
-        [peer, empty, seq] if empty.is_empty() => (*peer, true, *seq),
-        [peer, seq] => (*peer, false, *seq),
+    let (peer, delimited, body) = match frames.as_slice() {
+        [peer, empty, body] if empty.is_empty() => (*peer, true, *body),
+        [peer, body] => (*peer, false, *body),
         _ => return None,
     };
-    let start_seq = u64::from_be_bytes(seq.as_ref().try_into().ok()?);
+    let ask = if body.as_ref() == SNAPSHOT_REQUEST {
+        Ask::Snapshot
+    } else {
+        Ask::Replay(u64::from_be_bytes(body.as_ref().try_into().ok()?))
+    };
     Some(Request {
         peer: peer.clone(),
         delimited,
-        start_seq,
+        ask,
     })
 }
 
@@ -144,12 +190,210 @@ fn frame(req: &Request, seq: Bytes, payload: Bytes) -> ZmqMessage {
     ZmqMessage::try_from(frames).expect("replay frames are never empty")
 }
 
-/// Answers replay requests until `stop` flips: one `[seq, payload]` message per kept batch
-/// from the requested seq on, then `[-1, ""]`.
+/// A snapshot as sent: taken consistent with `seq` (the first batch it does not cover),
+/// its blocks parents first, and the ring's batches from `seq` on (read right after).
+struct Taken {
+    seq: u64,
+    entries: Vec<Entry>,
+    tail: Vec<(u64, Bytes)>,
+}
+
+/// Answers replay and snapshot requests: what the replay loop needs besides its socket.
+pub(crate) struct Answerer {
+    pub(crate) ring: SharedRing,
+    pub(crate) source: Arc<SourceSlot>,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) dp_rank: Option<u32>,
+    /// Events per snapshot batch (the publisher's `max_batch_events`).
+    pub(crate) batch_events: usize,
+    /// The earliest time the next snapshot may copy (see [`PACE_FACTOR`]).
+    pub(crate) pace: Mutex<Option<Instant>>,
+}
+
+impl Answerer {
+    fn lock_ring(&self) -> std::sync::MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Copies the residency (off this thread: the copy waits for the engine's epoch lock)
+    /// and learns its seq from the marker; `None` without a source or when the marker
+    /// never got into the queue.
+    async fn take(&self) -> Option<(u64, Vec<Entry>)> {
+        let source = self.source.get()?;
+        for _ in 0..SNAPSHOT_TRIES {
+            let next = *self.pace.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(at) = next {
+                tokio::time::sleep_until(at).await;
+            }
+            let (marker, seq) = Marker::new();
+            let src = Arc::clone(&source);
+            let (copied, held) = tokio::task::spawn_blocking(move || {
+                let t0 = std::time::Instant::now();
+                let copied = src.snapshot(marker);
+                let held = t0.elapsed();
+                (copied.map(snapshot::parents_first), held)
+            })
+            .await
+            .ok()?;
+            // The copy stalled the engine's stores and removals for `held` (at most): the
+            // next copy waits 9 times that, so a flood of requests stalls them at most 10%
+            // of the time.
+            *self.pace.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(Instant::now() + held * PACE_FACTOR);
+            match copied {
+                Ok(entries) => return Some((seq.await.ok()?, entries)),
+                // The queue is full: let the publisher drain it.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        None
+    }
+
+    /// A snapshot whose seq the ring still holds (retaken if the ring evicted it first).
+    async fn take_with_tail(&self) -> Option<Taken> {
+        for _ in 0..SNAPSHOT_TRIES {
+            let (seq, entries) = self.take().await?;
+            let ring = self.lock_ring();
+            if ring.covers(seq) {
+                let tail = ring.since(seq);
+                return Some(Taken { seq, entries, tail });
+            }
+        }
+        None
+    }
+
+    /// Sends `entries` as batches of `AllBlocksCleared` then one store per (medium,
+    /// block), each under the sequence frame `seq`. Encodes one batch at a time. Returns
+    /// the messages sent, or `None` when the socket refused one.
+    async fn send_residency(
+        &self,
+        socket: &mut RouterSocket,
+        req: &Request,
+        seq: [u8; 8],
+        entries: &[Entry],
+    ) -> Option<u64> {
+        let mut events = vec![ValidEvent::try_from(KvEvent::Cleared(AllBlocksCleared)).ok()?];
+        let mut sent = 0;
+        let mut rest = entries.iter().peekable();
+        loop {
+            while events.len() < self.batch_events.max(1) {
+                let Some((medium, block)) = rest.next() else {
+                    break;
+                };
+                // Valid when it was published; a refusal here would only be counted.
+                if let Ok(ev) = ValidEvent::try_from(KvEvent::Stored(block.stored(*medium))) {
+                    events.push(ev);
+                }
+            }
+            let batch = EventBatch {
+                ts: now_ts(),
+                events: &events,
+                dp_rank: self.dp_rank,
+            };
+            let payload = Bytes::from(batch.encode().ok()?);
+            let msg = frame(req, Bytes::copy_from_slice(&seq), payload);
+            socket.send(msg).await.ok()?;
+            sent += 1;
+            events.clear();
+            if rest.peek().is_none() {
+                return Some(sent);
+            }
+        }
+    }
+
+    /// Sends kept batches as `[seq, payload]`; `None` when the socket refused one.
+    async fn send_batches(
+        socket: &mut RouterSocket,
+        req: &Request,
+        batches: Vec<(u64, Bytes)>,
+    ) -> Option<u64> {
+        let mut sent = 0;
+        for (seq, payload) in batches {
+            let seq = Bytes::copy_from_slice(&seq.to_be_bytes());
+            socket.send(frame(req, seq, payload)).await.ok()?;
+            sent += 1;
+        }
+        Some(sent)
+    }
+
+    /// `[-1, end]`: `end` is empty after a replay, the snapshot's seq after a snapshot.
+    async fn send_end(socket: &mut RouterSocket, req: &Request, end: Bytes) -> Option<()> {
+        let seq = Bytes::from_static(&END_OF_REPLAY_SEQ);
+        socket.send(frame(req, seq, end)).await.ok()
+    }
+
+    /// A replay from `start`. When the ring no longer holds `start` and a source is
+    /// registered, the hole is filled with a snapshot (`AllBlocksCleared` and the stores
+    /// of the residency, all under seq `S - 1`) followed by the ring from `S`: what a
+    /// subscriber that does not know snapshots (Dynamo) applies as an ordinary replay.
+    async fn replay(&self, socket: &mut RouterSocket, req: &Request, start: u64) {
+        let covered = self.lock_ring().covers(start);
+        let mut sent = Some(0);
+        let mut tail = None;
+        if !covered && self.source.get().is_some() {
+            match self.take_with_tail().await {
+                Some(t) => {
+                    let seq = t.seq.saturating_sub(1).to_be_bytes();
+                    sent = self.send_residency(socket, req, seq, &t.entries).await;
+                    self.count_snapshot(t.entries.len());
+                    tail = Some(t.tail);
+                }
+                None => self.count_snapshot_failure(),
+            }
+        }
+        let tail = tail.unwrap_or_else(|| self.lock_ring().since(start));
+        if let Some(n) = sent {
+            sent = Self::send_batches(socket, req, tail).await.map(|m| n + m);
+        }
+        let ok = sent.is_some() && Self::send_end(socket, req, Bytes::new()).await.is_some();
+        if !ok {
+            bump(&self.counters.replay_send_errors, 1);
+        }
+        bump(&self.counters.replay_batches, sent.unwrap_or(0));
+        tracing::debug!(start, covered, ?sent, "answered KV event replay request");
+    }
+
+    /// An explicit snapshot: its batches under [`SNAPSHOT_SEQ`], then `[-1, S (8 BE)]`.
+    /// Without a source (or when no snapshot could be taken) only `[-1, ""]`.
+    async fn snapshot(&self, socket: &mut RouterSocket, req: &Request) {
+        let mut end = Bytes::new();
+        let mut sent = Some(0);
+        match self.take().await {
+            Some((seq, entries)) => {
+                sent = self
+                    .send_residency(socket, req, SNAPSHOT_SEQ, &entries)
+                    .await;
+                self.count_snapshot(entries.len());
+                end = Bytes::copy_from_slice(&seq.to_be_bytes());
+            }
+            None if self.source.get().is_some() => self.count_snapshot_failure(),
+            None => {}
+        }
+        if sent.is_none() || Self::send_end(socket, req, end).await.is_none() {
+            bump(&self.counters.replay_send_errors, 1);
+        }
+    }
+
+    fn count_snapshot(&self, blocks: usize) {
+        bump(&self.counters.snapshots, 1);
+        bump(&self.counters.snapshot_blocks, blocks as u64);
+    }
+
+    fn count_snapshot_failure(&self) {
+        if bump(&self.counters.snapshot_failures, 1) == 0 {
+            tracing::warn!(
+                "could not take a residency snapshot (queue full, or the ring evicted its seq \
+                 before it was read); answered without it (logged once)"
+            );
+        }
+    }
+}
+
+/// Answers requests until `stop` flips, one at a time: a replay (`[seq, payload]` per kept
+/// batch from the requested seq on, then `[-1, ""]`) or a snapshot.
 pub(crate) async fn serve(
     mut socket: RouterSocket,
-    ring: SharedRing,
-    counters: Arc<Counters>,
+    answer: Answerer,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
@@ -166,39 +410,19 @@ pub(crate) async fn serve(
             }
         };
         let Some(req) = parse_request(&msg) else {
-            if bump(&counters.replay_bad_requests, 1) == 0 {
+            if bump(&answer.counters.replay_bad_requests, 1) == 0 {
                 tracing::warn!(
                     frames = msg.len(),
-                    "ignoring malformed KV event replay request; expected [\"\", start_seq (8-byte BE)] (logged once)"
+                    "ignoring malformed KV event replay request; expected [\"\", start_seq (8-byte BE)] or [\"\", \"kvnode:snapshot\"] (logged once)"
                 );
             }
             continue;
         };
-        bump(&counters.replay_requests, 1);
-        let batches = ring
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .since(req.start_seq);
-        let mut sent = 0;
-        let mut ok = true;
-        for (seq, payload) in batches {
-            let seq = Bytes::copy_from_slice(&seq.to_be_bytes());
-            if socket.send(frame(&req, seq, payload)).await.is_err() {
-                ok = false;
-                break;
-            }
-            sent += 1;
+        bump(&answer.counters.replay_requests, 1);
+        match req.ask {
+            Ask::Replay(start) => answer.replay(&mut socket, &req, start).await,
+            Ask::Snapshot => answer.snapshot(&mut socket, &req).await,
         }
-        let end = Bytes::from_static(&END_OF_REPLAY_SEQ);
-        if !ok || socket.send(frame(&req, end, Bytes::new())).await.is_err() {
-            bump(&counters.replay_send_errors, 1);
-        }
-        bump(&counters.replay_batches, sent);
-        tracing::debug!(
-            start_seq = req.start_seq,
-            sent,
-            "answered KV event replay request"
-        );
     }
 }
 
@@ -283,13 +507,33 @@ mod tests {
         let seq = Bytes::copy_from_slice(&5u64.to_be_bytes());
         let with = ZmqMessage::try_from(vec![id.clone(), Bytes::new(), seq.clone()]).unwrap();
         let req = parse_request(&with).unwrap();
-        assert_eq!((req.delimited, req.start_seq), (true, 5));
+        assert_eq!((req.delimited, req.ask), (true, Ask::Replay(5)));
         let without = ZmqMessage::try_from(vec![id.clone(), seq]).unwrap();
         assert!(!parse_request(&without).unwrap().delimited);
         let short = ZmqMessage::try_from(vec![id.clone(), Bytes::new(), Bytes::from("1")]).unwrap();
         assert_eq!(parse_request(&short), None);
-        let four = ZmqMessage::try_from(vec![id.clone(), Bytes::new(), id.clone(), id]).unwrap();
+        let four =
+            ZmqMessage::try_from(vec![id.clone(), Bytes::new(), id.clone(), id.clone()]).unwrap();
         assert_eq!(parse_request(&four), None);
+        let snap = Bytes::from_static(SNAPSHOT_REQUEST);
+        let ask = ZmqMessage::try_from(vec![id.clone(), Bytes::new(), snap.clone()]).unwrap();
+        assert_eq!(parse_request(&ask).unwrap().ask, Ask::Snapshot);
+        let bare = ZmqMessage::try_from(vec![id.clone(), snap]).unwrap();
+        assert_eq!(parse_request(&bare).unwrap().ask, Ask::Snapshot);
+        let near =
+            ZmqMessage::try_from(vec![id, Bytes::new(), Bytes::from("kvnode:snapshoT")]).unwrap();
+        assert_eq!(parse_request(&near), None);
+    }
+
+    #[test]
+    fn the_ring_covers_only_what_it_still_keeps() {
+        let ring = ring_of(3, 0..10);
+        assert!(!ring.covers(6) && ring.covers(7) && ring.covers(10) && ring.covers(99));
+        let mut empty = Ring::new(4, 1, Arc::default());
+        assert!(empty.covers(0));
+        empty.push(0, Bytes::from_static(b"too big"), Vec::new());
+        assert!(!empty.covers(0) && empty.covers(1));
+        assert_ne!(SNAPSHOT_REQUEST.len(), 8);
     }
 
     #[test]

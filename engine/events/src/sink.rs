@@ -1,11 +1,12 @@
 //! `EventSink`: the cloneable, never-blocking handle the engine hands KV events to.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use crate::account::{Account, QueueCharge, Refused};
 use crate::error::SinkError;
+use crate::snapshot::{Marker, SnapshotSource, SourceSlot};
 use crate::stats::{Counters, Stats, bump};
 use crate::validate::{ValidEvent, validate};
 use crate::wire::{AllBlocksCleared, BlockRemoved, BlockStored, EventKind, KvEvent, Medium};
@@ -15,6 +16,13 @@ use crate::wire::{AllBlocksCleared, BlockRemoved, BlockStored, EventKind, KvEven
 pub(crate) struct Queued {
     pub(crate) event: ValidEvent,
     pub(crate) charge: QueueCharge,
+}
+
+/// What travels the queue: an event, or a snapshot's marker (see [`crate::snapshot`]).
+#[derive(Debug)]
+pub(crate) enum Item {
+    Event(Queued),
+    Mark(Marker),
 }
 
 /// Queues validated events for the publisher thread.
@@ -29,18 +37,41 @@ pub(crate) struct Queued {
 /// [`Account`] is also held to that account's share.
 #[derive(Debug, Clone)]
 pub struct EventSink {
-    tx: mpsc::Sender<Queued>,
+    tx: mpsc::Sender<Item>,
     counters: Arc<Counters>,
     queue_bytes: u64,
+    source: Arc<SourceSlot>,
 }
 
 impl EventSink {
-    pub(crate) fn new(tx: mpsc::Sender<Queued>, counters: Arc<Counters>, queue_bytes: u64) -> Self {
+    pub(crate) fn new(
+        tx: mpsc::Sender<Item>,
+        counters: Arc<Counters>,
+        queue_bytes: u64,
+        source: Arc<SourceSlot>,
+    ) -> Self {
         Self {
             tx,
             counters,
             queue_bytes,
+            source,
         }
+    }
+
+    /// Serves residency snapshots from `source` (the replay socket's snapshot request and
+    /// the answer to a replay request the ring can no longer cover). Weak: the source owns
+    /// sinks, not the other way round. A later call replaces the source.
+    pub fn serve_snapshots(&self, source: Weak<dyn SnapshotSource>) {
+        self.source.set(source);
+    }
+
+    /// Queues a snapshot's marker behind every event queued so far. Never waits; returns
+    /// the marker when the queue is full or closed (the caller may try again).
+    pub fn mark(&self, marker: Marker) -> Result<(), Marker> {
+        self.tx.try_send(Item::Mark(marker)).map_err(|e| match e {
+            TrySendError::Full(Item::Mark(m)) | TrySendError::Closed(Item::Mark(m)) => m,
+            _ => unreachable!("a marker was sent"),
+        })
     }
 
     /// Announces blocks that became resident in `event.medium`.
@@ -124,10 +155,10 @@ impl EventSink {
                     return Err(SinkError::AccountFull);
                 }
             };
-        match self.tx.try_send(Queued {
+        match self.tx.try_send(Item::Event(Queued {
             event: valid,
             charge,
-        }) {
+        })) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(self.full()),
             Err(TrySendError::Closed(_)) => {
@@ -159,12 +190,19 @@ mod tests {
     use super::*;
     use crate::validate::RejectReason;
 
-    fn sink(capacity: usize) -> (EventSink, mpsc::Receiver<Queued>) {
+    fn sink(capacity: usize) -> (EventSink, mpsc::Receiver<Item>) {
         let (tx, rx) = mpsc::channel(capacity);
         (
-            EventSink::new(tx, Arc::new(Counters::default()), u64::MAX),
+            EventSink::new(tx, Arc::new(Counters::default()), u64::MAX, Arc::default()),
             rx,
         )
+    }
+
+    fn event(item: Item) -> ValidEvent {
+        match item {
+            Item::Event(q) => q.event,
+            Item::Mark(_) => panic!("a marker"),
+        }
     }
 
     #[test]
@@ -191,7 +229,7 @@ mod tests {
         assert_eq!(sink.cleared(), Err(SinkError::QueueFull));
         assert_eq!(sink.stats().dropped_full, 2);
         assert_eq!(
-            rx.try_recv().unwrap().event.event(),
+            event(rx.try_recv().unwrap()).event(),
             &KvEvent::Cleared(AllBlocksCleared)
         );
         rx.close();
@@ -208,7 +246,7 @@ mod tests {
         b.removed(Medium::CpuPinned, vec![2]).unwrap();
         a.removed(Medium::CpuPinned, vec![3]).unwrap();
         let order: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|q| match q.event.into_event() {
+            .map(|q| match event(q).into_event() {
                 KvEvent::Removed(r) => r.block_hashes[0],
                 other => panic!("unexpected {other:?}"),
             })
@@ -219,7 +257,7 @@ mod tests {
     #[test]
     fn the_byte_bound_and_an_accounts_share_drop_stores_and_count() {
         let (tx, rx) = mpsc::channel(100);
-        let sink = EventSink::new(tx, Arc::new(Counters::default()), 1600);
+        let sink = EventSink::new(tx, Arc::new(Counters::default()), 1600, Arc::default());
         let a = Account::new("a", 600);
         let store = |h| BlockStored::new(Medium::CpuPinned, 64).block(h, &[9; 64]);
         let one = ValidEvent::try_from(KvEvent::Stored(store(0)))

@@ -26,6 +26,9 @@ pub(crate) struct Counters {
     pub(crate) ring_bytes: AtomicU64,
     pub(crate) ring_batches: AtomicU64,
     pub(crate) ring_evicted: AtomicU64,
+    pub(crate) snapshots: AtomicU64,
+    pub(crate) snapshot_blocks: AtomicU64,
+    pub(crate) snapshot_failures: AtomicU64,
 }
 
 /// Adds `n` and returns the previous value (so callers can log only the first time).
@@ -62,6 +65,9 @@ impl Counters {
             ring_bytes: load(&self.ring_bytes),
             ring_batches: load(&self.ring_batches),
             ring_evicted: load(&self.ring_evicted),
+            snapshots: load(&self.snapshots),
+            snapshot_blocks: load(&self.snapshot_blocks),
+            snapshot_failures: load(&self.snapshot_failures),
         }
     }
 }
@@ -107,6 +113,13 @@ pub struct Stats {
     pub ring_batches: u64,
     /// Batches evicted from the replay ring to keep it within its bounds.
     pub ring_evicted: u64,
+    /// Residency snapshots sent (asked for, or filling a replay the ring could not cover).
+    pub snapshots: u64,
+    /// Blocks (one per medium) those snapshots carried.
+    pub snapshot_blocks: u64,
+    /// Snapshots that could not be taken (queue full for the marker, or the ring evicted
+    /// the snapshot's seq before it was read, three times each); answered without one.
+    pub snapshot_failures: u64,
 }
 
 impl Stats {

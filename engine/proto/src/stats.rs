@@ -71,6 +71,12 @@ pub struct EventsStats {
     pub replay_ring_evicted: u64,
     /// Replay requests answered.
     pub replay_requests: u64,
+    /// Replay requests ignored because their framing was wrong.
+    pub replay_bad_requests: u64,
+    /// Residency snapshots sent (asked for, or filling a replay the ring could not cover).
+    pub snapshots: u64,
+    /// Blocks (one per medium) those snapshots carried.
+    pub snapshot_blocks: u64,
     /// One entry per tenant that publishes events (none without a tenant map).
     pub tenants: Vec<EventsTenantStats>,
 }

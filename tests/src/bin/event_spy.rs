@@ -1,12 +1,13 @@
 //! An events reader the attack tests run as another uid (`tests/tests/attack_events.rs`):
-//! it subscribes to a KV events PUB endpoint and asks its replay endpoint for everything,
-//! as a router would, decodes every batch with Dynamo's parser and prints what it read as
-//! `key value` lines.
+//! it subscribes to a KV events PUB endpoint and asks its replay endpoint for everything (a
+//! replay from seq 0, then a residency snapshot), as a router would, decodes every batch
+//! with Dynamo's parser and prints what it read as `key value` lines.
 //!
 //! `event_spy PUB_ENDPOINT REPLAY_ENDPOINT MILLIS`
 //!
-//! Prints `sub` / `replay` (`connected`, or the error), `live_batches`, `replay_batches`,
-//! `stored_tokens` (token ids seen in `BlockStored` events, live and replayed) and `salts`
+//! Prints `sub` / `replay` / `snapshot` (`connected`, or the error), `live_batches`,
+//! `replay_batches`, `snapshot_batches`, `stored_tokens` (token ids seen in `BlockStored`
+//! events, live, replayed and in the snapshot) and `salts`
 //! (the cache namespaces seen, comma separated).
 
 use std::collections::BTreeSet;
@@ -68,7 +69,9 @@ async fn live(endpoint: &str, until: Instant, seen: &mut Seen) -> String {
     "connected".into()
 }
 
-async fn replay(endpoint: &str, seen: &mut Seen) -> String {
+/// Sends `body` (a start seq, or the snapshot request) to the replay endpoint and reads the
+/// answer up to its end marker.
+async fn replay(endpoint: &str, body: Bytes, seen: &mut Seen) -> String {
     let mut d = DealerSocket::new();
     let connected = tokio::time::timeout(Duration::from_secs(2), d.connect(endpoint)).await;
     match connected {
@@ -76,7 +79,7 @@ async fn replay(endpoint: &str, seen: &mut Seen) -> String {
         Ok(Err(e)) => return format!("error {e}").replace('\n', " "),
         Err(_) => return "error timed out".into(),
     }
-    let req = vec![Bytes::new(), Bytes::copy_from_slice(&0u64.to_be_bytes())];
+    let req = vec![Bytes::new(), body];
     if let Err(e) = d.send(ZmqMessage::try_from(req).expect("frames")).await {
         return format!("error {e}");
     }
@@ -102,17 +105,22 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let (mut l, mut r) = (Seen::default(), Seen::default());
-    let (sub, rep) = rt.block_on(async {
+    let (mut l, mut r, mut n) = (Seen::default(), Seen::default(), Seen::default());
+    let (sub, rep, snap) = rt.block_on(async {
         let sub = live(pub_ep, until, &mut l).await;
-        let rep = replay(replay_ep, &mut r).await;
-        (sub, rep)
+        let from_0 = Bytes::copy_from_slice(&0u64.to_be_bytes());
+        let rep = replay(replay_ep, from_0, &mut r).await;
+        let ask = Bytes::from_static(b"kvnode:snapshot");
+        let snap = replay(replay_ep, ask, &mut n).await;
+        (sub, rep, snap)
     });
     println!("sub {sub}");
     println!("replay {rep}");
+    println!("snapshot {snap}");
     println!("live_batches {}", l.batches);
     println!("replay_batches {}", r.batches);
-    println!("stored_tokens {}", l.tokens + r.tokens);
-    let salts: BTreeSet<String> = l.salts.union(&r.salts).cloned().collect();
+    println!("snapshot_batches {}", n.batches);
+    println!("stored_tokens {}", l.tokens + r.tokens + n.tokens);
+    let salts: BTreeSet<String> = l.salts.union(&r.salts).chain(&n.salts).cloned().collect();
     println!("salts {}", salts.into_iter().collect::<Vec<_>>().join(","));
 }

@@ -4,6 +4,7 @@
 use kvnode_events::PublisherConfig;
 use kvnode_events::config::{
     Access, DEFAULT_IPC_MODE, DEFAULT_QUEUE_BYTES, DEFAULT_REPLAY_RING_BYTES,
+    DEFAULT_REPLAY_RING_LEN,
 };
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +41,9 @@ pub struct EventsSettings {
     /// Most payload bytes kept for replay (`--events-replay-bytes`). Default: 64 MiB.
     #[serde(serialize_with = "ser_size", deserialize_with = "de_size")]
     pub replay_ring_bytes: u64,
+    /// Most batches kept for replay (`--events-replay-len`). A subscriber asking for an
+    /// older seq gets a residency snapshot instead. Default: 10 000.
+    pub replay_ring_len: usize,
     /// Most bytes of events waiting for the publisher thread; past it events are dropped
     /// and counted. Default: 64 MiB.
     #[serde(serialize_with = "ser_size", deserialize_with = "de_size")]
@@ -56,6 +60,7 @@ impl Default for EventsSettings {
             socket_group: None,
             tcp_readable_by_anyone: false,
             replay_ring_bytes: DEFAULT_REPLAY_RING_BYTES,
+            replay_ring_len: DEFAULT_REPLAY_RING_LEN,
             queue_bytes: DEFAULT_QUEUE_BYTES,
         }
     }
@@ -76,6 +81,7 @@ impl EventsSettings {
             pc = pc.with_replay(r.clone());
         }
         pc.replay_ring_bytes = self.replay_ring_bytes;
+        pc.replay_ring_len = self.replay_ring_len;
         pc.queue_bytes = self.queue_bytes;
         Some(pc)
     }
@@ -119,8 +125,16 @@ mod tests {
         assert_eq!((s.socket_mode, s.socket_group), (0o660, Some(990)));
         assert_eq!(s.replay_ring_bytes, 8 << 20);
         assert_eq!(s.queue_bytes, 64 << 20);
+        assert_eq!(s.publisher_config().unwrap().replay_ring_len, 10_000);
         let d = parse("").unwrap();
         assert_eq!((d.socket_mode, d.tcp_readable_by_anyone), (0o600, false));
+        let small = parse("endpoint = \"ipc:///e\"\nreplay = \"ipc:///r\"\nreplay_ring_len = 16\n");
+        assert_eq!(
+            small.unwrap().publisher_config().unwrap().replay_ring_len,
+            16
+        );
+        let zero = parse("endpoint = \"ipc:///e\"\nreplay = \"ipc:///r\"\nreplay_ring_len = 0\n");
+        assert!(zero.unwrap_err().contains("replay_ring_len"));
     }
 
     #[test]

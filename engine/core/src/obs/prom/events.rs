@@ -52,6 +52,16 @@ pub(super) fn events(o: &mut Out<'_>, e: &EventsStats) -> fmt::Result {
         "Batches evicted from the replay ring to keep it within its bounds.",
         e.replay_ring_evicted,
     )?;
+    o.counter(
+        "events_snapshots",
+        "Residency snapshots sent to event subscribers (asked for, or filling a replay hole).",
+        e.snapshots,
+    )?;
+    o.counter(
+        "events_snapshot_blocks",
+        "Blocks (one per medium) carried by residency snapshots.",
+        e.snapshot_blocks,
+    )?;
     let mut f = o.family(
         "events_tenant_bytes",
         MetricType::Gauge,
