@@ -11,8 +11,8 @@ use kvnode_e2e::{
     Daemon, block, free_port, key, peer_dest, peer_source, spec, spill_dir, temp_dir, tier,
 };
 use kvnode_proto::Key;
-use kvnode_proto::actions::{ActionOutcome, ActionResult};
-use kvnode_proto::client::{ErrorCode, PutStatus};
+use kvnode_proto::actions::{ActionOutcome, ActionResult, Refusal};
+use kvnode_proto::client::PutStatus;
 use kvnode_proto::pull::{KeyOutcome, OpState};
 
 const PAGE: usize = 64 << 10;
@@ -277,7 +277,7 @@ fn demote_writes_the_blocks_to_nvme_and_frees_their_dram() {
     );
     match &r[0].outcome {
         ActionOutcome::Refused {
-            code: ErrorCode::Unsupported,
+            code: Refusal::Unsupported,
             message,
         } => {
             assert!(message.contains("no NVMe tier"), "{message}");
@@ -427,16 +427,16 @@ fn an_unknown_action_is_refused_by_name_and_the_others_still_run() {
     );
     match &r[0].outcome {
         ActionOutcome::Refused {
-            code: ErrorCode::Unsupported,
+            code: Refusal::Unsupported,
             message,
         } => {
-            assert!(message.contains("\"kv.share\""), "{message}")
+            assert!(message.contains("\"kv.share\""), "{message}");
         }
         o => panic!("{o:?}"),
     }
     assert_eq!(done_blocks(&r[1]), 2, "{r:?}");
     assert!(
-        matches!(&r[2].outcome, ActionOutcome::Refused { code: ErrorCode::Invalid, message } if message.contains("ttl_seconds")),
+        matches!(&r[2].outcome, ActionOutcome::Refused { code: Refusal::Invalid, message } if message.contains("ttl_seconds")),
         "{r:?}"
     );
     assert_eq!(
@@ -568,7 +568,7 @@ fn a_hinted_lookup_runs_the_envelopes_other_actions_and_reports_each() {
         ("kv.retain", 2)
     );
     assert!(
-        matches!(&op.actions[1].outcome, ActionOutcome::Refused { code: ErrorCode::Unsupported, message } if message.contains("\"kv.pin\"")),
+        matches!(&op.actions[1].outcome, ActionOutcome::Refused { code: Refusal::Unsupported, message } if message.contains("\"kv.pin\"")),
         "{op:?}"
     );
     assert_eq!(tier(&mut c, "dram").retained_blocks, 2);

@@ -11,22 +11,18 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::client::ErrorCode;
-use crate::hint::{Endpoint, FetchHint, HashForm, HintError, MAX_HINT_BYTES, block_hashes};
-use crate::pull::OpReport;
-
-/// Envelope `protocol_version`s accepted: Dynamo's `kv.fetch` envelope ("0.1") and its typed
-/// `KvHint` ("1.0").
-pub const PROTOCOL_VERSIONS: [&str; 2] = ["0.1", "1.0"];
+use crate::hint::{
+    Endpoint, FetchHint, HashForm, HintError, MAX_HINT_BYTES, PROTOCOL_VERSIONS, block_hashes,
+};
+pub use crate::pull::{ActionOutcome, ActionResult, Refusal};
 /// `action_version` of every action kvnode executes.
 pub const ACTION_VERSION: &str = "1.0";
 /// Most actions one envelope may carry.
 pub const MAX_ACTIONS: usize = 32;
 /// Longest retention one `kv.retain` may ask for.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_TTL: Duration = Duration::from_hours(24);
 /// Longest `action_id` / `action_type` echoed back.
 const MAX_ID_CHARS: usize = 128;
 
@@ -111,50 +107,6 @@ impl Action {
             | Action::Evict { block_hashes } => block_hashes,
         }
     }
-}
-
-/// What the daemon did with one action.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ActionResult {
-    /// The action's `action_id`.
-    pub action_id: String,
-    /// The action's `action_type`.
-    pub action_type: String,
-    /// What happened.
-    pub outcome: ActionOutcome,
-}
-
-/// The outcome of one action.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum ActionOutcome {
-    /// Executed: `blocks` of the request's keys were affected, `unmatched` named hashes
-    /// matched none of the request's keys or were not held where the action needs them.
-    Done {
-        /// Keys acted on.
-        blocks: u32,
-        /// Keys named but not acted on (not held, not matched, or over a bound).
-        skipped: u32,
-        /// What was skipped and why, when anything was.
-        #[serde(default, skip_serializing_if = "String::is_empty")]
-        note: String,
-    },
-    /// Started in the background (a promotion from NVMe): `blocks` keys are on their way
-    /// into DRAM.
-    Started {
-        /// Keys being promoted.
-        blocks: u32,
-        /// Keys named but not promoted (in DRAM already, on no tier here, or not matched).
-        skipped: u32,
-    },
-    /// A pull was started (or refused inside its report); follow it with `Wait`.
-    Pulling(Box<OpReport>),
-    /// Not executed; nothing it would have changed was changed.
-    Refused {
-        /// Category.
-        code: ErrorCode,
-        /// Why, naming the action.
-        message: String,
-    },
 }
 
 fn field(field: &'static str, why: impl Into<String>) -> HintError {

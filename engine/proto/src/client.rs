@@ -515,7 +515,7 @@ pub enum Reply {
         /// The envelope's `message_id`.
         message_id: String,
         /// In action order.
-        results: Vec<crate::actions::ActionResult>,
+        results: Vec<crate::pull::ActionResult>,
     },
     /// The request failed; nothing it would have changed was changed.
     Error {

@@ -8,8 +8,11 @@ use serde_json::Value;
 
 use crate::key::Key;
 
-/// Envelope `protocol_version` accepted.
+/// Envelope `protocol_version` of Dynamo's `kv.fetch` envelope.
 pub const HINT_PROTOCOL_VERSION: &str = "0.1";
+/// Envelope `protocol_version`s accepted: Dynamo's `kv.fetch` envelope ("0.1") and its typed
+/// `KvHint` ("1.0").
+pub const PROTOCOL_VERSIONS: [&str; 2] = [HINT_PROTOCOL_VERSION, "1.0"];
 /// `kv.fetch` `action_version` accepted.
 pub const FETCH_ACTION_VERSION: &str = "1.0";
 /// Largest hint text accepted.
@@ -246,7 +249,7 @@ pub fn parse_hint(text: &str) -> Result<FetchHint, HintError> {
         return payload_of(&o);
     }
     let pv = str_field(&o, "protocol_version")?.unwrap_or_default();
-    if !crate::actions::PROTOCOL_VERSIONS.contains(&pv) {
+    if !PROTOCOL_VERSIONS.contains(&pv) {
         return Err(HintError::ProtocolVersion(pv.to_owned()));
     }
     let Some(Value::Array(actions)) = o.get("actions") else {

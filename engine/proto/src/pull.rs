@@ -114,7 +114,7 @@ pub struct OpReport {
     /// Results of the other actions of the request's hint envelope (besides the `kv.fetch`
     /// this op follows), in envelope order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub actions: Vec<crate::actions::ActionResult>,
+    pub actions: Vec<ActionResult>,
 }
 
 /// Measured pull latency figures for one (peer, page-size bucket).
@@ -155,4 +155,60 @@ pub struct TimeoutReport {
     pub measured: bool,
     /// The figures behind it.
     pub figures: Vec<PullFigures>,
+}
+
+/// What the daemon did with one action.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ActionResult {
+    /// The action's `action_id`.
+    pub action_id: String,
+    /// The action's `action_type`.
+    pub action_type: String,
+    /// What happened.
+    pub outcome: ActionOutcome,
+}
+
+/// The outcome of one action.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ActionOutcome {
+    /// Executed: `blocks` of the request's keys were affected, `unmatched` named hashes
+    /// matched none of the request's keys or were not held where the action needs them.
+    Done {
+        /// Keys acted on.
+        blocks: u32,
+        /// Keys named but not acted on (not held, not matched, or over a bound).
+        skipped: u32,
+        /// What was skipped and why, when anything was.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        note: String,
+    },
+    /// Started in the background (a promotion from NVMe): `blocks` keys are on their way
+    /// into DRAM.
+    Started {
+        /// Keys being promoted.
+        blocks: u32,
+        /// Keys named but not promoted (in DRAM already, on no tier here, or not matched).
+        skipped: u32,
+    },
+    /// A pull was started (or refused inside its report); follow it with `Wait`.
+    Pulling(Box<OpReport>),
+    /// Not executed; nothing it would have changed was changed.
+    Refused {
+        /// Category.
+        code: Refusal,
+        /// Why, naming the action.
+        message: String,
+    },
+}
+
+/// Why an action was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// The daemon does not execute this action type or version, or lacks what it needs (an
+    /// NVMe tier for `kv.demote`).
+    Unsupported,
+    /// The payload is invalid (the message names the field).
+    Invalid,
+    /// The namespace handle is unknown to this connection.
+    UnknownNamespace,
 }

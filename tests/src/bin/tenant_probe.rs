@@ -170,15 +170,7 @@ fn main() {
                 Ok(n) => out("deleted", n),
                 Err(e) => out("delete_error", one_line(e)),
             }
-            // A router action on the handle: evict and retain (to pin DRAM against its owner).
-            let hashes: Vec<String> = keys.iter().map(|k| k.0.router_hash().to_string()).collect();
-            let env = format!(
-                r#"{{"protocol_version":"1.0","message_id":"x","actions":[{{"action_id":"e","action_type":"kv.evict","action_version":"1.0","payload":{{"block_hashes":{hashes:?}}}}},{{"action_id":"r","action_type":"kv.retain","action_version":"1.0","payload":{{"block_hashes":{hashes:?},"ttl_seconds":60}}}}]}}"#
-            );
-            match c.act(ns, &keys, &env) {
-                Ok(r) => out("act", format!("{r:?}")),
-                Err(e) => out("act_error", one_line(e)),
-            }
+            act_on(&mut c, ns, &keys);
             let b = block(0, 4096);
             match c.put(ns, &keys[..1], &[b.as_slice()]) {
                 Ok(r) => out("put", format!("{r:?}")),
@@ -191,5 +183,17 @@ fn main() {
         }
         "stats" => stats(&mut c),
         other => panic!("unknown action {other}"),
+    }
+}
+
+/// A router action on the handle: evict, and retain (to pin DRAM against its owner).
+fn act_on(c: &mut Client, ns: u32, keys: &[Key]) {
+    let hashes: Vec<String> = keys.iter().map(|k| k.0.router_hash().to_string()).collect();
+    let env = format!(
+        r#"{{"protocol_version":"1.0","message_id":"x","actions":[{{"action_id":"e","action_type":"kv.evict","action_version":"1.0","payload":{{"block_hashes":{hashes:?}}}}},{{"action_id":"r","action_type":"kv.retain","action_version":"1.0","payload":{{"block_hashes":{hashes:?},"ttl_seconds":60}}}}]}}"#
+    );
+    match c.act(ns, keys, &env) {
+        Ok(r) => out("act", format!("{r:?}")),
+        Err(e) => out("act_error", one_line(e)),
     }
 }

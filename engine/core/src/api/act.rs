@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use kvnode_proto::Key;
-use kvnode_proto::actions::{Action, ActionOutcome, ActionResult, Parsed, parse_envelope};
+use kvnode_proto::actions::{Action, ActionOutcome, ActionResult, Parsed, Refusal, parse_envelope};
 use kvnode_proto::client::{ErrorCode, Reply};
 use kvnode_proto::hint::{Endpoint, HintError};
 
@@ -42,9 +42,14 @@ fn done(blocks: u32, skipped: u32, note: &str) -> ActionOutcome {
 }
 
 fn refused(e: &TierError) -> ActionOutcome {
-    match tier_error(e) {
-        Reply::Error { code, message } => ActionOutcome::Refused { code, message },
-        _ => unreachable!("tier_error builds an error reply"),
+    let code = match e {
+        TierError::UnknownNamespace(_) => Refusal::UnknownNamespace,
+        TierError::NoLowerTier => Refusal::Unsupported,
+        _ => Refusal::Invalid,
+    };
+    ActionOutcome::Refused {
+        code,
+        message: e.to_string(),
     }
 }
 
@@ -108,9 +113,9 @@ impl Session {
             Err(e) => ActionOutcome::Refused {
                 code: match e {
                     HintError::UnknownAction(_) | HintError::ActionVersion(_) => {
-                        ErrorCode::Unsupported
+                        Refusal::Unsupported
                     }
-                    _ => ErrorCode::Invalid,
+                    _ => Refusal::Invalid,
                 },
                 message: format!(
                     "action {:?} ({:?}) refused: {e}",

@@ -276,7 +276,7 @@ fn retention_is_held_to_the_tenants_quota_and_to_the_tiers_share() {
         put(&t, a, i, MIB).unwrap();
         put(&t, b, 10 + i, MIB).unwrap();
     }
-    let ttl = std::time::Duration::from_secs(60);
+    let ttl = std::time::Duration::from_mins(1);
     let keys = |from: u32| [key(from), key(from + 1), key(from + 2)];
     // Tenant a may hold 2 MiB; the tier 3 MiB for everyone.
     let scope = |set: &'static [u32], limit| RetainScope {

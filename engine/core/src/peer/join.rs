@@ -26,14 +26,20 @@ use crate::store::Store;
 /// A key of one op that another op is pulling: (this op's index, the puller, its index).
 pub type Joined = (usize, Arc<PullOp>, usize);
 
+/// Who pulls a key now: the op and the key's index in it.
+type Puller = (Weak<PullOp>, usize);
+
+/// Keys being pulled, by (namespace handle, key).
+type Pulling = HashMap<(u32, Key), Puller>;
+
 /// The keys being pulled now, by namespace handle and key.
 #[derive(Debug, Default)]
 pub struct KeysInFlight {
-    map: Mutex<HashMap<(u32, Key), (Weak<PullOp>, usize)>>,
+    map: Mutex<Pulling>,
 }
 
 impl KeysInFlight {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, Key), (Weak<PullOp>, usize)>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, Pulling> {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -132,25 +132,9 @@ impl Peers {
             op.refuse(&why);
             return (op, None);
         }
-        // Keys another op is pulling now are followed, not pulled again (join.rs).
-        let joined = self.in_flight.find(req.ns, req.keys, &pending);
-        let pending: Vec<usize> = pending
-            .into_iter()
-            .filter(|i| !joined.iter().any(|j| j.0 == *i))
-            .collect();
-        if !joined.is_empty() {
-            tokio::spawn(super::join::follow(
-                Arc::clone(self.store()),
-                Arc::clone(&op),
-                joined,
-            ));
-            if pending.is_empty() {
-                if !inline {
-                    expire_at(&op, deadline);
-                }
-                return (op, None);
-            }
-        }
+        let Some(pending) = self.join_in_flight(&op, pending, deadline, inline) else {
+            return (op, None);
+        };
         let link = self.link(&plan.endpoint);
         let tenant = self.store().tenants().of_handle(req.ns).unwrap_or(0);
         let n = pending.len() as u64;
@@ -173,6 +157,37 @@ impl Peers {
         self.in_flight.register(&op, &pending);
         let run = self.spawn(&link, &op, &pending, deadline, inline);
         (op, run)
+    }
+
+    /// Keys of `pending` another op is pulling now are followed, not pulled again
+    /// (join.rs); returns the keys left to pull, `None` when none is.
+    fn join_in_flight(
+        &self,
+        op: &Arc<PullOp>,
+        pending: Vec<usize>,
+        deadline: Duration,
+        inline: bool,
+    ) -> Option<Vec<usize>> {
+        let joined = self.in_flight.find(op.ns, &op.keys, &pending);
+        if joined.is_empty() {
+            return Some(pending);
+        }
+        let pending: Vec<usize> = pending
+            .into_iter()
+            .filter(|i| !joined.iter().any(|j| j.0 == *i))
+            .collect();
+        tokio::spawn(super::join::follow(
+            Arc::clone(self.store()),
+            Arc::clone(op),
+            joined,
+        ));
+        if pending.is_empty() {
+            if !inline {
+                expire_at(op, deadline);
+            }
+            return None;
+        }
+        Some(pending)
     }
 
     /// Per key: `HitLocal` when this node holds it (copied into the client buffer, if the

@@ -122,8 +122,8 @@ fn each_bad_payload_is_refused_with_its_reason() {
         (act("kv.demote", r#"{"block_hashes":["-1"]}"#), "0..=2^64-1"),
         (act("kv.demote", r#"{"block_hashes":["0x10"]}"#), "0..=2^64-1"),
         (act("kv.demote", r#"{"block_hashes":[1.5]}"#), "0..=2^64-1"),
-        (act("kv.demote", r#"{}"#), "block_hashes"),
-        (act("kv.demote", r#"[]"#), "payload"),
+        (act("kv.demote", "{}"), "block_hashes"),
+        (act("kv.demote", "[]"), "payload"),
         (
             act(
                 "kv.prefetch",
