@@ -68,6 +68,14 @@ fn act(
     results
 }
 
+/// A client of `d` with blocks `0..n` of namespace "m" stored: (client, ns, their keys).
+fn stocked(d: &Daemon, n: u64) -> (Client, u32, Vec<Key>) {
+    let mut c = d.client();
+    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
+    put(&mut c, ns, 0..n);
+    (c, ns, (0..n).map(key).collect())
+}
+
 fn done_blocks(r: &ActionResult) -> u32 {
     match &r.outcome {
         ActionOutcome::Done { blocks, .. } => *blocks,
@@ -78,9 +86,7 @@ fn done_blocks(r: &ActionResult) -> u32 {
 #[test]
 fn retained_blocks_survive_dram_pressure_until_their_ttl_then_leave() {
     let d = Daemon::start(&SMALL);
-    let mut c = d.client();
-    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
-    put(&mut c, ns, 0..8);
+    let (mut c, ns, _) = stocked(&d, 8);
     let held: Vec<Key> = (0..4).map(key).collect();
     let r = act(
         &mut c,
@@ -121,10 +127,7 @@ fn retained_blocks_survive_dram_pressure_until_their_ttl_then_leave() {
 fn retention_is_bounded_by_the_retained_quota_and_ends_at_release() {
     // No tenant map: retention may hold half the 16 MiB tier, 8 MiB = 128 pages.
     let d = Daemon::start(&SMALL);
-    let mut c = d.client();
-    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
-    put(&mut c, ns, 0..160);
-    let keys: Vec<Key> = (0..160).map(key).collect();
+    let (mut c, ns, keys) = stocked(&d, 160);
     let r = act(
         &mut c,
         ns,
@@ -175,9 +178,7 @@ fn retention_survives_a_takeover() {
     let sock_dir = temp_dir("act-takeover");
     let sock = sock_dir.join("kvnode.sock");
     let mut a = Daemon::start_at(&sock, &SMALL);
-    let mut c = a.client();
-    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
-    put(&mut c, ns, 0..8);
+    let (mut c, ns, _) = stocked(&a, 8);
     let held: Vec<Key> = (0..4).map(key).collect();
     act(
         &mut c,
@@ -233,10 +234,7 @@ fn connect_to(sock: &Path, pid: u32) -> Client {
 fn demote_writes_the_blocks_to_nvme_and_frees_their_dram() {
     let dir = spill_dir("act-demote");
     let d = Daemon::start_roomy_spilling(&dir, &[]);
-    let mut c = d.client();
-    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
-    put(&mut c, ns, 0..8);
-    let keys: Vec<Key> = (0..8).map(key).collect();
+    let (mut c, ns, keys) = stocked(&d, 8);
     let before = tier(&mut c, "dram");
     let r = act(
         &mut c,
@@ -263,9 +261,7 @@ fn demote_writes_the_blocks_to_nvme_and_frees_their_dram() {
     }
     // Without an NVMe tier the action is refused, naming why.
     let plain = Daemon::start(&SMALL);
-    let mut c = plain.client();
-    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
-    put(&mut c, ns, 0..2);
+    let (mut c, ns, _) = stocked(&plain, 2);
     let r = act(
         &mut c,
         ns,
@@ -295,10 +291,7 @@ fn demote_writes_the_blocks_to_nvme_and_frees_their_dram() {
 fn prefetch_from_nvme_promotes_the_named_blocks_into_dram() {
     let dir = spill_dir("act-promote");
     let d = Daemon::start_roomy_spilling(&dir, &[]);
-    let mut c = d.client();
-    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
-    put(&mut c, ns, 0..8);
-    let keys: Vec<Key> = (0..8).map(key).collect();
+    let (mut c, ns, keys) = stocked(&d, 8);
     act(
         &mut c,
         ns,
@@ -402,10 +395,7 @@ fn prefetch_from_a_peer_lands_before_the_request_and_its_get_pulls_nothing() {
 #[test]
 fn an_unknown_action_is_refused_by_name_and_the_others_still_run() {
     let d = Daemon::start(&SMALL);
-    let mut c = d.client();
-    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
-    put(&mut c, ns, 0..4);
-    let keys: Vec<Key> = (0..4).map(key).collect();
+    let (mut c, ns, keys) = stocked(&d, 4);
     let r = act(
         &mut c,
         ns,
@@ -539,9 +529,7 @@ fn a_hinted_lookup_runs_the_envelopes_other_actions_and_reports_each() {
     let mut s = src.client();
     let sns = s.register(&spec("m", PAGE as u64)).unwrap().ns;
     put(&mut s, sns, 0..4);
-    let mut c = dst.client();
-    let ns = c.register(&spec("m", PAGE as u64)).unwrap().ns;
-    put(&mut c, ns, 0..2);
+    let (mut c, ns, _) = stocked(&dst, 2);
     let ep = format!("tcp://127.0.0.1:{port}");
     let hint = envelope(&[
         (
