@@ -98,7 +98,8 @@ impl Session {
         let mut followed = false;
         let mut out = Vec::new();
         for p in env.actions {
-            if matches!(p.action, Ok(Action::Fetch(_))) && !std::mem::replace(&mut followed, true) {
+            // The first kv.fetch is the pull's own (its refusal, if any, is the op's reason).
+            if p.action_type == "kv.fetch" && !std::mem::replace(&mut followed, true) {
                 continue;
             }
             out.push(self.execute(ns, keys, p).await);
