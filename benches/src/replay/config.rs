@@ -64,6 +64,10 @@ pub enum WhatIf {
 
 /// `kvnode bench replay` flags.
 #[derive(Debug, Args, Clone)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "command-line switches, each independent and documented"
+)]
 pub struct ReplayArgs {
     /// Trace in Mooncake's format (one JSON request a line; ../shared/traces/README.md).
     #[arg(long)]
