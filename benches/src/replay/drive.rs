@@ -46,9 +46,9 @@ pub struct Live<'a> {
     pub hold: Option<Hold>,
 }
 
-/// A request on its way to an engine: its index, itself, its hint, when it arrived, and
-/// whether the router started its prefetch.
-type Job = (usize, Request, Option<Hint>, Instant, bool);
+/// A request on its way to an engine: its index, itself, its hint, when it arrived and when
+/// it was placed, and whether the router started its prefetch.
+type Job = (usize, Request, Option<Hint>, [Instant; 2], bool);
 
 impl Live<'_> {
     fn engine(&self, e: usize) -> anyhow::Result<Engine> {
@@ -135,6 +135,9 @@ impl Live<'_> {
                 timing,
             });
         }
+        if let Some(p) = &pf {
+            println!("{p}");
+        }
         Ok(out)
     }
 
@@ -156,10 +159,12 @@ impl Live<'_> {
             let mut engine = self.engine(e)?;
             let (done, load) = (done_tx.clone(), Arc::clone(&load));
             threads.push(std::thread::spawn(move || {
-                for (i, r, hint, arrived, prefetched) in rx {
+                for (i, r, hint, [arrived, placed], prefetched) in rx {
                     let queue_s = arrived.elapsed().as_secs_f64();
+                    let placed_s = placed.elapsed().as_secs_f64();
                     let res = engine.serve(&r, hint.as_ref()).map(|(served, mut timing)| {
                         timing.queue_s = queue_s;
+                        timing.placed_s = placed_s;
                         timing.prefetched = prefetched;
                         let rec = Record {
                             engine: e,
@@ -193,16 +198,20 @@ impl Live<'_> {
                 router.place(&r.blocks, &ix, &now)
             };
             let hint = self.hint(d.source);
+            let placed = Instant::now();
             let prefetched = self.prefetch(pf.as_mut(), d.engine, r, hint.as_ref())?;
             while load[d.engine].load(Ordering::Relaxed) >= in_flight.max(1) {
                 std::thread::sleep(Duration::from_micros(200));
             }
             load[d.engine].fetch_add(1, Ordering::Relaxed);
             senders[d.engine]
-                .send((i, r.clone(), hint, arrived, prefetched))
+                .send((i, r.clone(), hint, [arrived, placed], prefetched))
                 .context("an engine stopped")?;
         }
         drop(senders);
+        if let Some(p) = &pf {
+            println!("{p}");
+        }
         let mut out: Vec<Option<Record>> = vec![None; trace.len()];
         for res in done_rx {
             let (i, rec) = res?;

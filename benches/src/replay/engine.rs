@@ -45,6 +45,9 @@ pub struct Timing {
     /// Seconds from the request's arrival (its trace time, sped up) until its engine took it
     /// (timed mode; the router's wait for a free slot included).
     pub queue_s: f64,
+    /// Seconds from its placement (the router's prefetch, if any, sent) until its engine
+    /// took it: the time a prefetch at placement had before the get.
+    pub placed_s: f64,
     /// Seconds the engine held it for its modelled prefill (`--hold-prefill`).
     pub hold_s: f64,
     /// The router started a `kv.prefetch` for it at placement.

@@ -37,6 +37,8 @@ pub struct Prefetcher {
     pub started: u64,
     /// Prefetches answered otherwise (refused, or nothing to do).
     pub other: u64,
+    /// The first such answer.
+    pub first_other: Option<String>,
 }
 
 impl Prefetcher {
@@ -54,6 +56,7 @@ impl Prefetcher {
             sent: 0,
             started: 0,
             other: 0,
+            first_other: None,
         })
     }
 
@@ -75,8 +78,25 @@ impl Prefetcher {
             self.started += 1;
         } else {
             self.other += 1;
+            if self.first_other.is_none() {
+                self.first_other = Some(format!("{results:?}"));
+            }
         }
         Ok(started)
+    }
+}
+
+impl std::fmt::Display for Prefetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "router: {} kv.prefetch sent at placement, {} started a pull, {} answered otherwise",
+            self.sent, self.started, self.other
+        )?;
+        if let Some(o) = &self.first_other {
+            write!(f, " (first: {o})")?;
+        }
+        Ok(())
     }
 }
 

@@ -10,9 +10,11 @@ use super::cost::CostModel;
 use super::drive::Record;
 use super::trace::Request;
 
-/// p50 and p90, ms.
+/// p10, p50 and p90, ms.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct P {
+    /// 10th percentile.
+    pub p10: f64,
     /// Median.
     pub p50: f64,
     /// 90th percentile.
@@ -29,6 +31,7 @@ fn p(mut v: Vec<f64>) -> P {
         }
     };
     P {
+        p10: at(0.1),
         p50: at(0.5),
         p90: at(0.9),
     }
@@ -39,8 +42,12 @@ fn p(mut v: Vec<f64>) -> P {
 pub struct Group {
     /// Requests.
     pub n: usize,
+    /// Of them, those the router started a `kv.prefetch` for.
+    pub prefetched: usize,
     /// MEASURED: arrival to the engine taking it.
     pub queue_ms: P,
+    /// MEASURED: placement to the engine taking it (the window a prefetch at placement has).
+    pub placed_ms: P,
     /// MEASURED: wall time of the get (a pull, or the join of a prefetch, included).
     pub get_ms: P,
     /// MODELLED prefill / speedup (what the engine held).
@@ -76,17 +83,23 @@ fn group<'a>(
     speedup: f64,
 ) -> Group {
     let (mut q, mut g, mut f, mut t) = (vec![], vec![], vec![], vec![]);
+    let mut pl = vec![];
+    let mut prefetched = 0;
     for (r, rec) in it {
+        prefetched += usize::from(rec.timing.prefetched);
         let pre = cost.prefill_ms(r, &rec.served) / speedup;
         let (qm, gm) = (rec.timing.queue_s * 1e3, rec.timing.get_s * 1e3);
         q.push(qm);
+        pl.push(rec.timing.placed_s * 1e3);
         g.push(gm);
         f.push(pre);
         t.push(qm + gm + pre);
     }
     Group {
         n: q.len(),
+        prefetched,
         queue_ms: p(q),
+        placed_ms: p(pl),
         get_ms: p(g),
         prefill_ms: p(f),
         ttft_ms: p(t),
@@ -130,7 +143,7 @@ pub fn of(
 /// The text table of one arm's waits.
 pub fn table(arm: &str, w: &Waits) -> String {
     let mut s = format!(
-        "waits, arm {arm}, prefetch at {:?} ({} prefetches started), replay clock (speedup {}): queue and get MEASURED, prefill MODELLED / speedup, TTFT = their sum\n| requests | n | queue p50 / p90 ms | get p50 / p90 ms | prefill p50 / p90 ms | TTFT p50 / p90 ms |\n|---|---|---|---|---|---|\n",
+        "waits, arm {arm}, prefetch at {:?} ({} prefetches started), replay clock (speedup {}): queue and get MEASURED, prefill MODELLED / speedup, TTFT = their sum\n| requests | n | prefetched | queue p10 / p50 / p90 ms | placed-to-start p10 / p50 ms | get p50 / p90 ms | prefill p50 / p90 ms | TTFT p50 / p90 ms |\n|---|---|---|---|---|---|---|---|\n",
         w.prefetch_at, w.prefetched, w.speedup
     );
     for (name, g) in [
@@ -142,10 +155,14 @@ pub fn table(arm: &str, w: &Waits) -> String {
     ] {
         let _ = writeln!(
             s,
-            "| {name} | {} | {:.1} / {:.1} | {:.2} / {:.2} | {:.1} / {:.1} | {:.1} / {:.1} |",
+            "| {name} | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {:.1} / {:.1} | {:.1} / {:.1} |",
             g.n,
+            g.prefetched,
+            g.queue_ms.p10,
             g.queue_ms.p50,
             g.queue_ms.p90,
+            g.placed_ms.p10,
+            g.placed_ms.p50,
             g.get_ms.p50,
             g.get_ms.p90,
             g.prefill_ms.p50,
