@@ -41,6 +41,18 @@ pub enum Placement {
     Affinity,
 }
 
+/// When the pulls arm starts pulling a hinted prefix (`--prefetch-at`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrefetchAt {
+    /// When the engine schedules the request: its hinted get pulls (`kv.fetch`).
+    #[default]
+    Schedule,
+    /// When the router places it: an `Act` with a `kv.prefetch` of the same source and hashes
+    /// to the destination's daemon starts the pull; the hinted get then joins it or hits.
+    Placement,
+}
+
 /// A behaviour the model can add (`--what-if`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum WhatIf {
@@ -52,6 +64,10 @@ pub enum WhatIf {
 
 /// `kvnode bench replay` flags.
 #[derive(Debug, Args, Clone)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "command-line switches, each independent and documented"
+)]
 pub struct ReplayArgs {
     /// Trace in Mooncake's format (one JSON request a line; ../shared/traces/README.md).
     #[arg(long)]
@@ -88,6 +104,15 @@ pub struct ReplayArgs {
     /// chosen engine is full.
     #[arg(long, default_value_t = 2)]
     pub in_flight: usize,
+    /// Pulls arm: start the hinted pull when the router places the request (`placement`: a
+    /// `kv.prefetch` action) or when the engine schedules it (`schedule`: the get's hint).
+    #[arg(long, value_enum, default_value = "schedule")]
+    pub prefetch_at: PrefetchAt,
+    /// Timed mode: each engine holds each request for its MODELLED prefill (cost.rs) divided
+    /// by `--speedup` before offloading, so requests queue under load; the run then reports
+    /// the measured queue and get waits (docs/replay.md, "Prefetch at placement").
+    #[arg(long, conflicts_with = "deterministic")]
+    pub hold_prefill: bool,
     /// Affinity's load bound: candidates are within this many in-flight requests of the
     /// least loaded engine.
     #[arg(long, default_value_t = 2)]
@@ -237,6 +262,37 @@ mod tests {
             assert_eq!(blocks * b % slab_bytes(blocks, b), 0, "{blocks}");
         }
         assert_eq!(block_bytes(32_000), 4096);
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: ReplayArgs,
+    }
+
+    #[test]
+    fn prefetch_at_and_hold_prefill_parse() {
+        use clap::Parser;
+        let a = Cli::try_parse_from(["x", "--trace", "t"]).unwrap().a;
+        assert_eq!(a.prefetch_at, PrefetchAt::Schedule);
+        assert!(!a.hold_prefill);
+        let a = Cli::try_parse_from([
+            "x",
+            "--trace",
+            "t",
+            "--prefetch-at",
+            "placement",
+            "--hold-prefill",
+        ])
+        .unwrap()
+        .a;
+        assert_eq!(a.prefetch_at, PrefetchAt::Placement);
+        assert!(a.hold_prefill);
+        assert!(Cli::try_parse_from(["x", "--trace", "t", "--prefetch-at", "arrival"]).is_err());
+        assert!(
+            Cli::try_parse_from(["x", "--trace", "t", "--hold-prefill", "--deterministic"])
+                .is_err()
+        );
     }
 
     #[test]

@@ -41,16 +41,22 @@ impl Default for CostModel {
 }
 
 impl CostModel {
-    /// Modelled TTFT of `r` served as `s`, ms.
-    pub fn ttft_ms(&self, r: &Request, s: &Served) -> f64 {
+    /// Modelled prefill of `r` served as `s` (the tokens not served from any cache), ms.
+    pub fn prefill_ms(&self, r: &Request, s: &Served) -> f64 {
         let tokens = f64::from(r.input_tokens);
         let block = f64::from(TRACE_BLOCK_TOKENS);
         let loaded = ((s.dram + s.peer) as f64 * block).min(tokens - 1.0);
         let gpu = (s.gpu as f64 * block).min(tokens - 1.0 - loaded);
         let new = (tokens - loaded - gpu).max(1.0);
-        let prefill = self.prefill_fixed_ms
+        self.prefill_fixed_ms
             + new * self.per_token_us / 1e3
-            + new * tokens * self.per_token_ctx_ns / 1e6;
+            + new * tokens * self.per_token_ctx_ns / 1e6
+    }
+
+    /// Modelled TTFT of `r` served as `s`, ms.
+    pub fn ttft_ms(&self, r: &Request, s: &Served) -> f64 {
+        let block = f64::from(TRACE_BLOCK_TOKENS);
+        let prefill = self.prefill_ms(r, s);
         let path = |blocks: u64, gbps: f64| {
             if blocks == 0 {
                 0.0

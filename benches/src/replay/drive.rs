@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kvnode_client::Client;
 
-use super::config::{Arm, Setup};
-use super::engine::{Engine, Hint, Served, Timing};
+use super::config::{Arm, PrefetchAt, Setup};
+use super::engine::{Engine, Hint, Hold, Served, Timing};
 use super::events::{Subscribers, View};
 use super::fleet::Daemon;
+use super::prefetch::Prefetcher;
 use super::router::Router;
 use super::trace::Request;
 
@@ -39,7 +40,15 @@ pub struct Live<'a> {
     pub daemons: &'a [Daemon],
     /// The router's view.
     pub subs: &'a Subscribers,
+    /// When the pulls arm starts a hinted pull.
+    pub prefetch_at: PrefetchAt,
+    /// Engines hold each request for its modelled prefill (`--hold-prefill`).
+    pub hold: Option<Hold>,
 }
+
+/// A request on its way to an engine: its index, itself, its hint, when it arrived and when
+/// it was placed, and whether the router started its prefetch.
+type Job = (usize, Request, Option<Hint>, [Instant; 2], bool);
 
 impl Live<'_> {
     fn engine(&self, e: usize) -> anyhow::Result<Engine> {
@@ -47,7 +56,36 @@ impl Live<'_> {
             .setup
             .cache_of(self.arm, e)
             .map(|c| self.daemons[c].sock.as_path());
-        Engine::new(self.setup.gpu_blocks, sock, self.setup.block_bytes)
+        Engine::new(
+            self.setup.gpu_blocks,
+            sock,
+            self.setup.block_bytes,
+            self.hold,
+        )
+    }
+
+    /// The router's connections for `kv.prefetch`, with `--prefetch-at placement` in the
+    /// pulls arm.
+    fn prefetcher(&self) -> anyhow::Result<Option<Prefetcher>> {
+        if self.arm != Arm::Pulls || self.prefetch_at != PrefetchAt::Placement {
+            return Ok(None);
+        }
+        let socks = self.daemons.iter().map(|d| d.sock.as_path());
+        Prefetcher::connect(socks, self.setup.block_bytes).map(Some)
+    }
+
+    /// At placement: starts the pull `hint` names into engine `e`'s daemon, if prefetching.
+    fn prefetch(
+        &self,
+        p: Option<&mut Prefetcher>,
+        e: usize,
+        r: &Request,
+        hint: Option<&Hint>,
+    ) -> anyhow::Result<bool> {
+        match (p, hint, self.setup.cache_of(self.arm, e)) {
+            (Some(p), Some(h), Some(c)) => p.start(c, &r.blocks, h),
+            _ => Ok(false),
+        }
     }
 
     fn router(&self) -> Router {
@@ -78,6 +116,7 @@ impl Live<'_> {
             .map(|d| Client::connect(&d.sock))
             .collect::<Result<_, _>>()?;
         let mut router = self.router();
+        let mut pf = self.prefetcher()?;
         let idle = vec![0; engines.len()];
         let mut out = Vec::with_capacity(trace.len());
         for r in trace {
@@ -87,12 +126,17 @@ impl Live<'_> {
                 router.place(&r.blocks, &ix, &idle)
             };
             let hint = self.hint(d.source);
-            let (served, timing) = engines[d.engine].serve(r, hint.as_ref())?;
+            let prefetched = self.prefetch(pf.as_mut(), d.engine, r, hint.as_ref())?;
+            let (served, mut timing) = engines[d.engine].serve(r, hint.as_ref())?;
+            timing.prefetched = prefetched;
             out.push(Record {
                 engine: d.engine,
                 served,
                 timing,
             });
+        }
+        if let Some(p) = &pf {
+            println!("{p}");
         }
         Ok(out)
     }
@@ -110,13 +154,18 @@ impl Live<'_> {
         let mut senders = Vec::with_capacity(n);
         let mut threads = Vec::with_capacity(n);
         for e in 0..n {
-            let (tx, rx) = mpsc::channel::<(usize, Request, Option<Hint>)>();
+            let (tx, rx) = mpsc::channel::<Job>();
             senders.push(tx);
             let mut engine = self.engine(e)?;
             let (done, load) = (done_tx.clone(), Arc::clone(&load));
             threads.push(std::thread::spawn(move || {
-                for (i, r, hint) in rx {
-                    let res = engine.serve(&r, hint.as_ref()).map(|(served, timing)| {
+                for (i, r, hint, [arrived, placed], prefetched) in rx {
+                    let queue_s = arrived.elapsed().as_secs_f64();
+                    let placed_s = placed.elapsed().as_secs_f64();
+                    let res = engine.serve(&r, hint.as_ref()).map(|(served, mut timing)| {
+                        timing.queue_s = queue_s;
+                        timing.placed_s = placed_s;
+                        timing.prefetched = prefetched;
                         let rec = Record {
                             engine: e,
                             served,
@@ -135,26 +184,34 @@ impl Live<'_> {
         }
         drop(done_tx);
         let mut router = self.router();
+        let mut pf = self.prefetcher()?;
         let t0 = Instant::now();
         for (i, r) in trace.iter().enumerate() {
             let due = Duration::from_secs_f64(r.at_ms as f64 / 1e3 / speedup);
             if let Some(wait) = due.checked_sub(t0.elapsed()) {
                 std::thread::sleep(wait);
             }
+            let arrived = t0 + due;
             let now: Vec<usize> = load.iter().map(|l| l.load(Ordering::Relaxed)).collect();
             let d = {
                 let ix = self.subs.view.index.lock().expect("index lock");
                 router.place(&r.blocks, &ix, &now)
             };
+            let hint = self.hint(d.source);
+            let placed = Instant::now();
+            let prefetched = self.prefetch(pf.as_mut(), d.engine, r, hint.as_ref())?;
             while load[d.engine].load(Ordering::Relaxed) >= in_flight.max(1) {
                 std::thread::sleep(Duration::from_micros(200));
             }
             load[d.engine].fetch_add(1, Ordering::Relaxed);
             senders[d.engine]
-                .send((i, r.clone(), self.hint(d.source)))
+                .send((i, r.clone(), hint, [arrived, placed], prefetched))
                 .context("an engine stopped")?;
         }
         drop(senders);
+        if let Some(p) = &pf {
+            println!("{p}");
+        }
         let mut out: Vec<Option<Record>> = vec![None; trace.len()];
         for res in done_rx {
             let (i, rec) = res?;

@@ -13,6 +13,7 @@ use kvnode_proto::pull::KeyOutcome;
 use kvnode_proto::{Key, NamespaceSpec};
 
 use super::blocks::{self, GpuCache, PAGE_TOKENS};
+use super::cost::CostModel;
 use super::trace::Request;
 
 /// Where each block of one request came from (blocks; exact, from the daemon's answers).
@@ -41,6 +42,25 @@ pub struct Timing {
     pub pulled: bool,
     /// Seconds in the offload puts.
     pub put_s: f64,
+    /// Seconds from the request's arrival (its trace time, sped up) until its engine took it
+    /// (timed mode; the router's wait for a free slot included).
+    pub queue_s: f64,
+    /// Seconds from its placement (the router's prefetch, if any, sent) until its engine
+    /// took it: the time a prefetch at placement had before the get.
+    pub placed_s: f64,
+    /// Seconds the engine held it for its modelled prefill (`--hold-prefill`).
+    pub hold_s: f64,
+    /// The router started a `kv.prefetch` for it at placement.
+    pub prefetched: bool,
+}
+
+/// `--hold-prefill`: an engine holds each request for its modelled prefill / speedup.
+#[derive(Clone, Copy, Debug)]
+pub struct Hold {
+    /// The prefill model.
+    pub cost: CostModel,
+    /// The replay's speedup.
+    pub speedup: f64,
 }
 
 /// A `kv.fetch` hint: the peer's endpoint and the leading blocks the router thinks it holds.
@@ -69,14 +89,17 @@ pub struct Engine {
     pub gpu: GpuCache,
     conn: Option<(Client, u32)>,
     block: usize,
+    hold: Option<Hold>,
 }
 
 impl Engine {
-    /// An engine with `gpu_blocks` of GPU cache, a client of the daemon at `sock` if any.
+    /// An engine with `gpu_blocks` of GPU cache, a client of the daemon at `sock` if any,
+    /// holding each request for its modelled prefill with `hold`.
     pub fn new(
         gpu_blocks: usize,
         sock: Option<&std::path::Path>,
         block: u64,
+        hold: Option<Hold>,
     ) -> anyhow::Result<Self> {
         let conn = sock
             .map(|s| -> anyhow::Result<(Client, u32)> {
@@ -89,6 +112,7 @@ impl Engine {
             gpu: GpuCache::new(gpu_blocks),
             conn,
             block: block as usize,
+            hold,
         })
     }
 
@@ -113,14 +137,28 @@ impl Engine {
             let lead = get(c, *ns, &keys, rest, hint.as_deref(), &mut s, self.block)?;
             t.get_s = t0.elapsed().as_secs_f64();
             t.pulled = hint.is_some();
+            s.computed = s.refs - s.gpu - s.dram - s.peer;
+            t.hold_s = hold(self.hold, r, &s);
             let t1 = Instant::now();
             s.stored = offload(c, *ns, &r.blocks, g + lead, self.block)?;
             t.put_s = t1.elapsed().as_secs_f64();
+        } else {
+            s.computed = s.refs - s.gpu - s.dram - s.peer;
+            t.hold_s = hold(self.hold, r, &s);
         }
-        s.computed = s.refs - s.gpu - s.dram - s.peer;
         self.gpu.admit(&r.blocks);
         Ok((s, t))
     }
+}
+
+/// Sleeps for `r`'s modelled prefill divided by the speedup (the engine busy computing the
+/// tokens it was not served); returns the seconds held.
+fn hold(h: Option<Hold>, r: &Request, s: &Served) -> f64 {
+    let Some(h) = h else { return 0.0 };
+    let d = std::time::Duration::from_secs_f64(h.cost.prefill_ms(r, s) / 1e3 / h.speedup);
+    let t = Instant::now();
+    std::thread::sleep(d);
+    t.elapsed().as_secs_f64()
 }
 
 fn hint_json(h: &Hint, blocks: &[u64]) -> String {

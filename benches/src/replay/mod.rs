@@ -19,11 +19,13 @@ pub mod events;
 pub mod fleet;
 pub mod model;
 pub mod offline;
+pub mod prefetch;
 pub mod report;
 pub mod router;
 pub mod run;
 pub mod svg;
 pub mod trace;
+pub mod waits;
 
 pub use config::ReplayArgs;
 pub use run::run;

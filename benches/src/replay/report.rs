@@ -105,6 +105,9 @@ pub struct ArmSummary {
     pub throughput_model_rps: f64,
     /// Wall seconds of the replay.
     pub wall_s: f64,
+    /// With `--hold-prefill`: the measured queue and get waits (waits.rs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waits: Option<super::waits::Waits>,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -213,6 +216,7 @@ pub fn summarize(run: &ArmRun<'_>, cost: &CostModel) -> ArmSummary {
             0.0
         },
         wall_s: run.wall_s,
+        waits: None,
     }
 }
 

@@ -11,7 +11,7 @@ use super::cost::CostModel;
 use super::drive::{Live, Record};
 use super::report::{self, ArmRun, ArmSummary, DaemonCounters, Offline};
 use super::trace::{self, Request};
-use super::{events, fleet, offline, svg};
+use super::{events, fleet, offline, svg, waits};
 
 /// The offline figures beside every arm: the ceiling, Belady's MIN with the fleet's DRAM as
 /// one cache, and the daemon's policy as one cache of one node's DRAM.
@@ -53,6 +53,11 @@ pub fn replay_arm(
         arm,
         daemons: &daemons,
         subs: &subs,
+        prefetch_at: a.prefetch_at,
+        hold: a.hold_prefill.then_some(super::engine::Hold {
+            cost: CostModel::default(),
+            speedup: a.speedup,
+        }),
     };
     let t = Instant::now();
     let recs = if a.deterministic {
@@ -94,8 +99,15 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
             "deterministic (one request at a time)".to_owned()
         } else {
             format!(
-                "speedup {}x, {} in flight per engine",
-                a.speedup, a.in_flight
+                "speedup {}x, {} in flight per engine, prefetch at {:?}{}",
+                a.speedup,
+                a.in_flight,
+                a.prefetch_at,
+                if a.hold_prefill {
+                    ", engines held for the MODELLED prefill / speedup"
+                } else {
+                    ""
+                }
             )
         }
     );
@@ -107,7 +119,7 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
     let mut arms: Vec<ArmSummary> = Vec::new();
     for &arm in &a.arm {
         let (recs, daemon, wall_s) = replay_arm(a, &setup, arm, &trace)?;
-        let s = report::summarize(
+        let mut s = report::summarize(
             &ArmRun {
                 setup: &setup,
                 arm,
@@ -119,6 +131,11 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
             },
             &cost,
         );
+        if a.hold_prefill && !a.model {
+            let w = waits::of(&trace, &recs, &cost, a.speedup, a.prefetch_at);
+            print!("{}", waits::table(&format!("{arm:?}"), &w));
+            s.waits = Some(w);
+        }
         if a.json {
             println!("{}", serde_json::to_string(&s)?);
         }
@@ -133,6 +150,8 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
             "deterministic": a.deterministic,
             "speedup": a.speedup,
             "in_flight": a.in_flight,
+            "prefetch_at": a.prefetch_at,
+            "hold_prefill": a.hold_prefill,
             "cost_model": cost,
             "arms": arms,
         });
