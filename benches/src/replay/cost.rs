@@ -4,8 +4,24 @@
 //! of KV per token; DRAM page-first 52.8 GB/s; peer over TCP 2.7 GB/s); the replay reports the
 //! paths' costs it measured itself beside them.
 
-use super::engine::Served;
 use super::trace::{Request, TRACE_BLOCK_TOKENS};
+
+/// Where each block of one request came from (blocks; exact, from the daemon's answers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Served {
+    /// Blocks the request references.
+    pub refs: u64,
+    /// Leading blocks found in the engine's GPU cache.
+    pub gpu: u64,
+    /// Next leading blocks the engine's daemon held.
+    pub dram: u64,
+    /// Next leading blocks the daemon pulled from the hinted peer.
+    pub peer: u64,
+    /// Blocks recomputed.
+    pub computed: u64,
+    /// Recomputed blocks the daemon stored on offload (the rest it held already).
+    pub stored: u64,
+}
 
 /// Prefill and path parameters.
 #[derive(Clone, Copy, Debug, serde::Serialize)]

@@ -14,24 +14,8 @@ use kvnode_proto::{Key, NamespaceSpec};
 
 use super::blocks::{self, GpuCache, PAGE_TOKENS};
 use super::cost::CostModel;
+pub use super::cost::Served;
 use super::trace::Request;
-
-/// Where each block of one request came from (blocks; exact, from the daemon's answers).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Served {
-    /// Blocks the request references.
-    pub refs: u64,
-    /// Leading blocks found in the engine's GPU cache.
-    pub gpu: u64,
-    /// Next leading blocks the engine's daemon held.
-    pub dram: u64,
-    /// Next leading blocks the daemon pulled from the hinted peer.
-    pub peer: u64,
-    /// Blocks recomputed.
-    pub computed: u64,
-    /// Recomputed blocks the daemon stored on offload (the rest it held already).
-    pub stored: u64,
-}
 
 /// Wall time of the daemon calls of one request.
 #[derive(Clone, Copy, Debug, Default)]
