@@ -198,6 +198,7 @@ fn fuzz_smoke() -> Result<(), String> {
                 "--",
                 "hint",
                 "peer",
+                "actions",
             ])
             .env("PROPTEST_CASES", "5000"),
     )
