@@ -10,6 +10,7 @@ pub mod peerstats;
 pub mod peerwire;
 pub mod raw;
 pub mod shm;
+pub mod snapshot;
 pub mod ucxforge;
 pub mod ucxsteal;
 

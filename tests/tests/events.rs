@@ -510,9 +510,7 @@ fn clears_racing_demotions_never_publish_an_orphan_removal() {
 
 // Residency snapshots (issue 43 item 3; docs/events.md "Snapshot").
 
-/// The snapshot request body, and the seq frame of an explicit snapshot's batches.
-const SNAPSHOT_REQUEST: &[u8] = b"kvnode:snapshot";
-const SNAPSHOT_SEQ: i64 = -2;
+use kvnode_e2e::snapshot::{SNAPSHOT_REQUEST, snapshot_of};
 /// A replay ring far smaller than the traffic: replay alone leaves holes.
 const SMALL_RING: &[&str] = &["--events-replay-len", "16"];
 
@@ -540,30 +538,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// Asks `endpoint` for a snapshot: its batches, and the seq S it is consistent with.
-async fn snapshot_of(endpoint: &str) -> (Vec<Bytes>, u64) {
-    let mut d = DealerSocket::new();
-    d.connect(endpoint).await.unwrap();
-    let req = vec![Bytes::new(), Bytes::from_static(SNAPSHOT_REQUEST)];
-    d.send(ZmqMessage::try_from(req).unwrap()).await.unwrap();
-    let mut out = Vec::new();
-    loop {
-        let m = tokio::time::timeout(Duration::from_secs(10), d.recv())
-            .await
-            .expect("the snapshot answers")
-            .unwrap();
-        assert_eq!(m.len(), 3, "[\"\", seq, payload]");
-        let seq = i64::from_be_bytes(m.get(1).unwrap()[..].try_into().unwrap());
-        let payload = m.get(2).unwrap().clone();
-        if seq == -1 {
-            let s = payload[..].try_into().expect("the end marker carries S");
-            return (out, u64::from_be_bytes(s));
-        }
-        assert_eq!(seq, SNAPSHOT_SEQ, "a snapshot batch's seq frame");
-        out.push(payload);
-    }
 }
 
 /// Puts 80 filler blocks one at a time, each after the last batch was sealed (the flush

@@ -469,7 +469,7 @@ fn a_snapshot_withholds_the_blocks_of_tenants_that_do_not_publish() {
         .enable_all()
         .build()
         .unwrap();
-    let (batches, _) = rt.block_on(snapshot_of(&replay));
+    let (batches, _) = rt.block_on(kvnode_e2e::snapshot::snapshot_of(&replay));
     let mut norm = ZmqEventNormalizer::new(4);
     let mut stored = Vec::new();
     for payload in batches {
@@ -498,32 +498,6 @@ fn a_snapshot_withholds_the_blocks_of_tenants_that_do_not_publish() {
     assert_eq!(stored.len(), 3, "A's blocks only: {stored:?}");
     for (h, tokens_hash) in stored {
         assert_eq!(vec![tokens_hash], salted(h), "block {h} under A's salt");
-    }
-}
-
-/// Asks for a residency snapshot (docs/events.md): its batches (seq frame -2), and S.
-async fn snapshot_of(endpoint: &str) -> (Vec<bytes::Bytes>, u64) {
-    use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
-    let mut d = DealerSocket::new();
-    d.connect(endpoint).await.unwrap();
-    let req = vec![
-        bytes::Bytes::new(),
-        bytes::Bytes::from_static(b"kvnode:snapshot"),
-    ];
-    d.send(ZmqMessage::try_from(req).unwrap()).await.unwrap();
-    let mut out = Vec::new();
-    loop {
-        let m = tokio::time::timeout(Duration::from_secs(10), d.recv())
-            .await
-            .expect("the snapshot answers")
-            .unwrap();
-        let seq = i64::from_be_bytes(m.get(1).unwrap()[..].try_into().unwrap());
-        let payload = m.get(2).unwrap().clone();
-        if seq == -1 {
-            return (out, u64::from_be_bytes(payload[..].try_into().unwrap()));
-        }
-        assert_eq!(seq, -2);
-        out.push(payload);
     }
 }
 
