@@ -9,6 +9,7 @@ pub mod keyless;
 pub mod peerstats;
 pub mod peerwire;
 pub mod raw;
+pub mod router;
 pub mod shm;
 pub mod snapshot;
 pub mod ucxforge;

@@ -92,6 +92,9 @@ pub struct EngineConfig {
     pub op_deadline_s: f64,
     /// Serve Prometheus text at `http://HOST:PORT/metrics`. Default: off.
     pub metrics: Option<String>,
+    /// Serve the router entry at `http://HOST:PORT/v1/act` (docs/router-entry.md); needs a
+    /// cluster key and events. Default: off.
+    pub router_listen: Option<String>,
     /// Peer pulls (`[peer]` table). Default: disabled.
     pub peer: PeerConfig,
     /// How client regions whose memfd cannot be sealed (SGLang's) are copied. Default:
@@ -136,6 +139,7 @@ impl Default for EngineConfig {
             lease_age_limit_s: 60.0,
             op_deadline_s: 10.0,
             metrics: None,
+            router_listen: None,
             peer: PeerConfig::default(),
             region_copy: RegionCopy::Guarded,
         }
@@ -192,7 +196,29 @@ impl EngineConfig {
         self.events.validate()?;
         self.peer.validate().map_err(|e| e.to_string())?;
         self.takeover_path()?;
-        self.check_keyless_peer_listener()
+        self.check_keyless_peer_listener()?;
+        self.check_router_entry()
+    }
+
+    /// The router entry authenticates routers with the cluster key and names blocks by the
+    /// hashes the events announce: without either it could only refuse everything.
+    fn check_router_entry(&self) -> Result<(), String> {
+        if self.router_listen.is_none() {
+            return Ok(());
+        }
+        if self.peer.cluster_key.is_none() {
+            return Err(
+                "the router entry (--router-listen) authenticates routers with the cluster key: give the daemon a --cluster-key"
+                    .into(),
+            );
+        }
+        if self.events.endpoint.is_none() {
+            return Err(
+                "the router entry (--router-listen) names blocks by the hashes of the KV events: give the daemon --events"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     /// The takeover socket in force: `takeover_socket`, else `<socket dir>-admin/<socket

@@ -72,6 +72,8 @@ pub struct Engine {
     pub regions: RegionCounters,
     clients: AtomicU32,
     next_conn: AtomicU64,
+    /// The router entry, once it serves (its counters are in `stats`).
+    router: std::sync::OnceLock<std::sync::Weak<crate::api::RouterGate>>,
     started: Instant,
     stop_pinning: Arc<AtomicBool>,
 }
@@ -215,6 +217,7 @@ impl Engine {
             regions: RegionCounters::default(),
             clients: AtomicU32::new(0),
             next_conn: AtomicU64::new(1),
+            router: std::sync::OnceLock::new(),
             started: Instant::now(),
             stop_pinning,
         }))
@@ -280,6 +283,12 @@ impl Engine {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A connection id for work the daemon does on no client's behalf (the router entry's
+    /// pulls): never a client's.
+    pub fn internal_conn(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Counts a client connection out.
     pub fn client_disconnected(&self) {
         self.clients.fetch_sub(1, Ordering::Relaxed);
@@ -316,6 +325,23 @@ impl Engine {
             peer_connections: self.peers.config().connections,
             peer_connections_basis: self.peers.connections_basis().to_owned(),
             events: self.store.announcer().report(),
+            router: self.router_stats(),
+        }
+    }
+
+    /// Records the router entry (once) for `stats`.
+    pub fn set_router(&self, gate: &Arc<crate::api::RouterGate>) {
+        let _ = self.router.set(Arc::downgrade(gate));
+    }
+
+    fn router_stats(&self) -> kvnode_proto::stats::RouterStats {
+        let gate = self.router.get().and_then(std::sync::Weak::upgrade);
+        let c = &self.peers.counters;
+        kvnode_proto::stats::RouterStats {
+            serving: gate.is_some(),
+            resolve_asked: c.resolve_asked.load(Ordering::Relaxed),
+            resolve_found: c.resolve_found.load(Ordering::Relaxed),
+            ..gate.map(|g| g.stats()).unwrap_or_default()
         }
     }
 

@@ -18,13 +18,14 @@
 //! lock for writing while it copies the registry (Arcs only) and queues a marker, so the
 //! copy is exactly what the wire said up to the marker (see `kvnode_events::snapshot`).
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use kvnode_events::snapshot::{Entry, Marker};
 use kvnode_events::{Account, Announced, BlockStored, EventSink, Medium, SnapshotSource};
-use kvnode_proto::NamespaceSpec;
 use kvnode_proto::client::BlockMeta;
+use kvnode_proto::{BlockKey, Digest, NamespaceId, NamespaceSpec};
 
 pub mod policy;
 pub mod settings;
@@ -149,30 +150,37 @@ impl Announced for RouterMeta {
     }
 }
 
-/// Every (medium, block) announced and not yet removed: what a snapshot copies. A slab:
-/// each live residency owns one slot (16 bytes: the medium and an `Arc` of the metadata
-/// its residencies already share), freed slots are reused.
+/// Every (medium, block) announced and not yet removed: what a snapshot copies, and what a
+/// router may name by hash. A slab: each live residency owns one slot (the medium, the
+/// block's key and an `Arc` of the metadata its residencies already share), freed slots
+/// are reused; `by_hash` orders the slots by router hash (about 24 bytes a residency).
 #[derive(Debug, Default)]
 struct Registry {
-    slots: Vec<Option<(Medium, Arc<RouterMeta>)>>,
+    slots: Vec<Option<(Medium, Arc<RouterMeta>, BlockKey)>>,
     free: Vec<u32>,
+    by_hash: BTreeSet<(u64, u32)>,
 }
 
 impl Registry {
-    fn insert(&mut self, medium: Medium, meta: Arc<RouterMeta>) -> u32 {
-        let entry = Some((medium, meta));
-        if let Some(slot) = self.free.pop() {
+    fn insert(&mut self, medium: Medium, meta: Arc<RouterMeta>, key: BlockKey) -> u32 {
+        let hash = meta.hash;
+        let entry = Some((medium, meta, key));
+        let slot = if let Some(slot) = self.free.pop() {
             self.slots[slot as usize] = entry;
-            return slot;
-        }
-        self.slots.push(entry);
-        u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 residencies")
+            slot
+        } else {
+            self.slots.push(entry);
+            u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 residencies")
+        };
+        self.by_hash.insert((hash, slot));
+        slot
     }
 
     fn remove(&mut self, slot: u32) {
         if let Some(s) = self.slots.get_mut(slot as usize)
-            && s.take().is_some()
+            && let Some((_, meta, _)) = s.take()
         {
+            self.by_hash.remove(&(meta.hash, slot));
             self.free.push(slot);
         }
     }
@@ -181,8 +189,17 @@ impl Registry {
         self.slots
             .iter()
             .flatten()
-            .map(|(m, meta)| (*m, Arc::clone(meta) as Arc<dyn Announced>))
+            .map(|(m, meta, _)| (*m, Arc::clone(meta) as Arc<dyn Announced>))
             .collect()
+    }
+
+    /// The page digest announced under `hash` in namespace `ns`, in any medium.
+    fn digest(&self, ns: NamespaceId, hash: u64) -> Option<Digest> {
+        self.by_hash
+            .range((hash, 0)..=(hash, u32::MAX))
+            .filter_map(|&(_, slot)| self.slots[slot as usize].as_ref())
+            .find(|(_, _, k)| k.ns == ns)
+            .map(|(_, _, k)| k.digest)
     }
 }
 
@@ -272,12 +289,13 @@ impl Announcer {
         self.sink.is_some()
     }
 
-    /// The block became resident in `medium`: publishes `BlockStored` and returns the
+    /// Block `key` became resident in `medium`: publishes `BlockStored` and returns the
     /// residency whose drop publishes the removal. `None` without a sink or metadata, when
     /// the block's tenant does not publish, or when the store was not queued.
     pub fn reside(
         self: &Arc<Self>,
         medium: Medium,
+        key: &BlockKey,
         meta: Option<&Arc<RouterMeta>>,
     ) -> Option<Residency> {
         let sink = self.sink.as_ref()?;
@@ -290,7 +308,7 @@ impl Announcer {
         if !sink.stored(account, ev) {
             return None;
         }
-        let slot = self.registry().insert(medium, Arc::clone(&meta));
+        let slot = self.registry().insert(medium, Arc::clone(&meta), *key);
         Some(Residency {
             announcer: Arc::clone(self),
             account: account.cloned(),
@@ -299,6 +317,15 @@ impl Announcer {
             epoch: *epoch,
             slot,
         })
+    }
+
+    /// For each router hash, the page digest this node announced under it in namespace `ns`
+    /// (in any medium), or `None`: what a router or a peer that knows blocks only by the
+    /// hashes of the events may name. Nothing resolves without events (nothing was
+    /// announced), nor for a tenant whose blocks are not published.
+    pub fn resolve(&self, ns: NamespaceId, hashes: &[u64]) -> Vec<Option<Digest>> {
+        let r = self.registry();
+        hashes.iter().map(|&h| r.digest(ns, h)).collect()
     }
 
     /// Everything is gone: publishes `AllBlocksCleared`; residencies announced before this

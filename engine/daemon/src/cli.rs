@@ -107,6 +107,10 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
+    /// Serve the router entry at http://HOST:PORT/v1/act: signed hints envelopes from a
+    /// router (needs --cluster-key and --events; docs/router-entry.md).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub router_listen: Option<String>,
     /// Report leases held longer than this many seconds (log, metric, probe).
     #[arg(long, value_name = "SECONDS")]
     pub lease_age_limit: Option<f64>,

@@ -56,6 +56,9 @@ pub fn effective_config(
     if let Some(m) = &a.metrics {
         cfg.metrics = Some(m.clone());
     }
+    if let Some(r) = &a.router_listen {
+        cfg.router_listen = Some(r.clone());
+    }
     if let Some(s) = a.lease_age_limit {
         cfg.lease_age_limit_s = s;
     }
@@ -180,6 +183,7 @@ fn init_logging() {
 /// listener (and its SIGUSR2 re-key), the cluster agent, and the test panic hook.
 struct SideServices {
     metrics: Option<tokio::task::JoinHandle<()>>,
+    router: Option<tokio::task::JoinHandle<()>>,
     peer_server: Option<tokio::task::JoinHandle<()>>,
     cluster_agent: Option<tokio::task::JoinHandle<()>>,
 }
@@ -192,6 +196,10 @@ impl SideServices {
     ) -> anyhow::Result<Self> {
         let metrics = match &engine.config.metrics {
             Some(addr) => Some(crate::metrics_http::spawn(engine, addr, stop_rx.clone()).await?),
+            None => None,
+        };
+        let router = match &engine.config.router_listen {
+            Some(addr) => Some(crate::router_http::spawn(engine, addr, stop_rx.clone()).await?),
             None => None,
         };
         tokio::spawn(std::sync::Arc::clone(engine).watchdog(stop_rx.clone()));
@@ -214,6 +222,7 @@ impl SideServices {
         };
         Ok(Self {
             metrics,
+            router,
             peer_server,
             cluster_agent,
         })
@@ -231,6 +240,9 @@ impl SideServices {
         // The exporter holds the engine: its task ends (bounded) before the engine is dropped.
         if let Some(m) = self.metrics {
             let _ = m.await;
+        }
+        if let Some(r) = self.router {
+            let _ = r.await;
         }
     }
 }

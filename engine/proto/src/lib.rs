@@ -34,6 +34,7 @@ pub mod namespace;
 pub mod obs;
 pub mod peer;
 pub mod pull;
+pub mod router;
 pub mod size;
 pub mod stats;
 

@@ -186,6 +186,25 @@ pub enum PeerMsg {
         /// Request id.
         req: u64,
     },
+    /// Destination -> source, after `Ready`: which pages of namespace `ns` the source holds
+    /// under these router hashes (the ones its KV events announced). Answered by `Resolved`.
+    /// Lets a destination that knows blocks only as a router does (by hash) pull them.
+    Resolve {
+        /// Request id, echoed by the answer.
+        req: u64,
+        /// Namespace identity.
+        ns: NamespaceId,
+        /// Router hashes, at most [`MAX_PULL_KEYS`].
+        hashes: Vec<u64>,
+    },
+    /// Source -> destination: one entry per hash of `Resolve { req }`, in its order: the
+    /// page digest the source announced under that hash in that namespace, or `None`.
+    Resolved {
+        /// Request id.
+        req: u64,
+        /// Page digests.
+        digests: Vec<Option<Digest>>,
+    },
     /// Either side: liveness probe.
     Ping {
         /// Echoed.
@@ -301,6 +320,18 @@ pub fn decode_peer(prefix: FramePrefix, header: &[u8]) -> Result<PeerMsg, PeerFr
             return Err(PeerFrameError::Range(format!(
                 "pull of {} keys, expected 1..={MAX_PULL_KEYS}",
                 keys.len()
+            )));
+        }
+        PeerMsg::Resolve { hashes, .. } if hashes.is_empty() || hashes.len() > MAX_PULL_KEYS => {
+            return Err(PeerFrameError::Range(format!(
+                "resolve of {} hashes, expected 1..={MAX_PULL_KEYS}",
+                hashes.len()
+            )));
+        }
+        PeerMsg::Resolved { digests, .. } if digests.len() > MAX_PULL_KEYS => {
+            return Err(PeerFrameError::Range(format!(
+                "resolve answer of {} digests, at most {MAX_PULL_KEYS}",
+                digests.len()
             )));
         }
         _ => {}
@@ -450,7 +481,54 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn resolves_are_bounded_and_round_trip() {
+        let empty = PeerMsg::Resolve {
+            req: 1,
+            ns: NamespaceId(1),
+            hashes: vec![],
+        };
+        assert!(matches!(
+            decode_peer_frame(&frame(&empty, b"")),
+            Err(PeerFrameError::Range(_))
+        ));
+        let many = PeerMsg::Resolved {
+            req: 1,
+            digests: vec![None; MAX_PULL_KEYS + 1],
+        };
+        assert!(matches!(
+            decode_peer_frame(&frame(&many, b"")),
+            Err(PeerFrameError::Range(_))
+        ));
+        let full = PeerMsg::Resolved {
+            req: 9,
+            digests: vec![Some(Digest([7; 32])); MAX_PULL_KEYS],
+        };
+        let f = frame(&full, b"");
+        assert_eq!(decode_peer_frame(&f).unwrap(), Some((full, f.len())));
+    }
+
     proptest! {
+        #[test]
+        fn resolve_frames_decode_to_what_was_sent_or_are_refused(
+            hashes in proptest::collection::vec(any::<u64>(), 0..64),
+            digests in proptest::collection::vec(proptest::option::of(any::<[u8; 32]>()), 0..64),
+            i in 0usize..256, x in any::<u8>(),
+        ) {
+            let r = PeerMsg::Resolve { req: 3, ns: NamespaceId(11), hashes: hashes.clone() };
+            let f = frame(&r, b"");
+            match decode_peer_frame(&f) {
+                Ok(Some((m, _))) => prop_assert_eq!(m, r),
+                other => prop_assert!(hashes.is_empty() && matches!(other, Err(PeerFrameError::Range(_)))),
+            }
+            let a = PeerMsg::Resolved { req: 4, digests: digests.into_iter().map(|d| d.map(Digest)).collect() };
+            let mut f = frame(&a, b"");
+            prop_assert_eq!(decode_peer_frame(&f).unwrap().map(|p| p.0), Some(a));
+            let i = i % f.len();
+            f[i] ^= x;
+            let _ = decode_peer_frame(&f);
+        }
+
         #[test]
         fn peer_frame_decoder_never_panics_on_random_bytes(b in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = decode_peer_frame(&b);

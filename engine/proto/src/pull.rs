@@ -211,4 +211,7 @@ pub enum Refusal {
     Invalid,
     /// The namespace handle is unknown to this connection.
     UnknownNamespace,
+    /// The router entry could not learn from the named source which pages its hashes name
+    /// (unreachable, not an authorized peer, or it refused); the message says which.
+    SourceFailed,
 }

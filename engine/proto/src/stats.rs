@@ -39,6 +39,30 @@ pub struct StatsReport {
     pub peer_connections_basis: String,
     /// KV events, when the daemon publishes them (`--events`).
     pub events: Option<EventsStats>,
+    /// The router entry (`--router-listen`) and router-hash resolution for peers.
+    pub router: RouterStats,
+}
+
+/// Router entry counters (`/metrics`: `kvnode_router_*`; docs/router-entry.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RouterStats {
+    /// Whether the router entry is serving.
+    pub serving: bool,
+    /// Requests authenticated and run.
+    pub accepted: u64,
+    /// Requests refused for their signature: missing headers, unknown key id, bad signature.
+    pub refused_auth: u64,
+    /// Requests refused for their timing: a timestamp outside the window, a replay, or too
+    /// many requests within the window.
+    pub refused_replay: u64,
+    /// Authenticated requests refused for their content (bad body or envelope, no namespace
+    /// of the model).
+    pub refused_invalid: u64,
+    /// Router hashes peers asked this daemon to resolve (peer `Resolve`).
+    pub resolve_asked: u64,
+    /// Of those, hashes that named a page this daemon announced.
+    pub resolve_found: u64,
 }
 
 /// KV event publisher counters (`/metrics`: `kvnode_events_*`; docs/events.md).

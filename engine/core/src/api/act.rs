@@ -16,6 +16,10 @@ use kvnode_proto::hint::{Endpoint, HintError};
 use super::errors::{error, tier_error};
 use super::session::Session;
 use crate::dram::TierError;
+use crate::engine::Engine;
+use crate::peer::PullRequest;
+
+use super::hinted::background_pull;
 
 /// The request's keys an action names, and how many of its hashes named none of them.
 fn named(keys: &[Key], hashes: &[u64]) -> (Vec<Key>, u32) {
@@ -107,8 +111,29 @@ impl Session {
         out
     }
 
-    /// One parsed action, executed (or refused) and reported.
+    /// One parsed action, executed for this connection.
     async fn execute(&mut self, ns: u32, keys: &[Key], p: Parsed) -> ActionResult {
+        Actor {
+            engine: &self.engine,
+            conn: self.id,
+        }
+        .execute(ns, keys, p)
+        .await
+    }
+}
+
+/// Who executes actions: the engine, on behalf of connection `conn` (a client's session,
+/// or the router entry's own), which owns the pulls they start.
+pub(crate) struct Actor<'a> {
+    /// The engine.
+    pub engine: &'a Arc<Engine>,
+    /// The connection the pulls belong to.
+    pub conn: u64,
+}
+
+impl Actor<'_> {
+    /// One parsed action, executed (or refused) and reported.
+    pub async fn execute(&self, ns: u32, keys: &[Key], p: Parsed) -> ActionResult {
         let outcome = match p.action {
             Ok(a) => self.run_action(ns, keys, a).await,
             Err(e) => ActionOutcome::Refused {
@@ -124,7 +149,7 @@ impl Session {
                 ),
             },
         };
-        tracing::debug!(conn = self.id, action = %p.action_type, id = %p.action_id, ?outcome, "router action");
+        tracing::debug!(conn = self.conn, action = %p.action_type, id = %p.action_id, ?outcome, "router action");
         ActionResult {
             action_id: p.action_id,
             action_type: p.action_type,
@@ -132,7 +157,7 @@ impl Session {
         }
     }
 
-    async fn run_action(&mut self, ns: u32, keys: &[Key], a: Action) -> ActionOutcome {
+    async fn run_action(&self, ns: u32, keys: &[Key], a: Action) -> ActionOutcome {
         let store = Arc::clone(&self.engine.store);
         let (picked, unmatched) = named(keys, a.block_hashes());
         let r = match a {
@@ -171,7 +196,7 @@ impl Session {
     /// `kv.prefetch` / `kv.fetch`: promotes what this node's NVMe holds, and pulls the rest of
     /// the covered prefix from `source` in the background (an op to `Wait` for).
     async fn prefetch(
-        &mut self,
+        &self,
         ns: u32,
         keys: &[Key],
         source: Option<&Endpoint>,
@@ -189,7 +214,16 @@ impl Session {
             };
         };
         let hint = fetch_hint(source, hashes);
-        let req = self.plain_request(ns, keys, &hint);
-        ActionOutcome::Pulling(Box::new(self.background_pull(req).await))
+        let req = PullRequest {
+            conn: self.conn,
+            ns,
+            keys,
+            hint: &hint,
+            into: Vec::new(),
+            deadline_ms: None,
+            hand_leases: false,
+            actions: Vec::new(),
+        };
+        ActionOutcome::Pulling(Box::new(background_pull(&self.engine.peers, req).await))
     }
 }

@@ -10,7 +10,7 @@ use kvnode_proto::pull::OpReport;
 use super::errors::error;
 use super::listed_op::ListedOp;
 use super::session::Session;
-use crate::peer::{PullOp, PullRequest};
+use crate::peer::{Peers, PullOp, PullRequest};
 use crate::store::Reservation;
 
 /// Longest `Wait` accepted.
@@ -115,20 +115,7 @@ impl Session {
     /// Starts a background pull for `Exists` with a hint.
     pub(super) async fn exists_pull(&mut self, ns: u32, keys: &[Key], hint: &str) -> OpReport {
         let req = self.request(ns, keys, hint).await;
-        self.background_pull(req).await
-    }
-
-    /// Starts `req` as a background pull and reports it; an op that ended at once is
-    /// forgotten (this report is its last).
-    pub(super) async fn background_pull(&mut self, req: PullRequest<'_>) -> OpReport {
-        let peers = Arc::clone(&self.engine.peers);
-        let op = peers.start(req).await;
-        let r = op.report();
-        if r.state.is_terminal() {
-            // This reply is its final report: nothing is left to `Wait` for.
-            peers.ops.remove(op.id);
-        }
-        r
+        background_pull(&self.engine.peers, req).await
     }
 
     /// `Pull`: an async op, optionally filling the client's Alloc'd slots.
@@ -227,4 +214,16 @@ impl Session {
         crate::probes::fence(self.id, id, self.engine.metrics.now_ns().saturating_sub(t0));
         Reply::Op(Box::new(op.report()))
     }
+}
+
+/// Starts `req`'s pull and reports it: an op still running stays in the op table for its
+/// connection's `Wait`; one already ended is reported here and forgotten.
+pub(super) async fn background_pull(peers: &Arc<Peers>, req: PullRequest<'_>) -> OpReport {
+    let op = peers.start(req).await;
+    let r = op.report();
+    if r.state.is_terminal() {
+        // This reply is its final report: nothing is left to `Wait` for.
+        peers.ops.remove(op.id);
+    }
+    r
 }

@@ -31,10 +31,12 @@ mod listed_op;
 mod meta;
 mod region;
 mod region_copy;
+mod router;
 mod server;
 mod session;
 mod tenancy;
 
+pub use router::{RouterGate, RouterRefused, Signed};
 pub use server::{ServeError, bind, check_socket_dir, raise_fd_limit, serve};
 
 #[cfg(test)]

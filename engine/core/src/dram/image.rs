@@ -299,9 +299,9 @@ impl State {
         if self.index.insert(key, slot).is_some() {
             return Err(bad("a key listed twice"));
         }
-        let residency = self
-            .announcer
-            .reside(kvnode_events::Medium::CpuPinned, meta.as_ref());
+        let residency =
+            self.announcer
+                .reside(kvnode_events::Medium::CpuPinned, &key, meta.as_ref());
         *self.slot_mut(slot) = Slot::Block(Resident {
             key,
             ns: h,

@@ -241,6 +241,16 @@ impl DramTier {
         self.with(|s| s.ns(ns).map(|e| e.id))
     }
 
+    /// Every registered namespace: handle, id and spec.
+    pub fn namespaces(&self) -> Vec<(u32, NamespaceId, NamespaceSpec)> {
+        self.with(|s| {
+            (0u32..)
+                .zip(&s.namespaces)
+                .map(|(h, e)| (h, e.id, e.spec.clone()))
+                .collect()
+        })
+    }
+
     /// The handle of a registered namespace id (peers name namespaces by id).
     pub fn handle_of(&self, id: NamespaceId) -> Option<u32> {
         self.with(|s| s.handle_of(id))

@@ -464,7 +464,7 @@ impl State {
             demoting: false,
             on_lower,
             reads: 0,
-            residency: self.announcer.reside(Medium::CpuPinned, meta),
+            residency: self.announcer.reside(Medium::CpuPinned, &r.key, meta),
             fingerprint: None,
         });
         self.index.insert(r.key, r.slot);

@@ -140,7 +140,7 @@ impl NvmeTier {
         let mut m = self.residencies();
         if self.spill.contains(&sk)
             && !m.contains_key(&sk)
-            && let Some(r) = self.announcer.reside(Self::MEDIUM, meta)
+            && let Some(r) = self.announcer.reside(Self::MEDIUM, key, meta)
         {
             m.insert(sk, r);
         }

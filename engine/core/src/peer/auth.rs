@@ -57,6 +57,11 @@ impl ClusterKey {
         }
     }
 
+    /// The router entry's key derived from this key (`kvnode_proto::router`).
+    pub fn router_key(&self) -> [u8; 32] {
+        kvnode_proto::router::router_key(&self.bytes)
+    }
+
     /// The block MAC of plaintext sessions under this key (`None`: verify by BLAKE3).
     pub fn block_mac(&self) -> Option<&Arc<BlockMac>> {
         self.mac.as_ref()
@@ -161,6 +166,11 @@ impl KeyRing {
     /// From keys (tests), preferred first.
     pub fn from_keys(keys: Vec<ClusterKey>) -> Self {
         Self { keys }
+    }
+
+    /// The keys held, preferred first.
+    pub fn keys(&self) -> &[ClusterKey] {
+        &self.keys
     }
 
     /// Ids of the keys held, preferred first.

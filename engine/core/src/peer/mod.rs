@@ -35,6 +35,7 @@ pub mod join;
 pub mod membership;
 pub mod op;
 mod report;
+mod resolve;
 pub mod source;
 mod start;
 pub use start::PullRequest;
@@ -92,6 +93,20 @@ pub struct PeerCounters {
     pub ucx_slots_served: AtomicU64,
     /// The same, by destination identity (`stats.peer`).
     pub ucx_served_by: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Router hashes destinations asked this source to resolve (`Resolve`).
+    pub resolve_asked: AtomicU64,
+    /// Of those, hashes it resolved to a page it announced.
+    pub resolve_found: AtomicU64,
+}
+
+impl PeerCounters {
+    /// Counts one answered `Resolve`.
+    pub fn resolved(&self, digests: &[Option<kvnode_proto::Digest>]) {
+        let found = digests.iter().flatten().count() as u64;
+        self.resolve_asked
+            .fetch_add(digests.len() as u64, Ordering::Relaxed);
+        self.resolve_found.fetch_add(found, Ordering::Relaxed);
+    }
 }
 
 /// The peer service of one daemon: who may be pulled from ([`Trust`]), how peers are reached

@@ -18,8 +18,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvnode_proto::NamespaceId;
 use kvnode_proto::peer::{PeerMsg, PullKey};
+use kvnode_proto::{Digest, NamespaceId};
 use tokio::sync::watch;
 
 use super::auth::accept_handshake;
@@ -50,6 +50,9 @@ pub trait BlockSource: Send + Sync {
         ns: NamespaceId,
         keys: &[PullKey],
     ) -> impl Future<Output = Vec<Option<Lease>>> + Send;
+
+    /// The page digest announced under each router hash in namespace `ns`, or `None`.
+    fn resolve(&self, ns: NamespaceId, hashes: &[u64]) -> Vec<Option<Digest>>;
 }
 
 impl BlockSource for Arc<Store> {
@@ -62,6 +65,10 @@ impl BlockSource for Arc<Store> {
         Store::lease(self, h, &keys)
             .await
             .unwrap_or_else(|_| (0..keys.len()).map(|_| None).collect())
+    }
+
+    fn resolve(&self, ns: NamespaceId, hashes: &[u64]) -> Vec<Option<Digest>> {
+        self.announcer().resolve(ns, hashes)
     }
 }
 
@@ -308,6 +315,12 @@ async fn answer<S: BlockSource>(
         },
         PeerMsg::UcxRequest if ucx.given.is_none() => {
             offer_ucx(cx.peers, w, cx.limit, &mut ucx.given).await
+        }
+        PeerMsg::Resolve { req, ns, hashes } => {
+            let digests = cx.src.resolve(ns, &hashes);
+            cx.peers.counters.resolved(&digests);
+            w.send(&PeerMsg::Resolved { req, digests }, &[], cx.limit)
+                .await
         }
         PeerMsg::Ping { t } => w.send(&PeerMsg::Pong { t }, &[], cx.limit).await,
         PeerMsg::Pong { .. } => Ok(()),

@@ -75,6 +75,16 @@ fn announcer() -> (Arc<Announcer>, Arc<Recorder>) {
     (a, r)
 }
 
+fn key(hash: u64) -> kvnode_proto::BlockKey {
+    let mut d = [0u8; 32];
+    d[..8].copy_from_slice(&hash.to_be_bytes());
+    kvnode_proto::BlockKey {
+        ns: kvnode_proto::NamespaceId(1),
+        digest: kvnode_proto::Digest(d),
+        segment: 0,
+    }
+}
+
 fn meta(hash: u64) -> Arc<RouterMeta> {
     Arc::new(RouterMeta {
         hash,
@@ -117,7 +127,7 @@ fn a_store_racing_a_clear_is_never_followed_by_an_orphan_removal() {
         rx.recv().unwrap();
         a2.clear_all();
     });
-    let r = a.reside(Medium::Disk, Some(&meta(7))).unwrap();
+    let r = a.reside(Medium::Disk, &key(7), Some(&meta(7))).unwrap();
     clearer.join().unwrap();
     drop(r);
     let log = rec.log.lock().unwrap().clone();
@@ -127,7 +137,9 @@ fn a_store_racing_a_clear_is_never_followed_by_an_orphan_removal() {
 #[test]
 fn a_removal_racing_a_clear_lands_before_it() {
     let (a, rec) = announcer();
-    let r = a.reside(Medium::CpuPinned, Some(&meta(9))).unwrap();
+    let r = a
+        .reside(Medium::CpuPinned, &key(9), Some(&meta(9)))
+        .unwrap();
     let (tx, rx) = mpsc::channel();
     *rec.stall.lock().unwrap() = Some(Stall::BeforeRemove(tx));
     let a2 = Arc::clone(&a);
@@ -145,9 +157,13 @@ fn a_removal_racing_a_clear_lands_before_it() {
 #[test]
 fn residencies_from_before_a_clear_end_silently_and_later_ones_do_not() {
     let (a, rec) = announcer();
-    let old = a.reside(Medium::CpuPinned, Some(&meta(1))).unwrap();
+    let old = a
+        .reside(Medium::CpuPinned, &key(1), Some(&meta(1)))
+        .unwrap();
     a.clear_all();
-    let new = a.reside(Medium::CpuPinned, Some(&meta(1))).unwrap();
+    let new = a
+        .reside(Medium::CpuPinned, &key(1), Some(&meta(1)))
+        .unwrap();
     drop(old);
     drop(new);
     let log = rec.log.lock().unwrap().clone();
@@ -173,9 +189,13 @@ fn registered(a: &Announcer) -> Vec<(Medium, u64)> {
 fn the_registry_holds_exactly_what_is_announced_and_a_clear_empties_it() {
     use kvnode_events::Announced;
     let (a, _rec) = announcer();
-    let r1 = a.reside(Medium::CpuPinned, Some(&meta(1))).unwrap();
-    let r2 = a.reside(Medium::Disk, Some(&meta(1))).unwrap();
-    let r3 = a.reside(Medium::CpuPinned, Some(&meta(3))).unwrap();
+    let r1 = a
+        .reside(Medium::CpuPinned, &key(1), Some(&meta(1)))
+        .unwrap();
+    let r2 = a.reside(Medium::Disk, &key(1), Some(&meta(1))).unwrap();
+    let r3 = a
+        .reside(Medium::CpuPinned, &key(3), Some(&meta(3)))
+        .unwrap();
     assert_eq!(
         registered(&a),
         [
@@ -187,13 +207,15 @@ fn the_registry_holds_exactly_what_is_announced_and_a_clear_empties_it() {
     drop(r1);
     assert_eq!(registered(&a), [(Medium::Disk, 1), (Medium::CpuPinned, 3)]);
     // A freed slot is reused, and the residency that took it is the one removed later.
-    let r4 = a.reside(Medium::Disk, Some(&meta(4))).unwrap();
+    let r4 = a.reside(Medium::Disk, &key(4), Some(&meta(4))).unwrap();
     drop(r2);
     assert_eq!(registered(&a), [(Medium::CpuPinned, 3), (Medium::Disk, 4)]);
     a.clear_all();
     assert!(registered(&a).is_empty());
     // Residencies announced before the clear end silently and leave newer slots alone.
-    let r5 = a.reside(Medium::CpuPinned, Some(&meta(5))).unwrap();
+    let r5 = a
+        .reside(Medium::CpuPinned, &key(5), Some(&meta(5)))
+        .unwrap();
     drop((r3, r4));
     assert_eq!(registered(&a), [(Medium::CpuPinned, 5)]);
     assert_eq!(r5.meta().stored(Medium::Disk).block_hashes, [5]);
@@ -208,7 +230,10 @@ fn snapshot_copy_cost() {
     assert_eq!(std::mem::size_of::<Option<(Medium, Arc<RouterMeta>)>>(), 16);
     let (a, rec) = announcer();
     let held: Vec<Residency> = (0..N)
-        .map(|h| a.reside(Medium::CpuPinned, Some(&meta(h))).unwrap())
+        .map(|h| {
+            a.reside(Medium::CpuPinned, &key(h), Some(&meta(h)))
+                .unwrap()
+        })
         .collect();
     rec.log.lock().unwrap().clear();
     let t0 = std::time::Instant::now();
@@ -225,4 +250,32 @@ fn snapshot_copy_cost() {
         (slots * 16) as f64 / N as f64,
     );
     drop((copy, held));
+}
+
+#[test]
+fn announced_blocks_resolve_by_hash_in_their_namespace_until_the_last_residency_ends() {
+    let (a, _) = announcer();
+    let ns = kvnode_proto::NamespaceId(1);
+    let dram = a
+        .reside(Medium::CpuPinned, &key(5), Some(&meta(5)))
+        .unwrap();
+    let disk = a.reside(Medium::Disk, &key(5), Some(&meta(5))).unwrap();
+    let other = a
+        .reside(Medium::CpuPinned, &key(6), Some(&meta(6)))
+        .unwrap();
+    let d5 = Some(key(5).digest);
+    assert_eq!(a.resolve(ns, &[5, 6, 7]), [d5, Some(key(6).digest), None]);
+    assert_eq!(a.resolve(kvnode_proto::NamespaceId(2), &[5]), [None]);
+    drop(dram);
+    assert_eq!(a.resolve(ns, &[5]), [d5], "still on disk");
+    drop(disk);
+    assert_eq!(a.resolve(ns, &[5]), [None]);
+    a.clear_all();
+    assert_eq!(a.resolve(ns, &[6]), [None], "a clear forgets everything");
+    drop(other);
+    let again = a
+        .reside(Medium::CpuPinned, &key(6), Some(&meta(6)))
+        .unwrap();
+    assert_eq!(a.resolve(ns, &[6]), [Some(key(6).digest)]);
+    drop(again);
 }

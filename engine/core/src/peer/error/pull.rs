@@ -49,6 +49,21 @@ pub enum Violation {
         /// The message.
         got: Box<PeerMsg>,
     },
+    /// A `Resolved` that does not answer the `Resolve` sent (another request id, or not one
+    /// digest per hash).
+    #[error(
+        "resolve answer for request {req} with {got} digests; asked request {want_req} for {want}"
+    )]
+    ResolveAnswer {
+        /// Request id answered.
+        req: u64,
+        /// Digests answered.
+        got: usize,
+        /// Request id asked.
+        want_req: u64,
+        /// Hashes asked.
+        want: usize,
+    },
     /// A message a destination never sends.
     #[error("unexpected {got:?} from a destination")]
     FromDestination {
