@@ -296,6 +296,7 @@ fn render_movement(o: &mut String, s: &StatsReport) {
         );
     }
     render_retention(o, s);
+    render_router(o, s);
 }
 
 /// Blocks held by `kv.retain` (DRAM), once any hold was ever asked for.
@@ -322,6 +323,26 @@ fn render_retention(o: &mut String, s: &StatsReport) {
             t.retain_expired
         );
     }
+}
+
+/// The router entry's requests, and router hashes resolved for peers, once there are any.
+fn render_router(o: &mut String, s: &StatsReport) {
+    let r = &s.router;
+    if !r.serving && r.resolve_asked == 0 {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "
+router entry: {}  accepted {}  refused: auth {} replay {} invalid {}  resolved for peers {} of {} hashes",
+        if r.serving { "serving" } else { "off" },
+        r.accepted,
+        r.refused_auth,
+        r.refused_replay,
+        r.refused_invalid,
+        r.resolve_found,
+        r.resolve_asked
+    );
 }
 
 pub use kvnode_client::report::render_timeouts;

@@ -94,6 +94,7 @@ impl Collector for Kvnode {
             events::events(&mut o, e)?;
         }
         peers::peers(&mut o, &s)?;
+        router::router(&mut o, &s.router)?;
         ops(&mut o, &self.metrics)?;
         counters(&mut o, &self.metrics)
     }
@@ -101,6 +102,7 @@ impl Collector for Kvnode {
 
 mod events;
 mod peers;
+mod router;
 mod tenants;
 
 /// A descriptor encoder with one method per metric shape.
