@@ -59,9 +59,12 @@ bash scripts/install-deploy-deps.sh  # podman, runc, mmdebstrap, dpkg-dev, kuber
 #   sglang: clients/python/tests (real sglang 0.5.23 wheel, kvnode's KV-hint seam applied) and
 #           bench/ttft/tests (torch + the kvnode client: the same venv)
 #   vllm:   clients/python/tests_vllm (real vllm 0.33.0 wheel; it pins another torch)
+#   dynamo: clients/python/tests_dynamo (real ai-dynamo-runtime 1.6.1 wheel: Dynamo's standalone
+#           KV indexer; no torch, ~280 MB)
 # A cold build downloads torch with its CUDA runtime wheels (PyPI's Linux torch does not import
 # without them, even on a CPU-only machine): a few GB per venv, minutes.
 SGLANG_PY=$(bash scripts/py-venv.sh sglang | tail -n 1)
 # The seam: idempotent; refuses (exit 2) an sglang other than 0.5.23 or a tree it does not match.
 "$SGLANG_PY" -m kvnode.sglang patch --apply
 bash scripts/py-venv.sh vllm >/dev/null
+bash scripts/py-venv.sh dynamo >/dev/null

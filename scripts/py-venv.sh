@@ -4,6 +4,7 @@
 #
 #   scripts/py-venv.sh sglang     # scripts/locks/sglang.lock: clients/python/tests, bench/ttft/tests
 #   scripts/py-venv.sh vllm       # scripts/locks/vllm.lock:   clients/python/tests_vllm
+#   scripts/py-venv.sh dynamo     # scripts/locks/dynamo.lock: clients/python/tests_dynamo
 #
 # The venv is keyed by the lock's content: it lives at $KVNODE_VENV_ROOT/ENV-<sha256 of the
 # lock, 16 hex> (default root ~/.cache/kvnode-venvs), and holds the full hash in .kvnode-lock.
@@ -18,7 +19,7 @@
 # with a .pth file, not installed, so it is not in the freeze.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ENV_NAME=${1:?usage: $0 sglang|vllm}
+ENV_NAME=${1:?usage: $0 sglang|vllm|dynamo}
 LOCK=scripts/locks/$ENV_NAME.lock
 [ -f "$LOCK" ] || { echo "py-venv: no lock $LOCK" >&2; exit 2; }
 PY="${PYTHON:-python3}"

@@ -4,8 +4,9 @@
 //! cargo xtask check        fmt --check, no import loops (scripts/check-import-cycles.py),
 //!                          clippy -D warnings (one release profile for everything)
 //! cargo xtask test         the whole test suite (unit, property, end-to-end with real daemons,
-//!                          then the Python suites: SGLang and vLLM connectors, TTFT harness, each
-//!                          in the venv of its lock, scripts/locks/*.lock via scripts/py-venv.sh)
+//!                          then the Python suites: SGLang and vLLM connectors, the real Dynamo
+//!                          indexer against the daemon's KV events, TTFT harness, each in the
+//!                          venv of its lock, scripts/locks/*.lock via scripts/py-venv.sh)
 //! cargo xtask fuzz-smoke   decoder property tests with many more cases (stable-toolchain fuzzing)
 //! cargo xtask bench-smoke  every benchmark but `bench gpu` for a short run (scripts/bench-smoke.sh)
 //! cargo xtask release-seams [BIN]  the packaged daemon (`cargo build --release -p kvnode
@@ -119,8 +120,9 @@ fn locked_python(env: &str) -> Result<String, String> {
     }
 }
 
-/// The Python connector's tests (real sglang wheel, real daemon), the vLLM connector's and the
-/// TTFT harness's, each in the venv of its lock; zero collected tests is a failure (pytest 5).
+/// The Python connector's tests (real sglang wheel, real daemon), the vLLM connector's, the
+/// Dynamo indexer's (real ai-dynamo-runtime wheel) and the TTFT harness's, each in the venv of
+/// its lock; zero collected tests is a failure (pytest 5).
 fn python_tests() -> Result<(), String> {
     let py = locked_python("sglang")?;
     let venv_bin = std::path::Path::new(&py)
@@ -155,6 +157,17 @@ fn python_tests() -> Result<(), String> {
         "vllm-tests",
         Command::new(&vllm_py)
             .args(["-m", "pytest", "-q", "clients/python/tests_vllm"])
+            .env("KVNODE_BIN", &bin)
+            .env(SEAMS_SWITCH.0, SEAMS_SWITCH.1),
+    )?;
+    // The real Dynamo indexer (the ai-dynamo-runtime 1.6.1 wheel, its own small venv: no torch)
+    // restarted past the daemon's replay ring ends with exactly the node's blocks
+    // (docs/events.md, "Tests and benchmark").
+    let dynamo_py = locked_python("dynamo")?;
+    run(
+        "dynamo-indexer-tests",
+        Command::new(&dynamo_py)
+            .args(["-m", "pytest", "-q", "clients/python/tests_dynamo"])
             .env("KVNODE_BIN", &bin)
             .env(SEAMS_SWITCH.0, SEAMS_SWITCH.1),
     )?;
