@@ -212,6 +212,7 @@ fn fuzz_smoke() -> Result<(), String> {
                 "hint",
                 "peer",
                 "actions",
+                "router",
             ])
             .env("PROPTEST_CASES", "5000"),
     )
