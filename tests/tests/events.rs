@@ -886,3 +886,164 @@ fn malformed_snapshot_requests_get_no_answer_and_are_counted() {
         "the three blocks, consistent with seq {s}"
     );
 }
+
+/// Every batch `follower` got until `quiet` passed with nothing new, in seq order.
+fn drain(follower: &Follower, quiet: Duration) -> Vec<(u64, Bytes)> {
+    let mut out: Vec<(u64, Bytes)> = Vec::new();
+    let mut last = Instant::now();
+    while last.elapsed() < quiet {
+        let got = std::mem::take(&mut *follower.got.lock().unwrap());
+        if !got.is_empty() {
+            last = Instant::now();
+            out.extend(got);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    out.sort_by_key(|(s, _)| *s);
+    out
+}
+
+/// Event kinds in `batches`: (stores, removes, clears).
+fn kinds(batches: &[(u64, Bytes)]) -> (usize, usize, usize) {
+    let mut k = (0, 0, 0);
+    for (_, p) in batches {
+        for e in decode_event_batch(p).unwrap().events {
+            match e {
+                RawKvEvent::BlockStored { .. } => k.0 += 1,
+                RawKvEvent::BlockRemoved { .. } => k.1 += 1,
+                RawKvEvent::AllBlocksCleared { .. } => k.2 += 1,
+                RawKvEvent::Ignored => panic!("an event Dynamo ignores"),
+            }
+        }
+    }
+    k
+}
+
+/// A takeover continues the event stream (docs/events.md "Takeover"): the new daemon's
+/// first batch takes the seq after the old one's last, the old daemon removes none of the
+/// DRAM blocks it hands over and the new one announces none of them again (a double store
+/// fails the view), no clear; the only removals are the old daemon's NVMe announcements,
+/// which the new daemon does not carry. A router that followed the old daemon and reconnects
+/// to the new one, recovering the batches it missed by replay, ends with exactly the new
+/// daemon's DRAM blocks, under traffic after the takeover too.
+#[test]
+fn a_takeover_continues_the_event_stream_without_a_storm() {
+    let dir = spill_dir(&format!("events-takeover-{}", free_port()));
+    let sockets = temp_dir("events-takeover");
+    let events = format!("ipc://{}", sockets.join("ev.sock").display());
+    let replay = format!("ipc://{}", sockets.join("replay.sock").display());
+    let sock = sockets.join("kvnode.sock");
+    let extra = [
+        "--events",
+        &events,
+        "--events-replay",
+        &replay,
+        "--dp-rank",
+        "0",
+    ];
+    let args = kvnode_e2e::spilling_args(&dir, "48MiB", &extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut a = Daemon::start_at(&sock, &args);
+    let mut c = a.client();
+    let ns = c.register(&ns_spec()).unwrap().ns;
+    let rt = runtime();
+    let follower = Follower::start(&events);
+    let mut ids = follower.in_force(&mut c, ns, 5000);
+    let mut filler = 1000;
+    for s in [
+        Step::Put(0, 8),
+        Step::Fill,
+        Step::Put(8, 8),
+        Step::Get(0, 4),
+    ] {
+        apply(&mut c, ns, &s, &mut filler);
+    }
+    ids.extend((0..16).chain(1000..filler));
+    settle(&mut c);
+    let before = c.stats().unwrap();
+    let on_nvme = before.tiers[1].blocks;
+    assert!(
+        on_nvme > 0 && before.tiers[0].blocks > 8,
+        "{:?}",
+        before.tiers
+    );
+    // What the follower missed before its subscription was in force, from the old ring.
+    let early = rt.block_on(replay_from(&replay, 0));
+    drop(c);
+    let mut with_takeover = args.clone();
+    with_takeover.push("--takeover");
+    let b = Daemon::spawn_at(&sock, &with_takeover);
+    let st = a
+        .wait_exit(Duration::from_secs(30))
+        .expect("old daemon exits");
+    assert!(st.success(), "{}", a.log());
+    b.wait_ready(Duration::from_secs(30));
+    let mut old: BTreeMap<u64, Bytes> = early.into_iter().collect();
+    old.extend(drain(&follower, Duration::from_millis(500)));
+    drop(follower);
+    let old: Vec<(u64, Bytes)> = old.into_iter().collect();
+    assert_eq!(old[0].0, 0);
+    let mut view = RouterView::default();
+    let mut norm = ZmqEventNormalizer::new(PAGE);
+    let mut eid = 0;
+    for (i, (s, p)) in old.iter().enumerate() {
+        assert_eq!(*s, old[0].0 + i as u64, "a gap in the old daemon's stream");
+        view.apply_batch(p, &mut norm, &mut eid);
+    }
+    let next = old.last().unwrap().0 + 1;
+    // The hand-over itself: the old daemon's NVMe announcements removed, nothing else.
+    assert_eq!(
+        view.count("nvme"),
+        0,
+        "the old daemon kept NVMe announcements"
+    );
+    // The router reconnects: new traffic on the new daemon, then a replay from `next`.
+    let mut c = b.client();
+    let ns = c.register(&ns_spec()).unwrap().ns;
+    apply(&mut c, ns, &Step::Put(20, 4), &mut filler);
+    apply(&mut c, ns, &Step::Delete(21), &mut filler);
+    ids.extend(20..24);
+    let t0 = Instant::now();
+    let newer = loop {
+        let got = rt.block_on(replay_from(&replay, next));
+        if got.iter().any(|(_, p)| stores(p, 23)) {
+            break got;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "new traffic not replayable: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        newer[0].0, next,
+        "the new daemon's stream does not continue the old one's"
+    );
+    let (stores, _, clears) = kinds(&newer);
+    assert_eq!(clears, 0, "a clear after the takeover");
+    // The 4 new blocks, and the NVMe copies of what they pushed out of DRAM: far from the
+    // ~60 DRAM blocks a re-announcement would repeat (and any repeat fails the view).
+    assert!(
+        stores <= 8,
+        "the new daemon announced {stores} stores: blocks taken over again?"
+    );
+    for (i, (s, p)) in newer.iter().enumerate() {
+        assert_eq!(*s, next + i as u64, "a gap in the new daemon's stream");
+        view.apply_batch(p, &mut norm, &mut eid);
+    }
+    settle(&mut c);
+    let after = c.stats().unwrap();
+    assert_eq!(
+        view.count("dram") as u64,
+        after.tiers[0].blocks,
+        "the router's DRAM view after the takeover"
+    );
+    for &i in &view.tiers["dram"] {
+        assert_eq!(
+            c.exists(ns, &[key(i)]).unwrap(),
+            1,
+            "block {i} in the view is gone"
+        );
+    }
+    assert!(ids.len() > 80);
+}

@@ -53,6 +53,9 @@ pub struct Handover {
     pub arena: std::fs::File,
     /// The DRAM tier's image.
     pub image: Vec<u8>,
+    /// The seq at which this daemon continues the predecessor's KV event stream (`None`:
+    /// it starts a new one, and announces every block it took over).
+    pub events_seq: Option<u64>,
 }
 
 /// One daemon's machinery.
@@ -157,7 +160,10 @@ impl Engine {
                     config.dram
                 };
                 let arena = Arena::adopt(h.arena, len)?;
+                // On a continued stream the predecessor announced these blocks: adopt them.
+                let adopting = h.events_seq.map(|_| announcer.adopting());
                 let dram = DramTier::restore(&tier(arena.len()), Arc::clone(&announcer), &h.image)?;
+                drop(adopting);
                 (arena, dram)
             }
         };
@@ -259,6 +265,7 @@ impl Engine {
         Ok(Handover {
             arena: std::fs::File::from(fd),
             image,
+            events_seq: None,
         })
     }
 

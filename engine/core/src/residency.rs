@@ -19,7 +19,7 @@
 //! copy is exactly what the wire said up to the marker (see `kvnode_events::snapshot`).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use kvnode_events::snapshot::{Entry, Marker};
@@ -213,6 +213,21 @@ pub struct Announcer {
     registry: Mutex<Registry>,
     /// Whose blocks are announced, charged to which account.
     policy: Policy,
+    /// While set ([`Announcer::adopting`]), blocks made resident are registered without
+    /// their store being published.
+    quiet: AtomicBool,
+}
+
+/// Blocks made resident while this lives are adopted: registered as announced, their store
+/// not published (a takeover's blocks, which the predecessor announced on the stream this
+/// daemon continues). Dropping it ends that.
+#[derive(Debug)]
+pub struct Adopting<'a>(&'a Announcer);
+
+impl Drop for Adopting<'_> {
+    fn drop(&mut self) {
+        self.0.quiet.store(false, Relaxed);
+    }
 }
 
 /// Where events go: the publisher's sink, or (unit tests) a recorder.
@@ -268,6 +283,7 @@ impl Announcer {
             epoch: RwLock::new(0),
             registry: Mutex::default(),
             policy,
+            quiet: AtomicBool::new(false),
         });
         if let Some(Out::Sink(s)) = &a.sink {
             let weak: std::sync::Weak<Self> = Arc::downgrade(&a);
@@ -303,9 +319,8 @@ impl Announcer {
         let Decision::Publish(account) = self.policy.decide(meta.salt.as_deref()) else {
             return None;
         };
-        let ev = meta.stored(medium);
         let epoch = self.epoch_read();
-        if !sink.stored(account, ev) {
+        if !self.quiet.load(Relaxed) && !sink.stored(account, meta.stored(medium)) {
             return None;
         }
         let slot = self.registry().insert(medium, Arc::clone(&meta), *key);
@@ -326,6 +341,40 @@ impl Announcer {
     pub fn resolve(&self, ns: NamespaceId, hashes: &[u64]) -> Vec<Option<Digest>> {
         let r = self.registry();
         hashes.iter().map(|&h| r.digest(ns, h)).collect()
+    }
+
+    /// Until the guard drops, blocks made resident are adopted: registered as announced, not
+    /// published again (a takeover that continues the predecessor's event stream).
+    pub fn adopting(&self) -> Adopting<'_> {
+        self.quiet.store(true, Relaxed);
+        Adopting(self)
+    }
+
+    /// A successor continues this daemon's event stream (a takeover, docs/events.md
+    /// "Takeover"): publishes the removal of every block announced on NVMe (the successor
+    /// does not carry the spill tier's announcements), silences every other residency (the
+    /// successor adopts the DRAM tier's without announcing them again), and returns the seq
+    /// of the successor's first batch, once every event queued before is sent (at most
+    /// `limit`). `None` without events, or when the publisher did not answer in time.
+    pub async fn hand_over(&self, limit: std::time::Duration) -> Option<u64> {
+        let Some(Out::Sink(sink)) = &self.sink else {
+            return None;
+        };
+        let rx = {
+            let mut epoch = self.epoch.write().unwrap_or_else(PoisonError::into_inner);
+            let mut reg = self.registry();
+            for (medium, meta, _) in reg.slots.iter().flatten() {
+                if *medium == Medium::Disk
+                    && let Decision::Publish(account) = self.policy.decide(meta.salt.as_deref())
+                {
+                    drop(sink.removed_as(account, Medium::Disk, vec![meta.hash]));
+                }
+            }
+            *epoch += 1;
+            *reg = Registry::default();
+            sink.next_seq()
+        }?;
+        tokio::time::timeout(limit, rx).await.ok()?.ok()
     }
 
     /// Everything is gone: publishes `AllBlocksCleared`; residencies announced before this

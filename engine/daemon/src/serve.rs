@@ -143,10 +143,19 @@ fn apply_tiering_flags(a: &ServeArgs, cfg: &mut EngineConfig) -> anyhow::Result<
 }
 
 /// Binds the KV event publisher when `[events]` names an endpoint.
-fn start_events(cfg: &EngineConfig) -> anyhow::Result<Option<kvnode_events::Publisher>> {
+/// `continue_at`: the seq of the first batch when this daemon continues a predecessor's
+/// stream (a takeover).
+fn start_events(
+    cfg: &EngineConfig,
+    continue_at: Option<u64>,
+) -> anyhow::Result<Option<kvnode_events::Publisher>> {
     let Some(pc) = cfg.events.publisher_config() else {
         return Ok(None);
     };
+    let pc = pc.continuing_at(continue_at.unwrap_or(0));
+    if let Some(seq) = continue_at {
+        tracing::info!(seq, "KV events continue the previous daemon's stream");
+    }
     let p = kvnode_events::Publisher::start(pc).context("starting the KV event publisher")?;
     if cfg.events.tcp_readable_by_anyone {
         tracing::warn!(
@@ -345,7 +354,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         };
         let listener_fd = std::os::fd::AsFd::as_fd(&listener).try_clone_to_owned()?;
         let socket = cfg.socket.clone();
-        let publisher = start_events(&cfg)?;
+        let publisher = start_events(&cfg, handover.as_ref().and_then(|h| h.events_seq))?;
         let announcer = announcer(&cfg, publisher.as_ref());
         let took_over = handover.is_some();
         let engine = kvnode_engine::Engine::start_from(cfg, announcer, handover).context("starting the engine")?;
@@ -391,6 +400,13 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 crate::serve_stop::Stopped::Flushed => break (None, takeover_path),
             }
         };
+        if let Some(a) = &accepted {
+            // The successor continues this stream: it adopts the DRAM tier's blocks as they
+            // are announced, and nothing is removed or announced again (docs/events.md).
+            if let Some(seq) = engine.store.announcer().hand_over(std::time::Duration::from_secs(5)).await {
+                a.continue_events_at(seq);
+            }
+        }
         finish(engine, publisher, accepted, takeover_path.as_deref(), &socket);
         tracing::info!("kvnode stopped");
         anyhow::Ok(())

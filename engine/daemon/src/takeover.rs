@@ -154,6 +154,7 @@ impl Received {
         self.stream
             .read_to_end(&mut rest)
             .context("waiting for the old daemon to close its spill files and exit")?;
+        self.handover.events_seq = events_seq_of(&rest);
         Ok((self.handover, self.listener))
     }
 
@@ -251,7 +252,11 @@ pub fn request(cfg: &EngineConfig, limit: Duration) -> anyhow::Result<Option<Rec
         .read_exact(&mut image)
         .context("reading the DRAM image")?;
     Ok(Some(Received {
-        handover: Handover { arena, image },
+        handover: Handover {
+            arena,
+            image,
+            events_seq: None,
+        },
         listener,
         donor: a.pid,
         blocks: a.blocks,
@@ -437,7 +442,7 @@ impl Pending {
         })();
         let verdict = sent.map_err(SendError::Gone)?;
         match verdict.trim() {
-            "ok" => Ok(Accepted { _stream: s }),
+            "ok" => Ok(Accepted { stream: s }),
             v => Err(SendError::Refused(v.to_owned())),
         }
     }
@@ -459,12 +464,41 @@ pub enum SendError {
 /// The successor holds the tier; dropping this tells it this daemon is gone.
 #[derive(Debug)]
 pub struct Accepted {
-    _stream: UnixStream,
+    stream: UnixStream,
+}
+
+/// The line that tells the successor where it continues the KV event stream.
+const EVENTS_SEQ: &str = "events-seq ";
+
+impl Accepted {
+    /// Tells the successor to continue the KV event stream at `seq` (its first batch), so
+    /// that it adopts the DRAM tier's blocks instead of announcing them again. A successor
+    /// that hears nothing (events off here) starts a new stream.
+    pub fn continue_events_at(&self, seq: u64) {
+        if let Err(e) = (&self.stream).write_all(format!("{EVENTS_SEQ}{seq}\n").as_bytes()) {
+            tracing::warn!(error = %e, "could not tell the successor the KV event seq");
+        }
+    }
+}
+
+/// The seq a donor's last words name (`continue_events_at`), if any.
+fn events_seq_of(rest: &[u8]) -> Option<u64> {
+    String::from_utf8_lossy(rest)
+        .lines()
+        .find_map(|l| l.strip_prefix(EVENTS_SEQ)?.trim().parse().ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_event_seq_is_read_from_the_donors_last_words_or_is_absent() {
+        assert_eq!(events_seq_of(b"events-seq 12345\n"), Some(12345));
+        assert_eq!(events_seq_of(b""), None);
+        assert_eq!(events_seq_of(b"events-seq x\n"), None);
+        assert_eq!(events_seq_of(b"noise\nevents-seq 7\n"), Some(7));
+    }
 
     #[test]
     fn a_different_dram_layout_is_refused_with_the_difference_named() {

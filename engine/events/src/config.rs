@@ -59,6 +59,10 @@ pub struct PublisherConfig {
     /// On shutdown, how long the sockets stay open after the last batch so subscribers
     /// can read it. Default [`DEFAULT_LINGER`].
     pub linger: Duration,
+    /// The seq of the first batch: 0 for a new stream, or the predecessor's next seq when
+    /// this publisher continues its stream (a takeover). A replay from below it is
+    /// answered with a residency snapshot. Default 0.
+    pub first_seq: u64,
 }
 
 impl PublisherConfig {
@@ -76,7 +80,17 @@ impl PublisherConfig {
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             queue_bytes: DEFAULT_QUEUE_BYTES,
             linger: DEFAULT_LINGER,
+            first_seq: 0,
         }
+    }
+
+    /// Continues a stream whose next batch is `seq` (a predecessor's [`EventSink::next_seq`]).
+    ///
+    /// [`EventSink::next_seq`]: crate::EventSink::next_seq
+    #[must_use]
+    pub fn continuing_at(mut self, seq: u64) -> Self {
+        self.first_seq = seq;
+        self
     }
 
     /// Sets the replay endpoint.

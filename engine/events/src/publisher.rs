@@ -223,7 +223,8 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
                 return;
             }
         }
-        let r: SharedRing = Arc::new(Mutex::new(Ring::new(
+        let r: SharedRing = Arc::new(Mutex::new(Ring::starting_at(
+            config.first_seq,
             config.replay_ring_len,
             config.replay_ring_bytes,
             Arc::clone(&counters),
@@ -253,7 +254,7 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
         buf: Vec::with_capacity(config.max_batch_events),
         charges: Vec::with_capacity(config.max_batch_events),
         max_events: config.max_batch_events,
-        seq: 0,
+        seq: config.first_seq,
     };
     batcher.run(&mut rx, &mut stop, config.flush_interval).await;
     // Nothing new is accepted from here; what is already queued still goes out.

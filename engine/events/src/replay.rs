@@ -46,13 +46,25 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
+    #[cfg(test)]
     pub(crate) fn new(max_batches: usize, max_bytes: u64, counters: Arc<Counters>) -> Self {
+        Self::starting_at(0, max_batches, max_bytes, counters)
+    }
+
+    /// A ring whose first batch will be `seq` (a stream continued from a predecessor: a
+    /// replay from below `seq` is not covered).
+    pub(crate) fn starting_at(
+        seq: u64,
+        max_batches: usize,
+        max_bytes: u64,
+        counters: Arc<Counters>,
+    ) -> Self {
         Self {
             max_batches,
             max_bytes,
             bytes: 0,
             batches: VecDeque::with_capacity(max_batches.min(1024)),
-            next: 0,
+            next: seq,
             counters,
         }
     }

@@ -74,6 +74,14 @@ impl EventSink {
         })
     }
 
+    /// The seq of the first batch after every event queued so far, once the publisher has
+    /// sent those: what a successor continues the stream at. `None` when the queue is
+    /// full or closed.
+    pub fn next_seq(&self) -> Option<tokio::sync::oneshot::Receiver<u64>> {
+        let (marker, rx) = Marker::new();
+        self.mark(marker).ok().map(|()| rx)
+    }
+
     /// Announces blocks that became resident in `event.medium`.
     pub fn stored(&self, event: BlockStored) -> Result<(), SinkError> {
         self.submit_as(None, KvEvent::Stored(event))

@@ -71,6 +71,7 @@ fn announcer() -> (Arc<Announcer>, Arc<Recorder>) {
         epoch: std::sync::RwLock::new(0),
         registry: std::sync::Mutex::default(),
         policy: super::Policy::all(),
+        quiet: std::sync::atomic::AtomicBool::new(false),
     });
     (a, r)
 }
