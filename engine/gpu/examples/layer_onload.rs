@@ -72,7 +72,9 @@ struct Plan {
 
 /// `ops` with one unit end, at the last copy: the job is fenced once, at its end.
 fn one_fence(mut ops: Vec<CopyOp>) -> Vec<CopyOp> {
-    ops.iter_mut().for_each(|o| o.unit_end = false);
+    for o in &mut ops {
+        o.unit_end = false;
+    }
     if let Some(o) = ops.last_mut() {
         o.unit_end = true;
     }
@@ -347,7 +349,7 @@ fn main() {
             .collect();
         let before = memcpy(&dev);
         let gbps = measure(&rt, &wk, &dev, &ps, reps, &mut back);
-        report(&ps, &gbps, (before + memcpy(&dev)) / 2.0);
+        report(&ps, &gbps, f64::midpoint(before, memcpy(&dev)));
         match reg {
             Some(r) => drop(r),
             // SAFETY: registered as one range by `register`; no copy in flight.

@@ -10,8 +10,9 @@ use crate::driver::{check, ensure_context};
 /// Largest single registration. A pitched copy's host rows must lie in one registration, so
 /// this bounds a layer-wise onload's runs (4 GiB: 448 blocks of 9 MiB in 64 MiB slabs, against
 /// 112 with 1 GiB pieces: copies of ~4.6 MiB instead of ~1.8 MiB for a 512-page prefix, see
-/// `runs.rs`); it also bounds how long one `cuMemHostRegister` call (~0.5 s a GiB measured)
-/// holds up a stop, and how far apart the progress reports are.
+/// `runs.rs`); it also bounds how long one `cuMemHostRegister` call holds up a stop (4.6 GiB
+/// of resident memory took 0.18 s on the H200 host, docs/ttft.md "Issue 44 §3") and how far
+/// apart the progress reports are.
 pub const MAX_PIECE: u64 = 4 << 30;
 
 /// The piece size for an arena cut into `slab`-byte slabs: the largest multiple of the slab
