@@ -131,6 +131,7 @@ class Lane:
         if lw is not None:
             out.update({"lookup_s": lw.lookup_s, "stage_s": 0.0, "onload_s": lw.onload_s,
                         "layerwise": True, "layer_wait_s": lw.wait_s, "onload_start_s": lw.start_s,
+                        "layers_landed_s": lw.landed_s,
                         "layerwise_redo_pages": redo, "local_tier_tokens": len(loaded) * ps,
                         "moved_bytes": len(loaded) * self.model.cfg.page_bytes})
         if ld is not None:

@@ -27,6 +27,7 @@ class LayeredLoad:
     start_s: float = 0.0          # Exists + OnloadAsync (before the prefill starts)
     wait_s: float = 0.0           # time the prefill was held in layer waits
     onload_s: float = 0.0         # OnloadAsync sent -> OnloadWait answered
+    landed_s: float = 0.0         # OnloadAsync sent -> the last layer's wait answered (the copies)
     incomplete_layers: int = 0
     _t0: float = 0.0
     _done: bool = False
@@ -34,7 +35,9 @@ class LayeredLoad:
     def wait(self, layer: int) -> None:
         t = time.perf_counter()
         ok = self.tier._call(self.tier.mover.onload_layer_wait, self.ticket, layer)
-        self.wait_s += time.perf_counter() - t
+        now = time.perf_counter()
+        self.wait_s += now - t
+        self.landed_s = now - self._t0  # the prefill waits for the layers in order: the last wins
         if not ok:
             self.incomplete_layers += 1
 

@@ -162,6 +162,13 @@ def _long(lp: Dict, memcpy: Optional[Dict]) -> Dict:
                         "promoted_pages_per_rep": v.get("promoted_pages_per_rep")})
             if memcpy and memcpy.get("h2d_GBps") and row["fetch_GBps"]:
                 row["fetch_vs_pinned_memcpy"] = row["fetch_GBps"] / memcpy["h2d_GBps"]
+            if v.get("layers_landed_s"):
+                # Layer-wise: onload_ms ends at OnloadWait, after the prefill; the copies ended
+                # when the last layer's wait was answered.
+                row["layers_landed_ms"] = v["layers_landed_s"] * 1e3
+                row["landed_GBps"] = v["moved_bytes"] / v["layers_landed_s"] / 1e9
+                if memcpy and memcpy.get("h2d_GBps"):
+                    row["landed_vs_pinned_memcpy"] = row["landed_GBps"] / memcpy["h2d_GBps"]
         out[k] = row
     if "tflops" in lp.get("recompute", {}):
         out["recompute"]["tflops"] = lp["recompute"]["tflops"]
@@ -304,6 +311,14 @@ def markdown(s: Dict) -> str:
                      f"{_f(r.get('speedup_vs_recompute'), '{:.1f}x')} | {_f(r.get('lookup_ms'), '{:.2f}')} | "
                      f"{_f(r.get('stage_ms'))} | {_f(r.get('onload_ms'))} | {_f(r['prefill_ms'])} | "
                      f"{_f(r.get('fetch_GBps'))} | {_f(None if r.get('fetch_vs_pinned_memcpy') is None else r['fetch_vs_pinned_memcpy'] * 100, '{:.0f} %')} |")
+        L.append("")
+        for k, r in lp.items():
+            if r.get("layers_landed_ms"):
+                pct = r.get("landed_vs_pinned_memcpy")
+                L.append(f"{k}: every layer landed {r['layers_landed_ms']:.1f} ms after the onload was "
+                         f"sent: {r['landed_GBps']:.1f} GB/s"
+                         + (f", {pct * 100:.0f} % of pinned memcpy" if pct else "")
+                         + " (onload ms ends at OnloadWait, after the prefill).")
         L.append("")
     c = s.get("correctness")
     if isinstance(c, dict) and "error" not in c:

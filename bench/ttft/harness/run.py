@@ -160,6 +160,12 @@ def _phase1_spec(prof: Dict, sections: List[str], common: Dict, tier, nlayers: i
             {"name": "peer_stream", "kind": "peer", "reps": lp["peer_reps"],
              "source": tier("ea", "peer", "long-st"),
              "tier": tier("eb", "peer", "long-st", stream_pull=True)})
+    # `--set 'long_prefix.only=["dram","dram_layerwise"]'` (likewise correctness.only): run only
+    # the named paths, e.g. a copy-path comparison without the slow NVMe and peer rows.
+    for sec, only in (("long_prefix", lp.get("only")), ("correctness", prof["correctness"].get("only"))):
+        if only:
+            keep = [p for p in spec[sec]["paths"] if (p["name"] if isinstance(p, dict) else p[0]) in only]
+            spec[sec]["paths"] = keep
     spec["workload"] = dict(wl, arms=[
         {"arm": "a", "lanes": [{"name": "a"}]},
         {"arm": "b", "lanes": [{"name": "b", "tier": tier("d1", "dram", "wl-b")}]},

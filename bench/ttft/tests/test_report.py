@@ -92,3 +92,31 @@ def the_report_cli_rerenders_a_results_file_and_names_the_recompute_equivalent_b
     assert eq["32768_tokens"] == pytest.approx(4831838208 / 1.6 / 1e9)
     assert eq["short_context"] == pytest.approx(147456 / (0.8 * 3e-5) / 1e9, rel=1e-3)  # _row: prefill = 0.8 TTFT
     assert "Recompute-equivalent bandwidth" in (tmp_path / "r" / "report.md").read_text()
+
+
+def long_prefix_only_and_correctness_only_keep_just_the_named_paths():
+    import copy
+
+    from harness import run
+
+    prof = copy.deepcopy(run.PROFILES["h200"])
+    prof["long_prefix"]["only"] = ["dram", "dram_layerwise"]
+    prof["correctness"]["only"] = ["dram_layerwise"]
+    tier = lambda d, kind, ns, **kw: {"daemon": d, "kind": kind, "ns_name": ns, **kw}  # noqa: E731
+    spec = run._phase1_spec(prof, ["long_prefix", "correctness"], {}, tier, 36)
+    assert [p["name"] for p in spec["long_prefix"]["paths"]] == ["dram", "dram_layerwise"]
+    assert spec["long_prefix"]["paths"][1]["tier"]["layers"] == 36
+    assert [p[0] for p in spec["correctness"]["paths"]] == ["dram_layerwise"]
+    # Without `only`, every path runs (NVMe, peers and the streamed pull included).
+    full = run._phase1_spec(copy.deepcopy(run.PROFILES["h200"]), ["long_prefix"], {}, tier, 36)
+    assert {"nvme", "peer", "peer_stream"} <= {p["name"] for p in full["long_prefix"]["paths"]}
+
+
+def layer_wise_rows_report_when_every_layer_landed_beside_the_onload_wait():
+    lp = {"recompute": {"ttft_s": 1.6},
+          "dram_layerwise": {"ttft_s": 0.1, "moved_bytes": 4.8e9, "onload_s": 0.098, "lookup_s": 0.0004,
+                             "layers_landed_s": 0.096}}
+    row = rp._long(lp, {"h2d_GBps": 55.0})["dram_layerwise"]
+    assert row["landed_GBps"] == pytest.approx(50.0)
+    assert row["landed_vs_pinned_memcpy"] == pytest.approx(50.0 / 55.0)
+    assert row["fetch_GBps"] == pytest.approx(4.8e9 / 0.098 / 1e9)

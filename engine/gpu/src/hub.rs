@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use kvnode_proto::gpu::GpuStats;
 
 use crate::register::HostRegistration;
+use crate::runs::HostPieces;
 use crate::worker::{DeviceWorker, WorkerConfig};
 use crate::{GpuError, driver};
 
@@ -16,6 +17,8 @@ type Spawner = Box<dyn Fn(u32) -> Result<DeviceWorker, GpuError> + Send + Sync>;
 #[derive(Debug, Default)]
 struct RegState {
     registered: AtomicU64,
+    /// Start of the registered range and its piece size (0 until registration starts).
+    base: AtomicU64,
     piece: AtomicU64,
     status: Mutex<String>,
     reg: Mutex<Option<HostRegistration>>,
@@ -97,6 +100,7 @@ impl GpuHub {
         keep: Arc<dyn Send + Sync>,
     ) -> std::thread::JoinHandle<()> {
         let st = Arc::clone(&self.reg);
+        st.base.store(base as u64, Ordering::Relaxed);
         st.piece.store(piece, Ordering::Relaxed);
         let base = base as usize;
         std::thread::Builder::new()
@@ -135,6 +139,15 @@ impl GpuHub {
                 *st.reg.lock().expect("registration lock") = Some(reg);
             })
             .expect("spawn registration thread")
+    }
+
+    /// The arena's registration pieces, which a copy's host rows must not span (one unbounded
+    /// range before registration started: nothing is pinned then).
+    pub fn host_pieces(&self) -> HostPieces {
+        HostPieces {
+            base: self.reg.base.load(Ordering::Relaxed) as usize,
+            piece: self.reg.piece.load(Ordering::Relaxed),
+        }
     }
 
     /// The stats section.

@@ -4,15 +4,26 @@
 //! A block is `layers` equal runs in model order (layer `l` = block bytes
 //! `[l*B/layers, (l+1)*B/layers)`); its pieces in a GPU page follow the layout's objects
 //! (a layer-first page's layer is its K and V objects of that layer, a page-first page's layer
-//! is one contiguous run). Within a layer the copies go piece by piece, page by page, and a
-//! run of pages whose pieces step by a constant amount on both sides (consecutive page ids on
-//! the device, equally spaced arena slots) becomes ONE pitched copy (`CopyOp::fuse_row`), so
-//! a layer of a few hundred pages is a handful of copies, not one per page. Only a layer's
-//! last copy is a unit end: the copy thread fences there, which is when the layer is reported.
+//! is one contiguous run). Every page has the same pieces, shifted by its page start and its
+//! block's address, so the pages are grouped once into runs that step evenly on both sides
+//! (`runs.rs`: e.g. the blocks of one slot index across the slabs of a registration piece) and
+//! each piece of each layer over a run is ONE pitched copy: a layer of 512 pages of 9 MiB in
+//! 64 MiB slabs is 28 copies of up to 64 rows (4 GiB registration pieces) instead of 148 of up
+//! to 7 rows (one slab's blocks, the plan before). Only a layer's last copy is a unit end: the
+//! copy thread fences there, which is when the layer is reported.
+//!
+//! Inside a layer the copies of one piece may go in another order than the pages were given;
+//! that moves the same bytes to the same places because the device rows of one piece of
+//! distinct pages never overlap (distinct page ids, page stride at least the piece). When that
+//! does not hold (a page id twice, overlapping pages), the plan keeps the page order
+//! ([`page_order_layer_ops`], the plan before runs).
+
+use std::collections::HashSet;
 
 use kvnode_proto::gpu::{GpuLayout, LayoutError};
 
 use crate::CopyOp;
+use crate::runs::{HostPieces, Run, runs};
 
 /// Largest copy a run of pages is fused into.
 pub const LAYER_RUN_MAX_BYTES: u64 = 64 << 20;
@@ -28,7 +39,7 @@ pub struct LayerPlan {
 }
 
 /// The pieces of block bytes `[lo, hi)` of page `p`: `(device offset, offset in block, len)`.
-fn pieces(
+fn layer_pieces(
     layout: &GpuLayout,
     p: u64,
     lo: u64,
@@ -41,12 +52,109 @@ fn pieces(
 }
 
 /// The layer-ordered copies of `pages` (`(host address of the page's block, page id)`, page
-/// ids validated) between `layout` in the mapping at device address `mapping` and the arena.
+/// ids validated) between `layout` in the mapping at device address `mapping` and the arena,
+/// each piece of a layer one pitched copy per run of pages (module doc). `regs`: the arena's
+/// CUDA registrations, which no copy's host rows may span.
 pub fn layer_ops(
     layout: &GpuLayout,
     mapping: u64,
     pages: &[(usize, u64)],
     layers: u32,
+    regs: HostPieces,
+) -> Result<LayerPlan, LayoutError> {
+    let per = layout.layer_bytes(layers)?;
+    let widest = layout.objects.iter().map(|o| o.size).max().unwrap_or(0);
+    let distinct = pages.iter().map(|&(_, p)| p).collect::<HashSet<_>>().len() == pages.len();
+    let Some(&(_, first)) = pages.first() else {
+        return Ok(LayerPlan {
+            ops: Vec::new(),
+            layer_ends: vec![0; layers as usize],
+        });
+    };
+    if !distinct || layout.page_stride < widest {
+        return page_order_layer_ops(layout, mapping, pages, layers, regs);
+    }
+    let bases: Vec<(u64, usize)> = pages
+        .iter()
+        .map(|&(host, p)| (layout.page_start(p), host))
+        .collect();
+    let groups = runs(&bases, widest, layout.page_bytes(), regs);
+    let origin = layout.page_start(first);
+    let mut plan = LayerPlan::default();
+    for l in 0..u64::from(layers) {
+        let start = plan.ops.len();
+        for (dev, in_block, len) in layer_pieces(layout, first, l * per, (l + 1) * per) {
+            for r in &groups {
+                let (dev, host) = (mapping + r.dev + (dev - origin), r.host + in_block as usize);
+                push_run(&mut plan.ops, start, regs, run_ops(r, dev, host, len));
+            }
+        }
+        if plan.ops.len() > start {
+            plan.ops.last_mut().expect("non-empty").unit_end = true;
+        }
+        plan.layer_ends.push(plan.ops.len());
+    }
+    Ok(plan)
+}
+
+/// One piece (`len` bytes at `dev` / `host` in the run's first page) over run `r`: pitched
+/// copies of at most [`LAYER_RUN_MAX_BYTES`], linear where the rows are back to back.
+fn run_ops(r: &Run, dev: u64, host: usize, len: u64) -> impl Iterator<Item = CopyOp> {
+    let per_op = (LAYER_RUN_MAX_BYTES / len).max(1);
+    let r = *r;
+    (0..r.rows).step_by(per_op as usize).map(move |i| {
+        let rows = per_op.min(r.rows - i);
+        let (dev, host) = (dev + i * r.dev_step, host + (i * r.host_step) as usize);
+        let op = if rows == 1 || (r.dev_step == len && r.host_step == len) {
+            CopyOp::linear(dev, host, len * rows)
+        } else {
+            CopyOp {
+                dev,
+                host,
+                len,
+                rows,
+                dev_pitch: r.dev_step,
+                host_pitch: r.host_step,
+                unit_end: true,
+            }
+        };
+        CopyOp {
+            unit_end: false,
+            ..op
+        }
+    })
+}
+
+/// Appends `ops` to a layer's copies (those from index `start`), merging a linear copy into the
+/// previous one when they are back to back on both sides and in one registration piece.
+fn push_run(
+    plan: &mut Vec<CopyOp>,
+    start: usize,
+    regs: HostPieces,
+    ops: impl Iterator<Item = CopyOp>,
+) {
+    for op in ops {
+        let merged = plan.len() > start
+            && plan.last_mut().is_some_and(|last| {
+                regs.holding(last.host, last.bytes() + op.len).is_some()
+                    && last.merge(&op, LAYER_RUN_MAX_BYTES)
+            });
+        if !merged {
+            plan.push(op);
+        }
+    }
+}
+
+/// The layer-ordered copies of `pages` in the order given: piece by piece, page by page, a
+/// copy fused with the previous one while both step evenly (the plan before runs; kept for
+/// pages that may overlap on the device, and as the reference the run plan is tested against).
+/// Arguments as [`layer_ops`].
+pub fn page_order_layer_ops(
+    layout: &GpuLayout,
+    mapping: u64,
+    pages: &[(usize, u64)],
+    layers: u32,
+    regs: HostPieces,
 ) -> Result<LayerPlan, LayoutError> {
     let per = layout.layer_bytes(layers)?;
     let mut plan = LayerPlan::default();
@@ -57,7 +165,7 @@ pub fn layer_ops(
         // piece k+1, so equal pieces of consecutive pages sit next to each other and fuse.
         let per_page: Vec<Vec<(u64, u64, u64)>> = pages
             .iter()
-            .map(|&(_, p)| pieces(layout, p, lo, hi).collect())
+            .map(|&(_, p)| layer_pieces(layout, p, lo, hi).collect())
             .collect();
         let k = per_page.first().map_or(0, Vec::len);
         for piece in 0..k {
@@ -67,10 +175,12 @@ pub fn layer_ops(
                     unit_end: false,
                     ..CopyOp::linear(mapping + dev, host + in_block as usize, len)
                 };
+                let reg = regs.holding(op.host, op.len);
                 let fused = plan.ops.len() > start
                     && plan.ops.last_mut().is_some_and(|last| {
-                        last.merge(&op, LAYER_RUN_MAX_BYTES)
-                            || last.fuse_row(&op, LAYER_RUN_MAX_BYTES)
+                        let same = reg.is_some() && regs.holding(last.host, 1) == reg;
+                        same && (last.merge(&op, LAYER_RUN_MAX_BYTES)
+                            || last.fuse_row(&op, LAYER_RUN_MAX_BYTES))
                     });
                 if !fused {
                     plan.ops.push(op);
@@ -116,7 +226,7 @@ mod tests {
         let pages: Vec<(usize, u64)> = (0..4)
             .map(|i| (1 << 20 | (i * 4096), 2 + i as u64))
             .collect();
-        let plan = layer_ops(&l, M, &pages, 2).unwrap();
+        let plan = layer_ops(&l, M, &pages, 2, HostPieces::NONE).unwrap();
         // Per layer: K of the 4 pages as one pitched copy, then V likewise.
         assert_eq!(plan.layer_ends, vec![2, 4]);
         let k1 = plan.ops[2];
@@ -132,13 +242,25 @@ mod tests {
     }
 
     #[test]
-    fn scattered_pages_copy_piece_by_piece_and_a_page_first_layer_is_one_run_per_page() {
+    fn scattered_pages_copy_by_runs_and_a_page_first_layer_is_one_run_per_page() {
         let l = layer_first();
         let pages = [(0usize, 5u64), (8192, 1), (4096, 6)];
-        let plan = layer_ops(&l, M, &pages, 2).unwrap();
-        // No constant step: 2 pieces x 3 pages per layer.
-        assert_eq!(plan.layer_ends, vec![6, 12]);
-        assert!(plan.ops.iter().all(|o| o.rows == 1 && o.len == 256));
+        let plan = layer_ops(&l, M, &pages, 2, HostPieces::NONE).unwrap();
+        // Pages 5 and 6 step evenly (one page on the device, 4096 bytes in the arena) though
+        // page 1 was given between them: one pitched copy per piece; page 1 alone.
+        assert_eq!(plan.layer_ends, vec![4, 8]);
+        assert_eq!(
+            plan.ops[..2]
+                .iter()
+                .map(|o| (o.rows, o.host))
+                .collect::<Vec<_>>(),
+            [(1, 8192), (2, 0)]
+        );
+        assert_eq!((plan.ops[1].dev_pitch, plan.ops[1].host_pitch), (256, 4096));
+        // The page-order plan finds no constant step: 2 pieces x 3 pages per layer.
+        let old = page_order_layer_ops(&l, M, &pages, 2, HostPieces::NONE).unwrap();
+        assert_eq!(old.layer_ends, vec![6, 12]);
+        assert!(old.ops.iter().all(|o| o.rows == 1 && o.len == 256));
         // Page-first, 1 KiB pages, 4 layers: layer l of a page is bytes [256l, 256l+256).
         let pf = GpuLayout {
             base: 0,
@@ -150,7 +272,7 @@ mod tests {
             }],
         };
         let pages: Vec<(usize, u64)> = (0..3).map(|i| (i * 1024, i as u64)).collect();
-        let plan = layer_ops(&pf, M, &pages, 4).unwrap();
+        let plan = layer_ops(&pf, M, &pages, 4, HostPieces::NONE).unwrap();
         assert_eq!(plan.layer_ends, vec![1, 2, 3, 4]);
         let op = plan.ops[1];
         assert_eq!(
@@ -171,9 +293,14 @@ mod tests {
         let l = layer_first(); // 1 KiB blocks
         for bad in [0, 3, 5000] {
             assert!(
-                matches!(layer_ops(&l, M, &[(0, 0)], bad), Err(LayoutError::Layers { layers, .. }) if layers == bad)
+                matches!(layer_ops(&l, M, &[(0, 0)], bad, HostPieces::NONE), Err(LayoutError::Layers { layers, .. }) if layers == bad)
             );
         }
-        assert_eq!(layer_ops(&l, M, &[], 4).unwrap().layer_ends, vec![0; 4]);
+        assert_eq!(
+            layer_ops(&l, M, &[], 4, HostPieces::NONE)
+                .unwrap()
+                .layer_ends,
+            vec![0; 4]
+        );
     }
 }

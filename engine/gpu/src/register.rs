@@ -7,11 +7,16 @@ use cudarc::driver::sys;
 use crate::GpuError;
 use crate::driver::{check, ensure_context};
 
-/// Largest single registration.
-pub const MAX_PIECE: u64 = 1 << 30;
+/// Largest single registration. A pitched copy's host rows must lie in one registration, so
+/// this bounds a layer-wise onload's runs (4 GiB: 448 blocks of 9 MiB in 64 MiB slabs, against
+/// 112 with 1 GiB pieces: copies of ~4.6 MiB instead of ~1.8 MiB for a 512-page prefix, see
+/// `runs.rs`); it also bounds how long one `cuMemHostRegister` call holds up a stop (4.6 GiB
+/// of resident memory took 0.18 s on the H200 host, docs/ttft.md "Issue 44 §3") and how far
+/// apart the progress reports are.
+pub const MAX_PIECE: u64 = 4 << 30;
 
 /// The piece size for an arena cut into `slab`-byte slabs: the largest multiple of the slab
-/// not above 1 GiB, so no slot straddles two registrations (a copy stays in one of them).
+/// not above [`MAX_PIECE`], so no slot straddles two registrations (a copy stays in one of them).
 pub fn piece_for_slab(slab: u64) -> u64 {
     if slab == 0 || slab >= MAX_PIECE {
         return slab.max(1);
@@ -93,10 +98,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pieces_are_whole_slabs_of_at_most_one_gib() {
-        assert_eq!(piece_for_slab(64 << 20), 1 << 30);
-        assert_eq!(piece_for_slab(6 << 20), 170 * (6 << 20));
-        assert_eq!(piece_for_slab(2 << 30), 2 << 30);
+    fn pieces_are_whole_slabs_of_at_most_four_gib() {
+        assert_eq!(piece_for_slab(64 << 20), 4 << 30);
+        assert_eq!(piece_for_slab(6 << 20), 682 * (6 << 20));
+        assert_eq!(piece_for_slab(2 << 30), 4 << 30);
+        assert_eq!(piece_for_slab(3 << 30), 3 << 30);
+        assert_eq!(piece_for_slab(8 << 30), 8 << 30);
         assert!(piece_for_slab(6 << 20) <= MAX_PIECE);
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use kvnode_gpu::fake::{FakeBackend, FakeDevice};
-use kvnode_gpu::{DeviceWorker, Dir, WorkerConfig, layer_ops};
+use kvnode_gpu::{DeviceWorker, Dir, HostPieces, WorkerConfig, layer_ops};
 use kvnode_proto::gpu::{GpuLayout, GpuObject};
 
 /// `[layer][K|V][page][chunk]` with `layers` layers.
@@ -65,7 +65,7 @@ async fn layers_land_in_model_order_and_progress_reports_each() {
     let mut host: Vec<u8> = (0..8 * pb).map(|i| (i % 251) as u8 + 1).collect();
     let base = host.as_mut_ptr() as usize;
     let rows: Vec<(usize, u64)> = (0..4).map(|i| (base + 2 * i * pb, 1 + i as u64)).collect();
-    let plan = layer_ops(&l, m, &rows, layers as u32).unwrap();
+    let plan = layer_ops(&l, m, &rows, layers as u32, HostPieces::NONE).unwrap();
     // K and V of a layer: one pitched copy each over the 4 pages.
     assert_eq!(plan.layer_ends, vec![2, 4, 6]);
     assert!(
@@ -117,11 +117,11 @@ async fn a_cancelled_layered_onload_stops_at_a_layer_boundary() {
     let m = wk.open(h, len).await.unwrap();
     let mut host = vec![0x5Au8; pages as usize * pb];
     let base = host.as_mut_ptr() as usize;
-    // Scattered slots: no fusion, several copies per layer.
+    // Scattered slots: several copies per layer.
     let rows: Vec<(usize, u64)> = (0..pages)
         .map(|p| (base + ((p * 3) % pages) as usize * pb, p))
         .collect();
-    let plan = layer_ops(&l, m, &rows, layers as u32).unwrap();
+    let plan = layer_ops(&l, m, &rows, layers as u32, HostPieces::NONE).unwrap();
     dev.gate();
     // SAFETY: `host` outlives the wait.
     let t = unsafe { wk.submit_with(Dir::HostToDevice, m, plan.ops.clone(), true) }.unwrap();

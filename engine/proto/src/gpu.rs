@@ -129,7 +129,7 @@ pub struct GpuStats {
     pub driver: String,
     /// Arena bytes registered with CUDA (page-locked for DMA).
     pub registered_bytes: u64,
-    /// Size of each registration piece (whole slabs, at most 1 GiB); clients registering their
+    /// Size of each registration piece (whole slabs, at most 4 GiB); clients registering their
     /// own mapping should use the same boundaries.
     pub register_piece_bytes: u64,
     /// Buffers attached over all connections.

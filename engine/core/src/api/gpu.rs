@@ -332,8 +332,9 @@ impl Session {
         let mut layer_ends = Vec::new();
         if layered {
             // Every page is whole only once the last layer landed.
-            let plan =
-                kvnode_gpu::layer_ops(&a.layout, a.dev, &rows, m.layers).map_err(layout_error)?;
+            let regs = self.engine.gpu.host_pieces();
+            let plan = kvnode_gpu::layer_ops(&a.layout, a.dev, &rows, m.layers, regs)
+                .map_err(layout_error)?;
             (ops, layer_ends) = (plan.ops, plan.layer_ends);
             ends.iter_mut().flatten().for_each(|e| *e = ops.len());
         }
