@@ -56,6 +56,9 @@ pub struct Handover {
     /// The seq at which this daemon continues the predecessor's KV event stream (`None`:
     /// it starts a new one, and announces every block it took over).
     pub events_seq: Option<u64>,
+    /// The blocks the predecessor announced on NVMe, with their router metadata (adopted
+    /// when the stream continues).
+    pub nvme_announced: Vec<(kvnode_proto::BlockKey, crate::residency::RouterMeta)>,
 }
 
 /// One daemon's machinery.
@@ -79,6 +82,34 @@ pub struct Engine {
     router: std::sync::OnceLock<std::sync::Weak<crate::api::RouterGate>>,
     started: Instant,
     stop_pinning: Arc<AtomicBool>,
+}
+
+/// Adopts the NVMe blocks a predecessor announced on the event stream this daemon continues;
+/// retracts (announces the removal of) those the spill tier does not hold.
+fn adopt_nvme(
+    nvme: Option<&NvmeTier>,
+    announcer: &Announcer,
+    list: Vec<(kvnode_proto::BlockKey, crate::residency::RouterMeta)>,
+) {
+    let mut gone = Vec::new();
+    {
+        let _adopting = announcer.adopting();
+        for (key, meta) in list {
+            let meta = Arc::new(meta);
+            if !nvme.is_some_and(|n| n.adopt_announced(&key, &meta)) {
+                gone.push(meta);
+            }
+        }
+    }
+    for meta in &gone {
+        announcer.retract(kvnode_events::Medium::Disk, meta);
+    }
+    if !gone.is_empty() {
+        tracing::info!(
+            blocks = gone.len(),
+            "NVMe blocks the previous daemon announced are not in the spill tier: their removal announced"
+        );
+    }
 }
 
 /// The GPU hub: CUDA copy threads; in test builds with `KVNODE_TEST_FAKE_GPU` set, the
@@ -147,6 +178,11 @@ impl Engine {
             slab_bytes: config.slab_bytes(),
             policy: config.eviction,
         };
+        let mut from = from;
+        let nvme_announced = from
+            .as_mut()
+            .filter(|h| h.events_seq.is_some())
+            .map(|h| std::mem::take(&mut h.nvme_announced));
         let (arena, dram) = match from {
             None => {
                 let arena = Arena::create(config.dram, config.hugetlb)?;
@@ -185,6 +221,9 @@ impl Engine {
         ));
         if let Some(n) = &nvme {
             n.set_tenants(Arc::clone(&tenants));
+        }
+        if let Some(list) = nvme_announced {
+            adopt_nvme(nvme.as_deref(), &announcer, list);
         }
         let store = Store::with_tenants(Arc::clone(&arena), dram, nvme, announcer, tenants);
         let peers = Arc::new(Peers::new(
@@ -266,6 +305,7 @@ impl Engine {
             arena: std::fs::File::from(fd),
             image,
             events_seq: None,
+            nvme_announced: Vec::new(),
         })
     }
 

@@ -230,6 +230,15 @@ impl Drop for Adopting<'_> {
     }
 }
 
+/// What a successor needs to continue the event stream (`Announcer::hand_over`).
+#[derive(Debug)]
+pub struct HandedOver {
+    /// The seq of its first batch.
+    pub seq: u64,
+    /// The blocks announced on NVMe, with their metadata (the spill files carry none).
+    pub nvme: Vec<(BlockKey, Arc<RouterMeta>)>,
+}
+
 /// Where events go: the publisher's sink, or (unit tests) a recorder.
 #[derive(Debug)]
 enum Out {
@@ -351,30 +360,52 @@ impl Announcer {
     }
 
     /// A successor continues this daemon's event stream (a takeover, docs/events.md
-    /// "Takeover"): publishes the removal of every block announced on NVMe (the successor
-    /// does not carry the spill tier's announcements), silences every other residency (the
-    /// successor adopts the DRAM tier's without announcing them again), and returns the seq
-    /// of the successor's first batch, once every event queued before is sent (at most
-    /// `limit`). `None` without events, or when the publisher did not answer in time.
-    pub async fn hand_over(&self, limit: std::time::Duration) -> Option<u64> {
+    /// "Takeover"): silences every residency announced so far (the successor adopts the DRAM
+    /// tier's blocks from the image and the NVMe tier's from the list returned here, without
+    /// announcing them again) and returns the seq of the successor's first batch, once every
+    /// event queued before is sent (at most `limit`). `None` without events, or when the
+    /// publisher did not answer in time (then nothing is silenced).
+    pub async fn hand_over(&self, limit: std::time::Duration) -> Option<HandedOver> {
         let Some(Out::Sink(sink)) = &self.sink else {
             return None;
         };
-        let rx = {
+        let (rx, nvme) = {
             let mut epoch = self.epoch.write().unwrap_or_else(PoisonError::into_inner);
+            // Queued while no event can be: the seq it learns follows every one published.
+            let rx = sink.next_seq()?;
             let mut reg = self.registry();
-            for (medium, meta, _) in reg.slots.iter().flatten() {
-                if *medium == Medium::Disk
-                    && let Decision::Publish(account) = self.policy.decide(meta.salt.as_deref())
-                {
-                    drop(sink.removed_as(account, Medium::Disk, vec![meta.hash]));
-                }
-            }
+            let nvme: Vec<(BlockKey, Arc<RouterMeta>)> = reg
+                .slots
+                .iter()
+                .flatten()
+                .filter(|(m, _, _)| *m == Medium::Disk)
+                .map(|(_, meta, key)| (*key, Arc::clone(meta)))
+                .collect();
             *epoch += 1;
             *reg = Registry::default();
-            sink.next_seq()
-        }?;
-        tokio::time::timeout(limit, rx).await.ok()?.ok()
+            (rx, nvme)
+        };
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok(seq)) => Some(HandedOver { seq, nvme }),
+            _ => {
+                tracing::warn!(
+                    ?limit,
+                    "the KV event publisher did not confirm its last seq: the successor starts a new stream"
+                );
+                None
+            }
+        }
+    }
+
+    /// Publishes that block `meta` left `medium`, for a block announced by a predecessor
+    /// that this daemon does not hold after all (a takeover's NVMe block the spill tier no
+    /// longer has).
+    pub fn retract(&self, medium: Medium, meta: &RouterMeta) {
+        let Some(sink) = &self.sink else { return };
+        if let Decision::Publish(account) = self.policy.decide(meta.salt.as_deref()) {
+            let _epoch = self.epoch_read();
+            sink.removed(account, medium, meta.hash);
+        }
     }
 
     /// Everything is gone: publishes `AllBlocksCleared`; residencies announced before this

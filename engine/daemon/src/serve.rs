@@ -400,11 +400,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 crate::serve_stop::Stopped::Flushed => break (None, takeover_path),
             }
         };
-        if let Some(a) = &accepted {
-            // The successor continues this stream: it adopts the DRAM tier's blocks as they
-            // are announced, and nothing is removed or announced again (docs/events.md).
-            if let Some(seq) = engine.store.announcer().hand_over(std::time::Duration::from_secs(5)).await {
-                a.continue_events_at(seq);
+        if let Some(a) = accepted.as_ref().filter(|a| a.continues_events()) {
+            // The successor continues this stream: it adopts the blocks as they are
+            // announced, and nothing is removed or announced again (docs/events.md).
+            if let Some(h) = engine.store.announcer().hand_over(std::time::Duration::from_secs(5)).await {
+                a.continue_events(&h);
             }
         }
         finish(engine, publisher, accepted, takeover_path.as_deref(), &socket);

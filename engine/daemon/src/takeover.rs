@@ -62,6 +62,10 @@ struct Ask {
     slab_bytes: u64,
     hugetlb: bool,
     image_formats: Vec<String>,
+    /// The successor continues the donor's KV event stream (reads `events-seq` and the
+    /// NVMe announcements after its verdict). Absent from older builds: they start anew.
+    #[serde(default)]
+    continues_events: bool,
 }
 
 /// The donor's answer.
@@ -82,6 +86,7 @@ fn ask_of(cfg: &EngineConfig) -> Ask {
         slab_bytes: cfg.slab_bytes(),
         hugetlb: cfg.hugetlb,
         image_formats: vec![IMAGE_FORMAT.into()],
+        continues_events: true,
     }
 }
 
@@ -154,7 +159,10 @@ impl Received {
         self.stream
             .read_to_end(&mut rest)
             .context("waiting for the old daemon to close its spill files and exit")?;
-        self.handover.events_seq = events_seq_of(&rest);
+        if let Some((seq, nvme)) = continuation_of(&rest) {
+            self.handover.events_seq = Some(seq);
+            self.handover.nvme_announced = nvme;
+        }
         Ok((self.handover, self.listener))
     }
 
@@ -256,6 +264,7 @@ pub fn request(cfg: &EngineConfig, limit: Duration) -> anyhow::Result<Option<Rec
             arena,
             image,
             events_seq: None,
+            nvme_announced: Vec::new(),
         },
         listener,
         donor: a.pid,
@@ -280,6 +289,7 @@ fn kvnode_fdpass_recv(
 pub struct Pending {
     stream: UnixStream,
     pid: u32,
+    continues_events: bool,
 }
 
 /// Binds the takeover socket (owner-only; its directory was made ready by
@@ -383,6 +393,7 @@ fn screen(s: UnixStream, cfg: &EngineConfig) -> anyhow::Result<Option<Pending>> 
     Ok(Some(Pending {
         stream: s,
         pid: ask.pid,
+        continues_events: ask.continues_events,
     }))
 }
 
@@ -442,7 +453,10 @@ impl Pending {
         })();
         let verdict = sent.map_err(SendError::Gone)?;
         match verdict.trim() {
-            "ok" => Ok(Accepted { stream: s }),
+            "ok" => Ok(Accepted {
+                stream: s,
+                continues_events: self.continues_events,
+            }),
             v => Err(SendError::Refused(v.to_owned())),
         }
     }
@@ -465,27 +479,59 @@ pub enum SendError {
 #[derive(Debug)]
 pub struct Accepted {
     stream: UnixStream,
+    continues_events: bool,
 }
 
 /// The line that tells the successor where it continues the KV event stream.
 const EVENTS_SEQ: &str = "events-seq ";
+/// The line that announces the NVMe announcements' bytes (`dram::image::encode_announced`).
+const NVME_ANNOUNCED: &str = "nvme-announced ";
 
 impl Accepted {
-    /// Tells the successor to continue the KV event stream at `seq` (its first batch), so
-    /// that it adopts the DRAM tier's blocks instead of announcing them again. A successor
-    /// that hears nothing (events off here) starts a new stream.
-    pub fn continue_events_at(&self, seq: u64) {
-        if let Err(e) = (&self.stream).write_all(format!("{EVENTS_SEQ}{seq}\n").as_bytes()) {
+    /// Whether the successor continues this daemon's KV event stream (this build or later).
+    pub fn continues_events(&self) -> bool {
+        self.continues_events
+    }
+
+    /// Tells the successor to continue the KV event stream at `seq` (its first batch) and
+    /// which blocks are announced on NVMe, so that it adopts the DRAM and NVMe tiers'
+    /// blocks instead of announcing them again. A successor that hears nothing (events off
+    /// here) starts a new stream.
+    pub fn continue_events(&self, h: &kvnode_engine::residency::HandedOver) {
+        let nvme = kvnode_engine::dram::image::encode_announced(&h.nvme);
+        let head = format!("{EVENTS_SEQ}{}\n{NVME_ANNOUNCED}{}\n", h.seq, nvme.len());
+        let sent = (&self.stream)
+            .write_all(head.as_bytes())
+            .and_then(|()| (&self.stream).write_all(&nvme));
+        if let Err(e) = sent {
             tracing::warn!(error = %e, "could not tell the successor the KV event seq");
         }
     }
 }
 
-/// The seq a donor's last words name (`continue_events_at`), if any.
-fn events_seq_of(rest: &[u8]) -> Option<u64> {
-    String::from_utf8_lossy(rest)
-        .lines()
-        .find_map(|l| l.strip_prefix(EVENTS_SEQ)?.trim().parse().ok())
+/// The seq and NVMe announcements a donor's last words give (`continue_events`), if any;
+/// none when they are absent or malformed (the successor then starts a new stream).
+fn continuation_of(
+    rest: &[u8],
+) -> Option<(
+    u64,
+    Vec<(kvnode_proto::BlockKey, kvnode_engine::residency::RouterMeta)>,
+)> {
+    let line = |b: &[u8], prefix: &str| -> Option<(u64, usize)> {
+        let end = b.iter().position(|&c| c == b'\n')?;
+        let text = std::str::from_utf8(&b[..end]).ok()?;
+        Some((text.strip_prefix(prefix)?.trim().parse().ok()?, end + 1))
+    };
+    let (seq, a) = line(rest, EVENTS_SEQ)?;
+    let (len, b) = line(&rest[a..], NVME_ANNOUNCED)?;
+    let body = rest.get(a + b..a + b + usize::try_from(len).ok()?)?;
+    match kvnode_engine::dram::image::decode_announced(body) {
+        Ok(list) => Some((seq, list)),
+        Err(e) => {
+            tracing::warn!(error = %e, "the previous daemon's NVMe announcements are malformed: starting a new event stream");
+            None
+        }
+    }
 }
 
 #[cfg(test)]
@@ -493,11 +539,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_event_seq_is_read_from_the_donors_last_words_or_is_absent() {
-        assert_eq!(events_seq_of(b"events-seq 12345\n"), Some(12345));
-        assert_eq!(events_seq_of(b""), None);
-        assert_eq!(events_seq_of(b"events-seq x\n"), None);
-        assert_eq!(events_seq_of(b"noise\nevents-seq 7\n"), Some(7));
+    fn the_continuation_is_read_from_the_donors_last_words_or_is_absent() {
+        let empty = kvnode_engine::dram::image::encode_announced(&[]);
+        let mut words = format!("events-seq 12345\nnvme-announced {}\n", empty.len()).into_bytes();
+        words.extend_from_slice(&empty);
+        assert_eq!(continuation_of(&words).map(|c| c.0), Some(12345));
+        assert!(continuation_of(b"").is_none());
+        assert!(continuation_of(b"events-seq x\nnvme-announced 8\n\0\0\0\0\0\0\0\0").is_none());
+        assert!(
+            continuation_of(&words[..words.len() - 1]).is_none(),
+            "truncated"
+        );
+        let mut lying = format!("events-seq 1\nnvme-announced {}\n", empty.len()).into_bytes();
+        lying.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(
+            continuation_of(&lying).is_none(),
+            "a count the bytes cannot hold"
+        );
     }
 
     #[test]

@@ -124,6 +124,44 @@ fn get_meta(r: &mut Reader<'_>) -> Result<RouterMeta, ImageError> {
     })
 }
 
+/// Encodes blocks announced on another tier (a takeover's NVMe announcements, which the
+/// successor adopts): a count, then per block its key and router metadata, in the image's
+/// own encoding.
+pub fn encode_announced(list: &[(BlockKey, Arc<RouterMeta>)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + list.len() * 96);
+    out.extend_from_slice(&(list.len() as u64).to_le_bytes());
+    for (k, m) in list {
+        out.extend_from_slice(&k.ns.0.to_le_bytes());
+        out.extend_from_slice(&k.digest.0);
+        out.extend_from_slice(&k.segment.to_le_bytes());
+        put_meta(&mut out, m);
+    }
+    out
+}
+
+/// Decodes [`encode_announced`]'s bytes; refused whole when malformed.
+pub fn decode_announced(b: &[u8]) -> Result<Vec<(BlockKey, RouterMeta)>, ImageError> {
+    let mut r = Reader { b };
+    let n = r.u64()?;
+    // Each entry takes more than 64 bytes: a count the bytes cannot hold is malformed.
+    if n > (b.len() / 64) as u64 {
+        return Err(bad(format!("{n} announced blocks in {} bytes", b.len())));
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let key = BlockKey {
+            ns: NamespaceId(u128::from_le_bytes(r.arr()?)),
+            digest: Digest(r.arr()?),
+            segment: r.u16()?,
+        };
+        out.push((key, get_meta(&mut r)?));
+    }
+    if !r.b.is_empty() {
+        return Err(bad("trailing bytes after the announced blocks"));
+    }
+    Ok(out)
+}
+
 fn unix_ms(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

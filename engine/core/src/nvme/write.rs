@@ -146,6 +146,23 @@ impl NvmeTier {
         }
     }
 
+    /// Adopts a block a predecessor announced on NVMe (a takeover that continues its event
+    /// stream; call under `Announcer::adopting`): `false` when the spill tier does not hold
+    /// it (the caller retracts the announcement).
+    pub fn adopt_announced(&self, key: &BlockKey, meta: &Arc<RouterMeta>) -> bool {
+        let sk = spill_key(key);
+        let mut m = self.residencies();
+        if !self.spill.contains(&sk) {
+            return false;
+        }
+        if !m.contains_key(&sk)
+            && let Some(r) = self.announcer.reside(Self::MEDIUM, key, Some(meta))
+        {
+            m.insert(sk, r);
+        }
+        true
+    }
+
     /// Deletes a block written while its DRAM copy was deleted (the delete won).
     pub fn drop_written(&self, key: &BlockKey) {
         let sk = spill_key(key);
