@@ -903,6 +903,58 @@ fn drain(follower: &Follower, quiet: Duration) -> Vec<(u64, Bytes)> {
     out
 }
 
+/// Replays from `start`, polling until the store of block `id` is among the batches.
+fn replay_until_stored(
+    rt: &tokio::runtime::Runtime,
+    replay: &str,
+    start: u64,
+    id: u64,
+) -> Vec<(u64, Bytes)> {
+    let t0 = Instant::now();
+    loop {
+        let got = rt.block_on(replay_from(replay, start));
+        if got.iter().any(|(_, p)| stores(p, id)) {
+            return got;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the store of {id} is not replayable from {start}: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `ipc://` PUB and replay endpoints in `dir`.
+fn ipc_endpoints(dir: &std::path::Path) -> (String, String) {
+    let ep = |name: &str| format!("ipc://{}", dir.join(name).display());
+    (ep("ev.sock"), ep("replay.sock"))
+}
+
+/// Daemon flags publishing on `events` with a replay ring on `replay`, DP rank 0.
+fn events_args<'a>(events: &'a str, replay: &'a str) -> [&'a str; 6] {
+    [
+        "--events",
+        events,
+        "--events-replay",
+        replay,
+        "--dp-rank",
+        "0",
+    ]
+}
+
+/// A daemon's whole stream from seq 0, checked gapless: what its ring kept (`early`, read
+/// while it ran) and what `follower` got live until it went quiet.
+fn whole_stream(early: Vec<(u64, Bytes)>, follower: Follower) -> Vec<(u64, Bytes)> {
+    let mut all: BTreeMap<u64, Bytes> = early.into_iter().collect();
+    all.extend(drain(&follower, Duration::from_millis(500)));
+    drop(follower);
+    let all: Vec<(u64, Bytes)> = all.into_iter().collect();
+    for (i, (s, _)) in all.iter().enumerate() {
+        assert_eq!(*s, i as u64, "a gap in the old daemon's stream");
+    }
+    all
+}
+
 /// Event kinds in `batches`: (stores, removes, clears).
 fn kinds(batches: &[(u64, Bytes)]) -> (usize, usize, usize) {
     let mut k = (0, 0, 0);
@@ -929,18 +981,9 @@ fn kinds(batches: &[(u64, Bytes)]) -> (usize, usize, usize) {
 fn a_takeover_continues_the_event_stream_without_a_storm() {
     let dir = spill_dir(&format!("events-takeover-{}", free_port()));
     let sockets = temp_dir("events-takeover");
-    let events = format!("ipc://{}", sockets.join("ev.sock").display());
-    let replay = format!("ipc://{}", sockets.join("replay.sock").display());
+    let (events, replay) = ipc_endpoints(&sockets);
     let sock = sockets.join("kvnode.sock");
-    let extra = [
-        "--events",
-        &events,
-        "--events-replay",
-        &replay,
-        "--dp-rank",
-        "0",
-    ];
-    let args = kvnode_e2e::spilling_args(&dir, "48MiB", &extra);
+    let args = kvnode_e2e::spilling_args(&dir, "48MiB", &events_args(&events, &replay));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut a = Daemon::start_at(&sock, &args);
     let mut c = a.client();
@@ -977,16 +1020,11 @@ fn a_takeover_continues_the_event_stream_without_a_storm() {
         .expect("old daemon exits");
     assert!(st.success(), "{}", a.log());
     b.wait_ready(Duration::from_secs(30));
-    let mut old: BTreeMap<u64, Bytes> = early.into_iter().collect();
-    old.extend(drain(&follower, Duration::from_millis(500)));
-    drop(follower);
-    let old: Vec<(u64, Bytes)> = old.into_iter().collect();
-    assert_eq!(old[0].0, 0);
+    let old = whole_stream(early, follower);
     let mut view = RouterView::default();
     let mut norm = ZmqEventNormalizer::new(PAGE);
     let mut eid = 0;
-    for (i, (s, p)) in old.iter().enumerate() {
-        assert_eq!(*s, old[0].0 + i as u64, "a gap in the old daemon's stream");
+    for (_, p) in &old {
         view.apply_batch(p, &mut norm, &mut eid);
     }
     let next = old.last().unwrap().0 + 1;
@@ -1006,18 +1044,7 @@ fn a_takeover_continues_the_event_stream_without_a_storm() {
     // by the new daemon, which adopted its NVMe announcement.
     apply(&mut c, ns, &Step::Delete(5), &mut filler);
     ids.extend(20..24);
-    let t0 = Instant::now();
-    let newer = loop {
-        let got = rt.block_on(replay_from(&replay, next));
-        if got.iter().any(|(_, p)| stores(p, 23)) {
-            break got;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "new traffic not replayable: {got:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let newer = replay_until_stored(&rt, &replay, next, 23);
     assert_eq!(
         newer[0].0, next,
         "the new daemon's stream does not continue the old one's"

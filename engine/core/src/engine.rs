@@ -61,6 +61,16 @@ pub struct Handover {
     pub nvme_announced: Vec<(kvnode_proto::BlockKey, crate::residency::RouterMeta)>,
 }
 
+impl Handover {
+    /// The NVMe announcements to adopt, when the stream continues (taken out).
+    fn take_nvme_announced(
+        &mut self,
+    ) -> Option<Vec<(kvnode_proto::BlockKey, crate::residency::RouterMeta)>> {
+        self.events_seq?;
+        Some(std::mem::take(&mut self.nvme_announced))
+    }
+}
+
 /// One daemon's machinery.
 #[derive(Debug)]
 pub struct Engine {
@@ -78,8 +88,8 @@ pub struct Engine {
     pub regions: RegionCounters,
     clients: AtomicU32,
     next_conn: AtomicU64,
-    /// The router entry, once it serves (its counters are in `stats`).
-    router: std::sync::OnceLock<std::sync::Weak<crate::api::RouterGate>>,
+    /// The router entry's counters (`stats.router`).
+    pub router: crate::obs::RouterCounters,
     started: Instant,
     stop_pinning: Arc<AtomicBool>,
 }
@@ -179,10 +189,7 @@ impl Engine {
             policy: config.eviction,
         };
         let mut from = from;
-        let nvme_announced = from
-            .as_mut()
-            .filter(|h| h.events_seq.is_some())
-            .map(|h| std::mem::take(&mut h.nvme_announced));
+        let nvme_announced = from.as_mut().and_then(Handover::take_nvme_announced);
         let (arena, dram) = match from {
             None => {
                 let arena = Arena::create(config.dram, config.hugetlb)?;
@@ -262,7 +269,7 @@ impl Engine {
             regions: RegionCounters::default(),
             clients: AtomicU32::new(0),
             next_conn: AtomicU64::new(1),
-            router: std::sync::OnceLock::new(),
+            router: crate::obs::RouterCounters::default(),
             started: Instant::now(),
             stop_pinning,
         }))
@@ -376,19 +383,12 @@ impl Engine {
         }
     }
 
-    /// Records the router entry (once) for `stats`.
-    pub fn set_router(&self, gate: &Arc<crate::api::RouterGate>) {
-        let _ = self.router.set(Arc::downgrade(gate));
-    }
-
     fn router_stats(&self) -> kvnode_proto::stats::RouterStats {
-        let gate = self.router.get().and_then(std::sync::Weak::upgrade);
         let c = &self.peers.counters;
         kvnode_proto::stats::RouterStats {
-            serving: gate.is_some(),
             resolve_asked: c.resolve_asked.load(Ordering::Relaxed),
             resolve_found: c.resolve_found.load(Ordering::Relaxed),
-            ..gate.map(|g| g.stats()).unwrap_or_default()
+            ..self.router.report()
         }
     }
 

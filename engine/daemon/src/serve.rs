@@ -280,6 +280,21 @@ fn relisten(fd: &std::os::fd::OwnedFd) -> anyhow::Result<tokio::net::UnixListene
     Ok(tokio::net::UnixListener::from_std(l)?)
 }
 
+/// A successor that continues the event stream learns where, and adopts the blocks as they
+/// are announced: nothing is removed or announced again (docs/events.md "Takeover").
+async fn hand_events_over(
+    engine: &kvnode_engine::Engine,
+    accepted: Option<&crate::takeover::Accepted>,
+) {
+    let Some(a) = accepted.filter(|a| a.continues_events()) else {
+        return;
+    };
+    let limit = std::time::Duration::from_secs(5);
+    if let Some(h) = engine.store.announcer().hand_over(limit).await {
+        a.continue_events(&h);
+    }
+}
+
 /// Lets go of what the daemon held, in the order a successor relies on.
 fn finish(
     engine: std::sync::Arc<kvnode_engine::Engine>,
@@ -400,13 +415,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 crate::serve_stop::Stopped::Flushed => break (None, takeover_path),
             }
         };
-        if let Some(a) = accepted.as_ref().filter(|a| a.continues_events()) {
-            // The successor continues this stream: it adopts the blocks as they are
-            // announced, and nothing is removed or announced again (docs/events.md).
-            if let Some(h) = engine.store.announcer().hand_over(std::time::Duration::from_secs(5)).await {
-                a.continue_events(&h);
-            }
-        }
+        hand_events_over(&engine, accepted.as_ref()).await;
         finish(engine, publisher, accepted, takeover_path.as_deref(), &socket);
         tracing::info!("kvnode stopped");
         anyhow::Ok(())

@@ -8,14 +8,13 @@
 //! router can name only blocks it could have learned from the events.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kvnode_proto::actions::{Action, ActionOutcome, ActionResult, Parsed, Refusal, parse_envelope};
 use kvnode_proto::router::{
     MAX_SKEW_MS, NamespaceActed, RouterReply, RouterRequest, key_id, signature_ok,
 };
-use kvnode_proto::stats::RouterStats;
 use kvnode_proto::{Digest, Key, NamespaceId, NamespaceSpec};
 
 use super::act::Actor;
@@ -90,37 +89,17 @@ pub struct RouterGate {
     conn: u64,
     /// Accepted signatures and the time (ms) after which they can no longer be replayed.
     seen: Mutex<HashMap<String, u64>>,
-    accepted: AtomicU64,
-    refused_auth: AtomicU64,
-    refused_replay: AtomicU64,
-    refused_invalid: AtomicU64,
 }
 
 impl RouterGate {
     /// A gate for `engine`, whose counters `engine.stats()` reports.
     pub fn new(engine: &Arc<Engine>) -> Arc<Self> {
-        let g = Arc::new(Self {
+        engine.router.serving.store(true, Relaxed);
+        Arc::new(Self {
             engine: Arc::clone(engine),
             conn: engine.internal_conn(),
             seen: Mutex::default(),
-            accepted: AtomicU64::new(0),
-            refused_auth: AtomicU64::new(0),
-            refused_replay: AtomicU64::new(0),
-            refused_invalid: AtomicU64::new(0),
-        });
-        engine.set_router(&g);
-        g
-    }
-
-    /// The counters.
-    pub fn stats(&self) -> RouterStats {
-        RouterStats {
-            accepted: self.accepted.load(Relaxed),
-            refused_auth: self.refused_auth.load(Relaxed),
-            refused_replay: self.refused_replay.load(Relaxed),
-            refused_invalid: self.refused_invalid.load(Relaxed),
-            ..RouterStats::default()
-        }
+        })
     }
 
     /// Authenticates and runs one request: `POST path` with `body`, at `now_ms`.
@@ -135,13 +114,14 @@ impl RouterGate {
             Ok(()) => self.run(body).await,
             Err(e) => Err(e),
         };
+        let c = &self.engine.router;
         let counter = match &r {
-            Ok(_) => &self.accepted,
+            Ok(_) => &c.accepted,
             Err(RouterRefused::Replayed | RouterRefused::Stale { .. } | RouterRefused::Busy) => {
-                &self.refused_replay
+                &c.refused_replay
             }
-            Err(e) if e.is_auth() => &self.refused_auth,
-            Err(_) => &self.refused_invalid,
+            Err(e) if e.is_auth() => &c.refused_auth,
+            Err(_) => &c.refused_invalid,
         };
         counter.fetch_add(1, Relaxed);
         r

@@ -8,6 +8,7 @@
 pub mod hist;
 pub mod prom;
 mod regions;
+mod router;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -21,6 +22,7 @@ use kvnode_proto::obs::{LatencyReport, OpKind, OpStatus, StallKind};
 use crate::probes;
 pub use hist::{Hist, Timeline};
 pub use regions::{RegionCounters, RegionMode};
+pub use router::RouterCounters;
 pub use watch::{ConnWatch, watchdog};
 
 /// Why a request or a key was refused (label of `kvnode_rejections_total`).
