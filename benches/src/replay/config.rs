@@ -48,8 +48,8 @@ pub enum PrefetchAt {
     /// When the engine schedules the request: its hinted get pulls (`kv.fetch`).
     #[default]
     Schedule,
-    /// When the router places it: an `Act` with a `kv.prefetch` of the same source and hashes
-    /// to the destination's daemon starts the pull; the hinted get then joins it or hits.
+    /// When the router places it: a signed `kv.prefetch` of the same source and hashes to the
+    /// destination daemon's router entry starts the pull; the hinted get then joins it or hits.
     Placement,
 }
 
