@@ -48,8 +48,8 @@ pub enum PrefetchAt {
     /// When the engine schedules the request: its hinted get pulls (`kv.fetch`).
     #[default]
     Schedule,
-    /// When the router places it: an `Act` with a `kv.prefetch` of the same source and hashes
-    /// to the destination's daemon starts the pull; the hinted get then joins it or hits.
+    /// When the router places it: a signed `kv.prefetch` of the same source and hashes to the
+    /// destination daemon's router entry starts the pull; the hinted get then joins it or hits.
     Placement,
 }
 
@@ -136,6 +136,12 @@ pub struct ReplayArgs {
     /// Print the JSON summary (one line per arm, then one for the run).
     #[arg(long)]
     pub json: bool,
+    /// Bytes each trace block is stored as (`64KiB`, `1MiB`, ...): a multiple of 4 KiB, at
+    /// least the automatic size. Default: the smallest multiple of 4 KiB with which every
+    /// daemon reaches the daemon's minimum DRAM tier. Larger blocks make a pull of a prefix
+    /// take longer on loopback (each daemon's DRAM is `--dram-blocks` x this).
+    #[arg(long, value_parser = kvnode_proto::size::parse_size)]
+    pub block_bytes: Option<u64>,
 }
 
 /// The run's fixed parameters, shared by the live replay and the model.
@@ -195,6 +201,13 @@ impl Setup {
         } else {
             a.dram_blocks
         };
+        let auto = block_bytes(smallest as u64);
+        if let Some(b) = a.block_bytes {
+            anyhow::ensure!(
+                b >= auto && b.is_multiple_of(4096),
+                "--block-bytes {b}: give a multiple of 4096 of at least {auto} (with {smallest} blocks per daemon, smaller blocks leave a daemon under its minimum DRAM tier)"
+            );
+        }
         Ok(Self {
             nodes: a.nodes,
             engines_per_node: a.engines_per_node,
@@ -203,7 +216,7 @@ impl Setup {
             policy: parse_policy(&a.policy)?,
             placement: a.placement,
             load_bound: a.load_bound,
-            block_bytes: block_bytes(smallest as u64),
+            block_bytes: a.block_bytes.unwrap_or(auto),
         })
     }
 
@@ -289,10 +302,49 @@ mod tests {
         assert_eq!(a.prefetch_at, PrefetchAt::Placement);
         assert!(a.hold_prefill);
         assert!(Cli::try_parse_from(["x", "--trace", "t", "--prefetch-at", "arrival"]).is_err());
+        assert_eq!(a.block_bytes, None);
         assert!(
             Cli::try_parse_from(["x", "--trace", "t", "--hold-prefill", "--deterministic"])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn block_bytes_are_a_size_at_least_the_automatic_one() {
+        use clap::Parser;
+        let of = |b: &str| {
+            let a = Cli::try_parse_from([
+                "x",
+                "--trace",
+                "t",
+                "--dram-blocks",
+                "32000",
+                "--block-bytes",
+                b,
+            ])
+            .unwrap()
+            .a;
+            Setup::of(&a).map(|s| s.block_bytes)
+        };
+        assert_eq!(of("64KiB").unwrap(), 64 << 10);
+        assert!(of("4096").is_ok());
+        assert!(of("6000").is_err(), "not a multiple of 4 KiB");
+        let small = Cli::try_parse_from([
+            "x",
+            "--trace",
+            "t",
+            "--dram-blocks",
+            "2000",
+            "--block-bytes",
+            "4KiB",
+        ])
+        .unwrap()
+        .a;
+        assert!(
+            Setup::of(&small).is_err(),
+            "under the daemon's minimum DRAM"
+        );
+        assert!(Cli::try_parse_from(["x", "--trace", "t", "--block-bytes", "lots"]).is_err());
     }
 
     #[test]

@@ -64,14 +64,19 @@ impl Live<'_> {
         )
     }
 
-    /// The router's connections for `kv.prefetch`, with `--prefetch-at placement` in the
-    /// pulls arm.
+    /// The router's side of the daemons' router entries, with `--prefetch-at placement` in
+    /// the pulls arm.
     fn prefetcher(&self) -> anyhow::Result<Option<Prefetcher>> {
         if self.arm != Arm::Pulls || self.prefetch_at != PrefetchAt::Placement {
             return Ok(None);
         }
-        let socks = self.daemons.iter().map(|d| d.sock.as_path());
-        Prefetcher::connect(socks, self.setup.block_bytes).map(Some)
+        let entries = self
+            .daemons
+            .iter()
+            .map(|d| d.router.clone())
+            .collect::<Option<Vec<_>>>()
+            .context("--prefetch-at placement needs at least 2 nodes (a router entry on each)")?;
+        Ok(Some(Prefetcher::new(entries, self.setup.block_bytes)))
     }
 
     /// At placement: starts the pull `hint` names into engine `e`'s daemon, if prefetching.

@@ -1,6 +1,9 @@
 //! The daemons of one arm: one per node (one per engine in the private arm) on loopback,
 //! each with its own unix socket and KV event endpoint, and for the pulls arm a peer
-//! listener that every other daemon may pull from. Dropping the fleet stops them.
+//! listener that every other daemon may pull from, authenticated with a cluster key made for
+//! the run, and a router entry (`--router-listen`, signed with the key's router key) that the
+//! replay's router sends `--prefetch-at placement` prefetches to. Dropping the fleet stops
+//! them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -8,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kvnode_client::Client;
+use kvnode_client::router::RouterEntry;
 
 use super::config::{Arm, Setup, slab_bytes};
 
@@ -22,6 +26,8 @@ pub struct Daemon {
     pub events: String,
     /// Peer endpoint (`tcp://127.0.0.1:PORT`) in the pulls arm.
     pub peer: Option<String>,
+    /// Its router entry in the pulls arm.
+    pub router: Option<RouterEntry>,
 }
 
 impl Daemon {
@@ -51,8 +57,54 @@ struct Spawn<'a> {
     blocks: u64,
     block: u64,
     policy: &'a str,
-    peer_args: Vec<String>,
-    peer: Option<String>,
+    /// The pulls arm's peer and router-entry settings.
+    pulls: Option<Pulls>,
+}
+
+/// One pulls-arm daemon's peer listener, its peers, and its router entry.
+struct Pulls {
+    listen: u16,
+    peers: Vec<String>,
+    router: u16,
+    cluster_key: String,
+}
+
+impl Pulls {
+    /// The daemon's flags; writes the cluster key file (mode 0600) into `dir`.
+    fn args(&self, dir: &Path) -> anyhow::Result<Vec<String>> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let key = dir.join("cluster.key");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&key)
+            .and_then(|mut f| writeln!(f, "{}", self.cluster_key))
+            .with_context(|| format!("writing {}", key.display()))?;
+        Ok(vec![
+            "--peer-listen".into(),
+            format!("127.0.0.1:{}", self.listen),
+            "--advertise".into(),
+            format!("tcp://127.0.0.1:{}", self.listen),
+            "--peers".into(),
+            self.peers.join(","),
+            "--cluster-key".into(),
+            key.display().to_string(),
+            "--router-listen".into(),
+            format!("127.0.0.1:{}", self.router),
+        ])
+    }
+}
+
+/// A cluster key for one run: 32 random bytes as hex, from the kernel.
+fn fresh_cluster_key() -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .context("reading /dev/urandom for the run's cluster key")?;
+    Ok(kvnode_proto::key::encode_hex(&b))
 }
 
 fn spawn(s: Spawn<'_>) -> anyhow::Result<Daemon> {
@@ -62,6 +114,10 @@ fn spawn(s: Spawn<'_>) -> anyhow::Result<Daemon> {
     let config = s.dir.join("kvnode.toml");
     // The policy goes through the config file, so any `PolicyKind` the daemon knows works.
     std::fs::write(&config, format!("eviction = \"{}\"\n", s.policy))?;
+    let peer_args = match &s.pulls {
+        Some(p) => p.args(&s.dir)?,
+        None => Vec::new(),
+    };
     let child = Command::new(std::env::current_exe()?)
         .arg("serve")
         .arg("--config")
@@ -72,7 +128,7 @@ fn spawn(s: Spawn<'_>) -> anyhow::Result<Daemon> {
         .arg(slab_bytes(s.blocks, s.block).to_string())
         .args(["--events", &events, "--socket"])
         .arg(&sock)
-        .args(&s.peer_args)
+        .args(&peer_args)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(s.dir.join("log"))?)
         .spawn()
@@ -82,7 +138,14 @@ fn spawn(s: Spawn<'_>) -> anyhow::Result<Daemon> {
         dir: s.dir,
         sock,
         events,
-        peer: s.peer,
+        peer: s
+            .pulls
+            .as_ref()
+            .map(|p| format!("tcp://127.0.0.1:{}", p.listen)),
+        router: s.pulls.as_ref().map(|p| {
+            let key = kvnode_proto::router::router_key(p.cluster_key.as_bytes());
+            RouterEntry::new(format!("127.0.0.1:{}", p.router), key)
+        }),
     };
     wait_ready(&d.sock, &d)?;
     Ok(d)
@@ -103,39 +166,32 @@ fn wait_ready(sock: &Path, d: &Daemon) -> anyhow::Result<()> {
 pub fn start(setup: &Setup, arm: Arm, policy: &str) -> anyhow::Result<Vec<Daemon>> {
     let (n, blocks) = setup.caches(arm);
     let base = std::env::temp_dir().join(format!("kvnode-replay-{}", std::process::id()));
-    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect::<Result<_, _>>()?;
-    let endpoints: Vec<String> = ports
-        .iter()
-        .map(|p| format!("tcp://127.0.0.1:{p}"))
-        .collect();
+    let pulls = arm == Arm::Pulls && n > 1;
+    let ports: Vec<[u16; 2]> = (0..n)
+        .map(|_| Ok([free_port()?, free_port()?]))
+        .collect::<anyhow::Result<_>>()?;
+    let cluster_key = if pulls {
+        fresh_cluster_key()?
+    } else {
+        String::new()
+    };
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let (peer_args, peer) = if arm == Arm::Pulls && n > 1 {
-            let others: Vec<&str> = (0..n)
+        let pulls = pulls.then(|| Pulls {
+            listen: ports[i][0],
+            peers: (0..n)
                 .filter(|&j| j != i)
-                .map(|j| endpoints[j].as_str())
-                .collect();
-            let args = vec![
-                "--peer-listen".into(),
-                format!("127.0.0.1:{}", ports[i]),
-                "--advertise".into(),
-                endpoints[i].clone(),
-                "--peers".into(),
-                others.join(","),
-                // Loopback only; a keyless listener must be declared as such.
-                "--peer-keyless-serves-every-local-user".into(),
-            ];
-            (args, Some(endpoints[i].clone()))
-        } else {
-            (Vec::new(), None)
-        };
+                .map(|j| format!("tcp://127.0.0.1:{}", ports[j][0]))
+                .collect(),
+            router: ports[i][1],
+            cluster_key: cluster_key.clone(),
+        });
         out.push(spawn(Spawn {
             dir: base.join(format!("{arm:?}-{i}")),
             blocks: blocks as u64,
             block: setup.block_bytes,
             policy,
-            peer_args,
-            peer,
+            pulls,
         })?);
     }
     Ok(out)

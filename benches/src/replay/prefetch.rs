@@ -1,20 +1,19 @@
 //! `--prefetch-at placement`: the router starts the hinted pull when it places a request, with
-//! an `Act` carrying a `kv.prefetch` of the hint's source and hashes to the destination node's
-//! daemon (docs/client-protocol.md, "Router actions (Act)"). The engine's hinted get, when it
-//! schedules the request, then joins the pull in flight or finds the blocks local.
+//! a signed `POST /v1/act` to the destination node's router entry (docs/router-entry.md)
+//! carrying one `kv.prefetch` of the hint's source and router hashes, for the replay's model.
+//! The destination resolves the hashes it did not announce itself at the source (peer
+//! `Resolve`) and pulls; the engine's hinted get, when it schedules the request, then joins
+//! the pull in flight or finds the blocks local.
 
-use std::path::Path;
-
-use anyhow::Context;
-use kvnode_client::Client;
-use kvnode_proto::Key;
+use kvnode_client::router::{RouterEntry, RouterEntryError};
 use kvnode_proto::actions::ActionOutcome;
+use kvnode_proto::router::RouterRequest;
 
-use super::blocks;
 use super::engine::{Hint, spec};
 
-/// The envelope of one `kv.prefetch` of `hashes` from `endpoint`.
-pub fn envelope(endpoint: &str, hashes: &[u64], id: u64) -> String {
+/// The envelope of one `kv.prefetch` of `hashes` (router hashes: a replay block's id is its
+/// key's router hash) from `endpoint`.
+pub fn envelope(endpoint: &str, hashes: &[u64], id: u64) -> serde_json::Value {
     serde_json::json!({
         "protocol_version": "1.0",
         "message_id": format!("replay-{id}"),
@@ -25,64 +24,68 @@ pub fn envelope(endpoint: &str, hashes: &[u64], id: u64) -> String {
             "payload": {"source_control_endpoint": endpoint, "block_hashes": hashes},
         }],
     })
-    .to_string()
 }
 
-/// The router's connections to every daemon, for its actions.
+/// The router's side: every daemon's router entry, and what the prefetches did.
 #[derive(Debug)]
 pub struct Prefetcher {
-    conns: Vec<(Client, u32)>,
+    entries: Vec<RouterEntry>,
+    model: String,
     sent: u64,
     /// Prefetches a daemon started (outcome `Pulling`).
     pub started: u64,
-    /// Prefetches answered otherwise (refused, or nothing to do).
+    /// Prefetches the entry refused (any status but 200).
+    pub refused: u64,
+    /// Prefetches run with another outcome (nothing to pull, or the action refused).
     pub other: u64,
-    /// The first such answer.
+    /// The first refusal or other outcome.
     pub first_other: Option<String>,
 }
 
 impl Prefetcher {
-    /// Connects to the daemons at `socks` and registers the replay's namespace on each.
-    pub fn connect<'a>(socks: impl Iterator<Item = &'a Path>, block: u64) -> anyhow::Result<Self> {
-        let conns = socks
-            .map(|s| -> anyhow::Result<(Client, u32)> {
-                let mut c = Client::connect(s).context("router connecting to a daemon")?;
-                let ns = c.register(&spec(block))?.ns;
-                Ok((c, ns))
-            })
-            .collect::<anyhow::Result<_>>()?;
-        Ok(Self {
-            conns,
+    /// The router of a fleet whose router entries are `entries` (one per cache), for the
+    /// replay's namespace (blocks of `block` bytes).
+    pub fn new(entries: Vec<RouterEntry>, block: u64) -> Self {
+        Self {
+            entries,
+            model: spec(block).model,
             sent: 0,
             started: 0,
+            refused: 0,
             other: 0,
             first_other: None,
-        })
+        }
     }
 
-    /// Sends cache `dest`'s daemon a `kv.prefetch` of the blocks `hint` covers; returns whether
-    /// it started a pull.
+    /// Sends cache `dest`'s router entry a `kv.prefetch` of the blocks `hint` covers; returns
+    /// whether it started a pull. A refusal is counted, not an error (the engine's hinted get
+    /// still pulls); only I/O with the entry fails the run.
     pub fn start(&mut self, dest: usize, blocks: &[u64], hint: &Hint) -> anyhow::Result<bool> {
         let covered = &blocks[..hint.blocks.min(blocks.len())];
-        let keys: Vec<Key> = covered.iter().map(|&b| blocks::key(b)).collect();
         self.sent += 1;
-        let (c, ns) = &mut self.conns[dest];
-        let (_, results) = c
-            .act(*ns, &keys, &envelope(&hint.endpoint, covered, self.sent))
-            .context("kv.prefetch at placement")?;
-        let started = matches!(
-            results.first().map(|r| &r.outcome),
-            Some(ActionOutcome::Pulling(_))
-        );
-        if started {
-            self.started += 1;
-        } else {
-            self.other += 1;
-            if self.first_other.is_none() {
-                self.first_other = Some(format!("{results:?}"));
+        let req = RouterRequest {
+            model: self.model.clone(),
+            namespace: None,
+            hints: envelope(&hint.endpoint, covered, self.sent),
+        };
+        let note = match self.entries[dest].act(&req) {
+            Ok(reply) => {
+                let first = reply.namespaces.first().and_then(|n| n.results.first());
+                if matches!(first.map(|r| &r.outcome), Some(ActionOutcome::Pulling(_))) {
+                    self.started += 1;
+                    return Ok(true);
+                }
+                self.other += 1;
+                format!("{reply:?}")
             }
-        }
-        Ok(started)
+            Err(e @ RouterEntryError::Refused { .. }) => {
+                self.refused += 1;
+                e.to_string()
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("kv.prefetch at placement")),
+        };
+        self.first_other.get_or_insert(note);
+        Ok(false)
     }
 }
 
@@ -90,8 +93,8 @@ impl std::fmt::Display for Prefetcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "router: {} kv.prefetch sent at placement, {} started a pull, {} answered otherwise",
-            self.sent, self.started, self.other
+            "router: {} kv.prefetch sent at placement to the router entries, {} started a pull, {} refused by the entry, {} answered otherwise",
+            self.sent, self.started, self.refused, self.other
         )?;
         if let Some(o) = &self.first_other {
             write!(f, " (first: {o})")?;
@@ -107,7 +110,7 @@ mod tests {
 
     #[test]
     fn the_envelope_parses_as_a_prefetch_from_the_source() {
-        let e = envelope("tcp://127.0.0.1:7001", &[5, 6, 7], 1);
+        let e = envelope("tcp://127.0.0.1:7001", &[5, 6, 7], 1).to_string();
         let Ok(env) = parse_envelope(&e) else {
             panic!("{e}")
         };

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use kvnode_proto::stats::TierStats;
+use kvnode_proto::stats::{RouterStats, TierStats};
 
 use super::config::{Arm, Setup};
 use super::cost::CostModel;
@@ -25,8 +25,8 @@ pub struct Offline {
     pub policy_hit_rate: f64,
 }
 
-/// Daemon counters summed over the arm's daemons (DRAM tier).
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+/// Daemon counters summed over the arm's daemons (DRAM tier), and each daemon's router entry.
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct DaemonCounters {
     /// Keys found by gets.
     pub hits: u64,
@@ -36,6 +36,10 @@ pub struct DaemonCounters {
     pub inserts: u64,
     /// Blocks evicted.
     pub evictions: u64,
+    /// Pulls arm: each daemon's router-entry counters (requests it accepted or refused, and
+    /// the router hashes peers asked it to resolve), in daemon order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub router: Vec<RouterStats>,
 }
 
 impl DaemonCounters {
@@ -45,6 +49,25 @@ impl DaemonCounters {
         self.misses += t.misses;
         self.inserts += t.inserts;
         self.evictions += t.evictions;
+    }
+
+    /// One line per daemon with its router-entry counters (none outside the pulls arm).
+    pub fn router_lines(&self) -> String {
+        let mut s = String::new();
+        for (i, r) in self.router.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "router entry, daemon {i}: serving {}, accepted {}, refused auth {} / replay {} / invalid {}; as a source: resolve asked {}, found {}",
+                r.serving,
+                r.accepted,
+                r.refused_auth,
+                r.refused_replay,
+                r.refused_invalid,
+                r.resolve_asked,
+                r.resolve_found
+            );
+        }
+        s
     }
 }
 
@@ -201,7 +224,7 @@ pub fn summarize(run: &ArmRun<'_>, cost: &CostModel) -> ArmSummary {
         bytes_read: (t.dram + t.peer) * block,
         bytes_pulled: t.peer * block,
         blocks_offloaded: t.stored,
-        daemon: run.daemon,
+        daemon: run.daemon.clone(),
         get_us_per_block: per_block(false),
         pulled_get_us_per_block: per_block(true),
         ttft_model_ms: Ttft {

@@ -73,6 +73,9 @@ pub fn replay_arm(
         if let Some(t) = st.tiers.first() {
             counters.add(t);
         }
+        if d.router.is_some() {
+            counters.router.push(st.router);
+        }
     }
     Ok((recs, counters, wall))
 }
@@ -136,6 +139,7 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
             print!("{}", waits::table(&format!("{arm:?}"), &w));
             s.waits = Some(w);
         }
+        print!("{}", s.daemon.router_lines());
         if a.json {
             println!("{}", serde_json::to_string(&s)?);
         }

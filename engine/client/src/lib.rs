@@ -11,6 +11,7 @@ mod arena;
 mod conn;
 mod gpu;
 pub mod report;
+pub mod router;
 pub mod seeded;
 
 use std::os::fd::BorrowedFd;
