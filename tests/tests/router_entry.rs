@@ -91,6 +91,17 @@ fn dest_with_entry(k: &str, rport: u16) -> Daemon {
     peer_dest("127.0.0.0/8", &refs)
 }
 
+/// A daemon serving the router entry, and an engine client of it with the namespace
+/// registered: (daemon, client, ns, the entry's port).
+fn entry_alone(tag: &str) -> (Daemon, Client, u32, u16) {
+    let k = key_file(&temp_dir(tag));
+    let rport = free_port();
+    let d = dest_with_entry(&k, rport);
+    let mut c = d.client();
+    let ns = c.register(&ns_spec()).unwrap().ns;
+    (d, c, ns, rport)
+}
+
 #[test]
 fn a_router_prefetch_at_placement_pulls_the_prefix_before_the_engine_asks_and_its_get_is_local() {
     let dir = temp_dir("router-entry");
@@ -166,12 +177,7 @@ type Attempt<'a> = (&'a str, Vec<(String, String)>, &'a [u8]);
 
 #[test]
 fn unsigned_forged_tampered_stale_and_replayed_requests_are_refused_and_act_on_nothing() {
-    let dir = temp_dir("router-auth");
-    let k = key_file(&dir);
-    let rport = free_port();
-    let d = dest_with_entry(&k, rport);
-    let mut c = d.client();
-    let ns = c.register(&ns_spec()).unwrap().ns;
+    let (_d, mut c, ns, rport) = entry_alone("router-auth");
     put(&mut c, ns, 0..4);
     let req = body(
         &serde_json::json!([{"action_id": "r", "action_type": "kv.retain",
@@ -246,12 +252,7 @@ fn unsigned_forged_tampered_stale_and_replayed_requests_are_refused_and_act_on_n
 
 #[test]
 fn a_prefetch_from_an_unreachable_source_is_refused_by_name() {
-    let dir = temp_dir("router-unreach");
-    let k = key_file(&dir);
-    let rport = free_port();
-    let d = dest_with_entry(&k, rport);
-    let mut c = d.client();
-    c.register(&ns_spec()).unwrap();
+    let (_d, _c, _, rport) = entry_alone("router-unreach");
     let dead = free_port();
     let req = body(
         &serde_json::json!([{"action_id": "p", "action_type": "kv.prefetch",

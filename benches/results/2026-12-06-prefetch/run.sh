@@ -1,6 +1,7 @@
 #!/bin/sh
 # Issue 43 item 4: the pulls arm with the hinted pull started when the router places a request
-# (`--prefetch-at placement`: an Act with kv.prefetch to the destination's daemon) against when
+# (`--prefetch-at placement`: a kv.prefetch, now sent through the router entry: see
+# ../2026-12-06-router-entry) against when
 # the engine schedules it (`schedule`: the get's kv.fetch hint), engines held for their
 # MODELLED prefill / speedup so requests queue. 2 nodes x 4 engines, 32,000 DRAM blocks per
 # node, 1,000 GPU blocks per engine, LRU, round-robin; the first 2,000 requests of the

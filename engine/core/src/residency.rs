@@ -385,16 +385,14 @@ impl Announcer {
             *reg = Registry::default();
             (rx, nvme)
         };
-        match tokio::time::timeout(limit, rx).await {
-            Ok(Ok(seq)) => Some(HandedOver { seq, nvme }),
-            _ => {
-                tracing::warn!(
-                    ?limit,
-                    "the KV event publisher did not confirm its last seq: the successor starts a new stream"
-                );
-                None
-            }
+        if let Ok(Ok(seq)) = tokio::time::timeout(limit, rx).await {
+            return Some(HandedOver { seq, nvme });
         }
+        tracing::warn!(
+            ?limit,
+            "the KV event publisher did not confirm its last seq: the successor starts a new stream"
+        );
+        None
     }
 
     /// Publishes that block `meta` left `medium`, for a block announced by a predecessor

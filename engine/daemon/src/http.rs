@@ -135,6 +135,40 @@ async fn connection<H, F>(
     }
 }
 
+/// What a listener is, for its bind error and start-up line.
+#[derive(Debug, Clone, Copy)]
+pub struct Named {
+    /// Short name (logs).
+    pub name: &'static str,
+    /// What it serves, for the start-up line.
+    pub serves: &'static str,
+    /// The flag that asked for it, for the bind error.
+    pub flag: &'static str,
+}
+
+/// Binds `addr` and serves `handler` on it until `stop`; await the handle after stop.
+pub async fn spawn<H, F>(
+    what: Named,
+    addr: &str,
+    handler: H,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>>
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Reply> + Send + 'static,
+{
+    use anyhow::Context as _;
+    let l = TcpListener::bind(addr).await.with_context(|| {
+        format!(
+            "binding the {} listener on {addr} ({})",
+            what.name, what.flag
+        )
+    })?;
+    tracing::info!(addr = %l.local_addr()?, "serving {}", what.serves);
+    Ok(tokio::spawn(serve(what.name, l, handler, limits, stop)))
+}
+
 /// A plain-text response.
 pub fn text(status: StatusCode, body: &'static str) -> Reply {
     let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));

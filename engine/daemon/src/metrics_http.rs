@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -17,7 +16,6 @@ use hyper::header::{ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use kvnode_engine::Engine;
 use kvnode_engine::obs::prom;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -33,23 +31,18 @@ pub async fn spawn(
     addr: &str,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<JoinHandle<()>> {
-    let l = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the metrics listener on {addr} (--metrics)"))?;
-    tracing::info!(addr = %l.local_addr()?, "serving Prometheus metrics at /metrics");
     let exporter = engine.exporter();
     let render: Render = Arc::new(move || exporter.render());
     let handler = move |req: Request<Incoming>| {
         let r = route(&req, &*render);
         async move { r }
     };
-    Ok(tokio::spawn(http::serve(
-        "metrics",
-        l,
-        handler,
-        http::LIMITS,
-        stop,
-    )))
+    let what = http::Named {
+        name: "metrics",
+        serves: "Prometheus metrics at /metrics",
+        flag: "--metrics",
+    };
+    http::spawn(what, addr, handler, http::LIMITS, stop).await
 }
 
 /// The response to one request.
@@ -86,7 +79,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpStream;
+    use tokio::net::{TcpListener, TcpStream};
 
     use crate::http::MAX_HEAD;
 

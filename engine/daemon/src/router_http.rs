@@ -15,7 +15,6 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -26,7 +25,6 @@ use kvnode_engine::api::{RouterGate, RouterRefused, Signed};
 use kvnode_proto::router::{
     ACT_PATH, HEADER_KEY_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, MAX_BODY, RouterRefusal,
 };
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -44,18 +42,17 @@ pub async fn spawn(
     addr: &str,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<JoinHandle<()>> {
-    let l = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the router entry on {addr} (--router-listen)"))?;
-    tracing::info!(addr = %l.local_addr()?, "serving the router entry at {ACT_PATH}");
     let gate = RouterGate::new(engine);
     let handler = move |req: Request<Incoming>| {
         let gate = Arc::clone(&gate);
         async move { answer(&gate, req).await }
     };
-    Ok(tokio::spawn(http::serve(
-        "router", l, handler, LIMITS, stop,
-    )))
+    let what = http::Named {
+        name: "router entry",
+        serves: "the router entry at POST /v1/act",
+        flag: "--router-listen",
+    };
+    http::spawn(what, addr, handler, LIMITS, stop).await
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Reply {

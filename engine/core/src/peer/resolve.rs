@@ -3,16 +3,13 @@
 //! as a router does, by the hashes of the KV events (a router's prefetch at placement,
 //! `crate::router`), learns the keys to pull; the pull then goes the usual way.
 
-use std::time::Instant;
-
 use kvnode_proto::hint::Endpoint;
 use kvnode_proto::peer::{MAX_PULL_KEYS, PeerMsg};
 use kvnode_proto::pull::Failure;
 use kvnode_proto::{Digest, NamespaceId};
 
 use super::Peers;
-use super::auth::dial_handshake;
-use super::error::{PeerError, Stage, Violation};
+use super::error::{PeerError, Violation};
 
 impl Peers {
     /// For each router hash, the page digest `source` announced under it in namespace `ns`
@@ -36,25 +33,7 @@ impl Peers {
         ns: NamespaceId,
         hashes: &[u64],
     ) -> Result<Vec<Option<Digest>>, PeerError> {
-        let limit = self.connect_timeout();
-        let t = Instant::now();
-        let connect = self.transport().dial(source, |a| self.is_self(a));
-        let mut w = tokio::time::timeout(limit, connect)
-            .await
-            .map_err(|_| PeerError::timeout(Stage::Connect, limit))??;
-        let left = limit.saturating_sub(t.elapsed());
-        let ring = self.keys();
-        let shake = dial_handshake(
-            &mut w,
-            ring.as_deref(),
-            self.node(),
-            source,
-            self.encrypt(),
-            left,
-        );
-        tokio::time::timeout(left, shake)
-            .await
-            .map_err(|_| PeerError::timeout(Stage::Handshake, limit))??;
+        let mut w = self.dial_authenticated(source).await?;
         let io = self.io_timeout();
         let mut out = Vec::with_capacity(hashes.len());
         for (req, chunk) in (1u64..).zip(hashes.chunks(MAX_PULL_KEYS)) {

@@ -37,6 +37,33 @@ pub struct PeerLink {
     pub ucx_fallbacks: AtomicU64,
 }
 
+impl Peers {
+    /// Connects to `e` and runs the handshake, both within the connect timeout: an
+    /// authenticated, sealed connection.
+    pub(crate) async fn dial_authenticated(&self, e: &Endpoint) -> Result<TcpConn, PeerError> {
+        let limit = self.connect_timeout();
+        let t = Instant::now();
+        let connect = self.transport().dial(e, |a| self.is_self(a));
+        let mut w = tokio::time::timeout(limit, connect)
+            .await
+            .map_err(|_| PeerError::timeout(Stage::Connect, limit))??;
+        let left = limit.saturating_sub(t.elapsed());
+        let ring = self.keys();
+        let shake = dial_handshake(
+            &mut w,
+            ring.as_deref(),
+            self.node(),
+            e,
+            self.encrypt(),
+            left,
+        );
+        tokio::time::timeout(left, shake)
+            .await
+            .map_err(|_| PeerError::timeout(Stage::Handshake, limit))??;
+        Ok(w)
+    }
+}
+
 impl PeerLink {
     /// A link with no connection yet.
     pub fn new(endpoint: Endpoint, connections: u32) -> Self {
@@ -69,23 +96,7 @@ impl PeerLink {
     async fn dial_once(&self, p: &Peers) -> Result<PullWire, PeerError> {
         let limit = p.connect_timeout();
         let t = Instant::now();
-        let connect = p.transport().dial(&self.endpoint, |a| p.is_self(a));
-        let mut w = tokio::time::timeout(limit, connect)
-            .await
-            .map_err(|_| PeerError::timeout(Stage::Connect, limit))??;
-        let left = limit.saturating_sub(t.elapsed());
-        let ring = p.keys();
-        let shake = dial_handshake(
-            &mut w,
-            ring.as_deref(),
-            p.node(),
-            &self.endpoint,
-            p.encrypt(),
-            left,
-        );
-        tokio::time::timeout(left, shake)
-            .await
-            .map_err(|_| PeerError::timeout(Stage::Handshake, limit))??;
+        let mut w = p.dial_authenticated(&self.endpoint).await?;
         // Encrypted sessions never use UCX (GETs would move the bytes in the clear): not a
         // fallback. A peer that declines, or whose endpoint could not be opened, is one.
         let ucx = match p.ucx() {
