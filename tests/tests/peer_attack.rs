@@ -646,6 +646,26 @@ fn a_hint_naming_this_daemon_by_another_local_address_is_refused_before_dialling
 /// any it opens its own UCP endpoint, GETs a block and the arena, and PUTs over the block.
 /// Protocol 3 (main at da60736) carried them in readable headers and registered the arena
 /// writable: the attacker read the block and the source's own `Get` then returned `0xEE`s.
+/// Waits (at most 20 s) until the proxy's recording at `wire` holds bytes and has not grown
+/// for 300 ms (three of its flush intervals).
+fn recorded(wire: &Path) {
+    let t0 = Instant::now();
+    let mut last = (0, Instant::now());
+    loop {
+        let len = std::fs::metadata(wire).map_or(0, |m| m.len());
+        if len != last.0 {
+            last = (len, Instant::now());
+        } else if len > 0 && last.1.elapsed() >= Duration::from_millis(300) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the proxy recorded {len} bytes in 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn an_on_path_observer_of_a_keyed_ucx_session_can_neither_get_nor_put_the_source_arena() {
     const MIB: usize = 1 << 20;
@@ -699,8 +719,9 @@ fn an_on_path_observer_of_a_keyed_ucx_session_can_neither_get_nor_put_the_source
         "{}",
         dst.log()
     );
-    // The recording holds the whole session so far (flushed every 100 ms).
-    std::thread::sleep(Duration::from_millis(300));
+    // The recording holds the whole session so far (flushed every 100 ms; on a loaded
+    // machine later, so wait until it has stopped growing).
+    recorded(&wire);
     let out = Command::new(env!("CARGO_BIN_EXE_peer-attacker"))
         .args(["ucx-steal", wire.to_str().unwrap()])
         .envs(tls)
