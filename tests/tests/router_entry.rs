@@ -272,47 +272,28 @@ fn a_prefetch_from_an_unreachable_source_is_refused_by_name() {
     }
 }
 
+/// Starts a daemon with the router entry on a free port plus `extra`; it must refuse to
+/// start, saying `why`.
+fn refuses_to_start(extra: &[&str], why: &str) {
+    let rl = format!("127.0.0.1:{}", free_port());
+    let mut args = vec!["--dram", "64MiB", "--no-pin", "--router-listen", &rl];
+    args.extend_from_slice(extra);
+    let (st, log) = Daemon::start_failing(&args, Duration::from_secs(20));
+    assert!(!st.success());
+    assert!(log.contains(why), "{log}");
+}
+
 #[test]
 fn the_entry_does_not_start_without_a_cluster_key_or_events() {
-    let dir = temp_dir("router-start");
-    let k = key_file(&dir);
+    let k = key_file(&temp_dir("router-start"));
     let ev = temp_dir("router-start-ev");
     let events = format!("ipc://{}", ev.join("ev.sock").display());
-    let rl = format!("127.0.0.1:{}", free_port());
-    let (st, log) = Daemon::start_failing(
-        &[
-            "--dram",
-            "64MiB",
-            "--no-pin",
-            "--router-listen",
-            &rl,
-            "--events",
-            &events,
-        ],
-        Duration::from_secs(20),
+    refuses_to_start(
+        &["--events", &events],
+        "authenticates routers with the cluster key",
     );
-    assert!(!st.success());
-    assert!(
-        log.contains("authenticates routers with the cluster key"),
-        "{log}"
-    );
-    let (st, log) = Daemon::start_failing(
-        &[
-            "--dram",
-            "64MiB",
-            "--no-pin",
-            "--router-listen",
-            &rl,
-            "--cluster-key",
-            &k,
-            "--peers",
-            "127.0.0.0/8",
-        ],
-        Duration::from_secs(20),
-    );
-    assert!(!st.success());
-    assert!(
-        log.contains("names blocks by the hashes of the KV events"),
-        "{log}"
+    refuses_to_start(
+        &["--cluster-key", &k, "--peers", "127.0.0.0/8"],
+        "names blocks by the hashes of the KV events",
     );
 }
