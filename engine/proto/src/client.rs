@@ -110,6 +110,10 @@ pub enum Op {
         /// Router hint: start pulling the covered missing prefix in the background.
         #[serde(default)]
         hint: Option<String>,
+        /// The engine's recompute cost: the reply then carries a fetch plan, and a hint's
+        /// pull starts only when the plan takes the peer (docs/fetch-plans.md).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recompute: Option<crate::plan::RecomputeCost>,
     },
     /// Removes blocks.
     Delete {
@@ -428,6 +432,9 @@ pub enum Reply {
         /// The background pull a hint started, if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pull: Option<Box<OpReport>>,
+        /// The fetch plan, when the request carried a recompute cost.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        plan: Option<Box<crate::plan::FetchPlan>>,
     },
     /// Blocks removed by `Delete`.
     Deleted {

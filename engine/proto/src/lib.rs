@@ -14,6 +14,7 @@
 //! - [`client`]: client requests and daemon replies.
 //! - [`gpu`]: GPU path wire types: IPC handles, page layouts and their arithmetic.
 //! - [`peer`]: peer-to-peer pull protocol messages.
+//! - [`plan`]: fetch plans (fetch or recompute) and measured path costs.
 //! - [`pull`]: client-visible pull operations and declared timeouts.
 //! - [`hint`]: router `kv.fetch` hints, parsed as untrusted input.
 //! - [`actions`]: every action of a router's hints envelope, parsed as untrusted input.
@@ -33,6 +34,7 @@ pub mod key;
 pub mod namespace;
 pub mod obs;
 pub mod peer;
+pub mod plan;
 pub mod pull;
 pub mod router;
 pub mod size;

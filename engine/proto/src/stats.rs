@@ -41,6 +41,12 @@ pub struct StatsReport {
     pub events: Option<EventsStats>,
     /// The router entry (`--router-listen`) and router-hash resolution for peers.
     pub router: RouterStats,
+    /// Each path's measured cost (fixed + rate), from what the daemon moved.
+    #[serde(default)]
+    pub costs: Vec<crate::plan::PathCost>,
+    /// Fetch plans answered.
+    #[serde(default)]
+    pub plans: crate::plan::PlanStats,
 }
 
 /// Router entry counters (`/metrics`: `kvnode_router_*`; docs/router-entry.md).
