@@ -6,6 +6,7 @@
 pub mod dialtrap;
 pub mod fabric;
 pub mod keyless;
+pub mod netns;
 pub mod peerstats;
 pub mod peerwire;
 pub mod raw;

@@ -3,91 +3,13 @@
 //! and `ip` (iproute2): without them it fails, unless `KVNODE_TEST_ALLOW_SKIP=root,ip` says
 //! skipping is intended. Run: `sudo cargo test --release -p kvnode-e2e --test peer_netns`.
 
-use std::process::Command;
-
+use kvnode_e2e::netns::{Namespaces, SRC_IP};
 use kvnode_e2e::{Daemon, block, key, spec, temp_dir};
 use kvnode_proto::Key;
 use kvnode_proto::pull::{KeyOutcome, OpState};
 
 const BLOCK: usize = 256 << 10;
-const SRC_IP: &str = "10.77.0.1";
 const PORT: u16 = 7700;
-
-fn ip(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("running ip: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Two namespaces `a` (source side, `va` = 10.77.0.1) and `b` (`vb` = 10.77.0.2), joined
-/// by one veth pair; deleted on drop (which also deletes the pair).
-struct Namespaces {
-    a: String,
-    b: String,
-    vb: String,
-}
-
-impl Namespaces {
-    fn create() -> Result<Self, String> {
-        let pid = std::process::id();
-        let n = Self {
-            a: format!("kvnode-e2e-a-{pid}"),
-            b: format!("kvnode-e2e-b-{pid}"),
-            vb: format!("kvb{pid}"),
-        };
-        let va = format!("kva{pid}");
-        ip(&["netns", "add", &n.a])?;
-        ip(&["netns", "add", &n.b])?;
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &n.vb])?;
-        ip(&["link", "set", &va, "netns", &n.a])?;
-        ip(&["link", "set", &n.vb, "netns", &n.b])?;
-        ip(&[
-            "-n",
-            &n.a,
-            "addr",
-            "add",
-            &format!("{SRC_IP}/24"),
-            "dev",
-            &va,
-        ])?;
-        ip(&["-n", &n.b, "addr", "add", "10.77.0.2/24", "dev", &n.vb])?;
-        for (ns, dev) in [(&n.a, &va), (&n.b, &n.vb)] {
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(n)
-    }
-
-    /// Bytes received on `b`'s end of the pair.
-    fn rx_bytes_b(&self) -> u64 {
-        let p = format!("/sys/class/net/{}/statistics/rx_bytes", self.vb);
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.b, "cat", &p])
-            .output()
-            .expect("read veth counters");
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .expect("rx_bytes is a number")
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
-}
 
 /// Whether this test can run: root, and iproute2 installed (else see `prerequisite`).
 fn runnable() -> bool {
