@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use kvnode_proto::Key;
 use kvnode_proto::client::Reply;
-use kvnode_proto::plan::{FetchPlan, PlanSource, ReadPath, RecomputeCost};
+use kvnode_proto::plan::{FetchPlan, PlanReason, PlanSource, ReadPath, RecomputeCost};
 
 use super::errors::{invalid, tier_error};
 use super::session::Session;
@@ -140,6 +140,22 @@ impl Session {
         };
         let p = plan(&avail, cost, &figures, &probing);
         self.engine.metrics.plans.count(&p);
+        let reason = match p.reason {
+            PlanReason::All => 0,
+            PlanReason::Slower => 1,
+            PlanReason::Probe => 2,
+            PlanReason::Nothing => 3,
+        };
+        let us = |s: f64| (s * 1e6) as u64;
+        crate::probes::plan(
+            self.id,
+            ns,
+            p.available,
+            p.keys,
+            reason,
+            us(p.fetch_s),
+            us(p.recompute_s),
+        );
         tracing::debug!(conn = self.id, ns, keys = p.keys, available = p.available,
             reason = ?p.reason, note = %p.note, "fetch plan");
         Ok(p)

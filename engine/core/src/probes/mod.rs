@@ -130,6 +130,32 @@ pub fn fence(conn: u64, req: u64, latency_ns: u64) {
     site::usdt!(kvnode, fence, conn, req, latency_ns);
 }
 
+/// A fetch plan was answered: keys the daemon could serve, keys planned, the reason
+/// (`kvnode_proto::plan::PlanReason`: all 0, slower 1, probe 2, nothing 3) and the predicted
+/// microseconds to fetch the planned keys and to recompute them instead.
+#[inline(never)] // one probe site per probe: a discarded inlined copy leaves a bogus USDT note
+pub fn plan(
+    conn: u64,
+    ns: u32,
+    available: u32,
+    keys: u32,
+    reason: u32,
+    fetch_us: u64,
+    recompute_us: u64,
+) {
+    site::usdt!(
+        kvnode,
+        plan,
+        conn,
+        ns,
+        available,
+        keys,
+        reason,
+        fetch_us,
+        recompute_us
+    );
+}
+
 /// A stable 64-bit name hash (FNV-1a), used to number peers in probes.
 pub fn hash_name(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
