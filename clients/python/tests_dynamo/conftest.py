@@ -50,12 +50,36 @@ class Daemon:
         (tmp / "spill").mkdir()
         self.log_path = tmp / "daemon.log"
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [kvnode_bin(), "serve", "--socket", self.socket, "--no-pin", *extra,
-             "--spill-dir", str(tmp / "spill"),
-             "--events", self.events, "--events-replay", self.replay, "--dp-rank", "0"],
-            stdout=subprocess.DEVNULL, stderr=self.log)
+        self.argv = [kvnode_bin(), "serve", "--socket", self.socket, "--no-pin", *extra,
+                     "--spill-dir", str(tmp / "spill"),
+                     "--events", self.events, "--events-replay", self.replay, "--dp-rank", "0"]
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=self.log)
         wait_for_daemon(self.socket, self.proc, 10.0, self.log_path)
+
+    def takeover(self, limit: float = 60.0):
+        """Starts a successor with the same flags and `--takeover` (docs/operations.md,
+        "Takeover"); returns once the old process exited 0 and the successor answers."""
+        old = self.proc
+        self.proc = subprocess.Popen([*self.argv, "--takeover"], stdout=subprocess.DEVNULL,
+                                     stderr=self.log)
+        try:
+            rc = old.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the old daemon did not hand over in {limit} s: see {self.log_path}")
+        assert rc == 0, f"the old daemon exited {rc}: see {self.log_path}"
+        t0 = time.monotonic()
+        while True:
+            assert self.proc.poll() is None, f"the successor exited {self.proc.returncode}: see {self.log_path}"
+            try:
+                c = Connection(self.socket)
+                if c.stats()["pid"] == self.proc.pid:
+                    c.close()
+                    return
+                c.close()
+            except (OSError, ConnectionError):
+                pass
+            assert time.monotonic() - t0 < limit, f"the successor is not serving: see {self.log_path}"
+            time.sleep(0.05)
 
     def connect(self) -> Connection:
         return Connection(self.socket)

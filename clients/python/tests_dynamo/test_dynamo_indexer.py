@@ -80,6 +80,12 @@ class Node:
             self.hot.extend(ids)
             self.next += CHAIN
 
+    def reconnect(self, conn: Connection):
+        """Goes on through `conn` (a successor after a takeover: the namespace is kept)."""
+        self.c = conn
+        self.ns = conn.register(NamespaceSpec(model=MODEL, page_size=PAGE, tenant_salt="tenant-a",
+                                              segments=(BLOCK,)))["ns"]
+
     def round(self):
         """One step of traffic: a new chain; a get of 4 hot blocks (LRU keeps them in DRAM, and
         a DRAM hit publishes nothing, so their only stores stay the first ones); every 3rd a
@@ -268,5 +274,46 @@ def test_the_real_dynamo_indexer_restarted_past_the_ring_ends_with_exactly_the_n
         assert carried >= held_then // 2, (carried, held_then)
     finally:
         for ix in indexers:
+            ix.kill()
+        d.stop()
+
+
+def test_the_real_dynamo_indexer_follows_a_takeover_with_no_storm_and_no_gap(tmp_path, ipc_dir):
+    """Issue 42, item 2, in the Dynamo path: an upgrade with `kvnode serve --takeover` while the
+    real indexer follows the node. The successor continues the event stream (next seq, the
+    blocks adopted as already announced): it publishes nothing for the blocks it took over,
+    and the indexer, never restarted nor re-registered, ends with exactly the node's blocks
+    after more traffic through the successor (docs/events.md, "Takeover")."""
+    d = Daemon(tmp_path, ipc_dir, extra=("--dram", "16MiB", "--slab-size", "4MiB",
+                                         "--spill-size", "32MiB"))
+    ix = None
+    try:
+        node = Node(d.connect())
+        ix = Indexer(tmp_path / "indexer.log")
+        register(ix, d)
+        in_force(ix, node)
+        node.put_hot(HOT_CHAINS)
+        for _ in range(800):  # 6,400 puts: DRAM (4,096 blocks) full, the rest demoted
+            node.round()
+        held = assert_indexer_holds_exactly_the_nodes_blocks(ix, node, "before the takeover")
+        assert held["dram"] > 1000 and held["nvme"] > 1000, held
+
+        node.c.close()
+        d.takeover()
+        node.reconnect(d.connect())
+        ev = node.events()
+        tiers = node.tiers()
+        # Thousands of blocks taken over, not one event for them: no removal/re-store storm.
+        assert tiers["dram"] + tiers["nvme"] > 2000, tiers
+        assert ev["published"] == 0, f"the successor re-announced what it took over: {ev}"
+
+        for _ in range(100):  # traffic through the successor: puts, deletes, promotions
+            node.round()
+        assert_indexer_holds_exactly_the_nodes_blocks(ix, node, "after the takeover")
+        ev = node.events()
+        print(f"successor: {ev['published']} events in {ev['batches']} batches, "
+              f"{ev['replay_requests']} replay requests, {ev['snapshots']} snapshots")
+    finally:
+        if ix is not None:
             ix.kill()
         d.stop()
