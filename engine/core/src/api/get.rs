@@ -174,7 +174,7 @@ impl Session {
             let bytes: u64 = slices.iter().map(|s| s.len() as u64).sum();
             self.io.write_all(&mut slices).await?;
             let costs = &self.engine.metrics.costs;
-            costs.record(crate::obs::cost::DRAM_COPY, bytes, t0.elapsed());
+            costs.record_hot(crate::obs::cost::DRAM_COPY, bytes, t0.elapsed());
             // `w` drops here: the window's slots may be evicted again.
             drop(slices);
             drop(w);

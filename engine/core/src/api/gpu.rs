@@ -409,7 +409,7 @@ impl Session {
         }
         self.count_onloaded(loaded * p.bytes_per_page);
         let costs = &self.engine.metrics.costs;
-        costs.record(
+        costs.record_hot(
             crate::obs::cost::DRAM_GPU,
             loaded * p.bytes_per_page,
             p.started.elapsed(),

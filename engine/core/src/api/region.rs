@@ -318,7 +318,7 @@ impl Session {
             }
             let bytes = copies.iter().map(|c| c.0.len() as u64).sum();
             let costs = &self.engine.metrics.costs;
-            costs.record(crate::obs::cost::DRAM_REGION, bytes, t0.elapsed());
+            costs.record_hot(crate::obs::cost::DRAM_REGION, bytes, t0.elapsed());
             for &(i, b) in &leased {
                 got[range.start + i] = Some(b.len());
             }

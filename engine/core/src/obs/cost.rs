@@ -131,11 +131,22 @@ impl PathCosts {
         self.record_at(path, bytes, took, Instant::now());
     }
 
+    /// [`PathCosts::record`] for a path every request takes (the DRAM reads): the sample is
+    /// skipped when another thread holds the model, so requests never wait on it.
+    pub fn record_hot(&self, path: &str, bytes: u64, took: Duration) {
+        if let Ok(mut m) = self.fits.try_lock() {
+            Self::add(&mut m, path, bytes, took, Instant::now());
+        }
+    }
+
     fn record_at(&self, path: &str, bytes: u64, took: Duration, now: Instant) {
+        Self::add(&mut self.fits(), path, bytes, took, now);
+    }
+
+    fn add(m: &mut BTreeMap<String, Fit>, path: &str, bytes: u64, took: Duration, now: Instant) {
         if bytes == 0 {
             return;
         }
-        let mut m = self.fits();
         let fit = match m.get_mut(path) {
             Some(f) => f,
             None => m.entry(path.to_owned()).or_insert_with(|| Fit::new(now)),
