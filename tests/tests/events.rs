@@ -946,7 +946,7 @@ fn events_args<'a>(events: &'a str, replay: &'a str) -> [&'a str; 6] {
 /// while it ran) and what `follower` got live until it went quiet.
 fn whole_stream(early: Vec<(u64, Bytes)>, follower: Follower) -> Vec<(u64, Bytes)> {
     let mut all: BTreeMap<u64, Bytes> = early.into_iter().collect();
-    all.extend(drain(&follower, Duration::from_millis(500)));
+    all.extend(drain(&follower, Duration::from_secs(2)));
     drop(follower);
     let all: Vec<(u64, Bytes)> = all.into_iter().collect();
     for (i, (s, _)) in all.iter().enumerate() {
