@@ -93,6 +93,7 @@ fn a_throttled_disk_flips_the_plan_to_recompute_and_an_unthrottled_one_back_to_f
     assert_eq!(p.keys, 4, "{}", p.note);
     // Measured fast: fetched whole.
     let p = plan_and_fetch(&mut c, ns, &next(24));
+    report(&mut c, "disk measured", &p, "nvme_read");
     assert_eq!((p.reason, p.keys), (PlanReason::All, 24), "{}", p.note);
     let fast = cost(&mut c, "nvme_read");
     assert!(
@@ -106,6 +107,7 @@ fn a_throttled_disk_flips_the_plan_to_recompute_and_an_unthrottled_one_back_to_f
     let p = plan_and_fetch(&mut c, ns, &next(2));
     assert_eq!(p.keys, 2, "{}", p.note);
     let p = plan_and_fetch(&mut c, ns, &next(24));
+    report(&mut c, "disk throttled to 4 MB/s", &p, "nvme_read");
     assert_eq!((p.reason, p.keys), (PlanReason::Slower, 0), "{}", p.note);
     assert_eq!(p.cut_by, Some(PlanSource::Nvme));
     let slow = cost(&mut c, "nvme_read");
@@ -122,6 +124,7 @@ fn a_throttled_disk_flips_the_plan_to_recompute_and_an_unthrottled_one_back_to_f
     loop {
         std::thread::sleep(Duration::from_millis(1100));
         let p = plan_and_fetch(&mut c, ns, &next(8));
+        report(&mut c, "disk unthrottled", &p, "nvme_read");
         if p.reason == PlanReason::All {
             assert_eq!(p.keys, 8);
             break;
@@ -141,6 +144,31 @@ fn a_throttled_disk_flips_the_plan_to_recompute_and_an_unthrottled_one_back_to_f
     let s = c.stats().expect("stats").plans;
     assert!(s.probe >= 2 && s.slower >= 1 && s.all >= 2, "{s:?}");
     assert!(s.keys_recompute >= 24, "{s:?}");
+}
+
+/// Prints a step's plan and the model's figure of `path` (the record `--nocapture` shows).
+fn report(c: &mut Client, step: &str, p: &FetchPlan, path: &str) {
+    let s = c.stats().expect("stats");
+    let fig = s
+        .costs
+        .iter()
+        .find(|f| f.path.starts_with(path))
+        .map_or_else(
+            || "no figure".to_owned(),
+            |f| {
+                format!(
+                    "{}: {:.1} MB/s + {:.2} ms, {} ops",
+                    f.path,
+                    f.bytes_per_s / 1e6,
+                    f.fixed_s * 1e3,
+                    f.samples
+                )
+            },
+        );
+    eprintln!(
+        "[{step}] {:?} {} of {}: {} | {fig}",
+        p.reason, p.keys, p.available, p.note
+    );
 }
 
 /// The live cost model's rate for `path`.
@@ -330,6 +358,7 @@ fn a_peer_behind_a_throttled_link_is_not_dialled_and_a_fast_one_is_pulled_from()
     assert!(p.pull.is_some(), "the probe is pulled");
     // Measured fast (a veth pair): every covered key is pulled.
     let p = plan_pull(&mut c, ns, next(32), hint);
+    report(&mut c, "link measured", &p.plan, "peer ");
     assert_eq!(
         (p.plan.reason, p.plan.keys),
         (PlanReason::All, 32),
@@ -344,6 +373,7 @@ fn a_peer_behind_a_throttled_link_is_not_dialled_and_a_fast_one_is_pulled_from()
     assert_eq!(p.plan.keys, 1, "{}", p.plan.note);
     let rx0 = net.rx_bytes_b();
     let p = plan_pull(&mut c, ns, next(32), hint);
+    report(&mut c, "link shaped to 2 Mbit/s", &p.plan, "peer ");
     assert_eq!(
         (p.plan.reason, p.plan.keys),
         (PlanReason::Slower, 0),
@@ -365,6 +395,7 @@ fn a_peer_behind_a_throttled_link_is_not_dialled_and_a_fast_one_is_pulled_from()
     loop {
         std::thread::sleep(Duration::from_millis(1100));
         let p = plan_pull(&mut c, ns, next(8), hint);
+        report(&mut c, "link unshaped", &p.plan, "peer ");
         if p.plan.reason == PlanReason::All {
             assert_eq!(p.plan.keys, 8);
             break;

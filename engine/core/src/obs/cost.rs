@@ -18,8 +18,9 @@ use kvnode_proto::plan::{FetchPlan, PathCost, PlanReason, PlanStats};
 
 /// Weight kept by the older samples when a new one comes (about the last 4 count).
 pub const KEEP: f64 = 0.75;
-/// Older samples lose half their weight per this much time.
-pub const HALF_LIFE: Duration = Duration::from_mins(1);
+/// Older samples lose half their weight per this much time (a figure left alone for the
+/// plans' 30 s reprobe interval gives way to one new sample).
+pub const HALF_LIFE: Duration = Duration::from_secs(10);
 
 /// A path's measured figure.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -222,22 +222,34 @@ fn finish(
     } else {
         (PlanReason::Slower, Some(keys[n].source))
     };
-    let note = match (reason, cut_by) {
-        (PlanReason::Nothing, _) => "nothing held or hinted".to_owned(),
-        (PlanReason::All, _) => format!(
+    let m = keys.len();
+    let src = |s: Option<PlanSource>| match s {
+        Some(PlanSource::Dram) => "the DRAM read",
+        Some(PlanSource::Nvme) => "the NVMe tier",
+        Some(PlanSource::Peer) => "the peer",
+        None => "a path",
+    };
+    let ms = |s: f64| s * 1e3;
+    let note = match reason {
+        PlanReason::Nothing => "nothing held or hinted".to_owned(),
+        PlanReason::All => format!(
             "fetch all {n} keys: {:.1} ms against {:.1} ms to recompute",
-            fetch_s * 1e3,
-            recompute_s * 1e3
+            ms(fetch_s),
+            ms(recompute_s)
         ),
-        (PlanReason::Probe, Some(s)) => format!(
-            "fetch {n} of {} keys: {s:?} has no recent figure, probing it with a bounded run",
-            keys.len()
+        PlanReason::Probe => format!(
+            "fetch {n} of {m} keys: {} has no recent measurement, probed with a bounded run",
+            src(cut_by)
         ),
-        (_, s) => format!(
-            "fetch {n} of {} keys ({:.1} ms, saving {:.1} ms of recompute): past them {s:?} is slower than recomputing",
-            keys.len(),
-            fetch_s * 1e3,
-            recompute_s * 1e3
+        PlanReason::Slower if n == 0 => format!(
+            "recompute all {m} keys: {} is slower than recomputing them",
+            src(cut_by)
+        ),
+        PlanReason::Slower => format!(
+            "fetch {n} of {m} keys ({:.1} ms against {:.1} ms to recompute); past them {} is slower than recomputing",
+            ms(fetch_s),
+            ms(recompute_s),
+            src(cut_by)
         ),
     };
     FetchPlan {
