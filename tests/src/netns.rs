@@ -6,21 +6,26 @@ use std::process::Command;
 /// The source side's address.
 pub const SRC_IP: &str = "10.77.0.1";
 
-/// Runs `ip ARGS`: its stdout, or what failed.
-pub fn ip(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("ip")
+/// Runs `PROGRAM ARGS`: its stdout, or what failed (naming the command).
+pub fn run(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(program)
         .args(args)
         .output()
-        .map_err(|e| format!("running ip: {e}"))?;
+        .map_err(|e| format!("running {program}: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(format!(
-            "ip {}: {}",
+            "{program} {}: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
+}
+
+/// Runs `ip ARGS`.
+pub fn ip(args: &[&str]) -> Result<String, String> {
+    run("ip", args)
 }
 
 /// Two namespaces `a` (source side, `va` = 10.77.0.1) and `b` (`vb` = 10.77.0.2), joined
@@ -86,21 +91,10 @@ impl Namespaces {
     /// Limits what `a` sends to `b` to `bits_per_s` (a `tc` token bucket on `a`'s end of the
     /// pair); `None` removes the limit.
     pub fn shape_a_to_b(&self, bits_per_s: Option<u64>) -> Result<(), String> {
-        let tc = |args: &[&str]| -> Result<(), String> {
-            let out = Command::new("ip")
-                .args(["netns", "exec", &self.a, "tc"])
-                .args(args)
-                .output()
-                .map_err(|e| format!("running tc: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "tc {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ))
-            }
+        let tc = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", &self.a, "tc"];
+            all.extend_from_slice(args);
+            ip(&all).map(drop)
         };
         let _ = tc(&["qdisc", "del", "dev", &self.va, "root"]);
         match bits_per_s {
@@ -120,6 +114,49 @@ impl Namespaces {
                 "2s",
             ]),
         }
+    }
+}
+
+impl Namespaces {
+    /// A source daemon in `a` serving peers on [`SRC_IP`]:`port` and a destination in `b`
+    /// allowed to pull from it, both with the cluster key in `key_file`, `dram` each, plus
+    /// `dst_extra` flags for the destination: (source, destination).
+    pub fn keyed_pair(
+        &self,
+        port: u16,
+        key_file: &std::path::Path,
+        dram: &str,
+        dst_extra: &[&str],
+    ) -> (crate::Daemon, crate::Daemon) {
+        let key = key_file.to_str().expect("utf8 key path");
+        let endpoint = format!("tcp://{SRC_IP}:{port}");
+        let listen = format!("{SRC_IP}:{port}");
+        let src = crate::Daemon::start_in_netns(
+            &self.a,
+            &[
+                "--dram",
+                dram,
+                "--no-pin",
+                "--peer-listen",
+                &listen,
+                "--advertise",
+                &endpoint,
+                "--cluster-key",
+                key,
+            ],
+        );
+        let mut args = vec![
+            "--dram",
+            dram,
+            "--no-pin",
+            "--cluster-key",
+            key,
+            "--peers",
+            &endpoint,
+        ];
+        args.extend_from_slice(dst_extra);
+        let dst = crate::Daemon::start_in_netns(&self.b, &args);
+        (src, dst)
     }
 }
 

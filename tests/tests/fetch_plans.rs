@@ -257,40 +257,9 @@ impl PeerRig {
         std::fs::write(&key_file, "plans-test-cluster-key-0123456789\n").expect("key");
         let cfg = dir.join("kvnode.toml");
         std::fs::write(&cfg, "[plans]\nreprobe_s = 1.0\nprobe_ms = 20.0\n").expect("config");
-        let (kf, cf) = (
-            key_file.to_str().expect("utf8"),
-            cfg.to_str().expect("utf8"),
-        );
         let endpoint = format!("tcp://{SRC_IP}:{PORT}");
-        let listen = format!("{SRC_IP}:{PORT}");
-        let src = Daemon::start_in_netns(
-            &net.a,
-            &[
-                "--dram",
-                "128MiB",
-                "--no-pin",
-                "--peer-listen",
-                &listen,
-                "--advertise",
-                &endpoint,
-                "--cluster-key",
-                kf,
-            ],
-        );
-        let dst = Daemon::start_in_netns(
-            &net.b,
-            &[
-                "--dram",
-                "128MiB",
-                "--no-pin",
-                "--cluster-key",
-                kf,
-                "--peers",
-                &endpoint,
-                "--config",
-                cf,
-            ],
-        );
+        let cf = cfg.to_str().expect("utf8");
+        let (src, dst) = net.keyed_pair(PORT, &key_file, "128MiB", &["--config", cf]);
         let all: Vec<(u64, Key)> = (0..200).map(|i| (i, key(i))).collect();
         let mut sc = src.client();
         let sns = sc

@@ -4,7 +4,7 @@
 //! skipping is intended. Run: `sudo cargo test --release -p kvnode-e2e --test peer_netns`.
 
 use kvnode_e2e::netns::{Namespaces, SRC_IP};
-use kvnode_e2e::{Daemon, block, key, spec, temp_dir};
+use kvnode_e2e::{block, key, spec, temp_dir};
 use kvnode_proto::Key;
 use kvnode_proto::pull::{KeyOutcome, OpState};
 
@@ -25,35 +25,8 @@ fn pull_between_two_network_namespaces_crosses_only_their_veth_link() {
     let dir = temp_dir("netns-key");
     let key_file = dir.join("cluster.key");
     std::fs::write(&key_file, "netns-test-cluster-key-0123456789\n").unwrap();
-    let key_path = key_file.to_str().unwrap();
     let endpoint = format!("tcp://{SRC_IP}:{PORT}");
-    let listen = format!("{SRC_IP}:{PORT}");
-    let src = Daemon::start_in_netns(
-        &ns.a,
-        &[
-            "--dram",
-            "64MiB",
-            "--no-pin",
-            "--peer-listen",
-            &listen,
-            "--advertise",
-            &endpoint,
-            "--cluster-key",
-            key_path,
-        ],
-    );
-    let dst = Daemon::start_in_netns(
-        &ns.b,
-        &[
-            "--dram",
-            "64MiB",
-            "--no-pin",
-            "--cluster-key",
-            key_path,
-            "--peers",
-            &endpoint,
-        ],
-    );
+    let (src, dst) = ns.keyed_pair(PORT, &key_file, "64MiB", &[]);
     let keys: Vec<Key> = (0..8).map(key).collect();
     let mut sc = src.client();
     let sns = sc.register(&spec("netns", BLOCK as u64)).unwrap().ns;
