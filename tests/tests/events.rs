@@ -1071,3 +1071,94 @@ fn a_takeover_continues_the_event_stream_without_a_storm() {
     assert!(ids.len() > 80);
     assert_view_is_the_daemons(&view, &mut c, ns, ids.into_iter());
 }
+
+/// A stop with SIGTERM and a start on the same spill directory continue the event stream
+/// (docs/events.md "Restart"): the stopping daemon removes nothing as it exits, the new one's
+/// first batch takes the seq after the old one's last, the NVMe blocks are not announced
+/// again, and each block the old daemon held in DRAM (copied down by the stop-time flush) is
+/// announced as moved to NVMe: one DRAM removal each, no clear. A router that followed the
+/// old daemon ends with exactly the new daemon's blocks per tier.
+#[test]
+fn a_sigterm_restart_continues_the_event_stream_and_announces_the_flush_as_moves() {
+    let dir = spill_dir(&format!("events-restart-{}", free_port()));
+    let sockets = temp_dir("events-restart");
+    let (events, replay) = ipc_endpoints(&sockets);
+    let sock = sockets.join("kvnode.sock");
+    let args = kvnode_e2e::spilling_args(&dir, "48MiB", &events_args(&events, &replay));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut a = Daemon::start_at(&sock, &args);
+    let mut c = a.client();
+    let ns = c.register(&ns_spec()).unwrap().ns;
+    let rt = runtime();
+    let follower = Follower::start(&events);
+    let mut ids = follower.in_force(&mut c, ns, 5000);
+    let mut filler = 1000;
+    for s in [
+        Step::Put(0, 8),
+        Step::Fill,
+        Step::Put(8, 8),
+        Step::Get(0, 4),
+    ] {
+        apply(&mut c, ns, &s, &mut filler);
+    }
+    ids.extend((0..16).chain(1000..filler));
+    settle(&mut c);
+    let before = c.stats().unwrap();
+    let (in_dram, on_nvme) = (before.tiers[0].blocks, before.tiers[1].blocks);
+    assert!(on_nvme > 0 && in_dram > 8, "{:?}", before.tiers);
+    let early = rt.block_on(replay_from(&replay, 0));
+    drop(c);
+    a.signal(libc::SIGTERM);
+    let st = a
+        .wait_exit(Duration::from_mins(1))
+        .expect("old daemon exits");
+    assert!(st.success(), "{}", a.log());
+    let old = whole_stream(early, follower);
+    let mut view = RouterView::default();
+    let mut norm = ZmqEventNormalizer::new(PAGE);
+    let mut eid = 0;
+    for (_, p) in &old {
+        view.apply_batch(p, &mut norm, &mut eid);
+    }
+    // The stop removed nothing (the flush's copies may have been announced on NVMe).
+    assert_eq!(
+        view.count("dram") as u64,
+        in_dram,
+        "DRAM blocks removed at the stop"
+    );
+    assert!(view.count("nvme") as u64 >= on_nvme);
+    let next = old.last().unwrap().0 + 1;
+
+    let b = Daemon::start_at(&sock, &args);
+    let mut c = b.client();
+    let ns = c.register(&ns_spec()).unwrap().ns;
+    assert_eq!(
+        c.stats().unwrap().tiers[0].blocks,
+        0,
+        "a restart keeps no DRAM"
+    );
+    apply(&mut c, ns, &Step::Put(20, 4), &mut filler);
+    ids.extend(20..24);
+    let newer = replay_until_stored(&rt, &replay, next, 23);
+    assert_eq!(
+        newer[0].0, next,
+        "the new daemon's stream does not continue the old one's"
+    );
+    let (_, removes, clears) = kinds(&newer);
+    assert_eq!(clears, 0, "a clear after the restart");
+    assert_eq!(
+        removes as u64, in_dram,
+        "one DRAM removal per block the old daemon held there"
+    );
+    for (i, (s, p)) in newer.iter().enumerate() {
+        assert_eq!(*s, next + i as u64, "a gap in the new daemon's stream");
+        view.apply_batch(p, &mut norm, &mut eid);
+    }
+    settle(&mut c);
+    let last = newer.last().unwrap().0;
+    for (s, p) in rt.block_on(replay_from(&replay, last + 1)) {
+        assert!(s > last);
+        view.apply_batch(&p, &mut norm, &mut eid);
+    }
+    assert_view_is_the_daemons(&view, &mut c, ns, ids.into_iter());
+}

@@ -348,6 +348,32 @@ impl Engine {
         self.clients.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Takes over the event stream of a predecessor that stopped on the same spill
+    /// directory (a restart that continues its stream; the daemon's `restart_events`):
+    /// blocks it announced on NVMe that the spill tier holds are adopted as announced (the
+    /// rest removed); each block it announced in DRAM is announced on NVMe if the
+    /// stop-time flush copied it down, then its DRAM copy is removed (a tier move).
+    pub fn adopt_after_restart(
+        &self,
+        nvme: Vec<(kvnode_proto::BlockKey, crate::residency::RouterMeta)>,
+        dram: &[(kvnode_proto::BlockKey, Arc<crate::residency::RouterMeta>)],
+    ) {
+        let announcer = self.store.announcer();
+        let tier = self.store.nvme();
+        adopt_nvme(tier.map(|t| &**t), announcer, nvme);
+        let mut moved = 0u64;
+        for (key, meta) in dram {
+            // Outside `adopting`: the NVMe store is published, before the DRAM removal.
+            moved += u64::from(tier.is_some_and(|t| t.adopt_announced(key, meta)));
+            announcer.retract(kvnode_events::Medium::CpuPinned, meta);
+        }
+        tracing::info!(
+            dram = dram.len(),
+            moved_to_nvme = moved,
+            "KV events: DRAM blocks of the previous daemon announced as moved to NVMe (or removed)"
+        );
+    }
+
     /// The full statistics report.
     pub fn stats(&self) -> StatsReport {
         let (snap, nvme) = self.store.snapshot();

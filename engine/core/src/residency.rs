@@ -237,6 +237,9 @@ pub struct HandedOver {
     pub seq: u64,
     /// The blocks announced on NVMe, with their metadata (the spill files carry none).
     pub nvme: Vec<(BlockKey, Arc<RouterMeta>)>,
+    /// The blocks announced in DRAM (a restart's successor finds them on NVMe, if the
+    /// stop-time flush copied them, and announces the move).
+    pub dram: Vec<(BlockKey, Arc<RouterMeta>)>,
 }
 
 /// Where events go: the publisher's sink, or (unit tests) a recorder.
@@ -369,24 +372,26 @@ impl Announcer {
         let Some(Out::Sink(sink)) = &self.sink else {
             return None;
         };
-        let (rx, nvme) = {
+        let (rx, nvme, dram) = {
             let mut epoch = self.epoch.write().unwrap_or_else(PoisonError::into_inner);
             // Queued while no event can be: the seq it learns follows every one published.
             let rx = sink.next_seq()?;
             let mut reg = self.registry();
-            let nvme: Vec<(BlockKey, Arc<RouterMeta>)> = reg
-                .slots
-                .iter()
-                .flatten()
-                .filter(|(m, _, _)| *m == Medium::Disk)
-                .map(|(_, meta, key)| (*key, Arc::clone(meta)))
-                .collect();
+            let of = |medium: Medium| -> Vec<(BlockKey, Arc<RouterMeta>)> {
+                reg.slots
+                    .iter()
+                    .flatten()
+                    .filter(|(m, _, _)| *m == medium)
+                    .map(|(_, meta, key)| (*key, Arc::clone(meta)))
+                    .collect()
+            };
+            let (nvme, dram) = (of(Medium::Disk), of(Medium::CpuPinned));
             *epoch += 1;
             *reg = Registry::default();
-            (rx, nvme)
+            (rx, nvme, dram)
         };
         if let Ok(Ok(seq)) = tokio::time::timeout(limit, rx).await {
-            return Some(HandedOver { seq, nvme });
+            return Some(HandedOver { seq, nvme, dram });
         }
         tracing::warn!(
             ?limit,

@@ -23,6 +23,7 @@ mod keys;
 mod metrics_http;
 mod ops;
 mod report;
+mod restart_events;
 mod router_http;
 mod sd_notify;
 mod seams;

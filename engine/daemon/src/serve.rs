@@ -369,16 +369,24 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         };
         let listener_fd = std::os::fd::AsFd::as_fd(&listener).try_clone_to_owned()?;
         let socket = cfg.socket.clone();
-        let publisher = start_events(&cfg, handover.as_ref().and_then(|h| h.events_seq))?;
+        // A predecessor stopped on this spill directory left where its stream continues.
+        let continued = if handover.is_none() { crate::restart_events::load(&cfg) } else { None };
+        let seq = handover.as_ref().and_then(|h| h.events_seq).or(continued.as_ref().map(|c| c.seq));
+        let publisher = start_events(&cfg, seq)?;
         let announcer = announcer(&cfg, publisher.as_ref());
         let took_over = handover.is_some();
         let engine = kvnode_engine::Engine::start_from(cfg, announcer, handover).context("starting the engine")?;
+        if let Some(c) = continued {
+            crate::restart_events::adopt(&engine, c);
+        }
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let mut listener = Some(listener);
         // One round per serving period: a successor that goes away mid-hand-over leaves
         // this daemon serving again (a new round on the same listening socket).
         let mut round = 0u32;
+        // Stopped by a signal (not by a successor that then started cold).
+        let mut by_signal;
         let (accepted, takeover_path) = loop {
             round += 1;
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -395,7 +403,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 _ = int.recv() => { tracing::info!(signal = "SIGINT", "shutting down: draining in-flight requests"); None }
                 Some(p) = takeover_rx.recv() => { tracing::info!(successor = p.pid(), "takeover: draining in-flight requests"); Some(p) }
             };
-            if successor.is_none() {
+            by_signal = successor.is_none();
+            if by_signal {
                 crate::sd_notify::notify("STOPPING=1");
             }
             let _ = stop_tx.send(true);
@@ -416,6 +425,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             }
         };
         hand_events_over(&engine, accepted.as_ref()).await;
+        if accepted.is_none() && by_signal {
+            crate::restart_events::save(&engine).await;
+        }
         finish(engine, publisher, accepted, takeover_path.as_deref(), &socket);
         tracing::info!("kvnode stopped");
         anyhow::Ok(())
