@@ -207,5 +207,55 @@ mod tests {
         assert!(decode(&more, "ipc:///run/ev").is_err());
         let lying = String::from_utf8_lossy(&b).replace("nvme 8", "nvme 99999999999");
         assert!(decode(lying.as_bytes(), "ipc:///run/ev").is_err());
+        // Arbitrary and mutated bytes: an error, never a panic.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for round in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut m = b.clone();
+            let at = (x as usize) % m.len();
+            m[at] = (x >> 32) as u8;
+            m.truncate(m.len() - (round % 3));
+            let _ = decode(&m, "ipc:///run/ev");
+            let junk: Vec<u8> = (0..(x % 64)).map(|i| (x >> (i % 56)) as u8).collect();
+            let _ = decode(&junk, "ipc:///run/ev");
+        }
+    }
+
+    fn cfg_in(dir: &std::path::Path) -> EngineConfig {
+        let mut cfg = EngineConfig::default();
+        cfg.events.endpoint = Some("ipc:///run/ev".into());
+        cfg.spill.dirs = vec![kvnode_engine::nvme::config::SpillDirSetting {
+            path: dir.to_owned(),
+            size: 1 << 30,
+        }];
+        cfg
+    }
+
+    #[test]
+    fn a_continuation_others_may_write_is_refused_and_removed_and_a_good_one_is_used_once() {
+        let dir =
+            std::env::temp_dir().join(format!("kvnode-restart-events-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = cfg_in(&dir);
+        let path = dir.join(FILE);
+        let h = HandedOver {
+            seq: 9,
+            nvme: Vec::new(),
+            dram: Vec::new(),
+        };
+        std::fs::write(&path, encode("ipc:///run/ev", &h)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(
+            load(&cfg).is_none(),
+            "a file others may write is not trusted"
+        );
+        assert!(!path.exists(), "and it is removed");
+        std::fs::write(&path, encode("ipc:///run/ev", &h)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(load(&cfg).map(|c| c.seq), Some(9));
+        assert!(load(&cfg).is_none(), "used once");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
