@@ -56,6 +56,18 @@ class Daemon:
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=self.log)
         wait_for_daemon(self.socket, self.proc, 10.0, self.log_path)
 
+    def restart(self, limit: float = 60.0):
+        """Stops the daemon with SIGTERM (the stop-time flush), then starts it again with
+        the same flags on the same spill directory."""
+        self.proc.terminate()
+        try:
+            rc = self.proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the daemon did not stop in {limit} s: see {self.log_path}")
+        assert rc == 0, f"the daemon exited {rc} on SIGTERM: see {self.log_path}"
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=self.log)
+        wait_for_daemon(self.socket, self.proc, limit, self.log_path)
+
     def takeover(self, limit: float = 60.0):
         """Starts a successor with the same flags and `--takeover` (docs/operations.md,
         "Takeover"); returns once the old process exited 0 and the successor answers."""

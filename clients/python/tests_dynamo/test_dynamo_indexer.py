@@ -317,3 +317,44 @@ def test_the_real_dynamo_indexer_follows_a_takeover_with_no_storm_and_no_gap(tmp
         if ix is not None:
             ix.kill()
         d.stop()
+
+
+def test_the_real_dynamo_indexer_follows_a_sigterm_restart_with_moves_only(tmp_path, ipc_dir):
+    """Issue 42, item 4, in the Dynamo path: `SIGTERM` and a start on the same spill directory
+    while the real indexer follows the node. The new daemon continues the stream: no block is
+    announced again on NVMe, each block the old daemon held in DRAM is announced as moved to
+    NVMe (the flush copied it down; DRAM is empty after a restart), and the indexer, never
+    restarted nor re-registered, holds exactly the node's blocks, without a snapshot
+    (docs/events.md, "Restart")."""
+    d = Daemon(tmp_path, ipc_dir, extra=("--dram", "16MiB", "--slab-size", "4MiB",
+                                         "--spill-size", "64MiB"))
+    ix = None
+    try:
+        node = Node(d.connect())
+        ix = Indexer(tmp_path / "indexer.log")
+        register(ix, d)
+        in_force(ix, node)
+        for _ in range(800):  # 6,400 puts: DRAM full, the rest demoted
+            node.round()
+        held = assert_indexer_holds_exactly_the_nodes_blocks(ix, node, "before the restart")
+        assert held["dram"] > 1000 and held["nvme"] > 1000, held
+
+        node.c.close()
+        d.restart()
+        node.reconnect(d.connect())
+        tiers = node.tiers()
+        assert tiers["dram"] == 0 and tiers["nvme"] >= held["nvme"], (held, tiers)
+        for _ in range(20):
+            node.round()
+        assert_indexer_holds_exactly_the_nodes_blocks(ix, node, "after the restart")
+        ev = node.events()
+        print(f"new daemon: {ev['published']} events in {ev['batches']} batches, "
+              f"{ev['replay_requests']} replay requests, {ev['snapshots']} snapshots")
+        assert ev["snapshots"] == 0, f"the indexer needed a snapshot: the stream did not continue: {ev}"
+        # The moves (one NVMe store and one DRAM removal per DRAM block at most) plus the
+        # new traffic; a re-announcement of the NVMe tier would add thousands more.
+        assert ev["published"] <= 2 * held["dram"] + 20 * 40, ev
+    finally:
+        if ix is not None:
+            ix.kill()
+        d.stop()
