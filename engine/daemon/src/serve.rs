@@ -264,7 +264,7 @@ fn say_serving(
     round: u32,
     took_over: bool,
 ) {
-    let blocks = engine.store.dram().snapshot().tier.blocks;
+    let blocks = engine.store.dram().blocks();
     if round == 1 {
         tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks, took_over, spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
         crate::serve_stop::notify_ready();
@@ -345,8 +345,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     }
     let takeover_path = crate::takeover_dir::prepare(&cfg)?;
     tracing::info!(takeover_socket = %takeover_path.display(), "takeover socket");
+    // Without events this is the engine's announcer; a live takeover builds the DRAM tier
+    // with it before the runtime starts.
+    let quiet = announcer(&cfg, None);
     let inherited = if a.takeover {
-        crate::serve_stop::take_over(&cfg)?
+        crate::serve_stop::take_over(&cfg, &quiet)?
     } else {
         None
     };
@@ -370,7 +373,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let listener_fd = std::os::fd::AsFd::as_fd(&listener).try_clone_to_owned()?;
         let socket = cfg.socket.clone();
         let publisher = start_events(&cfg, handover.as_ref().and_then(|h| h.events_seq))?;
-        let announcer = announcer(&cfg, publisher.as_ref());
+        let announcer = if publisher.is_some() { announcer(&cfg, publisher.as_ref()) } else { quiet };
         let took_over = handover.is_some();
         let engine = kvnode_engine::Engine::start_from(cfg, announcer, handover).context("starting the engine")?;
         let mut term = signal(SignalKind::terminate())?;
@@ -385,11 +388,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             let demoter = engine.spawn_background(stop_rx.clone());
             let write_behind = crate::serve_stop::spawn_write_behind(&engine, stop_rx.clone());
             let (takeover_tx, mut takeover_rx) = tokio::sync::mpsc::channel(1);
-            let takeover_path = crate::serve_stop::listen_for_takeover(&engine.config, takeover_tx);
-            say_serving(&engine, &socket, round, took_over);
+            let takeover_path = crate::serve_stop::listen_for_takeover(&engine, takeover_tx);
             let side = SideServices::start(&engine, cluster.as_ref(), &stop_rx).await?;
             let l = listener.take().map_or_else(|| relisten(&listener_fd), Ok)?;
             let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), l, stop_rx));
+            say_serving(&engine, &socket, round, took_over);
             let successor = tokio::select! {
                 _ = term.recv() => { tracing::info!(signal = "SIGTERM", "shutting down: draining in-flight requests"); None }
                 _ = int.recv() => { tracing::info!(signal = "SIGINT", "shutting down: draining in-flight requests"); None }
