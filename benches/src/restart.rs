@@ -68,20 +68,24 @@ pub struct RestartArgs {
     /// blocks use).
     #[arg(long)]
     pub no_populate: bool,
+    /// Clients that keep issuing requests (gets of kept blocks, a put every 16th) across a
+    /// takeover, each on its own connection; the service gap they see is reported.
+    #[arg(long, default_value_t = 0)]
+    pub load_clients: u64,
 }
 
-fn key(i: u64) -> Key {
+pub(crate) fn key(i: u64) -> Key {
     let mut d = [0u8; 32];
     d[..8].copy_from_slice(&i.to_be_bytes());
     d[31] = 0xc3;
     Key::page(Digest(d))
 }
 
-fn fill(buf: &mut [u8], i: u64) {
+pub(crate) fn fill(buf: &mut [u8], i: u64) {
     buf[..8].copy_from_slice(&i.to_le_bytes());
 }
 
-fn spec(bs: u64) -> NamespaceSpec {
+pub(crate) fn spec(bs: u64) -> NamespaceSpec {
     NamespaceSpec {
         model: "bench-restart".into(),
         page_size: 64,
@@ -243,6 +247,27 @@ fn start_old(
     }
 }
 
+/// Prints what the load clients saw across the takeover and checks their puts.
+fn report_load(r: crate::restart_load::Report, sock: &Path, bs: u64) -> anyhow::Result<()> {
+    let back = crate::restart_load::check_put(sock, bs, &r.put)?;
+    println!(
+        "load across the takeover: {} answers, service gap {:.1} ms (at {:.0} ms after the spawn), slowest request {:.1} ms, {} requests retried on a new connection, {back}/{} blocks put during the run read back intact",
+        r.answers,
+        r.gap.as_secs_f64() * 1e3,
+        r.gap_at.as_secs_f64() * 1e3,
+        r.slowest.as_secs_f64() * 1e3,
+        r.retries,
+        r.put.len()
+    );
+    if back != r.put.len() as u64 {
+        bail!(
+            "{} blocks put during the takeover were lost",
+            r.put.len() as u64 - back
+        );
+    }
+    Ok(())
+}
+
 /// Runs the benchmark.
 pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let bs = parse_size(&a.block_bytes).context("--block-bytes")?;
@@ -283,6 +308,10 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let new_log = a.dir.join("new.log");
     let (first, stop_ms, mut new) = match a.mode {
         Mode::Takeover => {
+            let load = (a.load_clients > 0)
+                .then(|| crate::restart_load::Load::start(&sock, a.load_clients, bs, a.blocks));
+            // Let the clients run before the takeover starts.
+            std::thread::sleep(Duration::from_millis(if load.is_some() { 500 } else { 0 }));
             let t0 = Instant::now();
             let mut new = spawn(&bin, &cfg, &sock, &new_log, &["--takeover"])?;
             let f = first_hit(&sock, new.id(), bs, probe, t0);
@@ -290,6 +319,10 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
             if !st.success() {
                 let _ = new.kill();
                 bail!("the old daemon exited with {st}");
+            }
+            if let Some(load) = load {
+                std::thread::sleep(Duration::from_millis(500));
+                report_load(load.stop(t0, Instant::now())?, &sock, bs)?;
             }
             (f?, None, new)
         }
