@@ -314,7 +314,17 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(if load.is_some() { 500 } else { 0 }));
             let t0 = Instant::now();
             let mut new = spawn(&bin, &cfg, &sock, &new_log, &["--takeover"])?;
-            let f = first_hit(&sock, new.id(), bs, probe, t0);
+            // The probe asks `stats` (a walk over every slot, under the tier's lock): with
+            // load clients it waits until the old daemon is gone, so as not to stall them
+            // (its figure is then an upper bound).
+            let f = if load.is_some() {
+                let st = wait_exit(&mut old, Duration::from_mins(2));
+                let f = first_hit(&sock, new.id(), bs, probe, t0);
+                st?;
+                f
+            } else {
+                first_hit(&sock, new.id(), bs, probe, t0)
+            };
             let st = wait_exit(&mut old, Duration::from_mins(2))?;
             if !st.success() {
                 let _ = new.kill();

@@ -193,6 +193,10 @@ impl Engine {
         };
         let mut from = from;
         let nvme_announced = from.as_mut().and_then(Handover::take_nvme_announced);
+        // A taken-over arena's pages are resident already (the predecessor's memfd):
+        // populating it again only pre-builds page tables, holding the mmap lock while the
+        // first requests arrive (a 5 GiB tier: service gap 50 -> 24 ms). Pinning stays.
+        let populate = config.populate && from.is_none();
         let (arena, dram) = match from {
             None => {
                 let arena = Arena::create(config.dram, config.hugetlb)?;
@@ -250,7 +254,7 @@ impl Engine {
         arena.start_pinning(
             PinOptions {
                 pin: config.pin,
-                populate: config.populate,
+                populate,
                 chunk: PIN_CHUNK,
             },
             Arc::clone(&stop_pinning),

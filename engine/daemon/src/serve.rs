@@ -282,17 +282,21 @@ fn relisten(fd: &std::os::fd::OwnedFd) -> anyhow::Result<tokio::net::UnixListene
 
 /// A successor that continues the event stream learns where, and adopts the blocks as they
 /// are announced: nothing is removed or announced again (docs/events.md "Takeover").
+/// `true` when no removal is left to announce (handed over, or events off).
 async fn hand_events_over(
     engine: &kvnode_engine::Engine,
     accepted: Option<&crate::takeover::Accepted>,
-) {
+) -> bool {
+    let quiet = !engine.store.announcer().enabled();
     let Some(a) = accepted.filter(|a| a.continues_events()) else {
-        return;
+        return quiet;
     };
     let limit = std::time::Duration::from_secs(5);
     if let Some(h) = engine.store.announcer().hand_over(limit).await {
         a.continue_events(&h);
+        return true;
     }
+    quiet
 }
 
 /// Lets go of what the daemon held, in the order a successor relies on.
@@ -300,6 +304,7 @@ fn finish(
     engine: std::sync::Arc<kvnode_engine::Engine>,
     publisher: Option<kvnode_events::Publisher>,
     accepted: Option<crate::takeover::Accepted>,
+    silent: bool,
     takeover_path: Option<&std::path::Path>,
     socket: &std::path::Path,
 ) {
@@ -309,6 +314,14 @@ fn finish(
     let arena = accepted
         .as_ref()
         .map(|_| std::sync::Arc::clone(engine.store.arena()));
+    // Nor is the DRAM index freed before the successor was told: freeing a million blocks'
+    // entries takes tens of milliseconds, and this process exits right after. Kept only
+    // when dropping it announces nothing (events off or handed over): removals that are
+    // due must still be published.
+    let index = accepted
+        .as_ref()
+        .filter(|_| silent)
+        .map(|_| std::sync::Arc::clone(engine.store.dram()));
     // Dropping the engine's last handle closes the spill files (sealed, synced); the
     // publisher then sends what is queued and lingers.
     drop(engine);
@@ -322,6 +335,8 @@ fn finish(
     // The successor waits for this: the spill files are closed and unlocked now.
     drop(accepted);
     drop(arena);
+    // The process exits now: leave the index's memory to the kernel.
+    std::mem::forget(index);
 }
 
 /// Runs the daemon until SIGTERM or SIGINT (or a successor takes it over), then drains and
@@ -418,8 +433,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 crate::serve_stop::Stopped::Flushed => break (None, takeover_path),
             }
         };
-        hand_events_over(&engine, accepted.as_ref()).await;
-        finish(engine, publisher, accepted, takeover_path.as_deref(), &socket);
+        let silent = hand_events_over(&engine, accepted.as_ref()).await;
+        finish(engine, publisher, accepted, silent, takeover_path.as_deref(), &socket);
         tracing::info!("kvnode stopped");
         anyhow::Ok(())
     })

@@ -401,11 +401,16 @@ impl DramTier {
         });
         let mut stats = LiveImageStats::default();
         let mut body = Vec::new();
+        // One slab's records, encoded under the lock into a buffer that stays allocated,
+        // then appended outside it (a growing image is reallocated off the lock).
+        let mut chunk = Vec::new();
         let mut classes = Vec::with_capacity(slabs as usize);
         for slab in 0..slabs {
+            chunk.clear();
             let t = std::time::Instant::now();
-            let (n, class) = self.with(|s| s.image_slab(slab, &mut body));
+            let (n, class) = self.with(|s| s.image_slab(slab, &mut chunk));
             stats.max_hold = stats.max_hold.max(t.elapsed());
+            body.extend_from_slice(&chunk);
             stats.blocks += n;
             classes.push(class);
         }

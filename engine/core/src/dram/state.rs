@@ -201,6 +201,13 @@ impl State {
         &mut self.slabs[slab as usize].slots[idx as usize]
     }
 
+    /// The slot, to change only what an image does not carry (leases, read counts): not
+    /// noted by a live takeover image, so reads during one do not grow its delta.
+    fn slot_counters_mut(&mut self, slot: SlotId) -> &mut Slot {
+        let (slab, idx) = slot_parts(slot);
+        &mut self.slabs[slab as usize].slots[idx as usize]
+    }
+
     pub(in crate::dram) fn slot(&self, slot: SlotId) -> &Slot {
         let (slab, idx) = slot_parts(slot);
         &self.slabs[slab as usize].slots[idx as usize]
@@ -520,7 +527,7 @@ impl State {
             hits += 1;
             let offset = self.offset(slot);
             let c = self.class_of(slot) as usize;
-            let Slot::Block(r) = self.slot_mut(slot) else {
+            let Slot::Block(r) = self.slot_counters_mut(slot) else {
                 unreachable!("indexed slot holds a block")
             };
             r.leases += 1;
@@ -566,7 +573,7 @@ impl State {
     pub fn lease_slot(&mut self, ns: u32, slot: SlotId, hint: BatchHint) -> Leased {
         let offset = self.offset(slot);
         let c = self.class_of(slot) as usize;
-        let Slot::Block(r) = self.slot_mut(slot) else {
+        let Slot::Block(r) = self.slot_counters_mut(slot) else {
             unreachable!("a committed slot holds a block")
         };
         r.leases += 1;
@@ -600,7 +607,7 @@ impl State {
     }
 
     pub fn release(&mut self, slot: SlotId) {
-        let Slot::Block(r) = self.slot_mut(slot) else {
+        let Slot::Block(r) = self.slot_counters_mut(slot) else {
             unreachable!("released slot {slot:#x} holds no block: lease bookkeeping is broken")
         };
         assert!(r.leases > 0, "lease count underflow on slot {slot:#x}");

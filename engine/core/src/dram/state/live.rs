@@ -14,8 +14,9 @@
 //!                                                 emptied, then the delta's blocks placed
 //! ```
 //!
-//! Why it is exact: every change of a slot goes through `State::slot_mut`, which notes the
-//! slot while tracking. A slot left out of the image, or one whose content changed after its
+//! Why it is exact: every change of what the image carries goes through `State::slot_mut`,
+//! which notes the slot while tracking (leases and read counts, which the image does not
+//! carry, change through `slot_counters_mut`, unnoted: reads do not grow the delta). A slot left out of the image, or one whose content changed after its
 //! slab was copied, is dirty, and the delta carries its state at the barrier; a slot that is
 //! not dirty holds at the barrier what the image says. Slab cuts (`assign_slab`) replace
 //! slots without `slot_mut`, but only empty slots, and the delta carries every slab's class.
