@@ -322,6 +322,7 @@ fn build_live(
         .context("reading the live DRAM image")?;
     match build(&image) {
         Ok(dram) => {
+            build_pause();
             tracing::info!(
                 blocks = a.blocks,
                 image_bytes = image.len(),
@@ -336,6 +337,23 @@ fn build_live(
                 (&*stream).write_all(format!("failed: {}\n", why.replace('\n', " ")).as_bytes());
             bail!("the running daemon's live DRAM image cannot be used ({why}); it keeps serving")
         }
+    }
+}
+
+/// Test seam (a build with `test-seams` only): how long a successor holds its live build
+/// open, so that a test can change the donor's tier meanwhile.
+pub const BUILD_PAUSE_ENV: &str = "KVNODE_TEST_TAKEOVER_BUILD_PAUSE_MS";
+
+fn build_pause() {
+    if !kvnode_engine::TEST_SEAMS {
+        return;
+    }
+    if let Some(ms) = std::env::var(BUILD_PAUSE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tracing::warn!(ms, "test seam: holding the live build open");
+        std::thread::sleep(Duration::from_millis(ms));
     }
 }
 

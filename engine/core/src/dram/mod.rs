@@ -497,4 +497,6 @@ impl DramTier {
 #[cfg(test)]
 mod image_tests;
 #[cfg(test)]
+mod live_tests;
+#[cfg(test)]
 mod tests;
