@@ -10,6 +10,9 @@
 //!   from the spill files; a small DRAM tier makes most blocks NVMe-only).
 //! - `sigterm`: SIGTERM (the stop-time flush writes DRAM-only blocks down), then a start.
 //!
+//! With `--load-clients N` (takeover), N clients keep issuing gets and puts across the
+//! takeover and the service gap they see is reported (`restart_load`).
+//!
 //! The same-run floor is the time to spawn the same binary and have it exit
 //! (`kvnode serve --print-config`): no restart can answer sooner. The new daemon's log gives
 //! the breakdown (takeover, spill recovery, fixed-buffer registration).

@@ -1,26 +1,31 @@
 //! Takeover: a new daemon (`kvnode serve --takeover`) receives the running daemon's DRAM arena
-//! (its memfd), the image of its DRAM index and its listening socket, so an upgrade copies
-//! no block and loses none.
+//! (its memfd), its DRAM index and its listening socket, so an upgrade copies no block and
+//! loses none; the running daemon serves while the successor rebuilds the index.
 //!
 //! ```text
 //!  successor                          running daemon (donor), socket S
 //!  connect T ───────────────────────> (takeover socket T: owner-only, in a 0700 directory
 //!                                      apart from S's, crate::takeover_dir; same uid only)
-//!  Ask {config, image format} ──────> compatible? no: Answer{ok:false, why}, keeps serving
-//!                                     yes: stop accepting, drain, stop demoter and
-//!                                          write-behind, wait for spill IO in flight
-//!  <──────── Answer{ok, image_len} + fds [arena memfd, listener] + image bytes
-//!  dry-run restore of the image
-//!  "ok\n" / "failed: why\n" ────────> failed: flush DRAM to NVMe (fallback), exit
+//!  Ask {config, image format, live} ─> compatible? no: Answer{ok:false, why}, keeps serving
+//!                                     live: note changed slots, image slab by slab
+//!  <──────── Answer{ok, live, image_len} + live image bytes     (donor keeps serving)
+//!  build the DRAM tier from it
+//!  "built\n" ───────────────────────> stop accepting, drain, stop demoter and
+//!                                      write-behind, wait for spill IO in flight
+//!  <──────── Answer{ok, image_len} + fds [arena memfd, listener] + delta bytes
+//!  apply the delta (changed slots)    (not live, e.g. `--events`: the whole image
+//!                                      here instead, then a dry-run restore)
+//!  "ok\n" / "failed: why\n" ───────> failed: flush DRAM to NVMe (fallback), exit
 //!                                     ok: close the spill files (unlock), remove
 //!                                         T, drop everything, exit
 //!  <──────── EOF
-//!  open spill files, rebuild DRAM over the same memfd, serve on the same listener
+//!  open spill files, serve with the built tier over the same memfd on the same listener
 //! ```
 //!
-//! Clients that were connected to the donor see their connection closed after their
-//! request in flight ends (a clear error, never wrong bytes); new connections wait in the
-//! listener's backlog and are accepted by the successor.
+//! A successor that goes away (or cannot build) before `built` leaves the donor serving,
+//! its change tracking stopped. Clients that were connected to the donor see their
+//! connection closed between requests at the barrier (a clear error, never wrong bytes);
+//! new connections wait in the listener's backlog and are accepted by the successor.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};

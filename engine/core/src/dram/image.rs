@@ -8,7 +8,9 @@
 //! `kv.retain` with the end of each hold (wall clock, so the hold keeps its end across the
 //! gap; a slot that holds no restored block is ignored). Reservations, leases and
 //! eviction order do not travel: the old daemon has no request in flight when it writes the
-//! image, and the new one starts with the blocks in slot order.
+//! image (or, for a live image taken while it serves, the slots that change travel again in
+//! the delta at the barrier: state/live.rs), and the new one starts with the blocks in slot
+//! order.
 //!
 //! Format (little-endian): magic `KVNDRAM1`, u32 length + JSON header ([`ImageHeader`]), u64
 //! block count, then per block: u64 slot, 16 B namespace id, 32 B digest, u16 segment, u64
