@@ -24,8 +24,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use kvnode_client::Client;
+use kvnode_proto::Key;
 use kvnode_proto::size::{ByteSize, parse_size};
-use kvnode_proto::{Digest, Key, NamespaceSpec};
+
+use crate::restart_load::{fill, key, spec};
 
 /// How the daemon is restarted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -75,26 +77,6 @@ pub struct RestartArgs {
     /// takeover, each on its own connection; the service gap they see is reported.
     #[arg(long, default_value_t = 0)]
     pub load_clients: u64,
-}
-
-pub(crate) fn key(i: u64) -> Key {
-    let mut d = [0u8; 32];
-    d[..8].copy_from_slice(&i.to_be_bytes());
-    d[31] = 0xc3;
-    Key::page(Digest(d))
-}
-
-pub(crate) fn fill(buf: &mut [u8], i: u64) {
-    buf[..8].copy_from_slice(&i.to_le_bytes());
-}
-
-pub(crate) fn spec(bs: u64) -> NamespaceSpec {
-    NamespaceSpec {
-        model: "bench-restart".into(),
-        page_size: 64,
-        segments: vec![bs],
-        ..NamespaceSpec::default()
-    }
 }
 
 fn spawn(

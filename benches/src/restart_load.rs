@@ -16,9 +16,30 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use kvnode_client::Client;
-use kvnode_proto::Key;
+use kvnode_proto::{Digest, Key, NamespaceSpec};
 
-use crate::restart::{fill, key, spec};
+/// Key of block `i` (the restart bench's blocks and the load's).
+pub(crate) fn key(i: u64) -> Key {
+    let mut d = [0u8; 32];
+    d[..8].copy_from_slice(&i.to_be_bytes());
+    d[31] = 0xc3;
+    Key::page(Digest(d))
+}
+
+/// Block `i`'s bytes: its index in the first 8 bytes of a 0x5A-filled buffer.
+pub(crate) fn fill(buf: &mut [u8], i: u64) {
+    buf[..8].copy_from_slice(&i.to_le_bytes());
+}
+
+/// The bench's namespace, blocks of `bs` bytes.
+pub(crate) fn spec(bs: u64) -> NamespaceSpec {
+    NamespaceSpec {
+        model: "bench-restart".into(),
+        page_size: 64,
+        segments: vec![bs],
+        ..NamespaceSpec::default()
+    }
+}
 
 /// One put every this many requests.
 pub const PUT_EVERY: u64 = 16;
