@@ -232,8 +232,45 @@ fn start_old(
     }
 }
 
+/// `kvnode serve --takeover` next to `old` (binary, config, socket, log of the new one), with
+/// the load clients running if asked; the first hit of block `probe` and the new daemon.
+fn take_over(
+    a: &RestartArgs,
+    (bin, cfg, sock, new_log): (&Path, &Path, &Path, &Path),
+    old: &mut std::process::Child,
+    (bs, probe): (u64, u64),
+) -> anyhow::Result<(Duration, std::process::Child)> {
+    let load = (a.load_clients > 0)
+        .then(|| crate::restart_load::Load::start(sock, a.load_clients, bs, a.blocks));
+    // Let the clients run before the takeover starts.
+    std::thread::sleep(Duration::from_millis(if load.is_some() { 500 } else { 0 }));
+    let t0 = Instant::now();
+    let mut new = spawn(bin, cfg, sock, new_log, &["--takeover"])?;
+    // The probe asks `stats` (a walk over every slot, under the tier's lock): with load
+    // clients it waits until the old daemon is gone, so as not to stall them (its figure is
+    // then an upper bound).
+    let f = if load.is_some() {
+        let st = wait_exit(old, Duration::from_mins(2));
+        let f = first_hit(sock, new.id(), bs, probe, t0);
+        st?;
+        f
+    } else {
+        first_hit(sock, new.id(), bs, probe, t0)
+    };
+    let st = wait_exit(old, Duration::from_mins(2))?;
+    if !st.success() {
+        let _ = new.kill();
+        bail!("the old daemon exited with {st}");
+    }
+    if let Some(load) = load {
+        std::thread::sleep(Duration::from_millis(500));
+        report_load(&load.stop(t0, Instant::now())?, sock, bs)?;
+    }
+    Ok((f?, new))
+}
+
 /// Prints what the load clients saw across the takeover and checks their puts.
-fn report_load(r: crate::restart_load::Report, sock: &Path, bs: u64) -> anyhow::Result<()> {
+fn report_load(r: &crate::restart_load::Report, sock: &Path, bs: u64) -> anyhow::Result<()> {
     let back = crate::restart_load::check_put(sock, bs, &r.put)?;
     println!(
         "load across the takeover: {} answers, service gap {:.1} ms (at {:.0} ms after the spawn), slowest request {:.1} ms, {} requests retried on a new connection, {back}/{} blocks put during the run read back intact",
@@ -293,33 +330,8 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let new_log = a.dir.join("new.log");
     let (first, stop_ms, mut new) = match a.mode {
         Mode::Takeover => {
-            let load = (a.load_clients > 0)
-                .then(|| crate::restart_load::Load::start(&sock, a.load_clients, bs, a.blocks));
-            // Let the clients run before the takeover starts.
-            std::thread::sleep(Duration::from_millis(if load.is_some() { 500 } else { 0 }));
-            let t0 = Instant::now();
-            let mut new = spawn(&bin, &cfg, &sock, &new_log, &["--takeover"])?;
-            // The probe asks `stats` (a walk over every slot, under the tier's lock): with
-            // load clients it waits until the old daemon is gone, so as not to stall them
-            // (its figure is then an upper bound).
-            let f = if load.is_some() {
-                let st = wait_exit(&mut old, Duration::from_mins(2));
-                let f = first_hit(&sock, new.id(), bs, probe, t0);
-                st?;
-                f
-            } else {
-                first_hit(&sock, new.id(), bs, probe, t0)
-            };
-            let st = wait_exit(&mut old, Duration::from_mins(2))?;
-            if !st.success() {
-                let _ = new.kill();
-                bail!("the old daemon exited with {st}");
-            }
-            if let Some(load) = load {
-                std::thread::sleep(Duration::from_millis(500));
-                report_load(load.stop(t0, Instant::now())?, &sock, bs)?;
-            }
-            (f?, None, new)
+            let new = take_over(a, (&bin, &cfg, &sock, &new_log), &mut old, (bs, probe))?;
+            (new.0, None, new.1)
         }
         Mode::Sigkill | Mode::Sigterm => {
             let t = Instant::now();

@@ -184,14 +184,14 @@ pub(in crate::dram) fn put_block(out: &mut Vec<u8>, slot: SlotId, r: &Resident) 
 
 /// `magic`, the header, the block count and the blocks' records.
 pub(in crate::dram) fn assemble(
-    magic: &[u8; 8],
+    magic: [u8; 8],
     header: &ImageHeader,
     blocks: u64,
     body: &[u8],
 ) -> Result<Vec<u8>, ImageError> {
     let h = serde_json::to_vec(header).map_err(|e| bad(e.to_string()))?;
     let mut out = Vec::with_capacity(32 + h.len() + body.len());
-    out.extend_from_slice(magic);
+    out.extend_from_slice(&magic);
     out.extend_from_slice(&(h.len() as u32).to_le_bytes());
     out.extend_from_slice(&h);
     out.extend_from_slice(&blocks.to_le_bytes());
@@ -202,9 +202,9 @@ pub(in crate::dram) fn assemble(
 /// Reads `magic` and the header.
 pub(in crate::dram) fn read_head(
     r: &mut Reader<'_>,
-    magic: &[u8; 8],
+    magic: [u8; 8],
 ) -> Result<ImageHeader, ImageError> {
-    if r.take(8)? != magic {
+    if r.take(8)? != magic.as_slice() {
         return Err(bad("not a kvnode DRAM image (bad magic)"));
     }
     let hl = r.u32()? as usize;
@@ -238,7 +238,7 @@ impl State {
             }
             put_block(&mut body, slot, r);
         }
-        assemble(MAGIC, &header, self.index.len() as u64, &body)
+        assemble(*MAGIC, &header, self.index.len() as u64, &body)
     }
 
     /// The image's header, with `slab_class` as the class of each slab.
@@ -266,7 +266,7 @@ impl State {
         image: &[u8],
     ) -> Result<Self, ImageError> {
         let mut r = Reader { b: image };
-        let header = read_head(&mut r, MAGIC)?;
+        let header = read_head(&mut r, *MAGIC)?;
         let mut s = State::new(cfg, announcer);
         if header.slab_bytes != s.slab_bytes || header.slabs as usize != s.slabs.len() {
             return Err(bad(format!(

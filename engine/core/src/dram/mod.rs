@@ -415,7 +415,7 @@ impl DramTier {
             classes.push(class);
         }
         let header = self.with(|s| s.header(classes));
-        let out = image::assemble(b"KVNDRAM1", &header, stats.blocks, &body)?;
+        let out = image::assemble(*b"KVNDRAM1", &header, stats.blocks, &body)?;
         stats.elapsed = t0.elapsed();
         Ok((out, stats))
     }

@@ -92,14 +92,14 @@ impl State {
         }
         body.extend_from_slice(&n.to_le_bytes());
         body.extend_from_slice(&blocks);
-        assemble(DELTA_MAGIC, &header, 0, &body)
+        assemble(*DELTA_MAGIC, &header, 0, &body)
     }
 
     /// Applies a [`State::delta`] to a tier restored from the live image. Refused (the tier
     /// is then unusable) when the delta does not fit it. Returns the dirty slots.
     pub(in crate::dram) fn apply_delta(&mut self, delta: &[u8]) -> Result<u64, ImageError> {
         let mut r = Reader { b: delta };
-        let header = read_head(&mut r, DELTA_MAGIC)?;
+        let header = read_head(&mut r, *DELTA_MAGIC)?;
         if r.u64()? != 0 {
             return Err(bad("malformed delta"));
         }
