@@ -181,7 +181,7 @@ impl Client {
     /// (retry.rs).
     pub(crate) fn call(&mut self, op: Op) -> Result<Reply> {
         let o = op.clone();
-        self.retrying(&o, |c| c.call(op.clone(), &[]))
+        self.retrying(&o, |c| c.call(op.clone(), &[]).and_then(retry::refused))
     }
 
     /// Registers a namespace (idempotent).
@@ -216,7 +216,7 @@ impl Client {
             lens,
             meta,
         };
-        match self.retrying(&op, |c| c.call(op.clone(), blocks))? {
+        match self.retrying(&op, |c| c.call(op.clone(), blocks).and_then(retry::refused))? {
             Reply::Put { results } => Ok(results),
             r => Err(unexpected(&r)),
         }
@@ -276,7 +276,10 @@ impl Client {
             hint: hint.map(str::to_owned),
             deadline_ms,
         };
-        let (reply, mut payload) = self.retrying(&op, |c| c.call_with_payload(op.clone()))?;
+        let (reply, mut payload) = self.retrying(&op, |c| {
+            let (r, p) = c.call_with_payload(op.clone())?;
+            Ok((retry::refused(r)?, p))
+        })?;
         let Reply::GetInline { lens, pull } = reply else {
             return Err(unexpected(&reply));
         };

@@ -3,7 +3,8 @@
 //!
 //! At a takeover's barrier the old daemon finishes the request in flight on each connection,
 //! answers it, and closes the connection; the next request on it finds it closed (end of
-//! file, broken pipe, reset) before any answer. The successor listens on the same socket with
+//! file, broken pipe, reset) before any answer, or is refused as `ShuttingDown` when it
+//! arrived during the drain. The successor listens on the same socket with
 //! the same arena memfd and namespace handles. So a request that names no state of the old
 //! connection ([`replayable`]: register, exists, stats, an inline put or get) is sent once
 //! more on a new connection, after the connection's namespaces are registered again there.
@@ -15,7 +16,7 @@
 use std::os::unix::fs::MetadataExt;
 
 use kvnode_proto::NamespaceSpec;
-use kvnode_proto::client::{GetMode, Op, Reply};
+use kvnode_proto::client::{ErrorCode, GetMode, Op, Reply};
 
 use crate::{Client, ClientError, Result, conn, unexpected};
 
@@ -35,13 +36,35 @@ pub(crate) fn replayable(op: &Op) -> bool {
     )
 }
 
-/// Whether `e` says the daemon closed the connection (a takeover's barrier, or a stop).
+/// Whether `e` says the daemon closed the connection, or refused the request because it is
+/// stopping (a request that arrived during a takeover's drain): in both cases it did not do
+/// the request. After a plain stop the reconnection fails (waiting at most until the old
+/// daemon has exited and its backlog is reset) and the caller gets `e`.
 pub(crate) fn closed(e: &ClientError) -> bool {
     use std::io::ErrorKind as K;
-    matches!(e, ClientError::Io(io) if matches!(
-        io.kind(),
-        K::UnexpectedEof | K::BrokenPipe | K::ConnectionReset | K::ConnectionAborted
-    ))
+    match e {
+        ClientError::Io(io) => matches!(
+            io.kind(),
+            K::UnexpectedEof | K::BrokenPipe | K::ConnectionReset | K::ConnectionAborted
+        ),
+        ClientError::Server { code, .. } => *code == ErrorCode::ShuttingDown,
+        _ => false,
+    }
+}
+
+/// A `ShuttingDown` refusal as an error (so that [`Client::retrying`] sees it); any other
+/// reply as it is.
+pub(crate) fn refused(r: Reply) -> Result<Reply> {
+    match r {
+        Reply::Error {
+            code: ErrorCode::ShuttingDown,
+            message,
+        } => Err(ClientError::Server {
+            code: ErrorCode::ShuttingDown,
+            message,
+        }),
+        r => Ok(r),
+    }
 }
 
 /// (device, inode) of a descriptor's file.
