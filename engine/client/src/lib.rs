@@ -181,7 +181,11 @@ impl Client {
     /// (retry.rs).
     pub(crate) fn call(&mut self, op: Op) -> Result<Reply> {
         let o = op.clone();
-        self.retrying(&o, |c| c.call(op.clone(), &[]).and_then(retry::refused))
+        let mut first = Some(op);
+        self.retrying(&o, |c| {
+            let op = first.take().unwrap_or_else(|| o.clone());
+            c.call(op, &[]).and_then(retry::refused)
+        })
     }
 
     /// Registers a namespace (idempotent).
