@@ -20,6 +20,12 @@ use kvnode_proto::client::{ErrorCode, GetMode, Op, Reply};
 
 use crate::{Client, ClientError, Result, conn, unexpected};
 
+/// How long a reconnection waits for the daemon's handshake: a successor answers once the
+/// old daemon has exited and it has opened the spill files (milliseconds without a spill
+/// tier); after a plain stop the old daemon's backlog is reset when it exits, within its
+/// stop-time flush (`flush_on_stop_s`, 60 s by default), or this limit ends the wait first.
+const HANDSHAKE_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Whether `op` may be sent again on a new connection: it names no state of the old one,
 /// and doing it twice is harmless (a put done twice answers `Exists` the second time).
 pub(crate) fn replayable(op: &Op) -> bool {
@@ -38,8 +44,8 @@ pub(crate) fn replayable(op: &Op) -> bool {
 
 /// Whether `e` says the daemon closed the connection, or refused the request because it is
 /// stopping (a request that arrived during a takeover's drain): in both cases it did not do
-/// the request. After a plain stop the reconnection fails (waiting at most until the old
-/// daemon has exited and its backlog is reset) and the caller gets `e`.
+/// the request. After a plain stop the reconnection fails (waiting until the old daemon has
+/// exited and its backlog is reset, at most [`HANDSHAKE_LIMIT`]) and the caller gets `e`.
 pub(crate) fn closed(e: &ClientError) -> bool {
     use std::io::ErrorKind as K;
     match e {
@@ -103,7 +109,8 @@ impl Client {
     /// A new connection to the same socket, used only when it serves the same arena and the
     /// same namespace handles.
     fn reconnect(&mut self) -> Result<()> {
-        let (mut c, hello, fd) = conn::Conn::connect(&self.path, "kvnode-client")?;
+        let (mut c, hello, fd) =
+            conn::Conn::connect_within(&self.path, "kvnode-client", Some(HANDSHAKE_LIMIT))?;
         let Reply::HelloOk { pid, .. } = hello else {
             return Err(unexpected(&hello));
         };
