@@ -113,20 +113,33 @@ impl State {
             self.empty_slot(slot)?;
         }
         let n = r.u64()?;
-        let mut placed = HashSet::new();
+        // One bit per slot of each slab that took a block: the free lists are filtered
+        // with it in one pass (a hash lookup per free slot cost ~20 ns over every free slot).
+        let mut placed: Vec<Vec<u64>> = vec![Vec::new(); self.slabs.len()];
         for _ in 0..n {
-            placed.insert(
-                r.b.get(..8)
-                    .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8"))),
-            );
+            let slot = r
+                .b
+                .get(..8)
+                .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
             self.restore_block(&mut r)?;
+            let (slab, idx) = slot_parts(slot);
+            let bits = &mut placed[slab as usize];
+            if bits.is_empty() {
+                bits.resize(self.slabs[slab as usize].slots.len().div_ceil(64), 0);
+            }
+            bits[idx as usize / 64] |= 1 << (idx % 64);
         }
         if !r.b.is_empty() {
             return Err(bad("trailing bytes after the delta's last block"));
         }
-        if !placed.is_empty() {
+        if n > 0 {
             for p in &mut self.pools {
-                p.free.retain(|s| !placed.contains(s));
+                p.free.retain(|&s| {
+                    let (slab, idx) = slot_parts(s);
+                    placed[slab as usize]
+                        .get(idx as usize / 64)
+                        .is_none_or(|w| w >> (idx % 64) & 1 == 0)
+                });
             }
         }
         for (slot, _) in self.retention.ends() {
