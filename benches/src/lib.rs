@@ -15,7 +15,7 @@
 //! - [`replay`]: a production trace through daemons it starts, against Belady's MIN and the
 //!   infinite-cache ceiling (docs/replay.md).
 //! - [`restart`]: first hit after a takeover, a SIGKILL or a SIGTERM restart, vs the time to
-//!   spawn the binary.
+//!   spawn the binary; with [`restart_load`], the service gap clients see across a takeover.
 
 pub mod args;
 pub mod backpressure;
@@ -29,6 +29,7 @@ pub mod pull;
 pub mod relay;
 pub mod replay;
 pub mod restart;
+pub mod restart_load;
 pub mod socket;
 pub mod spill;
 

@@ -10,6 +10,9 @@
 //!   from the spill files; a small DRAM tier makes most blocks NVMe-only).
 //! - `sigterm`: SIGTERM (the stop-time flush writes DRAM-only blocks down), then a start.
 //!
+//! With `--load-clients N` (takeover), N clients keep issuing gets and puts across the
+//! takeover and the service gap they see is reported (`restart_load`).
+//!
 //! The same-run floor is the time to spawn the same binary and have it exit
 //! (`kvnode serve --print-config`): no restart can answer sooner. The new daemon's log gives
 //! the breakdown (takeover, spill recovery, fixed-buffer registration).
@@ -21,8 +24,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use kvnode_client::Client;
+use kvnode_proto::Key;
 use kvnode_proto::size::{ByteSize, parse_size};
-use kvnode_proto::{Digest, Key, NamespaceSpec};
+
+use crate::restart_load::{fill, key, spec};
 
 /// How the daemon is restarted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -68,26 +73,10 @@ pub struct RestartArgs {
     /// blocks use).
     #[arg(long)]
     pub no_populate: bool,
-}
-
-fn key(i: u64) -> Key {
-    let mut d = [0u8; 32];
-    d[..8].copy_from_slice(&i.to_be_bytes());
-    d[31] = 0xc3;
-    Key::page(Digest(d))
-}
-
-fn fill(buf: &mut [u8], i: u64) {
-    buf[..8].copy_from_slice(&i.to_le_bytes());
-}
-
-fn spec(bs: u64) -> NamespaceSpec {
-    NamespaceSpec {
-        model: "bench-restart".into(),
-        page_size: 64,
-        segments: vec![bs],
-        ..NamespaceSpec::default()
-    }
+    /// Clients that keep issuing requests (gets of kept blocks, a put every 16th) across a
+    /// takeover, each on its own connection; the service gap they see is reported.
+    #[arg(long, default_value_t = 0)]
+    pub load_clients: u64,
 }
 
 fn spawn(
@@ -243,6 +232,64 @@ fn start_old(
     }
 }
 
+/// `kvnode serve --takeover` next to `old` (binary, config, socket, log of the new one), with
+/// the load clients running if asked; the first hit of block `probe` and the new daemon.
+fn take_over(
+    a: &RestartArgs,
+    (bin, cfg, sock, new_log): (&Path, &Path, &Path, &Path),
+    old: &mut std::process::Child,
+    (bs, probe): (u64, u64),
+) -> anyhow::Result<(Duration, std::process::Child)> {
+    let load = (a.load_clients > 0)
+        .then(|| crate::restart_load::Load::start(sock, a.load_clients, bs, a.blocks));
+    // Let the clients run before the takeover starts.
+    std::thread::sleep(Duration::from_millis(if load.is_some() { 500 } else { 0 }));
+    let t0 = Instant::now();
+    let mut new = spawn(bin, cfg, sock, new_log, &["--takeover"])?;
+    // The probe asks `stats` (a walk over every slot, under the tier's lock): with load
+    // clients it waits until the old daemon is gone, so as not to stall them (its figure is
+    // then an upper bound).
+    let f = if load.is_some() {
+        let st = wait_exit(old, Duration::from_mins(2));
+        let f = first_hit(sock, new.id(), bs, probe, t0);
+        st?;
+        f
+    } else {
+        first_hit(sock, new.id(), bs, probe, t0)
+    };
+    let st = wait_exit(old, Duration::from_mins(2))?;
+    if !st.success() {
+        let _ = new.kill();
+        bail!("the old daemon exited with {st}");
+    }
+    if let Some(load) = load {
+        std::thread::sleep(Duration::from_millis(500));
+        report_load(&load.stop(t0, Instant::now())?, sock, bs)?;
+    }
+    Ok((f?, new))
+}
+
+/// Prints what the load clients saw across the takeover and checks their puts.
+fn report_load(r: &crate::restart_load::Report, sock: &Path, bs: u64) -> anyhow::Result<()> {
+    let back = crate::restart_load::check_put(sock, bs, &r.put)?;
+    println!(
+        "load across the takeover: {} answers, service gap {:.1} ms (at {:.0} ms after the spawn), slowest request {:.1} ms, {} requests retried on a new connection, {back}/{} blocks put during the run read back intact",
+        r.answers,
+        r.gap.as_secs_f64() * 1e3,
+        r.gap_at.as_secs_f64() * 1e3,
+        r.slowest.as_secs_f64() * 1e3,
+        r.retries,
+        r.put.len()
+    );
+    if back != r.put.len() as u64 {
+        bail!(
+            "{} blocks put during the takeover were lost",
+            r.put.len() as u64 - back
+        );
+    }
+    Ok(())
+}
+
 /// Runs the benchmark.
 pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let bs = parse_size(&a.block_bytes).context("--block-bytes")?;
@@ -283,15 +330,8 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let new_log = a.dir.join("new.log");
     let (first, stop_ms, mut new) = match a.mode {
         Mode::Takeover => {
-            let t0 = Instant::now();
-            let mut new = spawn(&bin, &cfg, &sock, &new_log, &["--takeover"])?;
-            let f = first_hit(&sock, new.id(), bs, probe, t0);
-            let st = wait_exit(&mut old, Duration::from_mins(2))?;
-            if !st.success() {
-                let _ = new.kill();
-                bail!("the old daemon exited with {st}");
-            }
-            (f?, None, new)
+            let new = take_over(a, (&bin, &cfg, &sock, &new_log), &mut old, (bs, probe))?;
+            (new.0, None, new.1)
         }
         Mode::Sigkill | Mode::Sigterm => {
             let t = Instant::now();

@@ -262,9 +262,15 @@ impl Daemon {
     /// successor taking a running daemon's socket over: that one answers meanwhile). Its
     /// log is in its own private directory.
     pub fn spawn_at(socket: &Path, args: &[&str]) -> Self {
+        Self::spawn_at_env(socket, &[], args)
+    }
+
+    /// Like [`Daemon::spawn_at`], with `env` set.
+    pub fn spawn_at_env(socket: &Path, env: &[(&str, &str)], args: &[&str]) -> Self {
         let dir = temp_dir("daemon");
         let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
         let child = kvnode_cmd()
+            .envs(env.iter().copied())
             .arg("serve")
             .arg("--socket")
             .arg(socket)

@@ -32,7 +32,17 @@ fn write_all_vectored(sock: &mut UnixStream, mut bufs: &mut [IoSlice<'_>]) -> st
 
 impl Conn {
     pub fn connect(path: &Path, name: &str) -> Result<(Self, Reply, Option<OwnedFd>)> {
+        Self::connect_within(path, name, None)
+    }
+
+    /// [`Conn::connect`], waiting at most `limit` for the daemon's answer to the handshake.
+    pub fn connect_within(
+        path: &Path,
+        name: &str,
+        limit: Option<std::time::Duration>,
+    ) -> Result<(Self, Reply, Option<OwnedFd>)> {
         let sock = UnixStream::connect(path)?;
+        sock.set_read_timeout(limit)?;
         kvnode_fdpass::set_buffers(sock.as_raw_fd(), 4 << 20);
         let mut c = Self {
             sock,
@@ -64,6 +74,7 @@ impl Conn {
         }
         let p = FramePrefix::decode(prefix).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let reply = c.read_header(p)?;
+        c.sock.set_read_timeout(None)?;
         Ok((c, reply.reply, fds.pop_front()))
     }
 

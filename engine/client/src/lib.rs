@@ -11,11 +11,12 @@ mod arena;
 mod conn;
 mod gpu;
 pub mod report;
+mod retry;
 pub mod router;
 pub mod seeded;
 
 use std::os::fd::BorrowedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kvnode_proto::client::{
     AllocSlot, BlockMeta, CommitStatus, ErrorCode, Extent, GetMode, Op, PutStatus, Reply,
@@ -116,6 +117,12 @@ pub struct Client {
     conn: conn::Conn,
     arena: ArenaMap,
     pid: u32,
+    /// The socket, to reconnect after a takeover (retry.rs).
+    path: PathBuf,
+    /// (device, inode) of the arena memfd, if one was passed.
+    arena_id: Option<(u64, u64)>,
+    /// Namespaces registered on this connection, with their handles (retry.rs).
+    namespaces: Vec<(NamespaceSpec, u32)>,
 }
 
 pub(crate) fn unexpected(r: &Reply) -> ClientError {
@@ -150,6 +157,7 @@ impl Client {
         else {
             return Err(unexpected(&hello));
         };
+        let arena_id = fd.as_ref().and_then(retry::file_id);
         let arena = match fd {
             Some(fd) => ArenaMap::map(&fd, arena_bytes)?,
             // The daemon withholds the arena from this client's tenant (share_arena = false).
@@ -160,7 +168,14 @@ impl Client {
                 ));
             }
         };
-        Ok(Self { conn, arena, pid })
+        Ok(Self {
+            conn,
+            arena,
+            pid,
+            path: path.as_ref().to_owned(),
+            arena_id,
+            namespaces: Vec::new(),
+        })
     }
 
     /// The daemon's pid.
@@ -173,14 +188,24 @@ impl Client {
         &self.arena
     }
 
+    /// Sends `op`; one the daemon's takeover cut is sent again on a new connection
+    /// (retry.rs).
     pub(crate) fn call(&mut self, op: Op) -> Result<Reply> {
-        self.conn.call(op, &[])
+        let o = op.clone();
+        let mut first = Some(op);
+        self.retrying(&o, |c| {
+            let op = first.take().unwrap_or_else(|| o.clone());
+            c.call(op, &[]).and_then(retry::refused)
+        })
     }
 
     /// Registers a namespace (idempotent).
     pub fn register(&mut self, spec: &NamespaceSpec) -> Result<Namespace> {
         match self.call(Op::Register { spec: spec.clone() })? {
-            Reply::Registered { ns, id, segments } => Ok(Namespace { ns, id, segments }),
+            Reply::Registered { ns, id, segments } => {
+                self.registered(spec, ns);
+                Ok(Namespace { ns, id, segments })
+            }
             r => Err(unexpected(&r)),
         }
     }
@@ -200,15 +225,13 @@ impl Client {
         meta: Vec<Option<BlockMeta>>,
     ) -> Result<Vec<PutStatus>> {
         let lens = blocks.iter().map(|b| b.len() as u64).collect();
-        match self.conn.call(
-            Op::Put {
-                ns,
-                keys: keys.to_vec(),
-                lens,
-                meta,
-            },
-            blocks,
-        )? {
+        let op = Op::Put {
+            ns,
+            keys: keys.to_vec(),
+            lens,
+            meta,
+        };
+        match self.retrying(&op, |c| c.call(op.clone(), blocks).and_then(retry::refused))? {
             Reply::Put { results } => Ok(results),
             r => Err(unexpected(&r)),
         }
@@ -261,12 +284,16 @@ impl Client {
         hint: Option<&str>,
         deadline_ms: Option<u64>,
     ) -> Result<(Pages, Option<OpReport>)> {
-        let (reply, mut payload) = self.conn.call_with_payload(Op::Get {
+        let op = Op::Get {
             ns,
             keys: keys.to_vec(),
             mode: GetMode::Inline,
             hint: hint.map(str::to_owned),
             deadline_ms,
+        };
+        let (reply, mut payload) = self.retrying(&op, |c| {
+            let (r, p) = c.call_with_payload(op.clone())?;
+            Ok((retry::refused(r)?, p))
         })?;
         let Reply::GetInline { lens, pull } = reply else {
             return Err(unexpected(&reply));

@@ -167,6 +167,26 @@ fn start_events(
     Ok(Some(p))
 }
 
+/// The publisher, continuing the stream of the daemon this one follows: a takeover's donor,
+/// or a predecessor stopped on the same spill directory (its continuation is returned, for
+/// the blocks to adopt once the engine runs).
+fn events_after(
+    cfg: &EngineConfig,
+    handover: Option<&kvnode_engine::engine::Handover>,
+) -> anyhow::Result<(
+    Option<crate::restart_events::Continuation>,
+    Option<kvnode_events::Publisher>,
+)> {
+    let continued = match handover {
+        None => crate::restart_events::load(cfg),
+        Some(_) => None,
+    };
+    let seq = handover
+        .and_then(|h| h.events_seq)
+        .or(continued.as_ref().map(|c| c.seq));
+    Ok((continued, start_events(cfg, seq)?))
+}
+
 /// The announcer: every block without a tenant map, else only tenants that publish.
 fn announcer(
     cfg: &EngineConfig,
@@ -264,7 +284,7 @@ fn say_serving(
     round: u32,
     took_over: bool,
 ) {
-    let blocks = engine.store.dram().snapshot().tier.blocks;
+    let blocks = engine.store.dram().blocks();
     if round == 1 {
         tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks, took_over, spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
         crate::serve_stop::notify_ready();
@@ -282,17 +302,21 @@ fn relisten(fd: &std::os::fd::OwnedFd) -> anyhow::Result<tokio::net::UnixListene
 
 /// A successor that continues the event stream learns where, and adopts the blocks as they
 /// are announced: nothing is removed or announced again (docs/events.md "Takeover").
+/// `true` when no removal is left to announce (handed over, or events off).
 async fn hand_events_over(
     engine: &kvnode_engine::Engine,
     accepted: Option<&crate::takeover::Accepted>,
-) {
+) -> bool {
+    let quiet = !engine.store.announcer().enabled();
     let Some(a) = accepted.filter(|a| a.continues_events()) else {
-        return;
+        return quiet;
     };
     let limit = std::time::Duration::from_secs(5);
     if let Some(h) = engine.store.announcer().hand_over(limit).await {
         a.continue_events(&h);
+        return true;
     }
+    quiet
 }
 
 /// Lets go of what the daemon held, in the order a successor relies on.
@@ -300,6 +324,7 @@ fn finish(
     engine: std::sync::Arc<kvnode_engine::Engine>,
     publisher: Option<kvnode_events::Publisher>,
     accepted: Option<crate::takeover::Accepted>,
+    silent: bool,
     takeover_path: Option<&std::path::Path>,
     socket: &std::path::Path,
 ) {
@@ -309,6 +334,14 @@ fn finish(
     let arena = accepted
         .as_ref()
         .map(|_| std::sync::Arc::clone(engine.store.arena()));
+    // Nor is the DRAM index freed before the successor was told: freeing a million blocks'
+    // entries takes tens of milliseconds, and this process exits right after. Kept only
+    // when dropping it announces nothing (events off or handed over): removals that are
+    // due must still be published.
+    let index = accepted
+        .as_ref()
+        .filter(|_| silent)
+        .map(|_| std::sync::Arc::clone(engine.store.dram()));
     // Dropping the engine's last handle closes the spill files (sealed, synced); the
     // publisher then sends what is queued and lingers.
     drop(engine);
@@ -322,6 +355,8 @@ fn finish(
     // The successor waits for this: the spill files are closed and unlocked now.
     drop(accepted);
     drop(arena);
+    // The process exits now: leave the index's memory to the kernel.
+    std::mem::forget(index);
 }
 
 /// Runs the daemon until SIGTERM or SIGINT (or a successor takes it over), then drains and
@@ -345,8 +380,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     }
     let takeover_path = crate::takeover_dir::prepare(&cfg)?;
     tracing::info!(takeover_socket = %takeover_path.display(), "takeover socket");
+    // Without events this is the engine's announcer; a live takeover builds the DRAM tier
+    // with it before the runtime starts.
+    let quiet = announcer(&cfg, None);
     let inherited = if a.takeover {
-        crate::serve_stop::take_over(&cfg)?
+        crate::serve_stop::take_over(&cfg, &quiet)?
     } else {
         None
     };
@@ -369,11 +407,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         };
         let listener_fd = std::os::fd::AsFd::as_fd(&listener).try_clone_to_owned()?;
         let socket = cfg.socket.clone();
-        // A predecessor stopped on this spill directory left where its stream continues.
-        let continued = if handover.is_none() { crate::restart_events::load(&cfg) } else { None };
-        let seq = handover.as_ref().and_then(|h| h.events_seq).or(continued.as_ref().map(|c| c.seq));
-        let publisher = start_events(&cfg, seq)?;
-        let announcer = announcer(&cfg, publisher.as_ref());
+        let (continued, publisher) = events_after(&cfg, handover.as_ref())?;
+        let announcer = if publisher.is_some() { announcer(&cfg, publisher.as_ref()) } else { quiet };
         let took_over = handover.is_some();
         let engine = kvnode_engine::Engine::start_from(cfg, announcer, handover).context("starting the engine")?;
         if let Some(c) = continued {
@@ -393,11 +428,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             let demoter = engine.spawn_background(stop_rx.clone());
             let write_behind = crate::serve_stop::spawn_write_behind(&engine, stop_rx.clone());
             let (takeover_tx, mut takeover_rx) = tokio::sync::mpsc::channel(1);
-            let takeover_path = crate::serve_stop::listen_for_takeover(&engine.config, takeover_tx);
-            say_serving(&engine, &socket, round, took_over);
+            let takeover_path = crate::serve_stop::listen_for_takeover(&engine, takeover_tx);
             let side = SideServices::start(&engine, cluster.as_ref(), &stop_rx).await?;
             let l = listener.take().map_or_else(|| relisten(&listener_fd), Ok)?;
             let server = tokio::spawn(kvnode_engine::api::serve(std::sync::Arc::clone(&engine), l, stop_rx));
+            say_serving(&engine, &socket, round, took_over);
             let successor = tokio::select! {
                 _ = term.recv() => { tracing::info!(signal = "SIGTERM", "shutting down: draining in-flight requests"); None }
                 _ = int.recv() => { tracing::info!(signal = "SIGINT", "shutting down: draining in-flight requests"); None }
@@ -424,11 +459,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 crate::serve_stop::Stopped::Flushed => break (None, takeover_path),
             }
         };
-        hand_events_over(&engine, accepted.as_ref()).await;
+        let silent = hand_events_over(&engine, accepted.as_ref()).await;
         if accepted.is_none() && by_signal {
             crate::restart_events::save(&engine).await;
         }
-        finish(engine, publisher, accepted, takeover_path.as_deref(), &socket);
+        finish(engine, publisher, accepted, silent, takeover_path.as_deref(), &socket);
         tracing::info!("kvnode stopped");
         anyhow::Ok(())
     })

@@ -14,23 +14,29 @@ use kvnode_engine::{Engine, EngineConfig};
 
 use crate::takeover::{Accepted, Pending, SendError};
 
-/// How long a successor waits for the running daemon (its drain, then its exit).
-fn takeover_limit(cfg: &EngineConfig) -> Duration {
-    Duration::from_secs_f64(cfg.drain_timeout_s + 60.0)
-}
+use crate::takeover::takeover_limit;
 
 /// `--takeover`: asks the daemon on the socket for its DRAM tier. `None`: start cold (no
 /// daemon there, or its image did not fit and it stopped with a flush instead).
-pub fn take_over(cfg: &EngineConfig) -> anyhow::Result<Option<(Handover, UnixListener)>> {
+/// A live image is built into a tier announcing through `announcer` while the old daemon
+/// serves.
+pub fn take_over(
+    cfg: &EngineConfig,
+    announcer: &Arc<Announcer>,
+) -> anyhow::Result<Option<(Handover, UnixListener)>> {
     let limit = takeover_limit(cfg);
     let t = Instant::now();
     kvnode_engine::api::check_socket_dir(&cfg.socket, cfg.allow_shared_socket_dir)?;
-    let Some(got) = crate::takeover::request(cfg, limit)? else {
+    let build = |image: &[u8]| {
+        DramTier::restore(&tier_config(cfg), Arc::clone(announcer), image)
+            .map_err(|e| e.to_string())
+    };
+    let Some(mut got) = crate::takeover::request(cfg, limit, &build)? else {
         tracing::info!(socket = %cfg.socket.display(), "--takeover: no daemon listens for a takeover there; starting cold");
         return Ok(None);
     };
     let donor = got.donor;
-    if let Err(why) = check(cfg, &got.handover) {
+    if let Err(why) = check(cfg, &mut got.handover) {
         tracing::error!(donor, reason = %why, "the handed-over DRAM tier does not fit; the old daemon flushes to NVMe and exits, this one starts cold");
         // This process starts cold in its place: the service's main process from now on.
         crate::sd_notify::notify(&format!("MAINPID={}", std::process::id()));
@@ -54,26 +60,47 @@ pub fn take_over(cfg: &EngineConfig) -> anyhow::Result<Option<(Handover, UnixLis
     Ok(Some((h, l)))
 }
 
-/// A dry run of the restore: the image decodes and fits this configuration, the memfd has
-/// the arena's size.
-fn check(cfg: &EngineConfig, h: &Handover) -> Result<(), String> {
-    let len = if cfg.hugetlb {
+/// The DRAM tier's shape under `cfg`.
+fn tier_config(cfg: &EngineConfig) -> TierConfig {
+    TierConfig {
+        capacity: arena_len(cfg),
+        slab_bytes: cfg.slab_bytes(),
+        policy: cfg.eviction,
+    }
+}
+
+fn arena_len(cfg: &EngineConfig) -> u64 {
+    if cfg.hugetlb {
         cfg.dram.div_ceil(2 << 20) * (2 << 20)
     } else {
         cfg.dram
-    };
+    }
+}
+
+/// The memfd has the arena's size, and the image fits this configuration: a dry run of
+/// the restore, or (a live takeover) the delta applied to the tier built from the live
+/// image.
+fn check(cfg: &EngineConfig, h: &mut Handover) -> Result<(), String> {
+    let len = arena_len(cfg);
     let have = h.arena.metadata().map_err(|e| e.to_string())?.len();
     if have != len {
         return Err(format!(
             "the arena has {have} bytes, this configuration {len}"
         ));
     }
-    let tier = TierConfig {
-        capacity: len,
-        slab_bytes: cfg.slab_bytes(),
-        policy: cfg.eviction,
-    };
-    DramTier::restore(&tier, Announcer::new(None), &h.image)
+    if let Some(dram) = &h.dram {
+        let t = Instant::now();
+        let slots = dram.apply_delta(&h.image).map_err(|e| e.to_string())?;
+        tracing::info!(
+            slots,
+            delta_bytes = h.image.len(),
+            elapsed_us = t.elapsed().as_micros() as u64,
+            "applied the slots changed while the tier was built"
+        );
+        h.image = Vec::new();
+        return Ok(());
+    }
+    DramTier::restore(&tier_config(cfg), Announcer::new(None), &h.image)
         .map(drop)
         .map_err(|e| e.to_string())
 }
@@ -103,10 +130,11 @@ fn wait_gone(pid: u32, limit: Duration) {
 
 /// Binds the takeover socket; without it this daemon still serves (and flushes at stop).
 pub fn listen_for_takeover(
-    cfg: &EngineConfig,
+    engine: &Engine,
     tx: tokio::sync::mpsc::Sender<Pending>,
 ) -> Option<std::path::PathBuf> {
-    match crate::takeover::listen(cfg, tx) {
+    let dram = Arc::downgrade(engine.store.dram());
+    match crate::takeover::listen(&engine.config, dram, tx) {
         Ok(p) => Some(p),
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "takeover disabled: this daemon cannot hand its DRAM tier to a successor (a stop flushes it to the spill tier instead)");
@@ -184,22 +212,22 @@ async fn hand_over(
     p: Pending,
     listener: &OwnedFd,
 ) -> Result<Accepted, HandOver> {
+    let live = p.live();
+    let failed = |p: Pending, why: String| {
+        engine.store.dram().stop_tracking();
+        p.fail(&why);
+        Err(HandOver::Resume(why))
+    };
     if let Some(t) = engine.store.nvme()
         && !t.wait_idle(Duration::from_secs(10)).await
     {
-        p.fail("spill IO still in flight after 10 s");
-        return Err(HandOver::Resume(
-            "spill IO still in flight after 10 s".into(),
-        ));
+        return failed(p, "spill IO still in flight after 10 s".into());
     }
-    let h = match engine.handover() {
+    let h = match engine.handover(live) {
         Ok(h) => h,
-        Err(e) => {
-            p.fail(&e);
-            return Err(HandOver::Resume(e));
-        }
+        Err(e) => return failed(p, e),
     };
-    let blocks = engine.store.dram().snapshot().tier.blocks;
+    let blocks = engine.store.dram().blocks();
     let limit = takeover_limit(&engine.config);
     let t = Instant::now();
     let a = tokio::task::block_in_place(|| p.send(&h, listener, blocks, limit)).map_err(
@@ -210,6 +238,7 @@ async fn hand_over(
     )?;
     tracing::info!(
         blocks,
+        live,
         image_bytes = h.image.len(),
         elapsed_ms = t.elapsed().as_millis() as u64,
         "DRAM tier handed over; closing the spill files and exiting"

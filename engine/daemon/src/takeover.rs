@@ -1,38 +1,45 @@
 //! Takeover: a new daemon (`kvnode serve --takeover`) receives the running daemon's DRAM arena
-//! (its memfd), the image of its DRAM index and its listening socket, so an upgrade copies
-//! no block and loses none.
+//! (its memfd), its DRAM index and its listening socket, so an upgrade copies no block and
+//! loses none; the running daemon serves while the successor rebuilds the index.
 //!
 //! ```text
 //!  successor                          running daemon (donor), socket S
 //!  connect T ───────────────────────> (takeover socket T: owner-only, in a 0700 directory
 //!                                      apart from S's, crate::takeover_dir; same uid only)
-//!  Ask {config, image format} ──────> compatible? no: Answer{ok:false, why}, keeps serving
-//!                                     yes: stop accepting, drain, stop demoter and
-//!                                          write-behind, wait for spill IO in flight
-//!  <──────── Answer{ok, image_len} + fds [arena memfd, listener] + image bytes
-//!  dry-run restore of the image
-//!  "ok\n" / "failed: why\n" ────────> failed: flush DRAM to NVMe (fallback), exit
+//!  Ask {config, image format, live} ─> compatible? no: Answer{ok:false, why}, keeps serving
+//!                                     live: note changed slots, image slab by slab
+//!  <──────── Answer{ok, live, image_len} + live image bytes     (donor keeps serving)
+//!  build the DRAM tier from it
+//!  "built\n" ───────────────────────> stop accepting, drain, stop demoter and
+//!                                      write-behind, wait for spill IO in flight
+//!  <──────── Answer{ok, image_len} + fds [arena memfd, listener] + delta bytes
+//!  apply the delta (changed slots)    (not live, e.g. `--events`: the whole image
+//!                                      here instead, then a dry-run restore)
+//!  "ok\n" / "failed: why\n" ───────> failed: flush DRAM to NVMe (fallback), exit
 //!                                     ok: close the spill files (unlock), remove
 //!                                         T, drop everything, exit
 //!  <──────── EOF
-//!  open spill files, rebuild DRAM over the same memfd, serve on the same listener
+//!  open spill files, serve with the built tier over the same memfd on the same listener
 //! ```
 //!
-//! Clients that were connected to the donor see their connection closed after their
-//! request in flight ends (a clear error, never wrong bytes); new connections wait in the
-//! listener's backlog and are accepted by the successor.
+//! A successor that goes away (or cannot build) before `built` leaves the donor serving,
+//! its change tracking stopped. Clients that were connected to the donor see their
+//! connection closed between requests at the barrier (a clear error, never wrong bytes);
+//! new connections wait in the listener's backlog and are accepted by the successor.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use std::sync::{Arc, Weak};
+
 use kvnode_engine::EngineConfig;
+use kvnode_engine::dram::DramTier;
 use kvnode_engine::engine::Handover;
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +73,11 @@ struct Ask {
     /// NVMe announcements after its verdict). Absent from older builds: they start anew.
     #[serde(default)]
     continues_events: bool,
+    /// The successor builds its tier from a live image while the donor serves, and takes the
+    /// delta at the barrier. Absent from older builds (and off with `--events`): the donor
+    /// stops first, then sends the whole image.
+    #[serde(default)]
+    live: bool,
 }
 
 /// The donor's answer.
@@ -76,6 +88,10 @@ struct Answer {
     pid: u32,
     image_len: u64,
     blocks: u64,
+    /// The image is a live one: the successor builds, says `built`, and a second answer
+    /// (not live) brings the descriptors and the delta.
+    #[serde(default)]
+    live: bool,
 }
 
 fn ask_of(cfg: &EngineConfig) -> Ask {
@@ -87,6 +103,9 @@ fn ask_of(cfg: &EngineConfig) -> Ask {
         hugetlb: cfg.hugetlb,
         image_formats: vec![IMAGE_FORMAT.into()],
         continues_events: true,
+        // A live build would create the blocks' residencies before the event stream's seq
+        // is known: with events the whole image travels at the barrier, as before.
+        live: cfg.events.publisher_config().is_none(),
     }
 }
 
@@ -177,7 +196,12 @@ impl Received {
 
 /// Asks the daemon on `cfg.socket` for its DRAM tier. `Ok(None)`: no daemon listens for a
 /// takeover there (start cold). An error: it refused, nothing changed on its side.
-pub fn request(cfg: &EngineConfig, limit: Duration) -> anyhow::Result<Option<Received>> {
+/// With a live image, `build` rebuilds the tier from it while the donor keeps serving.
+pub fn request(
+    cfg: &EngineConfig,
+    limit: Duration,
+    build: &dyn Fn(&[u8]) -> Result<DramTier, String>,
+) -> anyhow::Result<Option<Received>> {
     let path = path_of(cfg)?;
     let stream = match UnixStream::connect(&path) {
         Ok(s) => s,
@@ -210,32 +234,15 @@ pub fn request(cfg: &EngineConfig, limit: Duration) -> anyhow::Result<Option<Rec
     let mut line = serde_json::to_vec(&ask_of(cfg))?;
     line.push(b'\n');
     w.write_all(&line)?;
-    // Answer line, read byte by byte so no descriptor-carrying byte is consumed early.
-    let mut ans = Vec::new();
-    let mut b = [0u8; 1];
-    loop {
-        let n = (&stream)
-            .read(&mut b)
-            .context("waiting for the running daemon's answer")?;
-        if n == 0 {
-            bail!("the running daemon closed the takeover socket without an answer");
-        }
-        if b[0] == b'\n' {
-            break;
-        }
-        ans.push(b[0]);
-        if ans.len() > 1 << 16 {
-            bail!("takeover answer too long");
-        }
-    }
-    let a: Answer = serde_json::from_slice(&ans).context("parsing the takeover answer")?;
-    if !a.ok {
-        bail!(
-            "the running daemon (pid {}) refused the takeover and keeps serving: {}",
-            a.pid,
-            a.error.unwrap_or_default()
-        );
-    }
+    let mut a = read_answer(&stream)?;
+    let built = if a.live {
+        let dram = build_live(&stream, &a, build)?;
+        // The barrier: the donor stopped, drained, and sends the delta.
+        a = read_answer(&stream)?;
+        Some(dram)
+    } else {
+        None
+    };
     let mut fds = std::collections::VecDeque::new();
     while fds.len() < 2 {
         let n = kvnode_fdpass_recv(&stream, &mut fds)?;
@@ -265,12 +272,94 @@ pub fn request(cfg: &EngineConfig, limit: Duration) -> anyhow::Result<Option<Rec
             image,
             events_seq: None,
             nvme_announced: Vec::new(),
+            dram: built,
         },
         listener,
         donor: a.pid,
         blocks: a.blocks,
         stream,
     }))
+}
+
+/// The donor's answer line (read byte by byte, so no descriptor-carrying byte is consumed
+/// early); an error when it refused.
+fn read_answer(stream: &UnixStream) -> anyhow::Result<Answer> {
+    let mut ans = Vec::new();
+    let mut b = [0u8; 1];
+    loop {
+        let n = (&*stream)
+            .read(&mut b)
+            .context("waiting for the running daemon's answer")?;
+        if n == 0 {
+            bail!("the running daemon closed the takeover socket without an answer");
+        }
+        if b[0] == b'\n' {
+            break;
+        }
+        ans.push(b[0]);
+        if ans.len() > 1 << 16 {
+            bail!("takeover answer too long");
+        }
+    }
+    let a: Answer = serde_json::from_slice(&ans).context("parsing the takeover answer")?;
+    if !a.ok {
+        bail!(
+            "the running daemon (pid {}) refused the takeover and keeps serving: {}",
+            a.pid,
+            a.error.unwrap_or_default()
+        );
+    }
+    Ok(a)
+}
+
+/// Reads the live image and builds the tier from it (the donor serves meanwhile), then
+/// tells the donor it may stop. A tier that cannot be built is refused: the donor keeps
+/// serving and this process gives up.
+fn build_live(
+    stream: &UnixStream,
+    a: &Answer,
+    build: &dyn Fn(&[u8]) -> Result<DramTier, String>,
+) -> anyhow::Result<DramTier> {
+    let t = std::time::Instant::now();
+    let mut image = vec![0u8; usize::try_from(a.image_len)?];
+    (&*stream)
+        .read_exact(&mut image)
+        .context("reading the live DRAM image")?;
+    match build(&image) {
+        Ok(dram) => {
+            build_pause();
+            tracing::info!(
+                blocks = a.blocks,
+                image_bytes = image.len(),
+                elapsed_ms = t.elapsed().as_millis() as u64,
+                "built the DRAM tier from the live image while the running daemon serves"
+            );
+            (&*stream).write_all(b"built\n")?;
+            Ok(dram)
+        }
+        Err(why) => {
+            let _ =
+                (&*stream).write_all(format!("failed: {}\n", why.replace('\n', " ")).as_bytes());
+            bail!("the running daemon's live DRAM image cannot be used ({why}); it keeps serving")
+        }
+    }
+}
+
+/// Test seam (a build with `test-seams` only): how long a successor holds its live build
+/// open, so that a test can change the donor's tier meanwhile.
+pub const BUILD_PAUSE_ENV: &str = "KVNODE_TEST_TAKEOVER_BUILD_PAUSE_MS";
+
+fn build_pause() {
+    if !kvnode_engine::TEST_SEAMS {
+        return;
+    }
+    if let Some(ms) = std::env::var(BUILD_PAUSE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tracing::warn!(ms, "test seam: holding the live build open");
+        std::thread::sleep(Duration::from_millis(ms));
+    }
 }
 
 fn kvnode_fdpass_recv(
@@ -290,6 +379,8 @@ pub struct Pending {
     stream: UnixStream,
     pid: u32,
     continues_events: bool,
+    /// The successor built its tier from a live image: send it the delta.
+    live: bool,
 }
 
 /// Binds the takeover socket (owner-only; its directory was made ready by
@@ -298,6 +389,7 @@ pub struct Pending {
 /// keeps serving); the first that fits is sent on `tx`, and the thread ends.
 pub fn listen(
     cfg: &EngineConfig,
+    dram: Weak<DramTier>,
     tx: tokio::sync::mpsc::Sender<Pending>,
 ) -> anyhow::Result<PathBuf> {
     let path = path_of(cfg)?;
@@ -316,7 +408,7 @@ pub fn listen(
     let cfg = Arc::new(cfg.clone());
     std::thread::Builder::new()
         .name("kvnode-takeover".into())
-        .spawn(move || accept_successors(&l, &cfg, &tx))?;
+        .spawn(move || accept_successors(&l, &cfg, &dram, &tx))?;
     Ok(path)
 }
 
@@ -326,6 +418,7 @@ pub fn listen(
 fn accept_successors(
     l: &UnixListener,
     cfg: &Arc<EngineConfig>,
+    dram: &Weak<DramTier>,
     tx: &tokio::sync::mpsc::Sender<Pending>,
 ) {
     let screening = Arc::new(AtomicUsize::new(0));
@@ -340,7 +433,7 @@ fn accept_successors(
             tracing::warn!("takeover request dropped: {MAX_SCREENING} are being screened already");
             continue;
         }
-        let (cfg, tx) = (Arc::clone(cfg), tx.clone());
+        let (cfg, tx, dram) = (Arc::clone(cfg), tx.clone(), dram.clone());
         let (screening, taken) = (Arc::clone(&screening), Arc::clone(&taken));
         let spawned = std::thread::Builder::new()
             .name("kvnode-takeover-screen".into())
@@ -350,7 +443,18 @@ fn accept_successors(
                         if taken.swap(true, Ordering::AcqRel) {
                             p.fail("another successor is taking this daemon over");
                         } else {
-                            let _ = tx.blocking_send(p);
+                            match p.go_live(&dram, takeover_limit(&cfg)) {
+                                Ok(p) => {
+                                    if let Err(e) = tx.blocking_send(p) {
+                                        stop_tracking(&dram);
+                                        e.0.fail("this daemon is stopping");
+                                    }
+                                }
+                                Err(e) => {
+                                    tracing::warn!(error = %format!("{e:#}"), "live takeover abandoned; still serving");
+                                    taken.store(false, Ordering::Release);
+                                }
+                            }
                         }
                     }
                     Ok(None) => {}
@@ -394,15 +498,39 @@ fn screen(s: UnixStream, cfg: &EngineConfig) -> anyhow::Result<Option<Pending>> 
         stream: s,
         pid: ask.pid,
         continues_events: ask.continues_events,
+        live: ask.live,
     }))
 }
 
+/// How long either side of a takeover waits for the other (a drain, a build, an exit).
+pub fn takeover_limit(cfg: &EngineConfig) -> Duration {
+    Duration::from_secs_f64(cfg.drain_timeout_s + 60.0)
+}
+
+fn stop_tracking(dram: &Weak<DramTier>) {
+    if let Some(d) = dram.upgrade() {
+        d.stop_tracking();
+    }
+}
+
 fn answer(
-    mut s: &UnixStream,
+    s: &UnixStream,
     ok: bool,
     error: Option<String>,
     image_len: u64,
     blocks: u64,
+) -> anyhow::Result<()> {
+    answer_as(s, ok, error, (image_len, blocks), false)?;
+    Ok(())
+}
+
+/// The answer line; `live`: the image that follows is a live one.
+fn answer_as(
+    mut s: &UnixStream,
+    ok: bool,
+    error: Option<String>,
+    (image_len, blocks): (u64, u64),
+    live: bool,
 ) -> anyhow::Result<()> {
     let mut line = serde_json::to_vec(&Answer {
         ok,
@@ -410,6 +538,7 @@ fn answer(
         pid: std::process::id(),
         image_len,
         blocks,
+        live,
     })?;
     line.push(b'\n');
     s.write_all(&line)?;
@@ -420,6 +549,65 @@ impl Pending {
     /// The successor's pid.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// Whether the successor built its tier from a live image (it gets the delta).
+    pub fn live(&self) -> bool {
+        self.live
+    }
+
+    /// A successor that builds from a live image gets it now, while this daemon serves;
+    /// returns once it has built its tier (then the barrier: stop, drain, send the delta).
+    /// An error: it went away or could not build; tracking stopped, this daemon serves on.
+    fn go_live(self, dram: &Weak<DramTier>, limit: Duration) -> anyhow::Result<Self> {
+        if !self.live {
+            return Ok(self);
+        }
+        let Some(d) = dram.upgrade() else {
+            self.fail("this daemon is stopping");
+            bail!("this daemon is stopping");
+        };
+        let (image, st) = match d.live_image() {
+            Ok(x) => x,
+            Err(e) => {
+                d.stop_tracking();
+                self.fail(&e.to_string());
+                return Err(e.into());
+            }
+        };
+        tracing::info!(
+            successor = self.pid,
+            blocks = st.blocks,
+            image_bytes = image.len(),
+            max_lock_hold_us = st.max_hold.as_micros() as u64,
+            elapsed_ms = st.elapsed.as_millis() as u64,
+            "takeover: live image taken; serving while the successor builds"
+        );
+        let built = (|| {
+            answer_as(
+                &self.stream,
+                true,
+                None,
+                (image.len() as u64, st.blocks),
+                true,
+            )?;
+            (&self.stream).write_all(&image)?;
+            drop(image);
+            self.stream.set_read_timeout(Some(limit))?;
+            let mut r = BufReader::new(self.stream.try_clone()?);
+            read_line(&mut r, "successor's build")
+        })();
+        match built {
+            Ok(l) if l.trim() == "built" => Ok(self),
+            Ok(l) => {
+                d.stop_tracking();
+                bail!("the successor could not build its tier: {}", l.trim())
+            }
+            Err(e) => {
+                d.stop_tracking();
+                Err(e)
+            }
+        }
     }
 
     /// Tells the successor this daemon cannot hand over after all (it stops normally).

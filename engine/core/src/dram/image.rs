@@ -8,7 +8,9 @@
 //! `kv.retain` with the end of each hold (wall clock, so the hold keeps its end across the
 //! gap; a slot that holds no restored block is ignored). Reservations, leases and
 //! eviction order do not travel: the old daemon has no request in flight when it writes the
-//! image, and the new one starts with the blocks in slot order.
+//! image (or, for a live image taken while it serves, the slots that change travel again in
+//! the delta at the barrier: state/live.rs), and the new one starts with the blocks in slot
+//! order.
 //!
 //! Format (little-endian): magic `KVNDRAM1`, u32 length + JSON header ([`ImageHeader`]), u64
 //! block count, then per block: u64 slot, 16 B namespace id, 32 B digest, u16 segment, u64
@@ -52,16 +54,16 @@ pub struct ImageHeader {
 #[error("DRAM image refused: {0}")]
 pub struct ImageError(pub String);
 
-fn bad(s: impl Into<String>) -> ImageError {
+pub(in crate::dram) fn bad(s: impl Into<String>) -> ImageError {
     ImageError(s.into())
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
+pub(in crate::dram) struct Reader<'a> {
+    pub(in crate::dram) b: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], ImageError> {
+    pub(in crate::dram) fn take(&mut self, n: usize) -> Result<&'a [u8], ImageError> {
         if self.b.len() < n {
             return Err(bad("image truncated"));
         }
@@ -78,10 +80,10 @@ impl<'a> Reader<'a> {
     fn u16(&mut self) -> Result<u16, ImageError> {
         Ok(u16::from_le_bytes(self.arr()?))
     }
-    fn u32(&mut self) -> Result<u32, ImageError> {
+    pub(in crate::dram) fn u32(&mut self) -> Result<u32, ImageError> {
         Ok(u32::from_le_bytes(self.arr()?))
     }
-    fn u64(&mut self) -> Result<u64, ImageError> {
+    pub(in crate::dram) fn u64(&mut self) -> Result<u64, ImageError> {
         Ok(u64::from_le_bytes(self.arr()?))
     }
 }
@@ -162,6 +164,53 @@ pub fn decode_announced(b: &[u8]) -> Result<Vec<(BlockKey, RouterMeta)>, ImageEr
     Ok(out)
 }
 
+/// Appends one block's record (the format in the module doc).
+pub(in crate::dram) fn put_block(out: &mut Vec<u8>, slot: SlotId, r: &Resident) {
+    let meta = r.residency.as_ref().map(crate::residency::Residency::meta);
+    out.extend_from_slice(&slot.to_le_bytes());
+    out.extend_from_slice(&r.key.ns.0.to_le_bytes());
+    out.extend_from_slice(&r.key.digest.0);
+    out.extend_from_slice(&r.key.segment.to_le_bytes());
+    out.extend_from_slice(&r.len.to_le_bytes());
+    let flags = u8::from(r.fingerprint.is_some())
+        | (u8::from(r.on_lower) << 1)
+        | (u8::from(meta.is_some()) << 2);
+    out.push(flags);
+    out.extend_from_slice(&r.fingerprint.unwrap_or(0).to_le_bytes());
+    if let Some(m) = meta {
+        put_meta(out, m);
+    }
+}
+
+/// `magic`, the header, the block count and the blocks' records.
+pub(in crate::dram) fn assemble(
+    magic: [u8; 8],
+    header: &ImageHeader,
+    blocks: u64,
+    body: &[u8],
+) -> Result<Vec<u8>, ImageError> {
+    let h = serde_json::to_vec(header).map_err(|e| bad(e.to_string()))?;
+    let mut out = Vec::with_capacity(32 + h.len() + body.len());
+    out.extend_from_slice(&magic);
+    out.extend_from_slice(&(h.len() as u32).to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&blocks.to_le_bytes());
+    out.extend_from_slice(body);
+    Ok(out)
+}
+
+/// Reads `magic` and the header.
+pub(in crate::dram) fn read_head(
+    r: &mut Reader<'_>,
+    magic: [u8; 8],
+) -> Result<ImageHeader, ImageError> {
+    if r.take(8)? != magic.as_slice() {
+        return Err(bad("not a kvnode DRAM image (bad magic)"));
+    }
+    let hl = r.u32()? as usize;
+    serde_json::from_slice(r.take(hl)?).map_err(|e| bad(format!("header: {e}")))
+}
+
 fn unix_ms(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -177,26 +226,9 @@ impl State {
                 self.totals.reserved, self.totals.in_flight
             )));
         }
-        let header = ImageHeader {
-            slab_bytes: self.slab_bytes,
-            slabs: self.slabs.len() as u32,
-            namespaces: self.namespaces.iter().map(|n| n.spec.clone()).collect(),
-            classes: self.pools.iter().map(|p| p.slot_bytes).collect(),
-            slab_class: self.slabs.iter().map(|s| s.class).collect(),
-            retained: self
-                .retention
-                .ends()
-                .into_iter()
-                .map(|(slot, end)| (slot, unix_ms(end)))
-                .collect(),
-        };
-        let h = serde_json::to_vec(&header).map_err(|e| bad(e.to_string()))?;
-        let mut out = Vec::with_capacity(32 + h.len() + self.index.len() * 96);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&(h.len() as u32).to_le_bytes());
-        out.extend_from_slice(&h);
-        out.extend_from_slice(&(self.index.len() as u64).to_le_bytes());
-        for (key, &slot) in &self.index {
+        let header = self.header(self.slabs.iter().map(|s| s.class).collect());
+        let mut body = Vec::with_capacity(self.index.len() * 96);
+        for &slot in self.index.values() {
             let (slab, idx) = slot_parts(slot);
             let Slot::Block(r) = &self.slabs[slab as usize].slots[idx as usize] else {
                 return Err(bad("indexed slot holds no block"));
@@ -204,22 +236,26 @@ impl State {
             if r.demoting {
                 return Err(bad("a block is being copied to NVMe: not quiescent"));
             }
-            let meta = r.residency.as_ref().map(crate::residency::Residency::meta);
-            out.extend_from_slice(&slot.to_le_bytes());
-            out.extend_from_slice(&key.ns.0.to_le_bytes());
-            out.extend_from_slice(&key.digest.0);
-            out.extend_from_slice(&key.segment.to_le_bytes());
-            out.extend_from_slice(&r.len.to_le_bytes());
-            let flags = u8::from(r.fingerprint.is_some())
-                | (u8::from(r.on_lower) << 1)
-                | (u8::from(meta.is_some()) << 2);
-            out.push(flags);
-            out.extend_from_slice(&r.fingerprint.unwrap_or(0).to_le_bytes());
-            if let Some(m) = meta {
-                put_meta(&mut out, m);
-            }
+            put_block(&mut body, slot, r);
         }
-        Ok(out)
+        assemble(*MAGIC, &header, self.index.len() as u64, &body)
+    }
+
+    /// The image's header, with `slab_class` as the class of each slab.
+    pub(in crate::dram) fn header(&self, slab_class: Vec<Option<u32>>) -> ImageHeader {
+        ImageHeader {
+            slab_bytes: self.slab_bytes,
+            slabs: self.slabs.len() as u32,
+            namespaces: self.namespaces.iter().map(|n| n.spec.clone()).collect(),
+            classes: self.pools.iter().map(|p| p.slot_bytes).collect(),
+            slab_class,
+            retained: self
+                .retention
+                .ends()
+                .into_iter()
+                .map(|(slot, end)| (slot, unix_ms(end)))
+                .collect(),
+        }
     }
 
     /// A tier rebuilt from `image` over an arena of `cfg.capacity` bytes. Every slot, class
@@ -230,12 +266,7 @@ impl State {
         image: &[u8],
     ) -> Result<Self, ImageError> {
         let mut r = Reader { b: image };
-        if r.take(8)? != MAGIC {
-            return Err(bad("not a kvnode DRAM image (bad magic)"));
-        }
-        let hl = r.u32()? as usize;
-        let header: ImageHeader =
-            serde_json::from_slice(r.take(hl)?).map_err(|e| bad(format!("header: {e}")))?;
+        let header = read_head(&mut r, *MAGIC)?;
         let mut s = State::new(cfg, announcer);
         if header.slab_bytes != s.slab_bytes || header.slabs as usize != s.slabs.len() {
             return Err(bad(format!(
@@ -270,12 +301,7 @@ impl State {
         if !r.b.is_empty() {
             return Err(bad("trailing bytes after the last block"));
         }
-        for &(slot, end) in &header.retained {
-            s.restore_hold(
-                slot,
-                std::time::UNIX_EPOCH + std::time::Duration::from_millis(end),
-            );
-        }
+        s.restore_holds(&header.retained);
         // Free lists: the slots no block took, lowest first.
         for c in 0..s.pools.len() {
             let slabs = s.pools[c].slabs.clone();
@@ -293,7 +319,17 @@ impl State {
         Ok(s)
     }
 
-    fn restore_block(&mut self, r: &mut Reader<'_>) -> Result<(), ImageError> {
+    /// Holds the blocks of `retained` (slot, end in Unix ms) until their ends.
+    pub(in crate::dram) fn restore_holds(&mut self, retained: &[(SlotId, u64)]) {
+        for &(slot, end) in retained {
+            self.restore_hold(
+                slot,
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(end),
+            );
+        }
+    }
+
+    pub(in crate::dram) fn restore_block(&mut self, r: &mut Reader<'_>) -> Result<(), ImageError> {
         let slot: SlotId = r.u64()?;
         let ns = NamespaceId(u128::from_le_bytes(r.arr()?));
         let digest = Digest(r.arr()?);

@@ -376,6 +376,73 @@ impl DramTier {
     }
 }
 
+/// What taking a live image cost (`DramTier::live_image`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LiveImageStats {
+    /// Blocks in the image (the others travel in the delta).
+    pub blocks: u64,
+    /// The longest time the tier's lock was held for one slab.
+    pub max_hold: std::time::Duration,
+    /// The whole walk.
+    pub elapsed: std::time::Duration,
+}
+
+/// A takeover while serving (state/live.rs): an image taken one slab at a time while the
+/// changed slots are noted, then the delta of those slots at the barrier.
+impl DramTier {
+    /// The tier's image, taken one slab at a time (the lock is held for one slab's blocks at
+    /// most); from now on changed slots are noted until [`DramTier::delta`] or
+    /// [`DramTier::stop_tracking`].
+    pub fn live_image(&self) -> Result<(Vec<u8>, LiveImageStats), image::ImageError> {
+        let t0 = std::time::Instant::now();
+        let slabs = self.with(|s| {
+            s.track();
+            s.slabs.len() as u32
+        });
+        let mut stats = LiveImageStats::default();
+        let mut body = Vec::new();
+        // One slab's records, encoded under the lock into a buffer that stays allocated,
+        // then appended outside it (a growing image is reallocated off the lock).
+        let mut chunk = Vec::new();
+        let mut classes = Vec::with_capacity(slabs as usize);
+        for slab in 0..slabs {
+            chunk.clear();
+            let t = std::time::Instant::now();
+            let (n, class) = self.with(|s| s.image_slab(slab, &mut chunk));
+            stats.max_hold = stats.max_hold.max(t.elapsed());
+            body.extend_from_slice(&chunk);
+            stats.blocks += n;
+            classes.push(class);
+        }
+        let header = self.with(|s| s.header(classes));
+        let out = image::assemble(*b"KVNDRAM1", &header, stats.blocks, &body)?;
+        stats.elapsed = t0.elapsed();
+        Ok((out, stats))
+    }
+
+    /// Blocks held (cheap: no walk over the slots).
+    pub fn blocks(&self) -> u64 {
+        self.with(|s| s.totals.blocks)
+    }
+
+    /// Stops noting changed slots (the successor of a live image went away).
+    pub fn stop_tracking(&self) {
+        self.with(State::untrack);
+    }
+
+    /// The slots changed since [`DramTier::live_image`], with their blocks now; tracking
+    /// ends. Call only once no request, demotion or copy can run.
+    pub fn delta(&self) -> Result<Vec<u8>, image::ImageError> {
+        self.with(State::delta)
+    }
+
+    /// Applies a donor's [`DramTier::delta`] to this tier, restored from its live image.
+    /// Returns the slots it named. On an error the tier is unusable.
+    pub fn apply_delta(&self, delta: &[u8]) -> Result<u64, image::ImageError> {
+        self.with(|s| s.apply_delta(delta))
+    }
+}
+
 /// Copies down that leave the block in DRAM (stop-time flush, write-behind); see copy.rs.
 impl DramTier {
     /// Turns the write-behind queue on (every later commit is queued for a copy down, and
@@ -429,5 +496,7 @@ impl DramTier {
 
 #[cfg(test)]
 mod image_tests;
+#[cfg(test)]
+mod live_tests;
 #[cfg(test)]
 mod tests;

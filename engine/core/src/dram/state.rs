@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 const MAX_CLASSES: usize = 4096;
 
+pub(super) mod live;
 pub(super) mod quota;
 pub(super) mod retain;
 
@@ -50,6 +51,9 @@ pub(super) struct State {
     pub write_behind: super::pool::WriteBehind,
     /// Blocks held by `kv.retain` (state/retain.rs).
     pub retention: retain::Retention,
+    /// Slots changed since a live takeover image began (state/live.rs); `None` when none is
+    /// under way.
+    dirty: Option<std::collections::HashSet<SlotId>>,
 }
 
 impl NsEntry {
@@ -87,6 +91,7 @@ impl State {
             demoting_bytes: 0,
             write_behind: super::pool::WriteBehind::default(),
             retention: retain::Retention::default(),
+            dirty: None,
         }
     }
 
@@ -186,7 +191,19 @@ impl State {
         u64::from(slab) * self.slab_bytes + u64::from(idx) * self.pools[class as usize].slot_bytes
     }
 
+    /// The slot, to change it: every change of a slot goes through here, so a live
+    /// takeover image notes it (state/live.rs).
     pub fn slot_mut(&mut self, slot: SlotId) -> &mut Slot {
+        if let Some(d) = &mut self.dirty {
+            d.insert(slot);
+        }
+        let (slab, idx) = slot_parts(slot);
+        &mut self.slabs[slab as usize].slots[idx as usize]
+    }
+
+    /// The slot, to change only what an image does not carry (leases, read counts): not
+    /// noted by a live takeover image, so reads during one do not grow its delta.
+    fn slot_counters_mut(&mut self, slot: SlotId) -> &mut Slot {
         let (slab, idx) = slot_parts(slot);
         &mut self.slabs[slab as usize].slots[idx as usize]
     }
@@ -510,7 +527,7 @@ impl State {
             hits += 1;
             let offset = self.offset(slot);
             let c = self.class_of(slot) as usize;
-            let Slot::Block(r) = self.slot_mut(slot) else {
+            let Slot::Block(r) = self.slot_counters_mut(slot) else {
                 unreachable!("indexed slot holds a block")
             };
             r.leases += 1;
@@ -556,7 +573,7 @@ impl State {
     pub fn lease_slot(&mut self, ns: u32, slot: SlotId, hint: BatchHint) -> Leased {
         let offset = self.offset(slot);
         let c = self.class_of(slot) as usize;
-        let Slot::Block(r) = self.slot_mut(slot) else {
+        let Slot::Block(r) = self.slot_counters_mut(slot) else {
             unreachable!("a committed slot holds a block")
         };
         r.leases += 1;
@@ -590,7 +607,7 @@ impl State {
     }
 
     pub fn release(&mut self, slot: SlotId) {
-        let Slot::Block(r) = self.slot_mut(slot) else {
+        let Slot::Block(r) = self.slot_counters_mut(slot) else {
             unreachable!("released slot {slot:#x} holds no block: lease bookkeeping is broken")
         };
         assert!(r.leases > 0, "lease count underflow on slot {slot:#x}");
