@@ -90,7 +90,7 @@ def _stats(d: Daemon) -> Dict:
         out = subprocess.run([d.bin, "stats", "--json", "--socket", d.sock], capture_output=True,
                              text=True, timeout=30, check=True).stdout
         s = json.loads(out).get("stats", {})
-        return {"tiers": s.get("tiers"), "gpu": s.get("gpu")}
+        return {"tiers": s.get("tiers"), "gpu": s.get("gpu"), "costs": s.get("costs"), "plans": s.get("plans")}
     except Exception as e:  # noqa: BLE001 - stats are informative only
         return {"error": str(e)}
 
