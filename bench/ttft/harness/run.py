@@ -272,7 +272,7 @@ def main(argv=None) -> int:
             skipped["peer_slow"] = "no peer_throttle rate in the profile"
         else:
             try:
-                link = Link(rate=lp["peer_throttle"]).up()
+                link = Link(rate=lp["peer_throttle"], burst=lp.get("peer_throttle_burst") or "4mb").up()
             except (ThrottleError, OSError) as e:
                 skipped["peer_slow"] = f"no shaped link: {e}"
         if link is not None:

@@ -28,7 +28,7 @@ class Link:
     host_addr: str = "10.213.7.1"
     ns_addr: str = "10.213.7.2"
     rate: str = "8gbit"
-    burst: str = "16mb"
+    burst: str = "4mb"  # >= rate / HZ and >= a GSO packet (64 KiB)
 
     def _cmds(self) -> List[List[str]]:
         nx = ["ip", "netns", "exec", self.ns]
