@@ -4,7 +4,8 @@ tokens_per_block x blocks_per_chunk tokens, one key each) and only the chunks be
 cut are hits: vLLM computes the rest. Without it nothing is sent and every held chunk is a hit.
 
 The seam: `Connection.call` is wrapped so that an `Exists` carrying `recompute` comes back with a
-plan cutting at `cut` keys (the daemon's own plans: tests/test_plan_e2e.py).
+plan cutting at `cut` keys. The last test has no seam: the daemon's own plan over a DRAM-held
+prefix, cut by an absurdly fast recompute cost (NVMe-held prefixes: tests/test_plan_e2e.py).
 """
 
 from vllm.v1.kv_offload.base import ReqContext
@@ -65,3 +66,30 @@ def test_the_tier_without_a_cost_sends_none_and_hits_every_held_chunk(model_dir,
     hits, sent, c = _lookup(model_dir, daemon, monkeypatch, {}, cut=1)
     assert hits == 6 and sent == []
     assert not c.get("vllm:kv_offload_kvnode_plan_cut_keys")
+
+
+def _real(model_dir, daemon, monkeypatch, tier):
+    monkeypatch.delenv("KVNODE_RECOMPUTE_TOKENS_PER_S", raising=False)
+    writer = Engine(model_dir, daemon.socket)
+    reader = Engine(model_dir, daemon.socket, tier=tier)
+    try:
+        keys, rows, _ = keys_and_rows(6)
+        writer.store(keys, rows)
+        ctx = ReqContext(req_id="r")
+        with reader.m.lock:
+            reader.m.on_new_request(ctx)
+        hits, _, _ = reader.lookup(keys, ctx)
+        return hits, counters(reader.m.get_stats()), Connection(daemon.socket).stats()["plans"]
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_the_daemons_own_plan_cuts_the_tier_when_recompute_is_absurdly_fast(model_dir, daemon, monkeypatch):
+    """No seam: the daemon plans. Recomputing a chunk at 10^12 tokens/s is faster than even a
+    DRAM read, so the plan fetches nothing and every chunk misses; at 1 token/s it takes all."""
+    hits, c, plans = _real(model_dir, daemon, monkeypatch, {"recompute_tokens_per_s": 1e12})
+    assert hits == 0, f"the daemon's cut was not taken ({plans})"
+    assert plans["slower"] >= 1 and c.get("vllm:kv_offload_kvnode_plan_cut_keys") == 6
+    hits, c, plans = _real(model_dir, daemon, monkeypatch, {"recompute_tokens_per_s": 1.0})
+    assert hits == 6 and plans["all"] >= 1 and not c.get("vllm:kv_offload_kvnode_plan_cut_keys")
