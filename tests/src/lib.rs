@@ -12,6 +12,7 @@ pub mod raw;
 pub mod router;
 pub mod shm;
 pub mod snapshot;
+pub mod throttle;
 pub mod ucxforge;
 pub mod ucxsteal;
 

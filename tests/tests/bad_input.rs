@@ -136,11 +136,43 @@ fn refused_puts(r: &mut Raw, ns: u32, keys: &[kvnode_proto::Key]) {
                 hint: None,
                 ns: 4242,
                 keys: vec![key(1)],
+                recompute: None,
             },
         },
         &[],
     );
     assert!(r.expect_error(ErrorCode::UnknownNamespace).contains("4242"));
+    // Hostile recompute costs: each refused by the field it breaks, nothing planned.
+    for (i, (tps, page, field)) in [
+        (f64::NAN, 16, "tokens_per_s"),
+        (-1.0, 16, "tokens_per_s"),
+        (f64::INFINITY, 16, "tokens_per_s"),
+        (1000.0, 0, "page_tokens"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        r.send(
+            &Request {
+                id: 100 + i as u64,
+                op: Op::Exists {
+                    hint: None,
+                    ns,
+                    keys: vec![key(1)],
+                    recompute: Some(kvnode_proto::plan::RecomputeCost {
+                        page_tokens: page,
+                        keys_per_page: 1,
+                        tokens_per_s: tps,
+                        quad_s: 0.0,
+                        start_tokens: 0,
+                        via: kvnode_proto::plan::ReadPath::Copy,
+                    }),
+                },
+            },
+            &[],
+        );
+        assert!(r.expect_error(ErrorCode::Invalid).contains(field));
+    }
     // Put larger than the segment's slot.
     let big = vec![9u8; 8193];
     r.send(
@@ -232,6 +264,7 @@ fn leases_and_hello_after_errors(r: &mut Raw, ns: u32, keys: &[kvnode_proto::Key
                 hint: None,
                 ns,
                 keys: keys.to_vec(),
+                recompute: None,
             },
         },
         &[],

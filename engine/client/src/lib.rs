@@ -65,6 +65,17 @@ pub enum ClientError {
 /// Result alias.
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// A lookup's answer with its fetch plan ([`Client::exists_plan`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    /// Leading keys held on the node now.
+    pub count: u32,
+    /// The daemon's plan: fetch `plan.keys` leading keys, recompute the rest.
+    pub plan: kvnode_proto::plan::FetchPlan,
+    /// The pull a hint started (only when the plan takes the peer).
+    pub pull: Option<OpReport>,
+}
+
 /// Inline get results: bytes per key, `None` for misses.
 pub type Pages = Vec<Option<Vec<u8>>>;
 
@@ -372,8 +383,38 @@ impl Client {
             ns,
             keys: keys.to_vec(),
             hint: hint.map(str::to_owned),
+            recompute: None,
         })? {
-            Reply::Exists { count, pull } => Ok((count, pull.map(|p| *p))),
+            Reply::Exists { count, pull, .. } => Ok((count, pull.map(|p| *p))),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// A lookup with the engine's recompute cost: the leading keys held now, the daemon's
+    /// fetch plan (fetch `plan.keys`, recompute the rest; docs/fetch-plans.md) and, with a
+    /// hint, the pull it started (only when the plan takes the peer).
+    pub fn exists_plan(
+        &mut self,
+        ns: u32,
+        keys: &[Key],
+        hint: Option<&str>,
+        cost: &kvnode_proto::plan::RecomputeCost,
+    ) -> Result<Planned> {
+        match self.call(Op::Exists {
+            ns,
+            keys: keys.to_vec(),
+            hint: hint.map(str::to_owned),
+            recompute: Some(cost.clone()),
+        })? {
+            Reply::Exists {
+                count,
+                pull,
+                plan: Some(plan),
+            } => Ok(Planned {
+                count,
+                plan: *plan,
+                pull: pull.map(|p| *p),
+            }),
             r => Err(unexpected(&r)),
         }
     }

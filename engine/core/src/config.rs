@@ -100,6 +100,47 @@ pub struct EngineConfig {
     /// How client regions whose memfd cannot be sealed (SGLang's) are copied. Default:
     /// `guarded`. Sealable memfds are sealed and copied through the mapping either way.
     pub region_copy: RegionCopy,
+    /// Fetch plans (`[plans]` table; docs/fetch-plans.md).
+    pub plans: PlansConfig,
+}
+
+/// How fetch plans probe paths that have no recent measurement (config `[plans]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlansConfig {
+    /// Most bytes a plan takes from a path never measured (its probe). Default 4MiB.
+    #[serde(serialize_with = "ser_size", deserialize_with = "de_size")]
+    pub probe_bytes: u64,
+    /// Most predicted milliseconds a probe of a measured but stale path may cost. Default 20.
+    pub probe_ms: f64,
+    /// A path's figure older than this is probed again, so one that recovered is seen.
+    /// Default 30 s.
+    pub reprobe_s: f64,
+}
+
+impl Default for PlansConfig {
+    fn default() -> Self {
+        Self {
+            probe_bytes: 4 << 20,
+            probe_ms: 20.0,
+            reprobe_s: 30.0,
+        }
+    }
+}
+
+impl PlansConfig {
+    fn validate(&self) -> Result<(), String> {
+        if !(4096..=(1 << 30)).contains(&self.probe_bytes) {
+            return Err("plans.probe_bytes must be between 4KiB and 1GiB".into());
+        }
+        if !(0.0..=10_000.0).contains(&self.probe_ms) {
+            return Err("plans.probe_ms must be between 0 and 10000".into());
+        }
+        if !(0.1..=86_400.0).contains(&self.reprobe_s) {
+            return Err("plans.reprobe_s must be between 0.1 and 86400".into());
+        }
+        Ok(())
+    }
 }
 
 /// How the daemon copies an unsealable client region (config `region_copy`).
@@ -142,6 +183,7 @@ impl Default for EngineConfig {
             router_listen: None,
             peer: PeerConfig::default(),
             region_copy: RegionCopy::Guarded,
+            plans: PlansConfig::default(),
         }
     }
 }
@@ -157,6 +199,7 @@ impl EngineConfig {
 
     /// Checks values that cannot work.
     pub fn validate(&self) -> Result<(), String> {
+        self.plans.validate()?;
         if self.dram < MIN_DRAM {
             return Err(format!("dram = {} is below the minimum of 8MiB", self.dram));
         }

@@ -380,6 +380,8 @@ impl Engine {
             peer_connections_basis: self.peers.connections_basis().to_owned(),
             events: self.store.announcer().report(),
             router: self.router_stats(),
+            costs: self.metrics.costs.report(),
+            plans: self.metrics.plans.report(),
         }
     }
 

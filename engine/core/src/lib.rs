@@ -16,6 +16,7 @@
 //! - [`nvme`]: the NVMe spill tier under DRAM: promotion reads, demotion, restart survival.
 //! - [`arena`]: the shared-memory arena and its background pinning.
 //! - [`peer`]: router-hinted pulls between daemons (source and destination sides).
+//! - [`plan`]: fetch plans: the leading keys worth fetching rather than recomputing.
 //! - [`policy`]: eviction policies (LRU, S3-FIFO).
 //! - [`residency`]: per-(tier, block) residencies whose lifecycle publishes KV events.
 //! - [`tenant`]: tenant map (uid/gid → tenant), daemon-derived namespace salts, quotas' scope.
@@ -33,6 +34,7 @@ pub mod engine;
 pub mod nvme;
 pub mod obs;
 pub mod peer;
+pub mod plan;
 pub mod policy;
 pub mod probes;
 pub mod residency;

@@ -297,6 +297,36 @@ fn render_movement(o: &mut String, s: &StatsReport) {
     }
     render_retention(o, s);
     render_router(o, s);
+    render_costs(o, s);
+}
+
+/// The live cost model's figures and the fetch plans answered, once a path was measured.
+fn render_costs(o: &mut String, s: &StatsReport) {
+    if s.costs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\n{:<32} {:>10} {:>12} {:>8} {:>8}",
+        "path", "fixed", "rate", "ops", "age"
+    );
+    for c in &s.costs {
+        let _ = writeln!(
+            o,
+            "{:<32} {:>8.3}ms {:>8.2}GB/s {:>8} {:>7.0}s",
+            c.path,
+            c.fixed_s * 1e3,
+            c.bytes_per_s / 1e9,
+            c.samples,
+            c.age_s
+        );
+    }
+    let p = &s.plans;
+    let _ = writeln!(
+        o,
+        "fetch plans: all {}  slower {}  probe {}  nothing {}  keys fetch {} recompute {}  pulls skipped {}",
+        p.all, p.slower, p.probe, p.nothing, p.keys_fetch, p.keys_recompute, p.pulls_skipped
+    );
 }
 
 /// Blocks held by `kv.retain` (DRAM), once any hold was ever asked for.

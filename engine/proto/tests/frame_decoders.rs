@@ -6,6 +6,7 @@ use kvnode_proto::client::{
     AllocSlot, CommitStatus, ErrorCode, Extent, GetMode, Op, PutStatus, Reply, Response,
 };
 use kvnode_proto::frame::{FramePrefix, decode_header, encode_frame};
+use kvnode_proto::plan::{FetchPlan, PlanReason, PlanRun, PlanSource, ReadPath, RecomputeCost};
 use kvnode_proto::{Digest, Key, NamespaceSpec, Request};
 use proptest::prelude::*;
 
@@ -61,15 +62,62 @@ fn op() -> impl Strategy<Value = Op> {
             deadline_ms: l.then_some(5),
         }),
         any::<u64>().prop_map(|lease| Op::Release { lease }),
-        (any::<u32>(), keys()).prop_map(|(ns, keys)| Op::Exists {
-            ns,
-            keys,
-            hint: None
-        }),
+        (any::<u32>(), keys(), proptest::option::of(recompute())).prop_map(
+            |(ns, keys, recompute)| Op::Exists {
+                ns,
+                keys,
+                hint: None,
+                recompute,
+            }
+        ),
         (any::<u32>(), keys()).prop_map(|(ns, keys)| Op::Delete { ns, keys }),
         proptest::option::of(any::<u32>()).prop_map(|ns| Op::Clear { ns }),
         Just(Op::Stats),
     ]
+}
+
+fn recompute() -> impl Strategy<Value = RecomputeCost> {
+    (
+        1u32..4096,
+        1u32..8,
+        1.0f64..1e6,
+        0.0f64..1e-6,
+        any::<u32>(),
+        0u8..3,
+    )
+        .prop_map(
+            |(page_tokens, keys_per_page, tokens_per_s, quad_s, start, via)| RecomputeCost {
+                page_tokens,
+                keys_per_page,
+                tokens_per_s,
+                quad_s,
+                start_tokens: u64::from(start),
+                via: [ReadPath::Copy, ReadPath::Region, ReadPath::Gpu][usize::from(via)],
+            },
+        )
+}
+
+fn plan() -> impl Strategy<Value = FetchPlan> {
+    (
+        any::<u32>(),
+        any::<u32>(),
+        0.0f64..1e3,
+        0.0f64..1e3,
+        ".{0,40}",
+    )
+        .prop_map(|(keys, available, fetch_s, recompute_s, note)| FetchPlan {
+            keys,
+            runs: vec![PlanRun {
+                source: PlanSource::Nvme,
+                keys,
+            }],
+            fetch_s,
+            recompute_s,
+            reason: PlanReason::Slower,
+            cut_by: Some(PlanSource::Peer),
+            available,
+            note,
+        })
 }
 
 fn reply() -> impl Strategy<Value = Reply> {
@@ -111,7 +159,11 @@ fn reply() -> impl Strategy<Value = Reply> {
                     .collect(),
                 pull: None,
             }),
-        any::<u32>().prop_map(|count| Reply::Exists { count, pull: None }),
+        (any::<u32>(), proptest::option::of(plan())).prop_map(|(count, plan)| Reply::Exists {
+            count,
+            pull: None,
+            plan: plan.map(Box::new),
+        }),
         ".{0,40}".prop_map(|message| Reply::Error {
             code: ErrorCode::Invalid,
             message

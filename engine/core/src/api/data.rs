@@ -88,16 +88,12 @@ impl Session {
                     format!("lease {lease} is not held by this connection (already released?)"),
                 ),
             },
-            Op::Exists { ns, keys, hint } => match store.exists(ns, &keys) {
-                Ok(count) => {
-                    let pull = match hint {
-                        Some(h) => Some(Box::new(self.exists_pull(ns, &keys, &h).await)),
-                        None => None,
-                    };
-                    Reply::Exists { count, pull }
-                }
-                Err(e) => tier_error(&e),
-            },
+            Op::Exists {
+                ns,
+                keys,
+                hint,
+                recompute,
+            } => self.exists_op(ns, &keys, hint.as_deref(), recompute).await,
             Op::Delete { ns, keys } => match store.delete(ns, &keys) {
                 Ok(count) => Reply::Deleted { count },
                 Err(e) => tier_error(&e),

@@ -170,7 +170,11 @@ impl Session {
                     (Some(_), _) => return Err(vanished(i)),
                 }
             }
+            let t0 = std::time::Instant::now();
+            let bytes: u64 = slices.iter().map(|s| s.len() as u64).sum();
             self.io.write_all(&mut slices).await?;
+            let costs = &self.engine.metrics.costs;
+            costs.record(crate::obs::cost::DRAM_COPY, bytes, t0.elapsed());
             // `w` drops here: the window's slots may be evicted again.
             drop(slices);
             drop(w);

@@ -408,6 +408,12 @@ impl Session {
             }
         }
         self.count_onloaded(loaded * p.bytes_per_page);
+        let costs = &self.engine.metrics.costs;
+        costs.record(
+            crate::obs::cost::DRAM_GPU,
+            loaded * p.bytes_per_page,
+            p.started.elapsed(),
+        );
         Reply::Onloaded {
             results,
             pull: None,

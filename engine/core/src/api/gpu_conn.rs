@@ -33,6 +33,8 @@ pub(super) struct PendingOnload {
     pub layer_ends: Vec<usize>,
     /// Leading copies completed so far (closed once the copies ended).
     pub progress: watch::Receiver<usize>,
+    /// When the copies were submitted (the DRAM → GPU path's cost).
+    pub started: std::time::Instant,
 }
 
 impl PendingOnload {
@@ -49,6 +51,7 @@ impl PendingOnload {
             ends,
             bytes_per_page,
             layer_ends: Vec::new(),
+            started: std::time::Instant::now(),
         }
     }
 

@@ -3,6 +3,7 @@
 //! ```text
 //!  server ─> conn (handshake, frame loop) ─> Session::handle (dispatch.rs)
 //!                                               ├─ data.rs     put / alloc / commit / exists / delete / clear
+//!                                               ├─ fetch_plan.rs  exists with a recompute cost: the fetch plan
 //!                                               ├─ get.rs      get in prefix order (inline streamed, lease or TooLarge)
 //!                                               ├─ hinted.rs   hinted get / exists, Pull / Wait / Cancel
 //!                                               ├─ region.rs   client memfd regions (region_copy.rs)
@@ -19,6 +20,7 @@ mod conn;
 mod data;
 mod dispatch;
 mod errors;
+mod fetch_plan;
 mod gate;
 mod get;
 mod gpu;

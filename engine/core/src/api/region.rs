@@ -312,9 +312,13 @@ impl Session {
                 .iter()
                 .map(|&(i, b)| (b.bytes(), offsets[i]))
                 .collect();
+            let t0 = std::time::Instant::now();
             if let Err(e) = blocking(|| r.write_all(&copies)) {
                 return Err(self.copy_failed(to.region, Dir::Get, &e));
             }
+            let bytes = copies.iter().map(|c| c.0.len() as u64).sum();
+            let costs = &self.engine.metrics.costs;
+            costs.record(crate::obs::cost::DRAM_REGION, bytes, t0.elapsed());
             for &(i, b) in &leased {
                 got[range.start + i] = Some(b.len());
             }

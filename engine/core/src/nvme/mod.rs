@@ -293,6 +293,13 @@ impl NvmeTier {
         }
     }
 
+    /// Records one promotion window: `bytes` read in `took` (the live cost model).
+    pub fn record_promotion(&self, bytes: u64, took: std::time::Duration) {
+        self.metrics
+            .costs
+            .record(crate::obs::cost::NVME_READ, bytes, took);
+    }
+
     /// Waits for a read: `Some(meta)` when the bytes landed whole and verified (with the
     /// router metadata to announce the promoted block with), `None` for a miss.
     pub async fn finish_read(&self, ns: u32, r: PendingRead) -> Option<Option<Arc<RouterMeta>>> {

@@ -5,6 +5,7 @@
 //!       └── ConnWatch (op in flight, lease ages) <── watchdog (every tick) ──> stall/lease probes + log
 //! ```
 
+pub mod cost;
 pub mod hist;
 pub mod prom;
 mod regions;
@@ -131,6 +132,10 @@ pub struct Metrics {
     queues: Mutex<BTreeMap<&'static str, u64>>,
     timeline: Timeline,
     pub(crate) watch: watch::Registry,
+    /// Each path's measured cost (the live cost model; cost.rs).
+    pub costs: cost::PathCosts,
+    /// Fetch plans answered.
+    pub plans: cost::PlanCounters,
 }
 
 impl Default for Metrics {
@@ -154,6 +159,8 @@ impl Default for Metrics {
             queues: Mutex::default(),
             timeline: Timeline::default(),
             watch: watch::Registry::default(),
+            costs: cost::PathCosts::default(),
+            plans: cost::PlanCounters::default(),
         }
     }
 }

@@ -95,6 +95,7 @@ impl Collector for Kvnode {
         }
         peers::peers(&mut o, &s)?;
         router::router(&mut o, &s.router)?;
+        plans::plans(&mut o, &s)?;
         ops(&mut o, &self.metrics)?;
         counters(&mut o, &self.metrics)
     }
@@ -102,6 +103,7 @@ impl Collector for Kvnode {
 
 mod events;
 mod peers;
+mod plans;
 mod router;
 mod tenants;
 

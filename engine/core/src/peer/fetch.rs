@@ -16,7 +16,7 @@
 //! machine, and carries out its steps against the transport, the store and the op.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvnode_proto::NamespaceId;
@@ -46,12 +46,50 @@ use machine::{Answer, Body, PullMachine, Step, Verdict};
 
 /// When a pull's blocks came, from its requests' send: the first, the last, and how many
 /// (`stats`: first-block latency and the gap per further block).
+/// One pull's measured cost, shared by its chunks: when the last chunk lets go, the pull's
+/// bytes and time since it started go to the live cost model (`peer <name> x<stripes>`),
+/// unless a chunk failed.
+#[derive(Debug)]
+pub struct PullCost {
+    peers: Arc<Peers>,
+    path: String,
+    t0: Instant,
+    bytes: AtomicU64,
+    failed: AtomicBool,
+}
+
+impl PullCost {
+    /// The cost of a pull from `peer` striped over `stripes` connections, starting now.
+    pub fn new(peers: Arc<Peers>, peer: &str, stripes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            peers,
+            path: crate::obs::cost::peer_path(peer, stripes),
+            t0: Instant::now(),
+            bytes: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+        })
+    }
+}
+
+impl Drop for PullCost {
+    fn drop(&mut self) {
+        let bytes = *self.bytes.get_mut();
+        if !*self.failed.get_mut() {
+            self.peers
+                .metrics()
+                .costs
+                .record(&self.path, bytes, self.t0.elapsed());
+        }
+    }
+}
+
 struct Timing {
     sent: Instant,
     first: Option<Duration>,
     last: Duration,
     blocks: u32,
     page: u64,
+    bytes: u64,
 }
 
 impl Timing {
@@ -62,6 +100,7 @@ impl Timing {
             last: sent.elapsed(),
             blocks: 0,
             page: 0,
+            bytes: 0,
         }
     }
 
@@ -72,6 +111,7 @@ impl Timing {
         self.last = now;
         self.blocks += 1;
         self.page = u64::from(len);
+        self.bytes += u64::from(len);
     }
 
     fn record(&self, p: &Peers, peer: &str) {
@@ -99,6 +139,8 @@ struct Chunk {
     /// Longest wait for the peer without progress: the io timeout, and for an in-place
     /// pull no longer than what was left of the op's deadline when it started.
     io: Duration,
+    /// The whole pull's cost, shared with its other chunks.
+    cost: Arc<PullCost>,
 }
 
 /// A pull awaited by its client's request with at most this many keys is received in place.
@@ -113,6 +155,7 @@ pub async fn run_chunk(
     op: Arc<PullOp>,
     idxs: Vec<usize>,
     in_place: bool,
+    cost: Arc<PullCost>,
 ) {
     let n = idxs.len() as u64;
     // Releases the chunk's keys from the link's in-flight count however the pull ends
@@ -132,6 +175,7 @@ pub async fn run_chunk(
         sent: None,
         in_place,
         io,
+        cost,
     };
     let (c, r) = c.run().await;
     let Chunk {
@@ -148,6 +192,7 @@ pub async fn run_chunk(
         peers.metrics().record_peer(&link.name, lat, 0);
     }
     if let Err(e) = r {
+        c.cost.failed.store(true, Ordering::Relaxed);
         let why = e.failure();
         tracing::debug!(peer = %link.name, op = op.id, error = %why, "pull chunk failed");
         for &i in c.m.open() {
@@ -321,6 +366,7 @@ impl Chunk {
             }
         }
         timing.record(&self.peers, &self.link.name);
+        self.cost.bytes.fetch_add(timing.bytes, Ordering::Relaxed);
         Ok(())
     }
 

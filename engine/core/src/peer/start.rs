@@ -13,7 +13,7 @@ use kvnode_proto::hint::{Endpoint, covered_keys, parse_hint};
 use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 
 use super::Peers;
-use super::fetch::{IN_PLACE_KEYS, PeerLink, run_chunk};
+use super::fetch::{IN_PLACE_KEYS, PeerLink, PullCost, run_chunk};
 use super::op::{NewOp, PullOp};
 use crate::store::Reservation;
 
@@ -79,7 +79,7 @@ impl Peers {
         let plan = local
             .as_ref()
             .map_err(Clone::clone)
-            .and_then(|_| self.plan(&req));
+            .and_then(|_| self.plan(req.hint, req.keys));
         let mut results = local.unwrap_or_else(|_| vec![KeyOutcome::Pending; req.keys.len()]);
         // Keys past the hint's hashes are NotCovered; when the whole op is refused they
         // carry the refusal's code (its message is given once, as the op's reason).
@@ -233,13 +233,31 @@ impl Peers {
         Ok(out)
     }
 
+    /// Where `hint` points (the peer's name, as its pulls are measured under) and how many
+    /// leading `keys` it covers, without dialling anything: for a fetch plan.
+    pub fn preview(&self, hint: &str, keys: &[Key]) -> Result<(String, usize), Failure> {
+        self.plan(hint, keys)
+            .map(|p| (p.endpoint.to_string(), p.covered))
+    }
+
+    /// Connections a pull of `n` keys is striped over ([`Peers::spawn`]'s chunks).
+    pub fn stripes(&self, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        let per = n
+            .div_ceil(self.cfg.connections.max(1) as usize)
+            .max(self.batch_keys().min(n));
+        n.div_ceil(per)
+    }
+
     /// Parses the hint, matches its hashes against the keys and authorizes its endpoint.
-    fn plan(&self, req: &PullRequest<'_>) -> Result<Plan, Failure> {
+    fn plan(&self, hint: &str, keys: &[Key]) -> Result<Plan, Failure> {
         let malformed = |e: &dyn std::fmt::Display| {
             Failure::new(FailCode::MalformedHint, format!("hint refused: {e}"))
         };
-        let h = parse_hint(req.hint).map_err(|e| malformed(&e))?;
-        let covered = covered_keys(&h.block_hashes, req.keys).map_err(|e| malformed(&e))?;
+        let h = parse_hint(hint).map_err(|e| malformed(&e))?;
+        let covered = covered_keys(&h.block_hashes, keys).map_err(|e| malformed(&e))?;
         self.authorize(&h.endpoint).map_err(|f| Failure {
             message: format!("hint refused: {}", f.message),
             ..f
@@ -261,10 +279,9 @@ impl Peers {
         deadline: Duration,
         inline: bool,
     ) -> Option<InlinePull> {
-        let per = pending
-            .len()
-            .div_ceil(self.cfg.connections as usize)
-            .max(self.batch_keys().min(pending.len()));
+        let stripes = self.stripes(pending.len());
+        let per = pending.len().div_ceil(stripes);
+        let cost = PullCost::new(Arc::clone(self), &link.name, stripes);
         if inline && per >= pending.len() {
             return Some(Box::pin(run_chunk(
                 Arc::clone(self),
@@ -272,6 +289,7 @@ impl Peers {
                 Arc::clone(op),
                 pending.to_vec(),
                 pending.len() <= IN_PLACE_KEYS,
+                cost,
             )));
         }
         for c in pending.chunks(per) {
@@ -281,6 +299,7 @@ impl Peers {
                 Arc::clone(op),
                 c.to_vec(),
                 false,
+                Arc::clone(&cost),
             ));
         }
         expire_at(op, deadline);

@@ -142,7 +142,7 @@ impl Store {
         keys: &[Key],
         delivery: Delivery,
     ) -> Result<Prefix, TierError> {
-        let plan = self.plan(ns, keys)?;
+        let plan = self.held(ns, keys)?;
         let (cut, wait) = match delivery {
             Delivery::Stream => (keys.len(), true),
             Delivery::Hold { limit, wait } => (hold_cut(&plan, limit), wait),
@@ -167,7 +167,7 @@ impl Store {
     }
 
     /// Where each key is and its block length (0 when absent), without leasing anything.
-    fn plan(&self, ns: u32, keys: &[Key]) -> Result<Vec<(Location, u64)>, TierError> {
+    pub fn held(&self, ns: u32, keys: &[Key]) -> Result<Vec<(Location, u64)>, TierError> {
         let lens = self.dram.block_lens(ns, keys)?;
         let id = self.dram.namespace_id(ns)?;
         Ok(keys

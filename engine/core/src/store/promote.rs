@@ -30,6 +30,7 @@ impl Store {
         let (Some(nvme), Ok(id)) = (&self.nvme, self.dram.namespace_id(ns)) else {
             return Vec::new();
         };
+        let t0 = std::time::Instant::now();
         let keys: Vec<Key> = want.iter().map(|w| w.1).collect();
         let lens: Vec<u64> = want.iter().map(|w| w.2).collect();
         // Room first, like a put: demote ahead rather than evict blocks without a copy.
@@ -52,7 +53,7 @@ impl Store {
                 Err(_) => out.push((w.0, Got::NoRoom)),
             }
         }
-        let mut landed = 0u64;
+        let (mut landed, mut bytes) = (0u64, 0u64);
         for (i, k, mut r, pending) in reads {
             // A miss drops `r`: the slot is freed unpublished.
             let Some(meta) = nvme.finish_read(ns, pending).await else {
@@ -60,6 +61,7 @@ impl Store {
                 continue;
             };
             r.set_meta(meta);
+            bytes += r.len();
             match r.commit_leased(true, None) {
                 Some(l) => {
                     landed += 1;
@@ -69,6 +71,9 @@ impl Store {
                 None => out.push((i, self.lease_one(ns, &k))),
             }
         }
+        // The window's whole promotion (room made, reads in flight together) is one
+        // operation of the NVMe path's cost.
+        nvme.record_promotion(bytes, t0.elapsed());
         nvme.count_promotions(landed);
         self.dram.count_promotions(landed);
         out
