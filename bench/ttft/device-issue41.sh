@@ -9,14 +9,15 @@
 #   the engine's recompute cost is fitted in the run (harness/worker.py: _fit_cost).
 # Runs from a directory D holding bench/ttft, clients/python, scripts/bench-ttft.sh and
 # bin/kvnode(.gz) (a stripped release build of the branch with the daemon's plans).
-# Output: $OUT/plans.log, $OUT/plans.tgz (report.md, summary.json, results.json, console log).
+# RUNS="1 2" runs it twice (each with fresh daemons). Output: $OUT/plans.log, $OUT/plans.tgz
+# (per run report.md, summary.json, results.json, console log; repacked after each run).
 set -u -o pipefail
 D=$(cd "$(dirname "$0")/../.." && pwd)
 R=/tmp/issue41
 mkdir -p "$R"
 LOG=$OUT/plans.log
 say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
-pack() { (cd "$R" && tar czf "$OUT/plans.tgz" --exclude='daemon-*.log' --exclude='ddtest' .); }
+pack() { (cd "$R" && tar czf "$OUT/plans.tgz.part" --exclude='daemon-*.log' --exclude='ddtest' . && mv "$OUT/plans.tgz.part" "$OUT/plans.tgz"); }
 for f in "$D"/bin/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
 chmod +x "$D"/bin/*
 say "host"
@@ -26,7 +27,7 @@ say "the disk under the spill dir, O_DIRECT, 2 GiB"
 { dd if=/dev/zero of="$R/ddtest" bs=16M count=128 oflag=direct conv=fsync 2>&1 | tail -1
   dd if="$R/ddtest" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1; rm -f "$R/ddtest"; } | tee -a "$LOG"
 A=(--phases 1 --sections memcpy,long_prefix --set long_prefix.plans=true
-   --set 'daemons.d1="16GiB"' --set 'daemons.ea="1GiB"' --set 'daemons.eb="1GiB"'
+   --set 'daemons.d1="16GiB"' --set 'daemons.ea="1GiB"' --set 'daemons.eb="1GiB"' --set 'daemons.d2_spill="24GiB"'
    --set 'long_prefix.only=["dram","dram_page_first","dram_layerwise","nvme","nvme_plan","mixed","mixed_plan","peer_slow","peer_slow_plan"]')
 for run in ${RUNS:-1}; do
   say "long prefix with plans, run $run"
