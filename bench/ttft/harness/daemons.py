@@ -35,6 +35,7 @@ class Daemon:
     cluster_key: Optional[str] = None     # file
     peers: List[str] = field(default_factory=list)
     extra: List[str] = field(default_factory=list)
+    wrap: List[str] = field(default_factory=list)  # e.g. ["ip", "netns", "exec", NS]: run inside it
     proc: Optional[subprocess.Popen] = None
 
     @property
@@ -71,7 +72,7 @@ class Daemon:
         if os.path.exists(self.sock):
             os.unlink(self.sock)
         log = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.args(), stdout=log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.wrap + self.args(), stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout_s

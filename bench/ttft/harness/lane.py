@@ -78,7 +78,8 @@ class Lane:
                 loaded = list(lw.pages)
             else:
                 ld, loaded = self.tier.lookup_and_load(
-                    digs[len(gpu_pages):max_hit], digs, self._alloc, self.cache.release)
+                    digs[len(gpu_pages):max_hit], digs, self._alloc, self.cache.release,
+                    start_pages=len(gpu_pages))
         t_fetch = time.perf_counter()
         have = gpu_pages + loaded
         cached = len(have) * ps
@@ -140,6 +141,8 @@ class Lane:
                         "moved_bytes": ld.pages * self.model.cfg.page_bytes})
             if ld.pull_report:
                 out["pull"] = ld.pull_report
+            if ld.plan is not None:
+                out["plan"] = ld.plan
         if keep_logits:
             out["logits"] = logits
         return out

@@ -142,8 +142,8 @@ def _long(lp: Dict, memcpy: Optional[Dict]) -> Dict:
     out = {}
     rec = lp.get("recompute", {}).get("ttft_s")
     for k, v in lp.items():
-        if not isinstance(v, dict):
-            continue
+        if not isinstance(v, dict) or ("ttft_s" not in v and "error" not in v):
+            continue  # not a path (e.g. plan_cost)
         if "error" in v:
             out[k] = {"error": v["error"]}
             continue
@@ -152,6 +152,10 @@ def _long(lp: Dict, memcpy: Optional[Dict]) -> Dict:
                "tier_hit_tokens": v.get("tier_hit_tokens"), "gpu_hit_tokens": v.get("gpu_hit_tokens")}
         if rec:
             row["speedup_vs_recompute"] = rec / v["ttft_s"]
+        if v.get("plans"):
+            row["plans"] = [None if p is None else {k: p.get(k) for k in ("reason", "keys", "available", "cut_by",
+                                                                          "fetch_s", "recompute_s", "runs")}
+                            for p in v["plans"]]
         if v.get("moved_bytes"):
             t = v.get("stage_s", 0) + v.get("onload_s", 0)
             row.update({"lookup_ms": v.get("lookup_s", 0) * 1e3, "stage_ms": v.get("stage_s", 0) * 1e3,
@@ -172,6 +176,31 @@ def _long(lp: Dict, memcpy: Optional[Dict]) -> Dict:
         out[k] = row
     if "tflops" in lp.get("recompute", {}):
         out["recompute"]["tflops"] = lp["recompute"]["tflops"]
+    return out
+
+
+#: (arm, fetch-all row, plan row) of the fetch-plan comparison (issue 41).
+PLAN_ARMS = (("NVMe (host disk)", "nvme", "nvme_plan"), ("mixed: DRAM then NVMe", "mixed", "mixed_plan"),
+             ("peer behind a shaped link", "peer_slow", "peer_slow_plan"))
+
+
+def plan_verdicts(lp: Dict, cost: Optional[Dict] = None) -> Dict:
+    """Per arm: TTFT of fetch-all, the plan and recompute (medians), and whether the plan is
+    within 5 % of the better of the two (and, for the mixed prefix, beats both)."""
+    out = {}
+    rec = (lp.get("recompute") or {}).get("ttft_ms")
+    for title, fetch, plan in PLAN_ARMS:
+        f, p = lp.get(fetch) or {}, lp.get(plan) or {}
+        if "ttft_ms" not in f or "ttft_ms" not in p or not rec:
+            continue
+        best = min(f["ttft_ms"], rec)
+        v = {"arm": title, "fetch_all_ms": f["ttft_ms"], "plan_ms": p["ttft_ms"], "recompute_ms": rec,
+             "plan_vs_best": p["ttft_ms"] / best, "within_5pct": p["ttft_ms"] <= 1.05 * best,
+             "plan_tier_hit_tokens": p.get("tier_hit_tokens"), "fetch_tier_hit_tokens": f.get("tier_hit_tokens"),
+             "plan_reasons": sorted({(x or {}).get("reason") or "-" for x in p.get("plans") or [None]})}
+        if fetch == "mixed":
+            v["beats_both"] = p["ttft_ms"] < best
+        out[plan] = v
     return out
 
 
@@ -196,6 +225,10 @@ def build(results: Dict) -> Dict:
         lp = p1["long_prefix"]
         s["long_prefix_meta"] = {k: lp[k] for k in ("tokens", "suffix", "page_bytes", "prefix_bytes", "prefill_tflop") if k in lp}
         s["long_prefix"] = _long(lp, s["memcpy"])
+        if lp.get("plan_cost"):
+            s["plan_cost"] = lp["plan_cost"]
+            s["plans"] = plan_verdicts(s["long_prefix"])
+        s["plans_skipped"] = {k: v for k, v in lp.items() if k.endswith("_skipped")}
         for k, v in s["long_prefix"].items():
             if "error" in v:
                 s["errors"].append(f"long_prefix {k}: {v['error']}")
@@ -312,6 +345,23 @@ def markdown(s: Dict) -> str:
                      f"{_f(r.get('stage_ms'))} | {_f(r.get('onload_ms'))} | {_f(r['prefill_ms'])} | "
                      f"{_f(r.get('fetch_GBps'))} | {_f(None if r.get('fetch_vs_pinned_memcpy') is None else r['fetch_vs_pinned_memcpy'] * 100, '{:.0f} %')} |")
         L.append("")
+        pv = s.get("plans")
+        if pv:
+            cost = s.get("plan_cost") or {}
+            L += ["### Fetch or recompute (plans)", "",
+                  f"Recompute cost sent with each lookup: {cost.get('tokens_per_s', 0):.0f} tokens/s + "
+                  f"{cost.get('quad_s', 0):.3g} s/token² ({'given' if 'fit' not in cost else 'fitted in this run: ' + str(cost['fit'])}).", "",
+                  "| arm | fetch all ms | plan ms | recompute ms | plan / min(fetch, recompute) | ≤ 1.05 | plan fetched tokens | plan reasons |",
+                  "|---|---|---|---|---|---|---|---|"]
+            for r in pv.values():
+                ok = "yes" if r["within_5pct"] else "**no**"
+                if "beats_both" in r:
+                    ok += ", beats both" if r["beats_both"] else ", **does not beat both**"
+                L.append(f"| {r['arm']} | {r['fetch_all_ms']:.0f} | {r['plan_ms']:.0f} | {r['recompute_ms']:.0f} | "
+                         f"{r['plan_vs_best']:.3f} | {ok} | {r['plan_tier_hit_tokens']} | {', '.join(r['plan_reasons'])} |")
+            L.append("")
+        for k, why in (s.get("plans_skipped") or {}).items():
+            L += [f"{k}: {why}", ""]
         for k, r in lp.items():
             if r.get("layers_landed_ms"):
                 pct = r.get("landed_vs_pinned_memcpy")

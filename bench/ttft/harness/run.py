@@ -29,6 +29,7 @@ from typing import Dict, List
 
 from . import report
 from .daemons import Daemon, DaemonError, find_bin, write_cluster_key
+from .throttle import Link, ThrottleError
 
 PROFILES: Dict[str, Dict] = {
     "h200": {
@@ -37,13 +38,17 @@ PROFILES: Dict[str, Dict] = {
         "workload": {"seed": 1, "vocab": 151936, "page_size": 64, "sys_len": 512, "docs": 6,
                      "doc_len": 4096, "doc_prob": 0.5, "sessions": 24, "turns": 4,
                      "user_len": 512, "answer_len": 512},
-        "long_prefix": {"tokens": 32768, "suffix": 64, "reps": 3, "nvme_filler": 1, "peer_reps": 2},
+        "long_prefix": {"tokens": 32768, "suffix": 64, "reps": 3, "nvme_filler": 1, "peer_reps": 2,
+                        # Fetch plans (issue 41), `--set long_prefix.plans=true`: each slow path
+                        # fetched whole, planned, and beside recompute; the peer behind a link
+                        # shaped to `peer_throttle` (harness/throttle.py; root only).
+                        "plans": False, "mixed_dram_frac": 0.5, "peer_throttle": "8gbit"},
         "correctness": {"prefix_pages": 40, "suffix": 100},
         # d1 holds arms b, b_pf, c (15.3 GiB each) and the long prefix. d2's slab holds exactly
         # 4 pages of 9 MiB: with the default 64 MiB slab the daemon's spill set-up panics (its
         # region clamp has min > max; reported to the lead).
         "daemons": {"d1": "52GiB", "d2": "3GiB", "d2_spill": "40GiB", "ea": "16GiB", "eb": "16GiB",
-                    "d2_extra": ["--slab-size", "36MiB"]},
+                    "d2_extra": ["--slab-size", "36MiB"], "ta": "6GiB", "tb": "6GiB"},
         "memcpy_bytes": 4 << 30,
         "chunk_pages": 64,
         # Section openloop (harness/sweep.py): the same traffic, Poisson arrivals, a rate sweep.
@@ -62,12 +67,13 @@ PROFILES: Dict[str, Dict] = {
         "workload": {"seed": 1, "vocab": 512, "page_size": 16, "sys_len": 32, "docs": 2,
                      "doc_len": 64, "doc_prob": 0.75, "sessions": 6, "turns": 3,
                      "user_len": 16, "answer_len": 16},
-        "long_prefix": {"tokens": 512, "suffix": 16, "reps": 2, "nvme_filler": 1, "peer_reps": 1},
+        "long_prefix": {"tokens": 512, "suffix": 16, "reps": 2, "nvme_filler": 1, "peer_reps": 1,
+                        "plans": False, "mixed_dram_frac": 0.5, "peer_throttle": None},
         "correctness": {"prefix_pages": 6, "suffix": 10},
         # A DRAM tier of a few small slabs over the spill dir, so the NVMe arm really promotes;
         # psync because CI temp dirs may be tmpfs (no O_DIRECT).
         "daemons": {"d1": "256MiB", "d2": "8MiB", "d2_spill": "256MiB", "ea": "128MiB", "eb": "128MiB",
-                    "d2_extra": ["--slab-size", "1MiB", "--spill-engine", "psync"]},
+                    "d2_extra": ["--slab-size", "1MiB", "--spill-engine", "psync"], "ta": "128MiB", "tb": "128MiB"},
         "chunk_pages": 8,
         "memcpy_bytes": 0,
         "openloop": {"workload": {"seed": 1, "vocab": 512, "page_size": 16, "sys_len": 32, "docs": 2,
@@ -84,7 +90,7 @@ def _stats(d: Daemon) -> Dict:
         out = subprocess.run([d.bin, "stats", "--json", "--socket", d.sock], capture_output=True,
                              text=True, timeout=30, check=True).stdout
         s = json.loads(out).get("stats", {})
-        return {"tiers": s.get("tiers"), "gpu": s.get("gpu")}
+        return {"tiers": s.get("tiers"), "gpu": s.get("gpu"), "costs": s.get("costs"), "plans": s.get("plans")}
     except Exception as e:  # noqa: BLE001 - stats are informative only
         return {"error": str(e)}
 
@@ -160,6 +166,28 @@ def _phase1_spec(prof: Dict, sections: List[str], common: Dict, tier, nlayers: i
             {"name": "peer_stream", "kind": "peer", "reps": lp["peer_reps"],
              "source": tier("ea", "peer", "long-st"),
              "tier": tier("eb", "peer", "long-st", stream_pull=True)})
+    if lp.get("plans"):
+        # Fetch or recompute (issue 41): each slow path fetched whole and with a plan (the
+        # recompute row is the third arm). NVMe: the prefix on the host's disk. Mixed: its
+        # leading `mixed_dram_frac` back in DRAM, the rest on the disk. Slow peer: a source
+        # daemon behind a shaped link (skipped, with the reason, where it cannot be made).
+        nv = dict(kind="nvme", filler_prompts=lp["nvme_filler"])
+        mix = dict(nv, dram_frac=lp["mixed_dram_frac"])
+        spec["long_prefix"]["paths"] += [
+            dict(nv, name="nvme_plan", plan=True, tier=tier("d2", "nvme", "long")),
+            dict(mix, name="mixed", tier=tier("d2", "nvme", "long")),
+            dict(mix, name="mixed_plan", plan=True, tier=tier("d2", "nvme", "long")),
+        ]
+        if "tb" in tier.daemons:
+            slow = dict(kind="peer", reps=lp["peer_reps"], source=tier("ta", "peer", "long-slow"))
+            spec["long_prefix"]["paths"] += [
+                dict(slow, name="peer_slow", tier=tier("tb", "peer", "long-slow")),
+                dict(slow, name="peer_slow_plan", plan=True, tier=tier("tb", "peer", "long-slow-plan"),
+                     source=tier("ta", "peer", "long-slow-plan")),
+            ]
+        if lp.get("plan_cost"):
+            spec["long_prefix"]["plan_cost"] = lp["plan_cost"]
+        spec["long_prefix"]["skipped"] = dict(tier.skipped)
     # `--set 'long_prefix.only=["dram","dram_layerwise"]'` (likewise correctness.only): run only
     # the named paths, e.g. a copy-path comparison without the slow NVMe and peer rows.
     for sec, only in (("long_prefix", lp.get("only")), ("correctness", prof["correctness"].get("only"))):
@@ -236,6 +264,23 @@ def main(argv=None) -> int:
         "ea": Daemon("ea", binp, work, dz["ea"], peer_listen=ep_a, cluster_key=key, peers=[f"tcp://{ep_b}"]),
         "eb": Daemon("eb", binp, work, dz["eb"], peer_listen=ep_b, cluster_key=key, peers=[f"tcp://{ep_a}"]),
     }
+    lp = prof["long_prefix"]
+    skipped: Dict[str, str] = {}
+    link = None
+    if lp.get("plans"):
+        if not lp.get("peer_throttle"):
+            skipped["peer_slow"] = "no peer_throttle rate in the profile"
+        else:
+            try:
+                link = Link(rate=lp["peer_throttle"], burst=lp.get("peer_throttle_burst") or "4mb").up()
+            except (ThrottleError, OSError) as e:
+                skipped["peer_slow"] = f"no shaped link: {e}"
+        if link is not None:
+            pt, pu = base + 2, base + 3
+            daemons["ta"] = Daemon("ta", binp, work, dz["ta"], peer_listen=f"{link.ns_addr}:{pt}", cluster_key=key,
+                                   peers=[f"tcp://{link.host_addr}:{pu}"], wrap=link.wrap)
+            daemons["tb"] = Daemon("tb", binp, work, dz["tb"], peer_listen=f"{link.host_addr}:{pu}", cluster_key=key,
+                                   peers=[f"tcp://{link.ns_addr}:{pt}"])
     results: Dict = {"profile": a.profile, "config": prof, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      "kvnode_bin": binp, "argv": sys.argv}
     try:
@@ -252,9 +297,12 @@ def main(argv=None) -> int:
         if prof["mover"] == "dma":
             results["registration_s"] = _wait_registered(daemons.values())
         results["daemon_args"] = {k: d.args()[1:] for k, d in daemons.items()}
-        tier = lambda d, kind, ns, **kw: {"sock": daemons[d].sock, "kind": kind, "ns_name": ns,  # noqa: E731
-                                          "endpoint": daemons[d].endpoint,
-                                          "chunk_pages": prof["chunk_pages"], **kw}
+        def tier(d, kind, ns, **kw):
+            return {"sock": daemons[d].sock, "kind": kind, "ns_name": ns, "endpoint": daemons[d].endpoint,
+                    "chunk_pages": prof["chunk_pages"], **kw}
+        tier.daemons, tier.skipped = daemons, skipped  # what the plan paths may use
+        if link is not None:
+            results["peer_link"] = link.describe()
         common = {k: prof[k] for k in ("model", "device", "mover", "layout", "memcpy_bytes")}
         from .model import CONFIGS
         nlayers = CONFIGS[prof["model"]].layers  # layer-wise onload: one run per model layer
@@ -277,6 +325,9 @@ def main(argv=None) -> int:
                 shutil.copy(d.log, os.path.join(a.out, f"daemon-{d.name}.log"))
             except OSError:
                 pass
+        if link is not None:
+            results.setdefault("peer_link", {})["after"] = link.describe()
+            link.down()
         shutil.rmtree(spill, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -7,6 +7,11 @@ Paths (`kind`):
   peer  Like dram, but when the router knows another daemon holds more of the prefix than the
         local daemon, a Get(Lease) carrying a hint (source endpoint + root-aligned block hashes)
         pulls the missing pages over TCP into the local DRAM tier first.
+With `TierSpec.plan` (the engine's recompute cost, kvnode.plan) the lookup is the engines'
+fetch-or-recompute lookup (issue 41): `Exists` carries the cost (and, for a peer, the router hint;
+the daemon pulls only if its plan takes the peer, and the lookup waits for that pull like
+kvnode.common.hinted_exists), and only the plan's leading pages are loaded; the lane recomputes
+the rest.
 Offloads of new full pages run on a background thread with their own connection; completed
 page lists come back through `drain()` so the caller's prefix cache is only touched by its
 own thread.
@@ -21,8 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from kvnode.common import hinted_exists, pull_budget_ms
 from kvnode.gpu import leading
-from kvnode.wire import Connection
+from kvnode.plan import Plan, RecomputeCost
+from kvnode.wire import Connection, KvnodeError
 
 from .movers import make_mover
 from .pool import KvPool
@@ -42,6 +49,7 @@ class Load:
     pulled: int = 0           # pages that came from the peer
     local: int = 0            # pages that were in the local daemon already
     pull_report: Optional[dict] = None
+    plan: Optional[dict] = None    # the daemon's fetch plan (TierSpec.plan), as answered
 
 
 class Router:
@@ -71,6 +79,7 @@ class TierSpec:
     pull_deadline_ms: int = 30000
     layers: int = 0               # dram: > 0 = layer-wise onload overlapped with the prefill (harness/layerwise.py)
     stream_pull: bool = False     # peer: one hinted OnloadAsync; each page goes to the GPU as it lands
+    plan: dict = field(default_factory=dict)  # {"tokens_per_s", "quad_s"}: fetch plans (issue 41)
     extra: dict = field(default_factory=dict)
 
 
@@ -87,6 +96,10 @@ class DaemonTier:
                   "layout": pool.layout, "kv_shape": [cfg.layers, cfg.kv_heads, cfg.head_dim],
                   "segments": [cfg.page_bytes]}
         self.ns = self.conn.register(nsspec)["ns"]
+        try:
+            self.timeouts = self.conn.call("Timeouts")[1]
+        except KvnodeError:
+            self.timeouts = None
         self._off_q: "queue.Queue" = queue.Queue()
         self._done_q: "queue.Queue" = queue.Queue()
         self.offload_shared = False
@@ -117,17 +130,72 @@ class DaemonTier:
                 return fn(*a)
         return fn(*a)
 
+    def _hint_to(self, endpoint: str, root: Sequence[bytes]) -> str:
+        return json.dumps({"source_control_endpoint": endpoint,
+                           "block_hashes": [hint_hash(d) for d in root]})
+
+    def _planned(self, ld: Load, digests: Sequence[bytes], root: Sequence[bytes], start_pages: int) -> int:
+        """The fetch-or-recompute lookup: pages worth loading by the daemon's plan (a hinted
+        pull it planned has been waited for; the pulled pages are then local)."""
+        cost = RecomputeCost(float(self.spec.plan["tokens_per_s"]), float(self.spec.plan.get("quad_s", 0.0)))
+        ps = self.pool.cfg.page_size
+        via = "gpu" if self.spec.mover != "copy" else "copy"
+        fields = cost.wire(ps, 1, start_tokens=start_pages * ps, via=via)
+        keys = self.keys(digests)
+        hinted = None
+        if self.spec.kind == "peer" and self.router is not None:
+            others = {self.router.holder[d] for d in digests if d in self.router.holder} - {self.spec.endpoint}
+            if others:
+                hinted = sorted(others)[0]
+        t = time.perf_counter()
+        if hinted:
+            fields["hint"] = self._hint_to(hinted, root)
+            budget = pull_budget_ms(self.timeouts, len(keys), cap_s=self.spec.pull_deadline_ms / 1e3)
+            found = self._call(hinted_exists, self.conn, self.ns, keys, fields, budget)
+            n, plan = found.count, found.plan
+            if found.waited:
+                ld.pull_report = {k: (found.report or {}).get(k) for k in ("state", "leading", "peer", "reason", "elapsed_ms")}
+                ld.pulled = n
+        else:
+            _, body, _ = self._call(self.conn.call, {"Exists": {"ns": self.ns, "keys": keys, **fields}})
+            plan = Plan.of(body)
+            n = int(body["count"]) if plan is None else min(int(body["count"]), plan.keys)
+        ld.lookup_s = time.perf_counter() - t
+        if plan is not None:
+            ld.plan = {"keys": plan.keys, "available": plan.available, "reason": plan.reason,
+                       "cut_by": plan.cut_by, "fetch_s": plan.fetch_s, "recompute_s": plan.recompute_s,
+                       "runs": [list(r) for r in plan.runs], "note": plan.note}
+        return n
+
     def lookup_and_load(self, digests: Sequence[bytes], root: Sequence[bytes],
-                        alloc: Callable[[int], List[int]], release: Callable[[List[int]], None]
-                        ) -> Tuple[Load, List[int]]:
+                        alloc: Callable[[int], List[int]], release: Callable[[List[int]], None],
+                        start_pages: int = 0) -> Tuple[Load, List[int]]:
         """Loads the leading run of `digests` the daemon (or, by hint, its peer) holds.
 
         `root`: every page digest of the prompt from page 0 (hint hashes are root-aligned).
         `alloc(n)` gives n pinned pool pages; pages not filled are handed to `release`.
+        `start_pages`: pages before `digests[0]` the engine holds (the plan's start_tokens).
         Returns the Load and the filled page ids (in order).
         """
         ld = Load()
         keys = self.keys(digests)
+        if self.spec.plan:
+            want = self._planned(ld, digests, root, start_pages)
+            ld.local = want - ld.pulled
+            if want == 0:
+                return ld, []
+            pages = alloc(want)
+            try:  # the planned pages are local now (DRAM or NVMe): the staged path loads them
+                got = (self._stage_and_onload(ld, keys[:want], pages, root, None) if self.spec.kind == "nvme"
+                       else self._dram_onload(ld, keys[:want], pages))
+            except BaseException:
+                release(pages)
+                raise
+            release(pages[got:])
+            ld.pages = got
+            ld.pulled = min(ld.pulled, got)
+            ld.local = got - ld.pulled
+            return ld, pages[:got]
         t = time.perf_counter()
         n = self._call(self.conn.exists, self.ns, keys)
         ld.lookup_s = time.perf_counter() - t
@@ -157,17 +225,18 @@ class DaemonTier:
             ld.local = got
         return ld, pages[:got]
 
+    def _dram_onload(self, ld: Load, keys, pages) -> int:
+        t = time.perf_counter()
+        res = self._call(self.mover.onload, self.ns, keys, pages)
+        ld.onload_s = time.perf_counter() - t
+        return leading(res)
+
     def _stage_and_onload(self, ld: Load, keys, pages, root, hinted: Optional[str]) -> int:
         if self.spec.kind == "dram" or (self.spec.kind == "peer" and not hinted):
-            t = time.perf_counter()
-            res = self._call(self.mover.onload, self.ns, keys, pages)
-            ld.onload_s = time.perf_counter() - t
-            return leading(res)
+            return self._dram_onload(ld, keys, pages)
         extra = {}
         if hinted:
-            extra = {"hint": json.dumps({"source_control_endpoint": hinted,
-                                         "block_hashes": [hint_hash(d) for d in root]}),
-                     "deadline_ms": self.spec.pull_deadline_ms}
+            extra = {"hint": self._hint_to(hinted, root), "deadline_ms": self.spec.pull_deadline_ms}
         if hinted and self.spec.stream_pull:
             return self._stream_onload(ld, keys, pages, extra)
         # Staged: Get(Lease) a chunk (promotion or hinted pull), Onload it, release the lease.

@@ -147,16 +147,43 @@ class Worker:
             rc.serve(self.req(0, prompt))
             runs.append(rc.serve(self.req(0, prompt)))
         out["gpu_cached"] = _summ(runs)
+        if any(p.get("plan") for p in c["paths"]):
+            # The engine's recompute cost for the plan paths: given, or fitted here (issue 41).
+            out["plan_cost"] = c.get("plan_cost") or self._fit_cost(rc, out["recompute"], L + S, c)
         self.close(rc)
         del rc
+        for skipped, why in (c.get("skipped") or {}).items():
+            out[f"{skipped}_skipped"] = why  # a string: not a row
         for path in c["paths"]:
             name, layout = path["name"], path.get("layout")
+            if path.get("plan"):
+                path = dict(path, tier=dict(path["tier"], plan=out["plan_cost"]))
             try:
                 out[name] = self._long_path(path, prompt, pages, path.get("reps", reps), layout)
             except Exception as e:  # noqa: BLE001 - one path failing must not hide the others
                 out[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
             torch.cuda.empty_cache() if self.model.device.type == "cuda" else None
         return out
+
+    def _fit_cost(self, rc: Lane, recompute: Dict, n_long: int, c: Dict) -> Dict:
+        """`R(x) = x / tokens_per_s + quad_s * x²` through two prefills from nothing: a short
+        prompt timed here (best of 3) and the long prompt's recompute median (docs/ttft.md,
+        "Measuring the recompute cost"). The fixed cost per prefill lands in the linear term."""
+        n_short = int(c.get("plan_fit_tokens", min(8192, max(self.cfg.page_size, n_long // 4))))
+        short = _tokens("long/fit", n_short, self.cfg.vocab)
+        ts = []
+        for _ in range(3):
+            rc.cache.clear()
+            ts.append(rc.serve(self.req(98, short))["ttft_s"])
+        t1, t2 = min(ts), recompute["ttft_s"]
+        x1, x2 = float(n_short), float(n_long)
+        det = x1 * x2 * x2 - x2 * x1 * x1
+        inv = (t1 * x2 * x2 - t2 * x1 * x1) / det
+        quad = (x1 * t2 - x2 * t1) / det
+        if inv <= 0 or quad < 0:  # noisy: a linear fit through the long prompt
+            inv, quad = t2 / x2, 0.0
+        return {"tokens_per_s": 1.0 / inv, "quad_s": quad, "fit": {"short_tokens": n_short, "short_s": t1,
+                                                                   "long_tokens": n_long, "long_s": t2}}
 
     def _long_path(self, path: Dict, prompt: List[int], pages: int, reps: int, layout) -> Dict:
         v = self.cfg.vocab
@@ -173,7 +200,10 @@ class Worker:
                 dst.cache.clear()
                 runs.append(dst.serve(self.req(10 + r, p)))
             self.close(src, dst)
-            return _summ(runs)
+            out = _summ(runs)
+            if any("plan" in r for r in runs):
+                out["plans"] = [r.get("plan") for r in runs]
+            return out
         ln = self.lane(f"long-{path['name']}", pages, path["tier"], layout)
         ln.serve(self.req(0, prompt))  # computes and offloads the prefix
         ln.finish()
@@ -190,12 +220,21 @@ class Worker:
                 ln.finish()
             ln.finish()
             ln.cache.clear()
+            if path.get("dram_frac"):
+                # Mixed prefix: its leading part back in DRAM (promoted, outside the TTFT), the
+                # rest on NVMe only.
+                digs = ln.digests(self.req(0, prompt))[:(L - 1) // self.cfg.page_size]
+                k = int(len(digs) * float(path["dram_frac"]))
+                t = ln.tier
+                t.conn.get_lease_each(t.ns, t.keys(digs[:k]), lambda _at, _ext: None)
             p0 = ln.tier.promotions()
             r = ln.serve(self.req(0, prompt))
             r["promoted_pages"] = ln.tier.promotions() - p0
             runs.append(r)
         out = _summ(runs)
         out["promoted_pages_per_rep"] = [r["promoted_pages"] for r in runs]
+        if any("plan" in r for r in runs):
+            out["plans"] = [r.get("plan") for r in runs]
         out["promoted_pages"] = sum(out["promoted_pages_per_rep"])
         out["promotions_before"] = promo0
         out["tier_stats"] = {t["tier"]: {k: t.get(k) for k in ("blocks", "demotions", "promotions", "dropped", "evictions", "poisoned")}

@@ -5,12 +5,16 @@ SGLang's backend (`kvnode.sglang.backend`), the vLLM connector (`kvnode.vllm`) a
 (`kvnode.vllm_tier`) build on these. The per-key outcome sets (put, commit, pull) live beside the
 failure codes in `kvnode.outcomes`.
 
-The hinted lookup (docs/peer-protocol.md, "hints"):
+The hinted lookup (docs/peer-protocol.md, "hints"; with a recompute cost, kvnode.plan):
 
     Exists(keys, hint)  --pull "Pulling"-->  Wait(op, budget)  -->  Exists(keys)  (the recount)
           |                                    budget = base_s + per_page_s * pages (the
           +--no pull / refused / ended-->      daemon's `Timeouts`), capped by the engine's
              the first answer stands           own limit, at least 1 ms
+
+With a `recompute` field among the hint fields (`kvnode.plan.RecomputeCost.wire`) the first
+answer carries a fetch plan; the daemon starts the pull only when the plan takes the peer, and
+the count is cut at the plan (`min(count or recount, plan.keys)`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from kvnode.plan import Plan
 from kvnode.wire import Connection, exists
 
 #: The daemon's limit on segments per namespace (kvnode_proto::namespace::MAX_SEGMENTS).
@@ -122,12 +127,15 @@ class HintedExists:
              no pull (a daemon without the peer path)
     report   the OpReport after the `Wait` when the pull was running, else `started`
     waited   whether the pull was running, so the lookup waited for it
+    plan     the fetch plan of the first answer (a `recompute` field was sent), else None;
+             `count` is then already cut at `plan.keys`
     """
 
     count: int
     started: Optional[Dict[str, Any]]
     report: Optional[Dict[str, Any]]
     waited: bool = False
+    plan: Optional[Plan] = None
 
     @property
     def reason(self) -> Any:
@@ -157,9 +165,14 @@ def hinted_exists(conn: Connection, ns: int, keys: Sequence[list], fields: Mappi
         return ask(keys, extra) if ask is not None else exists(conn, ns, keys, extra)
 
     body = ask_daemon(dict(fields))
+    plan = Plan.of(body)
+
+    def cut(n: int) -> int:
+        return n if plan is None else min(n, plan.keys)
+
     started = body.get("pull")
     if not started or started.get("state") != "Pulling":
-        return HintedExists(int(body["count"]), started, started)
+        return HintedExists(cut(int(body["count"])), started, started, plan=plan)
     report = conn.wait(started["op"], budget_ms)
     count = int(ask_daemon(None)["count"]) if recount else int(body["count"])
-    return HintedExists(count, started, report, waited=True)
+    return HintedExists(cut(count), started, report, waited=True, plan=plan)

@@ -14,17 +14,18 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from kvnode import hitpolicy, transfer
 from kvnode.actions import UNPLACED, ActionLog
-from kvnode.common import default_socket, hint_field, hinted_exists, pull_budget_ms
+from kvnode.common import HintedExists, default_socket, hint_field, hinted_exists, pull_budget_ms
 from kvnode.hints import extract_router_hint, split_envelope
 from kvnode.metrics import Metrics
 from kvnode.namespace import digest_of, namespace_spec
 from kvnode.outcomes import stored, usable
+from kvnode.plan import Plan, cut_flags, recompute_cost, usable_keys
 from kvnode.pool import RANK_SHARDED_POOLS, Extent, PoolBinding, UnsupportedPool, probe_layout, shm_extents
-from kvnode.wire import Connection, KvnodeError, Region
+from kvnode.wire import Connection, KvnodeError, Region, exists
 from kvnode.wire import key as wire_key
 
 try:  # The real base class whenever SGLang is installed; the library imports without it.
@@ -84,6 +85,12 @@ class KvnodeStorage(_Base):
         # The router's non-fetch actions (docs/sglang.md "Router actions"); `actions.take()`.
         self.actions = ActionLog(logger)
         self.daemon_timeouts: Optional[dict] = None
+        # Fetch or recompute (kvnode.plan): with a cost, lookups send it and take the plan.
+        self.recompute = recompute_cost(extra)
+        self.last_plan: Optional[Plan] = None
+        if self.recompute is not None:
+            logger.info("kvnode: fetch plans on: recompute %.0f tokens/s + %.3g s/token^2",
+                        self.recompute.tokens_per_s, self.recompute.quad_s)
         self._conn()  # fail fast when the daemon is not there
         self.supports_hints = self._probe_timeouts(extra)
         self._warn_if_no_seam()
@@ -256,26 +263,61 @@ class KvnodeStorage(_Base):
         return transfer.put_pages(c, lambda e: self._region(c, e), b, keys, host_indices)
 
     # -- presence --------------------------------------------------------------------------
-    def _available(self, b: PoolBinding, keys: Sequence[str], hint: dict) -> Optional[List[bool]]:
-        """Per page: present locally or pulled by the hint (None without a hint's report).
+    def _recompute_field(self, b: PoolBinding, extra_info: Any) -> dict:
+        """The `recompute` field of a lookup in `b` (nothing without a configured cost): pages
+        of `b.page_size` tokens, `b.seg_n` keys each, after the `prefix_keys` SGLang holds."""
+        if self.recompute is None:
+            return {}
+        prefix = getattr(extra_info, "prefix_keys", None) or []
+        return self.recompute.wire(b.page_size, b.seg_n, start_tokens=len(prefix) * b.page_size,
+                                   via="region" if b.zero_copy else "copy")
+
+    def _took(self, plan: Optional[Plan]) -> None:
+        self.last_plan = plan
+        if plan is not None:
+            logger.debug("kvnode: %s", plan.log_line())
+
+    def _hinted(self, b: PoolBinding, keys: Sequence[str], hint: dict, rc: Optional[dict] = None
+                ) -> Tuple[Optional[List[bool]], Optional[HintedExists]]:
+        """(per page: present locally or pulled by the hint, the hinted lookup); the flags are
+        None without a hint's report, the lookup None without a hint.
 
         The hint's pull is awaited (up to the daemon's declared timeout) so the answer is exact:
         a page the source turns out not to hold, or that does not arrive in time, is absent,
-        and SGLang never reserves host memory for it.
+        and SGLang never reserves host memory for it. With a recompute field `rc` pages past
+        the plan's cut are absent too.
         """
         if not hint:
-            return None
+            return None, None
         budget = pull_budget_ms(self.daemon_timeouts, len(keys))
-        found = hinted_exists(self._conn(), b.ns, b.keys(keys), hint, budget, recount=False)
+        found = hinted_exists(self._conn(), b.ns, b.keys(keys), {**hint, **(rc or {})}, budget,
+                              recount=False)
         if not found.report:
-            return None
-        return b.pages([usable(o) for o in found.outcomes], len(keys))
+            return None, found
+        flags = b.pages([usable(o) for o in found.outcomes], len(keys))
+        return cut_flags(flags, found.plan, b.seg_n), found
 
-    def _leading(self, b: PoolBinding, keys: Sequence[str], hint: dict) -> int:
-        """Leading pages present, counting those the hint's pull brought in."""
-        avail = self._available(b, keys, hint)
+    def _available(self, b: PoolBinding, keys: Sequence[str], hint: dict) -> Optional[List[bool]]:
+        """Per page: present locally or pulled by the hint (None without a hint's report)."""
+        return self._hinted(b, keys, hint)[0]
+
+    def _leading(self, b: PoolBinding, keys: Sequence[str], hint: dict, rc: Optional[dict] = None) -> int:
+        """Leading pages present, counting those the hint's pull brought in; with a recompute
+        field `rc`, cut where the daemon's plan says recomputing the rest is faster."""
+        avail, found = self._hinted(b, keys, hint, rc)
         if avail is None:
-            return self._conn().exists(b.ns, b.keys(keys)) // b.seg_n
+            if not rc:
+                return self._conn().exists(b.ns, b.keys(keys)) // b.seg_n
+            if found is None:
+                body = exists(self._conn(), b.ns, b.keys(keys), rc)
+                plan = Plan.of(body)
+                n = usable_keys(int(body["count"]), plan, b.seg_n)
+            else:  # hinted, no pull running (the plan left the peer out): the answer stands
+                plan, n = found.plan, usable_keys(found.count, found.plan, b.seg_n)
+            self._took(plan)
+            return n // b.seg_n
+        if rc:
+            self._took(found.plan if found else None)
         n = 0
         while n < len(avail) and avail[n]:
             n += 1
@@ -317,7 +359,7 @@ class KvnodeStorage(_Base):
         if not keys:
             return 0
         b = self._binding(KV)
-        n = self._leading(b, keys, self._hint(extra_info))
+        n = self._leading(b, keys, self._hint(extra_info), self._recompute_field(b, extra_info))
         self._act(extra_info, [(b, keys)])  # after the hint's pull: retains cover pulled pages
         return n
 
@@ -331,7 +373,8 @@ class KvnodeStorage(_Base):
         from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransferResult
 
         hint = self._hint(extra_info)
-        kv_pages = self._leading(self._binding(KV), keys, hint) if keys else 0
+        kv = self._binding(KV)
+        kv_pages = self._leading(kv, keys, hint, self._recompute_field(kv, extra_info)) if keys else 0
         per_pool = []
         for t in pool_transfers or []:
             present = self._each(self._binding(t.name), keys[:kv_pages], hint) if kv_pages else []

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional
 
 from kvnode.common import default_socket
+from kvnode.plan import QUAD_S, TOKENS_PER_S, RecomputeCost, recompute_cost
 
 #: vLLM 0.33's KVCacheLayout names (and "" = no preference).
 _LAYOUTS = {"", "LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC", "NHD", "HND"}
@@ -41,6 +42,10 @@ class KvnodeVllmConfig:
                        starts when layer 0 landed. Default false (every onload completes in
                        start_load_kv): it relies on vLLM calling wait_for_layer_load before each
                        layer's attention, which a fully captured CUDA graph does not do
+    recompute_tokens_per_s  the engine's prefill rate at short context (tokens/s); with it set,
+                       lookups send the recompute cost and take the daemon's fetch plan
+                       (kvnode.plan; env KVNODE_RECOMPUTE_TOKENS_PER_S wins). 0 = off (default)
+    recompute_quad_s   the prefill's attention term, seconds per token² (env KVNODE_RECOMPUTE_QUAD_S)
     """
 
     socket: str = ""
@@ -54,6 +59,13 @@ class KvnodeVllmConfig:
     connect_timeout_s: float = 30.0
     kv_cache_layout: str = "BLNHC"
     layerwise_load: bool = False
+    recompute_tokens_per_s: float = 0.0
+    recompute_quad_s: float = 0.0
+
+    def recompute(self) -> Optional["RecomputeCost"]:
+        """The recompute cost lookups send (the environment overriding), or None: no plans."""
+        return recompute_cost({TOKENS_PER_S: self.recompute_tokens_per_s or None,
+                               QUAD_S: self.recompute_quad_s})
 
     @classmethod
     def parse(cls, extra: Optional[Mapping[str, Any]], kv_role: str = "kv_both") -> "KvnodeVllmConfig":

@@ -129,7 +129,9 @@ class KvnodeConnector(KVConnectorBase_V1):
         self._admin: Optional[Connection] = None
         if role == KVConnectorRole.SCHEDULER:
             lookup = LookupService(self._connect, lambda c: c.register(self.spec)["ns"],
-                                   len(self.spec["segments"]), self.cfg.hint_wait_s)
+                                   len(self.spec["segments"]), self.cfg.hint_wait_s,
+                                   recompute=self.cfg.recompute(),
+                                   block_tokens=self.geometry.block_size, via="gpu")
             self.sched = SchedulerSide(lookup, self.geometry.block_size, hash_block,
                                        self.cfg.lookup_wait_ms / 1000.0, self.cfg.load, self.cfg.save,
                                        steps_in_flight=vllm_config.max_concurrent_batches)

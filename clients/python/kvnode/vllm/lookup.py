@@ -14,6 +14,10 @@ the `Act` of a request's immediate actions runs after its lookup (and a hinted p
 `kv.retain` then covers the pulled blocks); kvnode.actions logs and counts the answers.
 
 A daemon that is down or refuses answers "0 blocks" (the request is computed, never blocked).
+
+With a recompute cost (`recompute_tokens_per_s`, kvnode.plan) every `Exists` carries it and the
+answer is the daemon's fetch plan: the leading blocks worth loading, cut where recomputing the rest
+is faster (a hint's pull then starts only if the plan takes the peer). Its reason is logged at debug.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional
 from kvnode.actions import ActionLog
 from kvnode.common import hint_field, hinted_exists, pull_budget_ms
 from kvnode.hints import RequestActions
+from kvnode.plan import Plan, RecomputeCost, usable_keys
 from kvnode.wire import Connection, KvnodeError, exists, open_namespace
 
 logger = logging.getLogger("kvnode.vllm")
@@ -42,6 +47,7 @@ class Lookup:
     blocks: int = 0
     pulled: bool = False
     reason: Optional[str] = None
+    plan: Optional[Plan] = None
 
 
 @dataclass
@@ -62,8 +68,12 @@ class LookupService:
     """Answers prefix lookups on one background thread (one daemon connection)."""
 
     def __init__(self, connect: Callable[[], Connection], register: Callable[[Connection], int],
-                 nseg: int, hint_wait_s: float):
+                 nseg: int, hint_wait_s: float, recompute: Optional[RecomputeCost] = None,
+                 block_tokens: int = 1, via: str = "gpu"):
         self._connect = connect
+        self._recompute = recompute
+        self._block_tokens = block_tokens
+        self._via = via
         self._register = register
         self._nseg = nseg
         self._hint_wait_s = hint_wait_s
@@ -172,11 +182,24 @@ class LookupService:
             return 0, False
         keys = [[d, s] for d in lk.digests for s in range(self._nseg)]
         conn = self._connection()
+        # The digests start at the prompt's first block: nothing before them is held.
+        rc = {} if self._recompute is None else self._recompute.wire(self._block_tokens, self._nseg,
+                                                                      via=self._via)
         if lk.hint is None or self._timeouts is None:
-            return self._exists(keys)["count"] // self._nseg, False
+            body = self._exists(keys, rc or None)
+            lk.plan = Plan.of(body)
+            self._log_plan(lk)
+            return usable_keys(int(body["count"]), lk.plan, self._nseg) // self._nseg, False
         budget = pull_budget_ms(self._timeouts, len(lk.digests), cap_s=self._hint_wait_s)
-        found = hinted_exists(conn, self._ns, keys, hint_field(lk.hint), budget)
+        found = hinted_exists(conn, self._ns, keys, {**hint_field(lk.hint), **rc}, budget)
+        lk.plan = found.plan
+        self._log_plan(lk)
         if found.reason:
             lk.reason = found.reason
         pulled = found.waited or bool((found.started or {}).get("peer"))
         return found.count // self._nseg, pulled
+
+    @staticmethod
+    def _log_plan(lk: Lookup) -> None:
+        if lk.plan is not None:
+            logger.debug("kvnode lookup of %d blocks: %s", len(lk.digests), lk.plan.log_line())

@@ -9,9 +9,10 @@ entry to the tier's constructor as a keyword; `TierConfig.parse` checks them all
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from kvnode.common import default_socket
+from kvnode.plan import QUAD_S, TOKENS_PER_S, RecomputeCost, recompute_cost
 
 #: How the daemon moves bytes between its tier and vLLM's primary (CPU) tier.
 COPY_MODES = ("auto", "region", "arena")
@@ -37,6 +38,11 @@ class TierConfig:
                      (also capped by the daemon's declared timeout); the prefix is computed after
     locality         "LOCAL" (default: the daemon is on this node) or "REMOTE", for vLLM's
                      per-request tier filter (`kv_load_tiers`)
+    recompute_tokens_per_s  the engine's prefill rate at short context (tokens/s); with it set,
+                     lookups send the recompute cost and take the daemon's fetch plan (chunks
+                     past its cut miss: vLLM computes them). Env KVNODE_RECOMPUTE_TOKENS_PER_S
+                     wins. 0 = off (default)
+    recompute_quad_s the prefill's attention term, seconds per token² (env KVNODE_RECOMPUTE_QUAD_S)
     """
 
     socket: str = ""
@@ -47,6 +53,13 @@ class TierConfig:
     io_timeout_s: float = 10.0
     hint_wait_s: float = 5.0
     locality: str = "LOCAL"
+    recompute_tokens_per_s: float = 0.0
+    recompute_quad_s: float = 0.0
+
+    def recompute(self) -> Optional[RecomputeCost]:
+        """The recompute cost lookups send (the environment overriding), or None: no plans."""
+        return recompute_cost({TOKENS_PER_S: self.recompute_tokens_per_s or None,
+                               QUAD_S: self.recompute_quad_s})
 
     @classmethod
     def parse(cls, kwargs: Mapping[str, Any]) -> "TierConfig":
@@ -63,13 +76,15 @@ class TierConfig:
             elif isinstance(default, int):
                 ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
             elif isinstance(default, float):
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+                ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                      and (value >= 0 if name.startswith("recompute_") else value > 0))  # 0 = off
                 value = float(value) if ok else value
             else:
                 ok = isinstance(value, str)
             if not ok:
                 raise TierConfigError(f"kvnode tier: {name} = {value!r} is not a valid "
-                                      f"{type(default).__name__} (> 0 for numbers)")
+                                      f"{type(default).__name__} (> 0 for numbers, "
+                                      f">= 0 for recompute_*)")
             vals[name] = value
         if vals.get("copy", "auto") not in COPY_MODES:
             raise TierConfigError(f"kvnode tier: copy {vals['copy']!r} is not one of {COPY_MODES}")

@@ -13,6 +13,13 @@ batch sends the hint with `Exists` (the daemon starts pulling the named peer's b
 own tier), waits on the pull (bounded by the daemon's declared timeout and `hint_wait_s`), then
 answers like a plain lookup. Pulled blocks are then ordinary local hits and load like any other.
 
+Fetch plans (a `recompute_tokens_per_s` in the tier's config, kvnode.plan): every `Exists` of a
+group without a sliding window carries the engine's recompute cost (chunks of the group's tokens;
+`start_tokens` from the request's recorded position of the batch's first key when vLLM has one,
+else 0), and only the chunks before the plan's cut answer True: the rest miss and vLLM computes
+them. The hinted `Exists` carries it too, so the daemon pulls from the peer only if the plan
+takes it. Each plan's reason is logged at debug; `plan_cut_keys` counts the chunks it left out.
+
 Router actions other than kv.fetch (`Actions`, kept in ReqContext): after a request's batch is
 answered (and its hint's pull waited for), the same thread sends them in one `Act` on that
 batch's keys, each key once per envelope; a failed `Act` is logged and counted, never a miss.
@@ -20,6 +27,7 @@ batch's keys, each key once per envelope; a failed `Act` is logged and counted, 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set
@@ -30,8 +38,11 @@ from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from kvnode.actions import NOW, ActionLog
 from kvnode.common import hint_field, hinted_exists, pull_budget_ms
 from kvnode.hints import RequestActions
+from kvnode.plan import Plan, RecomputeCost, usable_keys
 from kvnode.vllm_tier.namespace import split_key, wire_key
 from kvnode.wire import Connection, KvnodeError, exists, open_namespace
+
+logger = logging.getLogger("kvnode.vllm_tier")
 
 
 class Hint:
@@ -96,8 +107,11 @@ class DaemonLookup(AsyncLookupManager):
 
     def __init__(self, tier_type: str, connect: Callable[[], Connection],
                  register: Callable[[Connection], int], windowed: Set[int], hinted: bool,
-                 hint_wait_s: float, counters: LookupCounters, actions: Optional[ActionLog] = None):
+                 hint_wait_s: float, counters: LookupCounters, actions: Optional[ActionLog] = None,
+                 recompute: Optional[RecomputeCost] = None, chunk_tokens: Optional[Dict[int, int]] = None,
+                 via: str = "copy"):
         self._connect, self._register = connect, register
+        self._recompute, self._chunk_tokens, self._via = recompute, dict(chunk_tokens or {}), via
         self._actions = actions
         self._windowed, self._hinted, self._hint_wait_s = windowed, hinted, hint_wait_s
         self._counters = counters
@@ -141,12 +155,21 @@ class DaemonLookup(AsyncLookupManager):
         hint = req_context.get_state(Hint) if self._hinted else None
         if hint is not None and self._timeouts is not None and req_context.req_id not in self._pulled:
             self._pulled.add(req_context.req_id)
-            first = by_group[min(by_group)]
-            self._pull([wire_key(keys[i]) for i in first], hint)
+            g0 = min(by_group)
+            first = by_group[g0]
+            self._pull([wire_key(keys[i]) for i in first], hint,
+                       self._recompute_field(g0, keys[first[0]], req_context))
         out = [False] * len(keys)
         for g, idxs in by_group.items():
             wk = [wire_key(keys[i]) for i in idxs]
-            count = self._exists(wk)["count"]
+            rc = self._recompute_field(g, keys[idxs[0]], req_context)
+            body = self._exists(wk, rc or None)
+            plan = Plan.of(body)
+            count = usable_keys(int(body["count"]), plan)
+            if plan is not None:
+                self._counters.add("plan_cut_keys", int(body["count"]) - count)
+                logger.debug("kvnode tier lookup of %d chunks (group %d) for %s: %s", len(wk), g,
+                             req_context.req_id, plan.log_line())
             for i in idxs[:count]:
                 out[i] = True
             if g in self._windowed:  # suffix lookups: a gap does not end the answer
@@ -176,11 +199,26 @@ class DaemonLookup(AsyncLookupManager):
         except (KvnodeError, OSError):
             pass  # logged and counted by ActionLog.send
 
-    def _pull(self, wk: List[list], hint: Hint) -> None:
-        """The hint's pull, waited for; the plain lookup that follows counts what it brought."""
+    def _recompute_field(self, group: int, first: OffloadKey, req_context: ReqContext) -> dict:
+        """The `recompute` field of a lookup of `group`'s chunks starting at `first` (nothing
+        without a cost, or for a sliding-window group, whose lookups are not prefix lookups)."""
+        if self._recompute is None or group in self._windowed:
+            return {}
+        chunk = int(self._chunk_tokens.get(group, 0) or 0)
+        if chunk <= 0:
+            return {}
+        pos = req_context.get_offload_key_position(first)
+        start = max(0, int(pos) - chunk) if pos is not None else 0
+        return self._recompute.wire(chunk, 1, start_tokens=start, via=self._via)
+
+    def _pull(self, wk: List[list], hint: Hint, rc: Optional[dict] = None) -> None:
+        """The hint's pull, waited for; the plain lookup that follows counts what it brought.
+        With a recompute field `rc` the daemon pulls only if its plan takes the peer."""
         budget = pull_budget_ms(self._timeouts, len(wk), cap_s=self._hint_wait_s)
-        found = hinted_exists(self._connection(), self._ns, wk, hint.field(), budget, recount=False,
-                              ask=self._exists)
+        found = hinted_exists(self._connection(), self._ns, wk, {**hint.field(), **(rc or {})}, budget,
+                              recount=False, ask=self._exists)
+        if found.plan is not None:
+            logger.debug("kvnode tier hinted lookup of %d chunks: %s", len(wk), found.plan.log_line())
         started = found.started or {}
         if not started or (started.get("state") == "Failed" and started.get("reason")):
             return  # refused at once (not authorized, malformed, not covered): local only

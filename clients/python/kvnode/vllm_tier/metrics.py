@@ -17,6 +17,7 @@ COUNTERS: Dict[str, str] = {
     "lookup_keys": "chunk keys looked up in the kvnode daemon",
     "lookup_hits": "chunk keys the kvnode daemon held when asked",
     "lookup_errors": "lookup batches answered as misses because the daemon failed or was down",
+    "plan_cut_keys": "chunk keys the daemon held but its fetch plan left to recompute (recompute_tokens_per_s)",
     "hinted_pulls": "router-hinted pulls the daemon started from a peer",
     "hinted_pulled_blocks": "blocks the daemon pulled from a peer for a hinted request",
     "load_blocks": "chunks loaded from kvnode into the primary tier",

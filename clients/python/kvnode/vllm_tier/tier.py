@@ -93,10 +93,14 @@ class KvnodeTier(SecondaryTierManager):
         self._sender = ActionSender(self._connect, self._register, self.actions, "kvnode-tier-actions")
         self._ended: Dict[str, Actions] = {}  # ended requests whose stores are still running
         self._job_req: Dict[int, Actions] = {}  # store job -> its request's actions
+        # Fetch plans (kvnode.plan): the cost, each group's chunk tokens, how loads read.
+        plans = dict(recompute=self.cfg.recompute(), via="region" if extents else "copy",
+                     chunk_tokens={int(g.group_id): int(g.tokens_per_block) * int(self._config.cache.blocks_per_chunk)
+                                   for g in self._config.groups})
         self._plain = DaemonLookup(tier_type, self._connect, self._register, windowed, False,
-                                   self.cfg.hint_wait_s, self._counters, self.actions)
+                                   self.cfg.hint_wait_s, self._counters, self.actions, **plans)
         self._hinted = DaemonLookup(tier_type, self._connect, self._register, windowed, True,
-                                    self.cfg.hint_wait_s, self._counters, self.actions)
+                                    self.cfg.hint_wait_s, self._counters, self.actions, **plans)
         self._transfers = Transfers(self._connect, self._register, nseg, row, base, extents,
                                     self.cfg.threads)
         self._jobs: Dict[int, list] = {}

@@ -1,0 +1,41 @@
+"""The harness's fetch-plan arms (issue 41), tiny CPU profile, real daemons: every planned rep of
+the NVMe and mixed arms asked the daemon for a plan and loaded exactly the pages it planned (the
+rest recomputed), the fetch-all reps of the same arms loaded the whole prefix, and the report
+holds the verdict rows. Timings on a CPU say nothing about the GPU criterion (docs/ttft.md)."""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
+
+def tiny_plan_arms_load_exactly_what_the_daemon_planned(kvnode_bin, tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, KVNODE_BIN=kvnode_bin,
+               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "clients", "python"), os.path.join(ROOT, "bench", "ttft")]))
+    p = subprocess.run([sys.executable, "-m", "harness.run", "--profile", "tiny", "--out", str(out),
+                        "--spill-root", str(tmp_path / "spill"), "--phases", "1", "--sections", "long_prefix",
+                        "--set", "long_prefix.plans=true", "--set", "long_prefix.nvme_filler=2",
+                        "--set", 'long_prefix.only=["nvme","nvme_plan","mixed","mixed_plan"]'],
+                       cwd=os.path.join(ROOT, "bench", "ttft"), env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    r = json.loads((out / "results.json").read_text())
+    lp = r["phase1"]["long_prefix"]
+    cost = lp["plan_cost"]
+    assert cost["tokens_per_s"] > 0 and cost["quad_s"] >= 0 and cost["fit"]["long_tokens"] == 512 + 16
+    page = 16
+    for arm in ("nvme", "mixed"):
+        assert lp[arm]["tier_hit_tokens"] == 512 - page or lp[arm]["tier_hit_tokens"] == 512, (arm, lp[arm])
+        assert "plans" not in lp[arm], "a fetch-all arm sent a cost"
+        plans = lp[f"{arm}_plan"]["plans"]
+        assert plans and all(pl and pl["reason"] in ("all", "slower", "probe", "nothing") for pl in plans), plans
+        med = lp[f"{arm}_plan"]
+        assert med["tier_hit_tokens"] == med["plan"]["keys"] * page, (arm, med["plan"], med["tier_hit_tokens"])
+    # The mixed prefix: its leading half was in DRAM, so the plan saw DRAM keys first.
+    assert any(pl["runs"] and pl["runs"][0][0] == "dram" for pl in lp["mixed_plan"]["plans"]), lp["mixed_plan"]["plans"]
+    s = json.loads((out / "summary.json").read_text())
+    assert set(s["plans"]) == {"nvme_plan", "mixed_plan"}
+    assert "Fetch or recompute (plans)" in (out / "report.md").read_text()
