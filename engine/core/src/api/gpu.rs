@@ -344,7 +344,8 @@ impl Session {
             Ok(ticket) => {
                 Ok(
                     PendingOnload::new(InFlight::new(ticket, leases), results, ends, page_bytes)
-                        .layered(layer_ends),
+                        .layered(layer_ends)
+                        .measure(std::sync::Arc::clone(&self.engine.metrics)),
                 )
             }
             Err(e) => Err(gpu_error(&e)),
@@ -408,12 +409,6 @@ impl Session {
             }
         }
         self.count_onloaded(loaded * p.bytes_per_page);
-        let costs = &self.engine.metrics.costs;
-        costs.record_hot(
-            crate::obs::cost::DRAM_GPU,
-            loaded * p.bytes_per_page,
-            p.started.elapsed(),
-        );
         Reply::Onloaded {
             results,
             pull: None,

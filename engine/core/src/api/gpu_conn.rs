@@ -55,6 +55,24 @@ impl PendingOnload {
         }
     }
 
+    /// Measures the DRAM → GPU path from this onload's copies: a task follows its progress
+    /// and, when the copies end, records the pages they landed and the time since submission
+    /// (not the time until the client asks: that would count the engine's own work).
+    pub fn measure(self, metrics: std::sync::Arc<crate::obs::Metrics>) -> Self {
+        let mut progress = self.progress.clone();
+        let (ends, page, started) = (self.ends.clone(), self.bytes_per_page, self.started);
+        tokio::spawn(async move {
+            while progress.changed().await.is_ok() {}
+            let done = *progress.borrow();
+            let pages = ends.iter().flatten().filter(|&&e| e <= done).count() as u64;
+            let took = started.elapsed();
+            metrics
+                .costs
+                .record_hot(crate::obs::cost::DRAM_GPU, pages * page, took);
+        });
+        self
+    }
+
     /// Marks the onload layer-wise, with its layers' copy boundaries.
     pub fn layered(mut self, layer_ends: Vec<usize>) -> Self {
         self.layer_ends = layer_ends;
