@@ -971,21 +971,32 @@ fn kinds(batches: &[(u64, Bytes)]) -> (usize, usize, usize) {
     k
 }
 
-/// A takeover continues the event stream (docs/events.md "Takeover"): the new daemon's
-/// first batch takes the seq after the old one's last, the old daemon removes none of the
-/// blocks it hands over (DRAM or NVMe) and the new one announces none of them again (a
-/// double store fails the view), no clear. A router that followed the old daemon and
-/// reconnects to the new one, recovering the batches it missed by replay, ends with exactly
-/// the new daemon's blocks per tier, after traffic on the new daemon too.
-#[test]
-fn a_takeover_continues_the_event_stream_without_a_storm() {
-    let dir = spill_dir(&format!("events-takeover-{}", free_port()));
-    let sockets = temp_dir("events-takeover");
+/// A spilling daemon publishing events, followed by a live subscriber, after a fixed run of
+/// steps that leaves blocks in DRAM and on NVMe; its ring read back while it runs (`early`:
+/// what the follower missed before its subscription was in force). For the tests of a daemon
+/// that continues its stream (takeover, restart).
+struct Followed {
+    dir: SpillDir,
+    sock: std::path::PathBuf,
+    args: Vec<String>,
+    replay: String,
+    a: Daemon,
+    rt: tokio::runtime::Runtime,
+    follower: Follower,
+    ids: Vec<u64>,
+    filler: u64,
+    before: kvnode_proto::stats::StatsReport,
+    early: Vec<(u64, Bytes)>,
+}
+
+fn followed(tag: &str) -> Followed {
+    let dir = spill_dir(&format!("events-{tag}-{}", free_port()));
+    let sockets = temp_dir(&format!("events-{tag}"));
     let (events, replay) = ipc_endpoints(&sockets);
     let sock = sockets.join("kvnode.sock");
     let args = kvnode_e2e::spilling_args(&dir, "48MiB", &events_args(&events, &replay));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut a = Daemon::start_at(&sock, &args);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let a = Daemon::start_at(&sock, &refs);
     let mut c = a.client();
     let ns = c.register(&ns_spec()).unwrap().ns;
     let rt = runtime();
@@ -1003,15 +1014,50 @@ fn a_takeover_continues_the_event_stream_without_a_storm() {
     ids.extend((0..16).chain(1000..filler));
     settle(&mut c);
     let before = c.stats().unwrap();
-    let on_nvme = before.tiers[1].blocks;
     assert!(
-        on_nvme > 0 && before.tiers[0].blocks > 8,
+        before.tiers[1].blocks > 0 && before.tiers[0].blocks > 8,
         "{:?}",
         before.tiers
     );
-    // What the follower missed before its subscription was in force, from the old ring.
     let early = rt.block_on(replay_from(&replay, 0));
-    drop(c);
+    Followed {
+        dir,
+        sock,
+        args,
+        replay,
+        a,
+        rt,
+        follower,
+        ids,
+        filler,
+        before,
+        early,
+    }
+}
+
+/// A takeover continues the event stream (docs/events.md "Takeover"): the new daemon's
+/// first batch takes the seq after the old one's last, the old daemon removes none of the
+/// blocks it hands over (DRAM or NVMe) and the new one announces none of them again (a
+/// double store fails the view), no clear. A router that followed the old daemon and
+/// reconnects to the new one, recovering the batches it missed by replay, ends with exactly
+/// the new daemon's blocks per tier, after traffic on the new daemon too.
+#[test]
+fn a_takeover_continues_the_event_stream_without_a_storm() {
+    let Followed {
+        dir: _dir,
+        sock,
+        args,
+        replay,
+        mut a,
+        rt,
+        follower,
+        mut ids,
+        mut filler,
+        before,
+        early,
+    } = followed("takeover");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let on_nvme = before.tiers[1].blocks;
     let mut with_takeover = args.clone();
     with_takeover.push("--takeover");
     let b = Daemon::spawn_at(&sock, &with_takeover);
@@ -1080,34 +1126,21 @@ fn a_takeover_continues_the_event_stream_without_a_storm() {
 /// old daemon ends with exactly the new daemon's blocks per tier.
 #[test]
 fn a_sigterm_restart_continues_the_event_stream_and_announces_the_flush_as_moves() {
-    let dir = spill_dir(&format!("events-restart-{}", free_port()));
-    let sockets = temp_dir("events-restart");
-    let (events, replay) = ipc_endpoints(&sockets);
-    let sock = sockets.join("kvnode.sock");
-    let args = kvnode_e2e::spilling_args(&dir, "48MiB", &events_args(&events, &replay));
+    let Followed {
+        dir: _dir,
+        sock,
+        args,
+        replay,
+        mut a,
+        rt,
+        follower,
+        mut ids,
+        mut filler,
+        before,
+        early,
+    } = followed("restart");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut a = Daemon::start_at(&sock, &args);
-    let mut c = a.client();
-    let ns = c.register(&ns_spec()).unwrap().ns;
-    let rt = runtime();
-    let follower = Follower::start(&events);
-    let mut ids = follower.in_force(&mut c, ns, 5000);
-    let mut filler = 1000;
-    for s in [
-        Step::Put(0, 8),
-        Step::Fill,
-        Step::Put(8, 8),
-        Step::Get(0, 4),
-    ] {
-        apply(&mut c, ns, &s, &mut filler);
-    }
-    ids.extend((0..16).chain(1000..filler));
-    settle(&mut c);
-    let before = c.stats().unwrap();
     let (in_dram, on_nvme) = (before.tiers[0].blocks, before.tiers[1].blocks);
-    assert!(on_nvme > 0 && in_dram > 8, "{:?}", before.tiers);
-    let early = rt.block_on(replay_from(&replay, 0));
-    drop(c);
     a.signal(libc::SIGTERM);
     let st = a
         .wait_exit(Duration::from_mins(1))

@@ -1,32 +1,7 @@
 //! Unit tests of the DRAM image (takeover) and of copies down (flush, write-behind).
 
+use super::test_fixtures::*;
 use super::*;
-use kvnode_proto::Digest;
-
-const MIB: u64 = 1 << 20;
-
-fn cfg(capacity: u64) -> TierConfig {
-    TierConfig {
-        capacity,
-        slab_bytes: 2 * MIB,
-        policy: PolicyKind::Lru,
-    }
-}
-
-fn spec(model: &str, slot: u64) -> NamespaceSpec {
-    NamespaceSpec {
-        model: model.into(),
-        page_size: 16,
-        segments: vec![slot],
-        ..Default::default()
-    }
-}
-
-fn key(i: u32) -> Key {
-    let mut d = [0u8; 32];
-    d[..4].copy_from_slice(&i.to_be_bytes());
-    Key(Digest(d), 0)
-}
 
 fn put(t: &DramTier, ns: u32, i: u32, len: u64) -> Reserved {
     let r = t

@@ -499,4 +499,6 @@ mod image_tests;
 #[cfg(test)]
 mod live_tests;
 #[cfg(test)]
+mod test_fixtures;
+#[cfg(test)]
 mod tests;

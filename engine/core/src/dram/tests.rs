@@ -1,9 +1,7 @@
 //! Unit tests of the DRAM tier's metadata: leases, eviction, namespaces, slab reclaim.
 
+use super::test_fixtures::*;
 use super::*;
-use kvnode_proto::Digest;
-
-const MIB: u64 = 1 << 20;
 
 fn tier(capacity: u64, slab: u64, policy: PolicyKind) -> DramTier {
     DramTier::new(&TierConfig {
@@ -11,21 +9,6 @@ fn tier(capacity: u64, slab: u64, policy: PolicyKind) -> DramTier {
         slab_bytes: slab,
         policy,
     })
-}
-
-fn spec(model: &str, slot: u64) -> NamespaceSpec {
-    NamespaceSpec {
-        model: model.into(),
-        page_size: 16,
-        segments: vec![slot],
-        ..Default::default()
-    }
-}
-
-fn key(i: u32) -> Key {
-    let mut d = [0u8; 32];
-    d[..4].copy_from_slice(&i.to_be_bytes());
-    Key(Digest(d), 0)
 }
 
 fn put(t: &DramTier, ns: u32, i: u32, len: u64) -> Result<Reserved, PutStatus> {
