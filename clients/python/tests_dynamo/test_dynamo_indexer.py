@@ -278,6 +278,21 @@ def test_the_real_dynamo_indexer_restarted_past_the_ring_ends_with_exactly_the_n
         d.stop()
 
 
+def followed_full_node(ix: Indexer, d: Daemon, what: str):
+    """`ix` registered with `d` and following it through 6,400 puts (DRAM's 4,096 blocks full,
+    the rest demoted, 256 hot blocks kept): (the node, its per-tier counts, which the
+    indexer then holds exactly)."""
+    node = Node(d.connect())
+    register(ix, d)
+    in_force(ix, node)
+    node.put_hot(HOT_CHAINS)
+    for _ in range(800):
+        node.round()
+    held = assert_indexer_holds_exactly_the_nodes_blocks(ix, node, what)
+    assert held["dram"] > 1000 and held["nvme"] > 1000, held
+    return node, held
+
+
 def test_the_real_dynamo_indexer_follows_a_takeover_with_no_storm_and_no_gap(tmp_path, ipc_dir):
     """Issue 42, item 2, in the Dynamo path: an upgrade with `kvnode serve --takeover` while the
     real indexer follows the node. The successor continues the event stream (next seq, the
@@ -288,15 +303,8 @@ def test_the_real_dynamo_indexer_follows_a_takeover_with_no_storm_and_no_gap(tmp
                                          "--spill-size", "32MiB"))
     ix = None
     try:
-        node = Node(d.connect())
         ix = Indexer(tmp_path / "indexer.log")
-        register(ix, d)
-        in_force(ix, node)
-        node.put_hot(HOT_CHAINS)
-        for _ in range(800):  # 6,400 puts: DRAM (4,096 blocks) full, the rest demoted
-            node.round()
-        held = assert_indexer_holds_exactly_the_nodes_blocks(ix, node, "before the takeover")
-        assert held["dram"] > 1000 and held["nvme"] > 1000, held
+        node, held = followed_full_node(ix, d, "before the takeover")
 
         node.c.close()
         d.takeover()
@@ -330,14 +338,8 @@ def test_the_real_dynamo_indexer_follows_a_sigterm_restart_with_moves_only(tmp_p
                                          "--spill-size", "64MiB"))
     ix = None
     try:
-        node = Node(d.connect())
         ix = Indexer(tmp_path / "indexer.log")
-        register(ix, d)
-        in_force(ix, node)
-        for _ in range(800):  # 6,400 puts: DRAM full, the rest demoted
-            node.round()
-        held = assert_indexer_holds_exactly_the_nodes_blocks(ix, node, "before the restart")
-        assert held["dram"] > 1000 and held["nvme"] > 1000, held
+        node, held = followed_full_node(ix, d, "before the restart")
 
         node.c.close()
         d.restart()
