@@ -116,13 +116,7 @@ fn a_client_putting_and_getting_through_a_live_takeover_sees_every_block_with_it
     // The build is held open 300 ms: the client keeps putting into the donor meanwhile.
     let mut a = a;
     let b = Daemon::spawn_at_env(&sock, &[(PAUSE_ENV, "300")], &with_takeover);
-    let st = a.wait_exit(Duration::from_secs(30));
-    assert!(
-        st.is_some_and(|s| s.success()),
-        "{}\nnew:\n{}",
-        a.log(),
-        b.log()
-    );
+    old_daemon_handed_over(&mut a, &b);
     let before = ops.load(Ordering::Relaxed);
     let t = Instant::now();
     while ops.load(Ordering::Relaxed) < before + 100 {
@@ -184,13 +178,7 @@ fn blocks_deleted_and_put_while_the_successor_builds_are_as_the_donor_left_them(
         b.log()
     );
     drop(c);
-    let st = a.wait_exit(Duration::from_secs(30));
-    assert!(
-        st.is_some_and(|s| s.success()),
-        "{}\nnew:\n{}",
-        a.log(),
-        b.log()
-    );
+    old_daemon_handed_over(&mut a, &b);
     let mut c = Client::connect(&sock).unwrap();
     assert_eq!(c.stats().unwrap().pid, b.child.id());
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
@@ -210,4 +198,15 @@ fn blocks_deleted_and_put_while_the_successor_builds_are_as_the_donor_left_them(
     drop(c);
     drop(b);
     let _ = std::fs::remove_dir_all(&sock_dir);
+}
+
+/// The old daemon `a` exited 0 within 30 s of its successor `b`'s spawn (both logs otherwise).
+fn old_daemon_handed_over(a: &mut Daemon, b: &Daemon) {
+    let st = a.wait_exit(Duration::from_secs(30));
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "{}\nnew:\n{}",
+        a.log(),
+        b.log()
+    );
 }
