@@ -4,6 +4,8 @@
 #   NVMe:   the prefix on the host's disk (d2: 3 GiB DRAM over the spill dir), read back whole
 #           (nvme), and with the daemon's plan (nvme_plan);
 #   mixed:  its leading half back in d2's DRAM, the rest on the disk (mixed, mixed_plan);
+#           and the same with d2's disk reads limited by a cgroup to long_prefix.mixed_slow_read_bps
+#           (1.2e9 B/s by default; mixed_slow, mixed_slow_plan; harness/throttle.py DiskThrottle);
 #   peer:   a source daemon in a network namespace behind a veth shaped by tc tbf to 8 Gbit/s
 #           (peer_slow: hinted pulls of the whole prefix, peer_slow_plan);
 #   the engine's recompute cost is fitted in the run (harness/worker.py: _fit_cost).
@@ -28,7 +30,7 @@ say "the disk under the spill dir, O_DIRECT, 2 GiB"
   dd if="$R/ddtest" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1; rm -f "$R/ddtest"; } | tee -a "$LOG"
 A=(--phases 1 --sections memcpy,long_prefix --set long_prefix.plans=true
    --set 'daemons.d1="16GiB"' --set 'daemons.ea="1GiB"' --set 'daemons.eb="1GiB"' --set 'daemons.d2_spill="24GiB"'
-   --set 'long_prefix.only=["dram","dram_page_first","dram_layerwise","nvme","nvme_plan","mixed","mixed_plan","peer_slow","peer_slow_plan"]')
+   --set 'long_prefix.only=["dram","dram_page_first","dram_layerwise","nvme","nvme_plan","mixed","mixed_plan","mixed_slow","mixed_slow_plan","peer_slow","peer_slow_plan"]')
 for run in ${RUNS:-1}; do
   say "long prefix with plans, run $run"
   KVNODE_BIN=$D/bin/kvnode OUT=$R/$run bash "$D/scripts/bench-ttft.sh" h200 "${A[@]}" "$@" > "$R/$run.console" 2>&1
@@ -46,7 +48,15 @@ for k, v in lp.items():
     if isinstance(v, dict) and "promoted_pages_per_rep" in v:
         print(k, "promoted_pages_per_rep", v["promoted_pages_per_rep"])
 print("plan_cost", json.dumps(lp.get("plan_cost")))
+# GPU memory each arm left behind (its lanes closed and pools freed: about the model's weights),
+# and lanes still open after the section (should be none).
+print("gpu_allocated_after_GiB", {k: round(v["gpu_allocated_after_bytes"] / 2**30, 2) for k, v in lp.items()
+                                  if isinstance(v, dict) and "gpu_allocated_after_bytes" in v},
+      "lanes_open_after", lp.get("lanes_open_after"))
 print("peer_link", json.dumps(r.get("peer_link"))[:1500])
+print("disk_throttle", json.dumps(r.get("disk_throttle")),
+      {k: (lp.get(k) or {}).get("disk_throttle") for k in ("mixed_slow", "mixed_slow_plan")},
+      {k: v for k, v in lp.items() if k.endswith("_skipped")})
 PY
   pack
 done

@@ -47,6 +47,7 @@ pub fn keyless_pull(
         req: 1,
         ns,
         keys: keys.to_vec(),
+        meta: false,
     };
     w.send(&pull, &[])?;
     let mut blocks = 0;

@@ -150,6 +150,7 @@ pub fn send_block(w: &mut Wire, req: u64, idx: u32, b: &[u8]) {
         len: b.len() as u32,
         hash: block_hash(b),
         seal: vec![],
+        meta: None,
     };
     w.send(&m, b).unwrap();
 }
@@ -212,6 +213,7 @@ fn try_to_read(a: &mut TcpStream, proof: Vec<u8>, r: &mut Report) {
             kvnode_proto::Digest([0; 32]),
             0,
         )],
+        meta: false,
     };
     let mut sealed_looking = plain(&pull, &[]);
     sealed_looking.extend_from_slice(&[0u8; AEAD_TAG_LEN]);

@@ -160,6 +160,8 @@ fn refused_puts(r: &mut Raw, ns: u32, keys: &[kvnode_proto::Key]) {
                     ns,
                     keys: vec![key(1)],
                     recompute: Some(kvnode_proto::plan::RecomputeCost {
+                        ctx_s: None,
+                        prompt_tokens: None,
                         page_tokens: page,
                         keys_per_page: 1,
                         tokens_per_s: tps,

@@ -27,6 +27,8 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 /// of ~50 MB/s, between this VM's disk (~1.7 GB/s O_DIRECT) and the throttled one (4 MB/s).
 fn engine() -> RecomputeCost {
     RecomputeCost {
+        ctx_s: None,
+        prompt_tokens: None,
         page_tokens: 16,
         keys_per_page: 1,
         tokens_per_s: 800.0,
@@ -189,6 +191,8 @@ const PORT: u16 = 7710;
 /// 2 Mbit/s (250 kB/s).
 fn peer_engine() -> RecomputeCost {
     RecomputeCost {
+        ctx_s: None,
+        prompt_tokens: None,
         tokens_per_s: 610.0,
         ..engine()
     }

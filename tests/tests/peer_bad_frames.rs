@@ -30,6 +30,7 @@ fn block_msg(req: u64, idx: u32, b: &[u8]) -> PeerMsg {
         len: b.len() as u32,
         hash: block_hash(b),
         seal: vec![],
+        meta: None,
     }
 }
 
@@ -282,6 +283,7 @@ fn a_destination_that_stops_reading_costs_the_source_one_io_timeout_then_its_lea
         req: 1,
         ns: sp.id(),
         keys: keys.iter().map(|k| PullKey(k.0, k.1)).collect(),
+        meta: false,
     };
     send(&mut s, &pull, &[]);
     let leases = |c: &mut kvnode_client::Client| c.stats().unwrap().tiers[0].leases;

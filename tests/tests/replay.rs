@@ -48,6 +48,8 @@ fn setup(placement: Placement) -> Setup {
         placement,
         load_bound: 2,
         block_bytes: 0,
+        touch_gpu_hits: true,
+        announce_pulled: true,
     }
 }
 

@@ -79,7 +79,7 @@ class Lane:
             else:
                 ld, loaded = self.tier.lookup_and_load(
                     digs[len(gpu_pages):max_hit], digs, self._alloc, self.cache.release,
-                    start_pages=len(gpu_pages))
+                    start_pages=len(gpu_pages), prompt_tokens=n_tok)
         t_fetch = time.perf_counter()
         have = gpu_pages + loaded
         cached = len(have) * ps

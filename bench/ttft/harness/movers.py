@@ -17,6 +17,31 @@ from kvnode.wire import Connection
 from .pool import KvPool
 
 
+class _CountedExport:
+    """`pool.t` as kvnode.gpu.export_tensor sees it, keeping the IPC ref counter of torch's
+    `_share_cuda_()` (elements 4 and 5 of its tuple) in `pool.ipc_counters`, so the pool can
+    be freed after the daemon let go (KvPool.release)."""
+
+    def __init__(self, pool: KvPool):
+        self._pool = pool
+
+    def __getattr__(self, name):
+        return getattr(self._pool.t, name)
+
+    def untyped_storage(self):
+        return _CountedStorage(self._pool)
+
+
+class _CountedStorage:
+    def __init__(self, pool: KvPool):
+        self._pool = pool
+
+    def _share_cuda_(self):
+        shared = self._pool.t.untyped_storage()._share_cuda_()
+        self._pool.ipc_counters.append((shared[4], int(shared[5])))
+        return shared
+
+
 class DmaMover:
     """Daemon-driven CUDA DMA into/out of an exported pool (one attach per connection)."""
 
@@ -24,7 +49,7 @@ class DmaMover:
 
     def __init__(self, conn: Connection, pool: KvPool, device: int = 0):
         self.gpu = GpuClient(conn)
-        exp = export_tensor(pool.t)
+        exp = export_tensor(_CountedExport(pool))
         self.attached = self.gpu.attach(exp.handle, device, exp.length, pool.gpu_layout(exp.base))
         if self.attached.page_bytes != pool.cfg.page_bytes:
             raise RuntimeError(f"daemon sees {self.attached.page_bytes} B pages, pool has {pool.cfg.page_bytes}")

@@ -125,7 +125,8 @@ class OpenLoop:
                 r.lw = layerwise.start(ln.tier, want, ln._alloc)
                 r.loaded = list(r.lw.pages)
             else:
-                r.ld, r.loaded = ln.tier.lookup_and_load(want, digs, ln._alloc, ln.cache.release)
+                r.ld, r.loaded = ln.tier.lookup_and_load(want, digs, ln._alloc, ln.cache.release,
+                                                         start_pages=len(r.gpu_pages), prompt_tokens=len(q.tokens))
         have = len(r.gpu_pages) + len(r.loaded)
         r.fresh = ln._alloc(self._need(q) - have)
         r.fetch_s = time.perf_counter() - t

@@ -11,7 +11,7 @@ so both give the same bytes for the same KV; they differ only in how many copies
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
@@ -35,6 +35,28 @@ class KvPool:
         per = (cfg.page_size, cfg.kv_heads, cfg.head_dim)
         shape = (cfg.layers, 2, pages) + per if layout == "layer_first" else (pages, cfg.layers, 2) + per
         self.t = torch.zeros(shape, dtype=dtype, device=device)
+        # torch's CUDA IPC ref counters of this pool's exports (harness/movers.py DmaMover), one
+        # (handle, offset) per export; see release().
+        self.ipc_counters: List[Tuple[bytes, int]] = []
+        self.released = False
+
+    def release(self) -> None:
+        """Frees the pool's memory once no daemon maps it any more (its connections closed).
+
+        torch's `_share_cuda_()` (kvnode.gpu.export_tensor) puts the storage behind an IPC ref
+        counter set to 1 for the consumer, which a torch consumer decrements when it lets go.
+        The daemon is no torch process and never does, so without this the freed tensor waits
+        in torch's IPC "limbo" for ever and stays allocated on the GPU: every exported pool of
+        a run piled up (74 GiB of an H100 after 13 long-prefix lanes, issue 41's OOM). Here
+        each export's counter is dropped the way a torch consumer would, then the tensor; the
+        caller runs `torch.cuda.ipc_collect()` / `empty_cache()` (Worker.close)."""
+        if self.released:
+            return
+        for handle, offset in self.ipc_counters:
+            torch.UntypedStorage._release_ipc_counter_cuda(handle, offset)
+        self.ipc_counters = []
+        self.t = None  # any later use fails loudly
+        self.released = True
 
     def k(self, layer: int) -> torch.Tensor:
         """[pages, page_size, kv_heads, dim] view of one layer's K."""

@@ -152,6 +152,8 @@ def _long(lp: Dict, memcpy: Optional[Dict]) -> Dict:
                "tier_hit_tokens": v.get("tier_hit_tokens"), "gpu_hit_tokens": v.get("gpu_hit_tokens")}
         if rec:
             row["speedup_vs_recompute"] = rec / v["ttft_s"]
+        if v.get("disk_throttle"):
+            row["disk_throttle"] = v["disk_throttle"]
         if v.get("plans"):
             row["plans"] = [None if p is None else {k: p.get(k) for k in ("reason", "keys", "available", "cut_by",
                                                                           "fetch_s", "recompute_s", "runs")}
@@ -181,12 +183,15 @@ def _long(lp: Dict, memcpy: Optional[Dict]) -> Dict:
 
 #: (arm, fetch-all row, plan row) of the fetch-plan comparison (issue 41).
 PLAN_ARMS = (("NVMe (host disk)", "nvme", "nvme_plan"), ("mixed: DRAM then NVMe", "mixed", "mixed_plan"),
+             ("mixed: DRAM then a disk limited to X GB/s", "mixed_slow", "mixed_slow_plan"),
              ("peer behind a shaped link", "peer_slow", "peer_slow_plan"))
+#: Arms where the plan must beat both fetch-all and recompute (a prefix part fast, part slow).
+BEATS_BOTH = ("mixed", "mixed_slow")
 
 
 def plan_verdicts(lp: Dict, cost: Optional[Dict] = None) -> Dict:
     """Per arm: TTFT of fetch-all, the plan and recompute (medians), and whether the plan is
-    within 5 % of the better of the two (and, for the mixed prefix, beats both)."""
+    within 5 % of the better of the two (and, for the mixed prefixes, beats both)."""
     out = {}
     rec = (lp.get("recompute") or {}).get("ttft_ms")
     for title, fetch, plan in PLAN_ARMS:
@@ -194,11 +199,14 @@ def plan_verdicts(lp: Dict, cost: Optional[Dict] = None) -> Dict:
         if "ttft_ms" not in f or "ttft_ms" not in p or not rec:
             continue
         best = min(f["ttft_ms"], rec)
+        bps = (f.get("disk_throttle") or p.get("disk_throttle") or {}).get("read_bps")
+        if "X GB/s" in title:
+            title = title.replace("X GB/s", f"{bps / 1e9:.3g} GB/s" if bps else "? GB/s")
         v = {"arm": title, "fetch_all_ms": f["ttft_ms"], "plan_ms": p["ttft_ms"], "recompute_ms": rec,
              "plan_vs_best": p["ttft_ms"] / best, "within_5pct": p["ttft_ms"] <= 1.05 * best,
              "plan_tier_hit_tokens": p.get("tier_hit_tokens"), "fetch_tier_hit_tokens": f.get("tier_hit_tokens"),
              "plan_reasons": sorted({(x or {}).get("reason") or "-" for x in p.get("plans") or [None]})}
-        if fetch == "mixed":
+        if fetch in BEATS_BOTH:
             v["beats_both"] = p["ttft_ms"] < best
         out[plan] = v
     return out
@@ -350,7 +358,9 @@ def markdown(s: Dict) -> str:
             cost = s.get("plan_cost") or {}
             L += ["### Fetch or recompute (plans)", "",
                   f"Recompute cost sent with each lookup: {cost.get('tokens_per_s', 0):.0f} tokens/s + "
-                  f"{cost.get('quad_s', 0):.3g} s/token² ({'given' if 'fit' not in cost else 'fitted in this run: ' + str(cost['fit'])}).", "",
+                  f"{cost.get('quad_s', 0):.3g} s/token²"
+                  + (f" + {cost['ctx_s']:.3g} s/token/cached token" if cost.get("ctx_s") is not None else "")
+                  + f" ({'given' if 'fit' not in cost else 'fitted in this run: ' + str(cost['fit'])}).", "",
                   "| arm | fetch all ms | plan ms | recompute ms | plan / min(fetch, recompute) | ≤ 1.05 | plan fetched tokens | plan reasons |",
                   "|---|---|---|---|---|---|---|---|"]
             for r in pv.values():
@@ -360,6 +370,13 @@ def markdown(s: Dict) -> str:
                 L.append(f"| {r['arm']} | {r['fetch_all_ms']:.0f} | {r['plan_ms']:.0f} | {r['recompute_ms']:.0f} | "
                          f"{r['plan_vs_best']:.3f} | {ok} | {r['plan_tier_hit_tokens']} | {', '.join(r['plan_reasons'])} |")
             L.append("")
+        for k, r in lp.items():
+            dt = r.get("disk_throttle")
+            if dt:
+                L += [f"{k}: d2's reads from disk {dt.get('device')} limited to {dt['read_bps'] / 1e9:.3g} GB/s "
+                      f"(cgroup v{dt.get('cgroup_version')} {dt.get('cgroup')}, `{dt.get('limit_line')}`); "
+                      f"{_f(None if dt.get('read_bytes') is None else dt['read_bytes'] / 1e9, '{:.2f}')} GB "
+                      "read through it in the arm.", ""]
         for k, why in (s.get("plans_skipped") or {}).items():
             L += [f"{k}: {why}", ""]
         for k, r in lp.items():

@@ -29,7 +29,7 @@ from typing import Dict, List
 
 from . import report
 from .daemons import Daemon, DaemonError, find_bin, write_cluster_key
-from .throttle import Link, ThrottleError
+from .throttle import DiskThrottle, Link, ThrottleError
 
 PROFILES: Dict[str, Dict] = {
     "h200": {
@@ -42,7 +42,10 @@ PROFILES: Dict[str, Dict] = {
                         # Fetch plans (issue 41), `--set long_prefix.plans=true`: each slow path
                         # fetched whole, planned, and beside recompute; the peer behind a link
                         # shaped to `peer_throttle` (harness/throttle.py; root only).
-                        "plans": False, "mixed_dram_frac": 0.5, "peer_throttle": "8gbit"},
+                        "plans": False, "mixed_dram_frac": 0.5, "peer_throttle": "8gbit",
+                        # The slow-disk mixed arm: d2's reads from its disk held to this many
+                        # bytes/s by a cgroup for those arms only (harness/throttle.py; root only).
+                        "mixed_slow_read_bps": 1.2e9},
         "correctness": {"prefix_pages": 40, "suffix": 100},
         # d1 holds arms b, b_pf, c (15.3 GiB each) and the long prefix. d2's slab holds exactly
         # 4 pages of 9 MiB: with the default 64 MiB slab the daemon's spill set-up panics (its
@@ -68,7 +71,8 @@ PROFILES: Dict[str, Dict] = {
                      "doc_len": 64, "doc_prob": 0.75, "sessions": 6, "turns": 3,
                      "user_len": 16, "answer_len": 16},
         "long_prefix": {"tokens": 512, "suffix": 16, "reps": 2, "nvme_filler": 1, "peer_reps": 1,
-                        "plans": False, "mixed_dram_frac": 0.5, "peer_throttle": None},
+                        "plans": False, "mixed_dram_frac": 0.5, "peer_throttle": None,
+                        "mixed_slow_read_bps": 1.2e9},
         "correctness": {"prefix_pages": 6, "suffix": 10},
         # A DRAM tier of a few small slabs over the spill dir, so the NVMe arm really promotes;
         # psync because CI temp dirs may be tmpfs (no O_DIRECT).
@@ -178,6 +182,15 @@ def _phase1_spec(prof: Dict, sections: List[str], common: Dict, tier, nlayers: i
             dict(mix, name="mixed", tier=tier("d2", "nvme", "long")),
             dict(mix, name="mixed_plan", plan=True, tier=tier("d2", "nvme", "long")),
         ]
+        if getattr(tier, "disk_throttle", None):
+            # Mixed on a slow disk: the same, with d2's disk reads limited by a cgroup while
+            # these two arms run (the worker sets it up and removes it around each).
+            spec["long_prefix"]["paths"] += [
+                dict(mix, name="mixed_slow", tier=tier("d2", "nvme", "long"), disk_throttle=tier.disk_throttle),
+                dict(mix, name="mixed_slow_plan", plan=True, tier=tier("d2", "nvme", "long"),
+                     disk_throttle=tier.disk_throttle),
+            ]
+        spec["long_prefix"]["mixed_dram_frac"] = lp["mixed_dram_frac"]  # the cost fit's tail
         if "tb" in tier.daemons:
             slow = dict(kind="peer", reps=lp["peer_reps"], source=tier("ta", "peer", "long-slow"))
             spec["long_prefix"]["paths"] += [
@@ -294,6 +307,23 @@ def main(argv=None) -> int:
                 results["d2_uring_error"] = str(e)[-500:]
                 d.extra += ["--spill-engine", "psync"]
                 d.start()
+        disk_throttle = None
+        only = lp.get("only")
+        if lp.get("plans") and (not only or "mixed_slow" in only or "mixed_slow_plan" in only):
+            # Can d2's disk reads be limited here? Tried once (set up and removed at once);
+            # where not, the slow-disk arms are reported skipped with the reason.
+            d2 = daemons["d2"]
+            if not lp.get("mixed_slow_read_bps"):
+                skipped["mixed_slow"] = "no mixed_slow_read_bps in the profile"
+            else:
+                try:
+                    probe = DiskThrottle(d2.proc.pid, d2.spill_dir, lp["mixed_slow_read_bps"]).up()
+                    results["disk_throttle"] = dict(probe.describe(), daemon="d2", pid=d2.proc.pid)
+                    probe.down()
+                    disk_throttle = {"pid": d2.proc.pid, "path": d2.spill_dir,
+                                     "read_bps": lp["mixed_slow_read_bps"]}
+                except (ThrottleError, OSError) as e:
+                    skipped["mixed_slow"] = f"no disk throttle: {e}"
         if prof["mover"] == "dma":
             results["registration_s"] = _wait_registered(daemons.values())
         results["daemon_args"] = {k: d.args()[1:] for k, d in daemons.items()}
@@ -301,6 +331,7 @@ def main(argv=None) -> int:
             return {"sock": daemons[d].sock, "kind": kind, "ns_name": ns, "endpoint": daemons[d].endpoint,
                     "chunk_pages": prof["chunk_pages"], **kw}
         tier.daemons, tier.skipped = daemons, skipped  # what the plan paths may use
+        tier.disk_throttle = disk_throttle
         if link is not None:
             results["peer_link"] = link.describe()
         common = {k: prof[k] for k in ("model", "device", "mover", "layout", "memcpy_bytes")}

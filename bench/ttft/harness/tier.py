@@ -79,7 +79,7 @@ class TierSpec:
     pull_deadline_ms: int = 30000
     layers: int = 0               # dram: > 0 = layer-wise onload overlapped with the prefill (harness/layerwise.py)
     stream_pull: bool = False     # peer: one hinted OnloadAsync; each page goes to the GPU as it lands
-    plan: dict = field(default_factory=dict)  # {"tokens_per_s", "quad_s"}: fetch plans (issue 41)
+    plan: dict = field(default_factory=dict)  # {"tokens_per_s", "quad_s", "ctx_s"?}: fetch plans (issue 41)
     extra: dict = field(default_factory=dict)
 
 
@@ -134,13 +134,18 @@ class DaemonTier:
         return json.dumps({"source_control_endpoint": endpoint,
                            "block_hashes": [hint_hash(d) for d in root]})
 
-    def _planned(self, ld: Load, digests: Sequence[bytes], root: Sequence[bytes], start_pages: int) -> int:
+    def _planned(self, ld: Load, digests: Sequence[bytes], root: Sequence[bytes], start_pages: int,
+                 prompt_tokens: Optional[int] = None) -> int:
         """The fetch-or-recompute lookup: pages worth loading by the daemon's plan (a hinted
-        pull it planned has been waited for; the pulled pages are then local)."""
-        cost = RecomputeCost(float(self.spec.plan["tokens_per_s"]), float(self.spec.plan.get("quad_s", 0.0)))
+        pull it planned has been waited for; the pulled pages are then local). The cost sent
+        carries `ctx_s` when the spec's plan has one and the prompt's length (`prompt_tokens`)."""
+        p = self.spec.plan
+        ctx = p.get("ctx_s")
+        cost = RecomputeCost(float(p["tokens_per_s"]), float(p.get("quad_s", 0.0)),
+                             None if ctx is None else float(ctx))
         ps = self.pool.cfg.page_size
         via = "gpu" if self.spec.mover != "copy" else "copy"
-        fields = cost.wire(ps, 1, start_tokens=start_pages * ps, via=via)
+        fields = cost.wire(ps, 1, start_tokens=start_pages * ps, via=via, prompt_tokens=prompt_tokens)
         keys = self.keys(digests)
         hinted = None
         if self.spec.kind == "peer" and self.router is not None:
@@ -169,18 +174,20 @@ class DaemonTier:
 
     def lookup_and_load(self, digests: Sequence[bytes], root: Sequence[bytes],
                         alloc: Callable[[int], List[int]], release: Callable[[List[int]], None],
-                        start_pages: int = 0) -> Tuple[Load, List[int]]:
+                        start_pages: int = 0, prompt_tokens: Optional[int] = None) -> Tuple[Load, List[int]]:
         """Loads the leading run of `digests` the daemon (or, by hint, its peer) holds.
 
         `root`: every page digest of the prompt from page 0 (hint hashes are root-aligned).
         `alloc(n)` gives n pinned pool pages; pages not filled are handed to `release`.
         `start_pages`: pages before `digests[0]` the engine holds (the plan's start_tokens).
+        `prompt_tokens`: the request's prompt length (the plan's prompt_tokens: where the
+        recompute ends).
         Returns the Load and the filled page ids (in order).
         """
         ld = Load()
         keys = self.keys(digests)
         if self.spec.plan:
-            want = self._planned(ld, digests, root, start_pages)
+            want = self._planned(ld, digests, root, start_pages, prompt_tokens)
             ld.local = want - ld.pulled
             if want == 0:
                 return ld, []

@@ -8,6 +8,7 @@ Each section's result (or its error) goes into the JSON written at `out`.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import statistics
@@ -21,6 +22,7 @@ from . import sweep
 from .lane import Lane, sync
 from .model import CONFIGS, Decoder, prefill_flops
 from .pool import KvPool
+from .throttle import DiskThrottle, ThrottleError
 from .tier import DaemonTier, Router, TierSpec
 from .workload import Request, WorkloadConfig, generate
 
@@ -41,6 +43,9 @@ class Worker:
         sync(self.model.device)
         self.init_s = time.perf_counter() - t
         self.router = Router()
+        # Lanes opened and not yet closed (id -> name): a section must leave none (tests).
+        self.open_lanes: Dict[int, str] = {}
+        self.lanes_opened = 0
 
     # -- helpers -----------------------------------------------------------------------------
     def lane(self, name: str, pages: int, tier: Optional[Dict] = None, layout: Optional[str] = None) -> Lane:
@@ -48,15 +53,44 @@ class Worker:
         t = None
         if tier:
             ts = TierSpec(**{"mover": self.spec.get("mover", "dma"), **tier})
-            t = DaemonTier(ts, pool, self.router if ts.kind == "peer" else None, client=f"ttft-{name}")
-        return Lane(name, self.model, pool, t)
+            try:
+                t = DaemonTier(ts, pool, self.router if ts.kind == "peer" else None, client=f"ttft-{name}")
+            except BaseException:
+                self._free([pool])
+                raise
+        ln = Lane(name, self.model, pool, t)
+        self.lanes_opened += 1
+        self.open_lanes[id(ln)] = name
+        return ln
 
-    @staticmethod
-    def close(*lanes: Lane) -> None:
+    def close(self, *lanes: Lane) -> None:
+        """Ends lanes: waits for their offloads, closes their daemon connections (the daemon
+        lets go of the pool's IPC mapping), then frees their pools' GPU memory (KvPool.release;
+        without it an exported pool stays allocated for the rest of the run). Every lane a
+        section opens is closed here, also when its arm failed (issue 41's OOM)."""
+        errors = []
         for ln in lanes:
-            if ln.tier is not None:
-                ln.finish()
-                ln.tier.close()
+            if self.open_lanes.pop(id(ln), None) is None:
+                continue  # closed already
+            try:
+                if ln.tier is not None:
+                    try:
+                        ln.finish()
+                    finally:
+                        ln.tier.close()
+            except Exception as e:  # noqa: BLE001 - the pool is freed all the same
+                errors.append(e)
+        self._free([ln.pool for ln in lanes])
+        if errors:
+            raise errors[0]
+
+    def _free(self, pools: List[KvPool]) -> None:
+        for pool in pools:
+            pool.release()
+        gc.collect()  # lanes in reference cycles (threads, callbacks) go now, not at some later gc
+        if self.model.device.type == "cuda":
+            torch.cuda.ipc_collect()  # exports whose counters were dropped leave torch's IPC limbo
+            torch.cuda.empty_cache()
 
     def req(self, idx: int, tokens: List[int]) -> Request:
         return Request(idx, -1, 0, None, tokens)
@@ -133,25 +167,28 @@ class Worker:
         prompt = _tokens("long/0", L, v) + _tokens("long/s", S, v)
         # Recompute (warm the kernels first with a shorter prompt).
         rc = self.lane("long-recompute", pages)
-        rc.serve(self.req(99, _tokens("long/warm", min(L, 4096) + S, v)))
-        runs = []
-        for _ in range(reps):
-            rc.cache.clear()
-            runs.append(rc.serve(self.req(0, prompt)))
-        out["recompute"] = _summ(runs)
-        out["recompute"]["tflops"] = prefill_flops(self.cfg, 0, L + S) / 1e12 / out["recompute"]["ttft_s"]
-        # The suffix alone after a cached prefix (what remains once the prefix is fetched).
-        runs = []
-        for _ in range(reps):
-            rc.cache.clear()
-            rc.serve(self.req(0, prompt))
-            runs.append(rc.serve(self.req(0, prompt)))
-        out["gpu_cached"] = _summ(runs)
-        if any(p.get("plan") for p in c["paths"]):
-            # The engine's recompute cost for the plan paths: given, or fitted here (issue 41).
-            out["plan_cost"] = c.get("plan_cost") or self._fit_cost(rc, out["recompute"], L + S, c)
-        self.close(rc)
+        try:
+            rc.serve(self.req(99, _tokens("long/warm", min(L, 4096) + S, v)))
+            runs = []
+            for _ in range(reps):
+                rc.cache.clear()
+                runs.append(rc.serve(self.req(0, prompt)))
+            out["recompute"] = _summ(runs)
+            out["recompute"]["tflops"] = prefill_flops(self.cfg, 0, L + S) / 1e12 / out["recompute"]["ttft_s"]
+            # The suffix alone after a cached prefix (what remains once the prefix is fetched).
+            runs = []
+            for _ in range(reps):
+                rc.cache.clear()
+                rc.serve(self.req(0, prompt))
+                runs.append(rc.serve(self.req(0, prompt)))
+            out["gpu_cached"] = _summ(runs)
+            if any(p.get("plan") for p in c["paths"]):
+                # The engine's recompute cost for the plan paths: given, or fitted here (issue 41).
+                out["plan_cost"] = c.get("plan_cost") or self._fit_cost(rc, out["recompute"], prompt, c)
+        finally:
+            self.close(rc)
         del rc
+        cuda = self.model.device.type == "cuda"
         for skipped, why in (c.get("skipped") or {}).items():
             out[f"{skipped}_skipped"] = why  # a string: not a row
         for path in c["paths"]:
@@ -159,52 +196,106 @@ class Worker:
             if path.get("plan"):
                 path = dict(path, tier=dict(path["tier"], plan=out["plan_cost"]))
             try:
-                out[name] = self._long_path(path, prompt, pages, path.get("reps", reps), layout)
+                if path.get("disk_throttle"):
+                    # The slow-disk arms: the NVMe daemon's reads from its disk limited for
+                    # this arm only (harness/throttle.py); never run unthrottled.
+                    dt = path["disk_throttle"]
+                    try:
+                        th = DiskThrottle(dt["pid"], dt["path"], dt["read_bps"]).up()
+                    except ThrottleError as e:
+                        out[f"{name}_skipped"] = f"no disk throttle: {e}"
+                        continue
+                    try:
+                        out[name] = self._long_path(path, prompt, pages, path.get("reps", reps), layout)
+                        out[name]["disk_throttle"] = th.describe()
+                    finally:
+                        th.down()
+                else:
+                    out[name] = self._long_path(path, prompt, pages, path.get("reps", reps), layout)
             except Exception as e:  # noqa: BLE001 - one path failing must not hide the others
                 out[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
-            torch.cuda.empty_cache() if self.model.device.type == "cuda" else None
+            if cuda:  # what the arm left on the GPU (its lanes closed): the model, nothing else
+                torch.cuda.empty_cache()
+                out[name]["gpu_allocated_after_bytes"] = torch.cuda.memory_allocated()
+        out["lanes_open_after"] = sorted(self.open_lanes.values())
         return out
 
-    def _fit_cost(self, rc: Lane, recompute: Dict, n_long: int, c: Dict) -> Dict:
-        """`R(x) = x / tokens_per_s + quad_s * x²` through two prefills from nothing: a short
-        prompt timed here (best of 3) and the long prompt's recompute median (docs/ttft.md,
-        "Measuring the recompute cost"). The fixed cost per prefill lands in the linear term."""
-        n_short = int(c.get("plan_fit_tokens", min(8192, max(self.cfg.page_size, n_long // 4))))
+    def _fit_cost(self, rc: Lane, recompute: Dict, prompt: List[int], c: Dict) -> Dict:
+        """The engine's recompute cost for fetch plans (issue 41, docs/ttft.md "Measuring the
+        recompute cost"), in the daemon's model: computing tokens `[c, x)` with `[0, c)` cached
+        takes `T(c, x) = n / tokens_per_s + quad_s * n² + ctx_s * n * c`, `n = x − c`.
+
+        `tokens_per_s` and `quad_s` go through two full prefills (nothing cached): a short
+        prompt timed here (best of 3) and the long prompt's recompute (`recompute`, median).
+        `ctx_s`, the tail's attention to the cached context, comes from a tail: the long
+        prompt with its leading `mixed_dram_frac` (whole pages, as the mixed arm's DRAM part)
+        in the lane's GPU prefix cache, `t_tail = T(head, long)` (best of 3). The fixed cost
+        per prefill lands in the linear term; see fit_recompute_cost for the fallbacks. `fit`
+        holds every measurement beside what the fitted model predicts for it."""
+        ps, n_long = self.cfg.page_size, len(prompt)
+        n_short = int(c.get("plan_fit_tokens", min(8192, max(ps, n_long // 4))))
         short = _tokens("long/fit", n_short, self.cfg.vocab)
         ts = []
         for _ in range(3):
             rc.cache.clear()
             ts.append(rc.serve(self.req(98, short))["ttft_s"])
-        t1, t2 = min(ts), recompute["ttft_s"]
-        x1, x2 = float(n_short), float(n_long)
-        det = x1 * x2 * x2 - x2 * x1 * x1
-        inv = (t1 * x2 * x2 - t2 * x1 * x1) / det
-        quad = (x1 * t2 - x2 * t1) / det
-        if inv <= 0 or quad < 0:  # noisy: a linear fit through the long prompt
-            inv, quad = t2 / x2, 0.0
-        return {"tokens_per_s": 1.0 / inv, "quad_s": quad, "fit": {"short_tokens": n_short, "short_s": t1,
-                                                                   "long_tokens": n_long, "long_s": t2}}
+        # The tail: the head computed into the GPU prefix cache first, then the whole prompt
+        # served: only the tokens after the head are computed, over the cached head.
+        frac = float(c.get("mixed_dram_frac", 0.5))
+        head_pages = max(1, int(((n_long - 1) // ps) * frac))
+        tails = []
+        for _ in range(3):
+            rc.cache.clear()
+            rc.serve(self.req(97, prompt[:head_pages * ps]))
+            tails.append(rc.serve(self.req(0, prompt)))
+        rc.cache.clear()
+        tail = min(tails, key=lambda r: r["ttft_s"])
+        x_head = int(tail["gpu_hit_tokens"])  # what the cache held (head_pages * ps)
+        t_short, t_long = min(ts), recompute["ttft_s"]
+        f = fit_recompute_cost(n_short, t_short, n_long, t_long, x_head, tail["ttft_s"])
+        T = f.pop("T")
+        return {"tokens_per_s": f["tokens_per_s"], "quad_s": f["quad_s"], "ctx_s": f["ctx_s"], "fit": {
+            "short_tokens": n_short, "short_s": t_short, "short_predicted_s": T(0, n_short),
+            "long_tokens": n_long, "long_s": t_long, "long_predicted_s": T(0, n_long),
+            "tail_head_tokens": x_head, "tail_tokens": tail["computed_tokens"], "tail_s": tail["ttft_s"],
+            "tail_runs_s": sorted(r["ttft_s"] for r in tails), "tail_predicted_s": T(x_head, n_long),
+            "fallback_linear": f["fallback_linear"], "ctx_fallback": f["ctx_fallback"]}}
 
     def _long_path(self, path: Dict, prompt: List[int], pages: int, reps: int, layout) -> Dict:
         v = self.cfg.vocab
         L = len(prompt)
         if path["kind"] == "peer":
             src = self.lane(f"long-{path['name']}-src", pages, path["source"], layout)
-            dst = self.lane(f"long-{path['name']}-dst", pages, path["tier"], layout)
-            runs = []
-            for r in range(reps):
-                p = prompt if r == 0 else _tokens(f"long/peer/{r}", L, v)
-                src.serve(self.req(10 + r, p))
-                src.finish()
-                dst.finish()
-                dst.cache.clear()
-                runs.append(dst.serve(self.req(10 + r, p)))
-            self.close(src, dst)
+            try:
+                dst = self.lane(f"long-{path['name']}-dst", pages, path["tier"], layout)
+            except BaseException:
+                self.close(src)
+                raise
+            try:
+                runs = []
+                for r in range(reps):
+                    p = prompt if r == 0 else _tokens(f"long/peer/{r}", L, v)
+                    src.serve(self.req(10 + r, p))
+                    src.finish()
+                    dst.finish()
+                    dst.cache.clear()
+                    runs.append(dst.serve(self.req(10 + r, p)))
+            finally:
+                self.close(src, dst)
             out = _summ(runs)
             if any("plan" in r for r in runs):
                 out["plans"] = [r.get("plan") for r in runs]
             return out
         ln = self.lane(f"long-{path['name']}", pages, path["tier"], layout)
+        try:
+            return self._long_local(ln, path, prompt, reps)
+        finally:
+            self.close(ln)
+
+    def _long_local(self, ln: Lane, path: Dict, prompt: List[int], reps: int) -> Dict:
+        """One arm of a local tier (dram, nvme, mixed) on its lane `ln` (closed by the caller)."""
+        v = self.cfg.vocab
+        L = len(prompt)
         ln.serve(self.req(0, prompt))  # computes and offloads the prefix
         ln.finish()
         promo0 = ln.tier.promotions()
@@ -239,7 +330,6 @@ class Worker:
         out["promotions_before"] = promo0
         out["tier_stats"] = {t["tier"]: {k: t.get(k) for k in ("blocks", "demotions", "promotions", "dropped", "evictions", "poisoned")}
                              for t in ln.tier.conn.stats()["tiers"]}
-        self.close(ln)
         return out
 
     def warm_up(self) -> None:
@@ -317,6 +407,39 @@ def _summ(runs: List[Dict]) -> Dict:
     med["ttft_runs_s"] = [r["ttft_s"] for r in runs]
     med["ttft_s"] = statistics.median(r["ttft_s"] for r in runs)
     return med
+
+
+def fit_recompute_cost(x_short: float, t_short: float, x_long: float, t_long: float,
+                       x_head: float, t_tail: float) -> Dict:
+    """The daemon's recompute cost `T(c, x) = n / tokens_per_s + quad_s * n² + ctx_s * n * c`
+    (n = x − c) from three timings: two full prefills `t_short = T(0, x_short)`, `t_long =
+    T(0, x_long)` give tokens_per_s and quad_s; the tail `t_tail = T(x_head, x_long)` gives
+    `ctx_s = (t_tail − n / tokens_per_s − quad_s * n²) / (n * x_head)`, n = x_long − x_head.
+    Fallbacks: when the two prefills give tokens_per_s <= 0 or quad_s < 0 (noise), a linear
+    fit through the long prefill (quad_s = 0, `fallback_linear`); when ctx_s is not positive
+    (or there is no tail), 2 * quad_s, the daemon's default (`ctx_fallback`). Returns those
+    figures and `T` (the fitted model, for predicted-vs-measured)."""
+    x1, x2 = float(x_short), float(x_long)
+    det = x1 * x2 * x2 - x2 * x1 * x1
+    inv = quad = -1.0
+    if det != 0:
+        inv = (t_short * x2 * x2 - t_long * x1 * x1) / det
+        quad = (x1 * t_long - x2 * t_short) / det
+    fallback_linear = inv <= 0 or quad < 0
+    if fallback_linear:
+        inv, quad = t_long / x2, 0.0
+    n, head = x2 - float(x_head), float(x_head)
+    ctx = (t_tail - n * inv - quad * n * n) / (n * head) if n > 0 and head > 0 else 0.0
+    ctx_fallback = not ctx > 0
+    if ctx_fallback:
+        ctx = 2.0 * quad
+
+    def T(c: float, x: float) -> float:
+        m = x - c
+        return m * inv + quad * m * m + ctx * m * c
+
+    return {"tokens_per_s": 1.0 / inv, "quad_s": quad, "ctx_s": ctx, "T": T,
+            "fallback_linear": fallback_linear, "ctx_fallback": ctx_fallback}
 
 
 def run(spec: Dict, out: str, barrier=None) -> Dict:

@@ -53,12 +53,16 @@ pub enum PrefetchAt {
     Placement,
 }
 
-/// A behaviour the model can add (`--what-if`).
+/// A behaviour of today's daemons and engines that a run can leave out (`--without`), to
+/// measure what it buys (docs/replay.md, "What limits pulls").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum WhatIf {
-    /// Daemons announce the blocks they pull (KV events), so the router sees them.
+pub enum Behaviour {
+    /// Daemons announce the blocks they pull (KV events with the source's metadata), so the
+    /// router sees them. A daemon always does when its events are on: only `--model` can
+    /// leave it out.
     AnnouncePulled,
-    /// Engines touch their GPU-cache hits in the node tier (a lookup that keeps them recent).
+    /// Engines touch their GPU-cache hits in the node tier (the `Touch` op), so its policy
+    /// keeps a hot prefix's leading blocks.
     TouchGpuHits,
 }
 
@@ -126,10 +130,10 @@ pub struct ReplayArgs {
     /// daemon's policy and its get/put/pull semantics; CI checks it equals the daemons).
     #[arg(long)]
     pub model: bool,
-    /// With `--model`: what-ifs the daemons and engines of today do not do, comma separated
-    /// (docs/replay.md, "What limits pulls").
-    #[arg(long, value_enum, value_delimiter = ',', requires = "model")]
-    pub what_if: Vec<WhatIf>,
+    /// Behaviours to leave out, comma separated, to measure what they buy
+    /// (docs/replay.md, "What limits pulls"); `announce-pulled` needs `--model`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub without: Vec<Behaviour>,
     /// Write the SVG chart here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
@@ -164,6 +168,10 @@ pub struct Setup {
     pub load_bound: usize,
     /// Bytes one trace block is stored as (the scale).
     pub block_bytes: u64,
+    /// Engines touch their GPU-cache hits in their node's tier.
+    pub touch_gpu_hits: bool,
+    /// Daemons announce the blocks they pull (always, live; `--model` can leave it out).
+    pub announce_pulled: bool,
 }
 
 #[expect(
@@ -201,6 +209,10 @@ impl Setup {
         } else {
             a.dram_blocks
         };
+        anyhow::ensure!(
+            a.model || !a.without.contains(&Behaviour::AnnouncePulled),
+            "--without announce-pulled needs --model: a daemon with KV events always announces what it pulls"
+        );
         let auto = block_bytes(smallest as u64);
         if let Some(b) = a.block_bytes {
             anyhow::ensure!(
@@ -217,6 +229,8 @@ impl Setup {
             placement: a.placement,
             load_bound: a.load_bound,
             block_bytes: a.block_bytes.unwrap_or(auto),
+            touch_gpu_hits: !a.without.contains(&Behaviour::TouchGpuHits),
+            announce_pulled: !a.without.contains(&Behaviour::AnnouncePulled),
         })
     }
 

@@ -62,6 +62,7 @@ impl Live<'_> {
             self.setup.block_bytes,
             self.hold,
         )
+        .map(|en| en.touching_gpu_hits(self.setup.touch_gpu_hits))
     }
 
     /// The router's side of the daemons' router entries, with `--prefetch-at placement` in

@@ -75,6 +75,8 @@ pub struct Engine {
     conn: Option<(Client, u32)>,
     block: usize,
     hold: Option<Hold>,
+    /// Touch the GPU-cache hits of each request in the node's tier before its get.
+    touch: bool,
 }
 
 impl Engine {
@@ -98,7 +100,16 @@ impl Engine {
             conn,
             block: block as usize,
             hold,
+            touch: false,
         })
+    }
+
+    /// Whether it touches its GPU-cache hits in its node's tier (`Touch`) before each get,
+    /// as an engine integration does for pages its GPU prefix cache served.
+    #[must_use]
+    pub fn touching_gpu_hits(mut self, on: bool) -> Self {
+        self.touch = on;
+        self
     }
 
     /// Serves `r`.
@@ -114,6 +125,10 @@ impl Engine {
         if let Some((c, ns)) = self.conn.as_mut()
             && !rest.is_empty()
         {
+            if self.touch && g > 0 {
+                let hits: Vec<Key> = r.blocks[..g].iter().map(|&b| blocks::key(b)).collect();
+                c.touch(*ns, &hits)?;
+            }
             let keys: Vec<Key> = rest.iter().map(|&b| blocks::key(b)).collect();
             let hint = hint
                 .filter(|h| h.blocks > g)

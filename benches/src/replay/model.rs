@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use kvnode_engine::policy::{BatchHint, EvictionPolicy, Policy, SlotId};
 
 use super::blocks::GpuCache;
-use super::config::{Arm, Setup, WhatIf};
+use super::config::{Arm, Setup};
 use super::engine::Served;
 use super::router::{Index, Router};
 use super::trace::Request;
@@ -92,7 +92,6 @@ pub struct Model {
     gpus: Vec<GpuCache>,
     drams: Vec<Dram>,
     index: Index,
-    what_if: Vec<WhatIf>,
 }
 
 impl Model {
@@ -107,7 +106,6 @@ impl Model {
                 .collect(),
             drams: (0..n).map(|_| Dram::new(setup, blocks)).collect(),
             index: Index::default(),
-            what_if: Vec::new(),
         }
     }
 
@@ -128,14 +126,20 @@ impl Model {
         if let Some(c) = self.setup.cache_of(self.arm, engine)
             && !rest.is_empty()
         {
+            // The engine touches its GPU hits before its get (and the get's pull).
+            // `Touch` refreshes the leading run the node holds, each at its place in it.
+            if self.setup.touch_gpu_hits {
+                let d = &mut self.drams[c];
+                for (i, &b) in r.blocks[..g].iter().enumerate() {
+                    if !d.holds(b) {
+                        break;
+                    }
+                    d.touch(b, BatchHint::at(i, g));
+                }
+            }
             let covered = source.map_or(0, |(_, n)| n.saturating_sub(g));
             let pulled = self.pull(c, source.map(|(b, _)| b), &rest[..covered]);
             let d = &mut self.drams[c];
-            if self.what_if.contains(&WhatIf::TouchGpuHits) {
-                for (i, &b) in r.blocks[..g].iter().enumerate() {
-                    d.touch(b, BatchHint::at(i, r.blocks.len()));
-                }
-            }
             for (i, &b) in rest.iter().enumerate() {
                 d.touch(b, BatchHint::at(i, rest.len()));
             }
@@ -170,7 +174,7 @@ impl Model {
         }
         for (i, &b) in got.iter().enumerate() {
             let hint = BatchHint::at(i, got.len());
-            let announce = self.what_if.contains(&WhatIf::AnnouncePulled);
+            let announce = self.setup.announce_pulled;
             self.drams[c].insert(&mut self.index, c, b, hint, announce);
         }
         got
@@ -180,18 +184,7 @@ impl Model {
 /// Runs the model of a deterministic replay of `trace` in `arm`: per request, its engine and
 /// where its blocks came from.
 pub fn run(setup: &Setup, arm: Arm, trace: &[Request]) -> Vec<(usize, Served)> {
-    run_what_if(setup, arm, trace, &[])
-}
-
-/// [`run`] with behaviours today's daemons and engines do not have (`what_if`).
-pub fn run_what_if(
-    setup: &Setup,
-    arm: Arm,
-    trace: &[Request],
-    what_if: &[WhatIf],
-) -> Vec<(usize, Served)> {
     let mut m = Model::new(setup, arm);
-    m.what_if = what_if.to_vec();
     let cache_of = (0..setup.engines())
         .map(|e| setup.cache_of(arm, e))
         .collect();

@@ -136,6 +136,8 @@ mod tests {
             placement,
             load_bound: 1,
             block_bytes: 4096,
+            touch_gpu_hits: true,
+            announce_pulled: true,
         }
     }
 

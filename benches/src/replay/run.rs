@@ -35,7 +35,7 @@ pub fn replay_arm(
 ) -> anyhow::Result<(Vec<Record>, DaemonCounters, f64)> {
     if a.model {
         let t = Instant::now();
-        let recs = super::model::run_what_if(setup, arm, trace, &a.what_if)
+        let recs = super::model::run(setup, arm, trace)
             .into_iter()
             .map(|(engine, served)| Record {
                 engine,

@@ -33,10 +33,12 @@ def test_the_wire_field_names_are_the_rust_structs():
     body = src[src.index("pub struct RecomputeCost"):]
     body = body[:body.index("\n}")]
     rust = set(re.findall(r"pub (\w+):", body))
+    full = RecomputeCost(34_000.0, 6.3e-10, 2.5e-9).wire(64, 2, start_tokens=128, via="region", prompt_tokens=4100)
+    assert set(full["recompute"]) == rust, (set(full["recompute"]), rust)
     sent = H100.wire(64, 2, start_tokens=128, via="region")["recompute"]
-    assert set(sent) == rust, (set(sent), rust)
     assert sent == {"page_tokens": 64, "keys_per_page": 2, "tokens_per_s": 34_000.0,
-                    "quad_s": 6.3e-10, "start_tokens": 128, "via": "region"}
+                    "quad_s": 6.3e-10, "start_tokens": 128, "via": "region"}, "the optional ones only when set"
+    assert full["recompute"] == dict(sent, ctx_s=2.5e-9, prompt_tokens=4100)
     with pytest.raises(ValueError):
         H100.wire(64, via="disk")
 
@@ -55,7 +57,22 @@ def test_no_tokens_per_s_means_no_plans_and_the_environment_wins():
         == RecomputeCost(5e4), "an empty variable is not set"
 
 
+def test_the_context_term_from_config_or_environment():
+    """`recompute_ctx_s` (env KVNODE_RECOMPUTE_CTX_S wins, as for the other keys): the daemon's
+    T(c, x) = n / tokens_per_s + quad_s * n² + ctx_s * n * c; absent, ctx_s = 2 * quad_s."""
+    c = recompute_cost({"recompute_tokens_per_s": 5e4, "recompute_quad_s": 1e-9, "recompute_ctx_s": 3e-9}, env={})
+    assert c == RecomputeCost(5e4, 1e-9, 3e-9)
+    assert c.recompute_s(1000, 3000) == pytest.approx(2000 / 5e4 + 1e-9 * 2000 ** 2 + 3e-9 * 2000 * 1000)
+    assert recompute_cost({"recompute_tokens_per_s": 5e4, "recompute_ctx_s": 3e-9},
+                          env={"KVNODE_RECOMPUTE_CTX_S": "4e-9"}).ctx_s == 4e-9
+    assert recompute_cost({"recompute_tokens_per_s": 5e4}, env={"KVNODE_RECOMPUTE_CTX_S": ""}).ctx_s is None
+    assert H100.ctx_s is None and H100.recompute_s(1000, 3000) == pytest.approx(
+        H100.prefill_s(3000) - H100.prefill_s(1000)), "absent: 2 * quad_s, R(b) - R(a)"
+
+
 @pytest.mark.parametrize("cfg,names", [
+    ({"recompute_tokens_per_s": 1e4, "recompute_ctx_s": -1e-9}, "recompute_ctx_s"),
+    ({"recompute_ctx_s": 1e-9}, "recompute_tokens_per_s"),
     ({"recompute_tokens_per_s": -1}, "recompute_tokens_per_s"),
     ({"recompute_tokens_per_s": "fast"}, "recompute_tokens_per_s"),
     ({"recompute_tokens_per_s": float("nan")}, "recompute_tokens_per_s"),

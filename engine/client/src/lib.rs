@@ -524,6 +524,19 @@ impl Client {
         }
     }
 
+    /// Refreshes the leading run of `keys` held in the daemon's DRAM in its eviction policy,
+    /// as a get would, without reading them; returns the run's length. For pages an engine
+    /// found in its GPU prefix cache: their hits never reach the daemon otherwise.
+    pub fn touch(&mut self, ns: u32, keys: &[Key]) -> Result<u32> {
+        match self.call(Op::Touch {
+            ns,
+            keys: keys.to_vec(),
+        })? {
+            Reply::Touched { count } => Ok(count),
+            r => Err(unexpected(&r)),
+        }
+    }
+
     /// Removes every block of a namespace (or all); returns how many.
     pub fn clear(&mut self, ns: Option<u32>) -> Result<u64> {
         match self.call(Op::Clear { ns })? {

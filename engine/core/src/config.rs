@@ -116,6 +116,9 @@ pub struct PlansConfig {
     /// A path's figure older than this is probed again, so one that recovered is seen.
     /// Default 30 s.
     pub reprobe_s: f64,
+    /// A fetch is planned only where it beats recomputing with its predicted time raised
+    /// by this fraction. Default 0.1.
+    pub margin: f64,
 }
 
 impl Default for PlansConfig {
@@ -124,6 +127,7 @@ impl Default for PlansConfig {
             probe_bytes: 4 << 20,
             probe_ms: 20.0,
             reprobe_s: 30.0,
+            margin: 0.1,
         }
     }
 }
@@ -138,6 +142,9 @@ impl PlansConfig {
         }
         if !(0.1..=86_400.0).contains(&self.reprobe_s) {
             return Err("plans.reprobe_s must be between 0.1 and 86400".into());
+        }
+        if !(0.0..=10.0).contains(&self.margin) {
+            return Err("plans.margin must be between 0 and 10".into());
         }
         Ok(())
     }

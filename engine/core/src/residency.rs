@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use kvnode_events::snapshot::{Entry, Marker};
 use kvnode_events::{Account, Announced, BlockStored, EventSink, Medium, SnapshotSource};
 use kvnode_proto::client::BlockMeta;
+use kvnode_proto::peer::PeerMeta;
 use kvnode_proto::{BlockKey, Digest, NamespaceId, NamespaceSpec};
 
 pub mod policy;
@@ -48,6 +49,48 @@ pub struct RouterMeta {
     /// The bytes this metadata holds, charged to its tenant's metadata ledger while it
     /// lives (`None`: charged to nobody, e.g. metadata taken over from a previous daemon).
     pub charge: Option<MetaCharge>,
+}
+
+/// A tenant's live router metadata may take 1/this of its DRAM allowance.
+pub const META_SHARE: u64 = 16;
+
+/// What one namespace's router metadata is charged to: its tenant's ledger, limited to
+/// 1/[`META_SHARE`] of the tenant's DRAM allowance (its `dram_quota`, else the tier).
+#[derive(Debug)]
+pub struct MetaBudget {
+    /// The namespace's spec (page size, salt).
+    pub spec: NamespaceSpec,
+    /// The tenant's name (for logs).
+    pub tenant: String,
+    ledger: Arc<AtomicU64>,
+    limit: u64,
+}
+
+impl MetaBudget {
+    /// The budget of a tenant with `ledger`, DRAM allowance `allowance`.
+    pub fn new(
+        spec: NamespaceSpec,
+        tenant: String,
+        ledger: Arc<AtomicU64>,
+        allowance: u64,
+    ) -> Self {
+        Self {
+            spec,
+            tenant,
+            ledger,
+            limit: allowance / META_SHARE,
+        }
+    }
+
+    /// The budget's limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Charges `bytes`, or `None` when they do not fit.
+    pub fn charge(&self, bytes: u64) -> Option<MetaCharge> {
+        MetaCharge::try_new(&self.ledger, bytes, self.limit)
+    }
 }
 
 /// Bytes of router metadata held against a ledger (a tenant's), given back on drop.
@@ -116,15 +159,43 @@ impl RouterMeta {
         charge: impl FnOnce(u64) -> Option<MetaCharge>,
     ) -> Option<Arc<Self>> {
         let m = meta?;
-        if m.tokens.is_empty() || m.tokens.len() != spec.page_size as usize {
+        Self::charged(
+            spec,
+            hash,
+            &m.tokens,
+            m.parent.map(|d| d.router_hash()),
+            charge,
+        )
+    }
+
+    /// Builds the metadata of a block pulled from a peer, from what the source announced
+    /// it with (untrusted: `None` unless its token count is the page size), charged as
+    /// [`RouterMeta::from_client`] charges.
+    pub fn from_peer(
+        spec: &NamespaceSpec,
+        hash: u64,
+        meta: &PeerMeta,
+        charge: impl FnOnce(u64) -> Option<MetaCharge>,
+    ) -> Option<Arc<Self>> {
+        Self::charged(spec, hash, &meta.tokens, meta.parent, charge)
+    }
+
+    fn charged(
+        spec: &NamespaceSpec,
+        hash: u64,
+        tokens: &[u32],
+        parent: Option<u64>,
+        charge: impl FnOnce(u64) -> Option<MetaCharge>,
+    ) -> Option<Arc<Self>> {
+        if tokens.is_empty() || tokens.len() != spec.page_size as usize {
             return None;
         }
         let salt = (!spec.tenant_salt.is_empty()).then_some(spec.tenant_salt.as_str());
-        let charge = Some(charge(Self::footprint(m.tokens.len(), salt))?);
+        let charge = Some(charge(Self::footprint(tokens.len(), salt))?);
         Some(Arc::new(Self {
             hash,
-            parent: m.parent.map(|d| d.router_hash()),
-            tokens: m.tokens.clone(),
+            parent,
+            tokens: tokens.to_vec(),
             block_size: spec.page_size,
             salt: salt.map(str::to_owned),
             charge,
@@ -191,6 +262,16 @@ impl Registry {
             .flatten()
             .map(|(m, meta, _)| (*m, Arc::clone(meta) as Arc<dyn Announced>))
             .collect()
+    }
+
+    /// The metadata page `digest` of namespace `ns` was announced with, in any medium.
+    fn meta(&self, ns: NamespaceId, digest: &Digest) -> Option<Arc<RouterMeta>> {
+        let hash = digest.router_hash();
+        self.by_hash
+            .range((hash, 0)..=(hash, u32::MAX))
+            .filter_map(|&(_, slot)| self.slots[slot as usize].as_ref())
+            .find(|(_, _, k)| k.ns == ns && k.digest == *digest)
+            .map(|(_, m, _)| Arc::clone(m))
     }
 
     /// The page digest announced under `hash` in namespace `ns`, in any medium.
@@ -353,6 +434,12 @@ impl Announcer {
     pub fn resolve(&self, ns: NamespaceId, hashes: &[u64]) -> Vec<Option<Digest>> {
         let r = self.registry();
         hashes.iter().map(|&h| r.digest(ns, h)).collect()
+    }
+
+    /// The router metadata this node announced page `digest` of namespace `ns` with (in
+    /// any medium), or `None`: what a peer pulling the page announces it with in turn.
+    pub fn meta_of(&self, ns: NamespaceId, digest: &Digest) -> Option<Arc<RouterMeta>> {
+        self.registry().meta(ns, digest)
     }
 
     /// Until the guard drops, blocks made resident are adopted: registered as announced, not

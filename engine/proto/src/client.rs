@@ -122,6 +122,15 @@ pub enum Op {
         /// Keys.
         keys: Vec<Key>,
     },
+    /// Refreshes the leading run of keys held in DRAM in the eviction policy, as a get of
+    /// them would, without reading them: an engine's GPU prefix-cache hits, which otherwise
+    /// never reach the daemon (docs/client-protocol.md).
+    Touch {
+        /// Namespace handle.
+        ns: u32,
+        /// Keys, in prefix order.
+        keys: Vec<Key>,
+    },
     /// Removes every block of a namespace, or of all namespaces with `ns: None`.
     Clear {
         /// Namespace handle, or `None` for everything.
@@ -436,6 +445,11 @@ pub enum Reply {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         plan: Option<Box<crate::plan::FetchPlan>>,
     },
+    /// The leading keys `Touch` found in DRAM and refreshed.
+    Touched {
+        /// Count.
+        count: u32,
+    },
     /// Blocks removed by `Delete`.
     Deleted {
         /// Count.
@@ -546,6 +560,7 @@ impl Op {
             Op::Release { .. } => OpKind::Release,
             Op::Exists { .. } => OpKind::Exists,
             Op::Delete { .. } => OpKind::Delete,
+            Op::Touch { .. } => OpKind::Touch,
             Op::Clear { .. } => OpKind::Clear,
             Op::Stats => OpKind::Stats,
             Op::Histograms => OpKind::Histograms,

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::frame::{FrameError, FramePrefix, decode_header};
 use crate::key::{Digest, NamespaceId};
+use crate::namespace::MAX_PAGE_SIZE;
 
 /// Version of the peer protocol spoken by this build (2: sealed channel; 3: UCX
 /// negotiation and `Slot` answers; 4: every sealed header encrypted, so UCX offers and
@@ -43,6 +44,22 @@ pub const MAX_KEY_IDS: usize = 2;
 /// One key of a pull: page digest and segment inside the pull's namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PullKey(pub Digest, pub u16);
+
+/// The source's router metadata of one pulled block (the fields of its KV event), sent
+/// when the destination asked for it (`Pull { meta: true }`) and the source announced the
+/// block, so the destination can announce the block it now holds (docs/peer-protocol.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerMeta {
+    /// Exact tokens of the block (at most [`MAX_PAGE_SIZE`]; the destination announces the
+    /// block only when their count is its namespace's page size).
+    pub tokens: Vec<u32>,
+    /// Router hash of the parent block, `None` for a chain root.
+    pub parent: Option<u64>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
 
 /// A peer frame header.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +120,11 @@ pub enum PeerMsg {
         ns: NamespaceId,
         /// Keys, at most [`MAX_PULL_KEYS`].
         keys: Vec<PullKey>,
+        /// Send each block's router metadata ([`PeerMeta`]) with it, where the source has
+        /// it. Absent (false) from a destination that announces no KV events, and from
+        /// older destinations.
+        #[serde(default, skip_serializing_if = "is_false")]
+        meta: bool,
     },
     /// Source -> destination: key `idx` of request `req`; `len` payload bytes follow.
     Block {
@@ -123,6 +145,9 @@ pub enum PeerMsg {
         /// empty. Ignored by a destination that does not check it (it hashes).
         #[serde(with = "serde_bytes")]
         seal: Vec<u8>,
+        /// The block's router metadata, when the pull asked for it and the source has it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        meta: Option<PeerMeta>,
     },
     /// Source -> destination: key `idx` is not held.
     Miss {
@@ -179,6 +204,9 @@ pub enum PeerMsg {
         /// bytes against it instead of hashing them. Else empty.
         #[serde(default, with = "serde_bytes")]
         seal: Vec<u8>,
+        /// The block's router metadata, as in [`PeerMsg::Block`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        meta: Option<PeerMeta>,
     },
     /// Destination -> source (UCX connections): every GET of request `req` has completed or
     /// been given back by UCX; the source may release its leases.
@@ -270,6 +298,14 @@ pub fn decode_peer(prefix: FramePrefix, header: &[u8]) -> Result<PeerMsg, PeerFr
                 "block hash of {} bytes and seal of {} (expected {HASH_LEN} and 0 or {AEAD_TAG_LEN})",
                 hash.len(),
                 seal.len()
+            )));
+        }
+        PeerMsg::Block { meta: Some(m), .. } | PeerMsg::Slot { meta: Some(m), .. }
+            if m.tokens.len() > MAX_PAGE_SIZE as usize =>
+        {
+            return Err(PeerFrameError::Range(format!(
+                "block metadata of {} tokens, at most {MAX_PAGE_SIZE}",
+                m.tokens.len()
             )));
         }
         PeerMsg::Block { .. } => {}
@@ -376,11 +412,93 @@ mod tests {
             len: 5,
             hash: vec![9; HASH_LEN],
             seal: vec![],
+            meta: None,
         };
         let f = frame(&m, b"hello");
         let (back, n) = decode_peer_frame(&f).unwrap().unwrap();
         assert_eq!((back, n), (m, f.len()));
         assert_eq!(decode_peer_frame(&f[..f.len() - 1]).unwrap(), None);
+    }
+
+    #[test]
+    fn block_metadata_round_trips_and_is_bounded() {
+        let meta = PeerMeta {
+            tokens: (0..16).collect(),
+            parent: Some(42),
+        };
+        let b = PeerMsg::Block {
+            req: 3,
+            idx: 0,
+            len: 2,
+            hash: vec![9; HASH_LEN],
+            seal: vec![],
+            meta: Some(meta.clone()),
+        };
+        let f = frame(&b, b"hi");
+        assert_eq!(decode_peer_frame(&f).unwrap(), Some((b, f.len())));
+        let too_many = PeerMeta {
+            tokens: vec![1; MAX_PAGE_SIZE as usize + 1],
+            parent: None,
+        };
+        let s = PeerMsg::Slot {
+            req: 1,
+            idx: 0,
+            len: 1,
+            addr: 0,
+            hash: vec![1; HASH_LEN],
+            seal: vec![],
+            meta: Some(too_many),
+        };
+        assert!(matches!(
+            decode_peer_frame(&frame(&s, b"")),
+            Err(PeerFrameError::Range(m)) if m.contains("metadata")
+        ));
+    }
+
+    /// Frames of peers from before block metadata (no `meta` field) decode, as `None` and
+    /// `false`; a frame with it decodes in a peer that ignores it (serde skips unknown
+    /// fields of the named encoding), so mixed versions interoperate in a rolling update.
+    #[test]
+    fn frames_without_metadata_fields_still_decode() {
+        #[derive(Serialize)]
+        enum OldMsg {
+            Pull {
+                req: u64,
+                ns: NamespaceId,
+                keys: Vec<PullKey>,
+            },
+        }
+        let old = OldMsg::Pull {
+            req: 5,
+            ns: NamespaceId(2),
+            keys: vec![PullKey(Digest([3; 32]), 1)],
+        };
+        let f = encode_frame(&old, 0).unwrap();
+        let (m, _) = decode_peer_frame(&f).unwrap().unwrap();
+        assert!(matches!(
+            m,
+            PeerMsg::Pull {
+                req: 5,
+                meta: false,
+                ..
+            }
+        ));
+        let new = PeerMsg::Pull {
+            req: 5,
+            ns: NamespaceId(2),
+            keys: vec![PullKey(Digest([3; 32]), 1)],
+            meta: true,
+        };
+        #[derive(Deserialize, Debug)]
+        enum OldBack {
+            Pull { req: u64 },
+        }
+        let f = encode_frame(&new, 0).unwrap();
+        let prefix =
+            FramePrefix::decode(f[..crate::frame::PREFIX_LEN].try_into().unwrap()).unwrap();
+        let body = &f[crate::frame::PREFIX_LEN..][..prefix.header_len as usize];
+        let back: OldBack = decode_header(body).unwrap();
+        assert!(matches!(back, OldBack::Pull { req: 5 }));
     }
 
     #[test]
@@ -391,6 +509,7 @@ mod tests {
             len: 4,
             hash: vec![9; HASH_LEN],
             seal: vec![],
+            meta: None,
         };
         assert!(matches!(
             decode_peer_frame(&frame(&m, b"hello")),
@@ -417,6 +536,7 @@ mod tests {
             addr: (1 << 40) + 8192,
             hash: vec![7; HASH_LEN],
             seal: vec![9; AEAD_TAG_LEN],
+            meta: None,
         };
         for m in [offer, slot, PeerMsg::UcxRequest, PeerMsg::Landed { req: 4 }] {
             let f = frame(&m, b"");
@@ -433,6 +553,7 @@ mod tests {
             addr: 0,
             hash: vec![0; HASH_LEN],
             seal: Vec::new(),
+            meta: None,
         };
         assert!(matches!(
             decode_peer_frame(&frame(&empty, b"")),
@@ -446,6 +567,7 @@ mod tests {
             req: 1,
             ns: NamespaceId(1),
             keys: vec![],
+            meta: false,
         };
         assert!(matches!(
             decode_peer_frame(&frame(&pull, b"")),
@@ -474,6 +596,7 @@ mod tests {
             len: 1,
             hash: vec![1; 8],
             seal: vec![],
+            meta: None,
         };
         assert!(matches!(
             decode_peer_frame(&frame(&short_hash, b"x")),
@@ -530,6 +653,23 @@ mod tests {
         }
 
         #[test]
+        fn block_frames_with_metadata_decode_to_what_was_sent_or_are_refused(
+            tokens in proptest::collection::vec(any::<u32>(), 0..64),
+            parent in proptest::option::of(any::<u64>()),
+            i in 0usize..512, x in any::<u8>(),
+        ) {
+            let b = PeerMsg::Block {
+                req: 8, idx: 2, len: 3, hash: vec![5; HASH_LEN], seal: vec![],
+                meta: Some(PeerMeta { tokens, parent }),
+            };
+            let mut f = frame(&b, b"abc");
+            prop_assert_eq!(decode_peer_frame(&f).unwrap().map(|p| p.0), Some(b));
+            let i = i % f.len();
+            f[i] ^= x;
+            let _ = decode_peer_frame(&f);
+        }
+
+        #[test]
         fn peer_frame_decoder_never_panics_on_random_bytes(b in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = decode_peer_frame(&b);
         }
@@ -538,7 +678,7 @@ mod tests {
         fn peer_frame_decoder_survives_mutated_valid_frames(
             i in 0usize..64, x in any::<u8>(), cut in 0usize..80,
         ) {
-            let m = PeerMsg::Pull { req: 7, ns: NamespaceId(5), keys: vec![PullKey(Digest([1; 32]), 0)] };
+            let m = PeerMsg::Pull { req: 7, ns: NamespaceId(5), keys: vec![PullKey(Digest([1; 32]), 0)], meta: true };
             let mut f = frame(&m, b"");
             let i = i % f.len();
             f[i] ^= x;

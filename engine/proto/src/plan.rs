@@ -28,8 +28,9 @@ pub enum ReadPath {
 }
 
 /// The engine's cost of recomputing tokens instead of fetching their KV:
-/// `R(x) = x / tokens_per_s + quad_s * x²` seconds for a prefill of `x` tokens.
-/// Recomputing the tokens `[a, b)` after a cached prefix costs `R(b) - R(a)`.
+/// `R(x) = x / tokens_per_s + quad_s * x²` seconds for a prefill of `x` tokens from nothing,
+/// and `T(c, x) = n / tokens_per_s + quad_s * n² + ctx_s * n * c` (with `n = x - c`) for the
+/// tokens `[c, x)` after `c` cached ones. Without `ctx_s` (`2 × quad_s`), `T(c, x) = R(x) - R(c)`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RecomputeCost {
     /// Tokens one page holds.
@@ -45,6 +46,15 @@ pub struct RecomputeCost {
     /// Tokens before the first key that the engine already holds.
     #[serde(default)]
     pub start_tokens: u64,
+    /// Context term: seconds per token recomputed per token cached before it (the tail's
+    /// attention to the cached prefix, and whatever else an engine's prefill after a cached
+    /// prefix costs). Absent: `2 × quad_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ctx_s: Option<f64>,
+    /// The prompt's tokens in all: the recomputed tail runs to its end. Absent: the end of
+    /// the keys looked up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
     /// How the engine reads the fetched blocks.
     #[serde(default)]
     pub via: ReadPath,
@@ -92,6 +102,14 @@ impl RecomputeCost {
         if !(self.quad_s.is_finite() && self.quad_s >= 0.0) {
             return bad(format!("quad_s {} must be zero or positive", self.quad_s));
         }
+        if let Some(c) = self.ctx_s
+            && !(c.is_finite() && c >= 0.0)
+        {
+            return bad(format!("ctx_s {c} must be zero or positive"));
+        }
+        if self.prompt_tokens.is_some_and(|p| p > MAX_START_TOKENS) {
+            return bad(format!("prompt_tokens is over {MAX_START_TOKENS}"));
+        }
         if self.start_tokens > MAX_START_TOKENS {
             return bad(format!(
                 "start_tokens {} is over {MAX_START_TOKENS}",
@@ -106,13 +124,32 @@ impl RecomputeCost {
         x / self.tokens_per_s + self.quad_s * x * x
     }
 
-    /// Seconds to recompute the tokens of keys `[from, to)` (after `start_tokens`).
+    /// Tokens before key `k` (`start_tokens` included).
+    fn tok(&self, k: u64) -> f64 {
+        self.start_tokens as f64
+            + (k / u64::from(self.keys_per_page)) as f64 * f64::from(self.page_tokens)
+    }
+
+    /// Seconds to recompute the tokens of keys `[from, to)` (after `start_tokens`) from
+    /// nothing: `R(to) - R(from)`.
     pub fn recompute_s(&self, from_key: u64, to_key: u64) -> f64 {
-        let tok = |k: u64| {
-            self.start_tokens as f64
-                + (k / u64::from(self.keys_per_page)) as f64 * f64::from(self.page_tokens)
-        };
-        self.prefill_s(tok(to_key)) - self.prefill_s(tok(from_key))
+        self.prefill_s(self.tok(to_key)) - self.prefill_s(self.tok(from_key))
+    }
+
+    /// Seconds to compute tokens `[c, x)` with `[0, c)` cached: `T(c, x)`.
+    pub fn tail_s(&self, c: f64, x: f64) -> f64 {
+        let n = (x - c).max(0.0);
+        let ctx = self.ctx_s.unwrap_or(2.0 * self.quad_s);
+        n / self.tokens_per_s + self.quad_s * n * n + ctx * n * c
+    }
+
+    /// Seconds that fetching keys `[0, k)` (of `keys` looked up) saves: the prompt's tail
+    /// recomputed from `start_tokens` less the tail recomputed from key `k`. Without
+    /// `ctx_s` and `prompt_tokens` this is [`RecomputeCost::recompute_s`]`(0, k)`.
+    pub fn saved_s(&self, k: u64, keys: u64) -> f64 {
+        let end = self.tok(keys);
+        let end = self.prompt_tokens.map_or(end, |p| (p as f64).max(end));
+        self.tail_s(self.tok(0), end) - self.tail_s(self.tok(k), end)
     }
 }
 
@@ -217,6 +254,8 @@ mod tests {
 
     fn cost() -> RecomputeCost {
         RecomputeCost {
+            ctx_s: None,
+            prompt_tokens: None,
             page_tokens: 64,
             keys_per_page: 1,
             tokens_per_s: 34_000.0,
@@ -238,6 +277,8 @@ mod tests {
         let c = cost();
         assert!(c.recompute_s(256, 512) > c.recompute_s(0, 256));
         let linear = RecomputeCost {
+            ctx_s: None,
+            prompt_tokens: None,
             quad_s: 0.0,
             ..cost()
         };
@@ -249,6 +290,8 @@ mod tests {
         for (c, field) in [
             (
                 RecomputeCost {
+                    ctx_s: None,
+                    prompt_tokens: None,
                     page_tokens: 0,
                     ..cost()
                 },
@@ -256,6 +299,8 @@ mod tests {
             ),
             (
                 RecomputeCost {
+                    ctx_s: None,
+                    prompt_tokens: None,
                     keys_per_page: 0,
                     ..cost()
                 },
@@ -263,6 +308,8 @@ mod tests {
             ),
             (
                 RecomputeCost {
+                    ctx_s: None,
+                    prompt_tokens: None,
                     tokens_per_s: f64::NAN,
                     ..cost()
                 },
@@ -270,6 +317,8 @@ mod tests {
             ),
             (
                 RecomputeCost {
+                    ctx_s: None,
+                    prompt_tokens: None,
                     tokens_per_s: -1.0,
                     ..cost()
                 },
@@ -277,6 +326,8 @@ mod tests {
             ),
             (
                 RecomputeCost {
+                    ctx_s: None,
+                    prompt_tokens: None,
                     quad_s: f64::INFINITY,
                     ..cost()
                 },
@@ -284,6 +335,8 @@ mod tests {
             ),
             (
                 RecomputeCost {
+                    ctx_s: None,
+                    prompt_tokens: None,
                     start_tokens: u64::MAX,
                     ..cost()
                 },
@@ -303,6 +356,8 @@ mod tests {
             start in any::<u64>(), a in 0u64..1_000_000, b in 0u64..1_000_000,
         ) {
             let c = RecomputeCost {
+                ctx_s: None,
+                prompt_tokens: None,
                 page_tokens: page, keys_per_page: kpp, tokens_per_s: tps, quad_s: q,
                 start_tokens: start, via: ReadPath::Gpu,
             };

@@ -246,6 +246,8 @@ pub struct TierStats {
     pub demotions: u64,
     /// Blocks copied up into DRAM from the next tier on a `get`.
     pub promotions: u64,
+    /// DRAM: blocks refreshed in the eviction policy by `Touch` (an engine's GPU hits).
+    pub touched: u64,
     /// DRAM: blocks evicted with no copy below (demotion lagged, not admitted, or no spill).
     /// NVMe: not used.
     pub dropped: u64,

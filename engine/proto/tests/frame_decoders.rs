@@ -71,6 +71,7 @@ fn op() -> impl Strategy<Value = Op> {
             }
         ),
         (any::<u32>(), keys()).prop_map(|(ns, keys)| Op::Delete { ns, keys }),
+        (any::<u32>(), keys()).prop_map(|(ns, keys)| Op::Touch { ns, keys }),
         proptest::option::of(any::<u32>()).prop_map(|ns| Op::Clear { ns }),
         Just(Op::Stats),
     ]
@@ -87,6 +88,8 @@ fn recompute() -> impl Strategy<Value = RecomputeCost> {
     )
         .prop_map(
             |(page_tokens, keys_per_page, tokens_per_s, quad_s, start, via)| RecomputeCost {
+                ctx_s: None,
+                prompt_tokens: None,
                 page_tokens,
                 keys_per_page,
                 tokens_per_s,

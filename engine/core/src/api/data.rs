@@ -98,6 +98,10 @@ impl Session {
                 Ok(count) => Reply::Deleted { count },
                 Err(e) => tier_error(&e),
             },
+            Op::Touch { ns, keys } => match store.touch(ns, &keys) {
+                Ok(count) => Reply::Touched { count },
+                Err(e) => tier_error(&e),
+            },
             Op::Clear { ns } => match store.clear(ns) {
                 Ok(count) => {
                     tracing::info!(conn = self.id, ?ns, count, "cleared");

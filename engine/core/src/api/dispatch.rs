@@ -43,6 +43,7 @@ impl Session {
             | Op::Release { .. }
             | Op::Exists { .. }
             | Op::Delete { .. }
+            | Op::Touch { .. }
             | Op::Clear { .. }) => self.data_op(op).await,
             Op::Stats => Reply::Stats(Box::new(self.stats_for_caller())),
             Op::Timeouts => Reply::Timeouts(Box::new(self.engine.peers.stats.report())),

@@ -137,6 +137,7 @@ impl Session {
             probe_bytes: c.probe_bytes,
             probe_s: c.probe_ms / 1e3,
             reprobe_s: c.reprobe_s,
+            margin: c.margin,
         };
         let p = plan(&avail, cost, &figures, &probing);
         self.engine.metrics.plans.count(&p);

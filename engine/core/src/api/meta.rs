@@ -9,6 +9,7 @@
 //! `kvnode_meta_dropped_total`.
 //!
 //! [`MAX_PAGE_SIZE`]: kvnode_proto::namespace::MAX_PAGE_SIZE
+//! [`META_SHARE`]: crate::residency::META_SHARE
 
 use std::sync::Arc;
 
@@ -16,12 +17,10 @@ use kvnode_proto::Key;
 use kvnode_proto::client::BlockMeta;
 
 use crate::engine::Engine;
-use crate::residency::{MetaCharge, RouterMeta};
+use crate::residency::RouterMeta;
 
 /// Most metadata tokens one `Put`/`Alloc` may carry (4 MiB of token ids).
 pub const MAX_META_TOKENS_PER_REQUEST: usize = 1 << 20;
-/// A tenant's live router metadata may take 1/this of its DRAM allowance.
-pub const META_SHARE: u64 = 16;
 
 /// Per-key router metadata, or an error text when the list does not match the keys or
 /// carries too many tokens. Without events (or without metadata) every entry is `None`.
@@ -48,29 +47,26 @@ pub fn router_metas(
             "{tokens} metadata tokens in one request; at most {MAX_META_TOKENS_PER_REQUEST}: split the request"
         ));
     }
-    let (Ok(spec), Some(t)) = (store.namespace_spec(ns), store.tenants().of_handle(ns)) else {
+    let Some(budget) = store.meta_budget(ns) else {
         // The reservation reports the unknown namespace.
         return Ok(vec![None; keys.len()]);
     };
-    let tenant = store.tenants().get(t);
-    let dram = engine.config.dram;
-    let limit = tenant.dram_quota.unwrap_or(dram).min(dram) / META_SHARE;
     let mut dropped = 0u64;
     let out = keys
         .iter()
         .zip(meta)
         .map(|(k, m)| {
             let charge = |bytes| {
-                let c = MetaCharge::try_new(&tenant.meta_bytes, bytes, limit);
+                let c = budget.charge(bytes);
                 dropped += u64::from(c.is_none());
                 c
             };
-            RouterMeta::from_client(&spec, k.0.router_hash(), m.as_ref(), charge)
+            RouterMeta::from_client(&budget.spec, k.0.router_hash(), m.as_ref(), charge)
         })
         .collect();
     if dropped > 0 {
         engine.metrics.meta_dropped(dropped);
-        tracing::debug!(tenant = %tenant.name, blocks = dropped, limit, "router metadata budget full; blocks stored without KV events");
+        tracing::debug!(tenant = %budget.tenant, blocks = dropped, limit = budget.limit(), "router metadata budget full; blocks stored without KV events");
     }
     Ok(out)
 }

@@ -73,6 +73,7 @@ fn op_ns(op: &Op) -> Option<u32> {
         | Op::Get { ns, .. }
         | Op::Exists { ns, .. }
         | Op::Delete { ns, .. }
+        | Op::Touch { ns, .. }
         | Op::Pull { ns, .. }
         | Op::Act { ns, .. }
         | Op::GetToRegion { ns, .. }

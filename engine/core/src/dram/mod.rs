@@ -338,6 +338,12 @@ impl DramTier {
         self.with(|s| s.exists(ns, keys))
     }
 
+    /// Refreshes the leading run of `keys` held here in the eviction policy (blocks an engine
+    /// holds on its GPU, whose hits never reach the daemon); returns the run's length.
+    pub fn touch(&self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
+        self.with(|s| s.touch(ns, keys))
+    }
+
     /// Removes keys; returns how many were present.
     pub fn delete(&self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
         self.with(|s| s.delete(ns, keys))

@@ -653,6 +653,31 @@ impl State {
         Ok(n as u32)
     }
 
+    /// Touches the leading run of `keys` held here in the eviction policy, as a lease of
+    /// them would (each at its place in the run), without leasing or counting a read:
+    /// returns the run's length.
+    pub fn touch(&mut self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
+        let id = self.ns(ns)?.id;
+        let mut n = 0;
+        for (i, k) in keys.iter().enumerate() {
+            let key = BlockKey {
+                ns: id,
+                digest: k.0,
+                segment: k.1,
+            };
+            let Some(&slot) = self.index.get(&key) else {
+                break;
+            };
+            let c = self.class_of(slot) as usize;
+            self.pools[c]
+                .policy
+                .touch(slot, BatchHint::at(i, keys.len()));
+            n += 1;
+        }
+        self.totals.touched += n;
+        Ok(n as u32)
+    }
+
     fn remove_key(&mut self, key: &BlockKey) -> bool {
         let Some(slot) = self.index.remove(key) else {
             return false;

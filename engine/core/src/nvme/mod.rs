@@ -66,6 +66,32 @@ pub struct NvmeTier {
     quota: quota::NvmeQuota,
     /// Copies down that keep the block in DRAM (store/write_behind.rs, store/flush.rs).
     copies: CopyCounters,
+    /// Promotion windows in flight, measured together (the `nvme_read` path's figure).
+    promotions: crate::obs::cost::Overlapped,
+}
+
+/// One promotion window being timed ([`NvmeTier::promoting`]); dropping it ends the window
+/// (also when its get is dropped part-way).
+#[derive(Debug)]
+pub struct Promoting<'a> {
+    tier: &'a NvmeTier,
+    bytes: u64,
+}
+
+impl Promoting<'_> {
+    /// The window read `bytes` in all.
+    pub fn moved(&mut self, bytes: u64) {
+        self.bytes = bytes;
+    }
+}
+
+impl Drop for Promoting<'_> {
+    fn drop(&mut self) {
+        if let Some((bytes, span)) = self.tier.promotions.end(self.bytes) {
+            let costs = &self.tier.metrics.costs;
+            costs.record(crate::obs::cost::NVME_READ, bytes, span);
+        }
+    }
 }
 
 /// A spill read in flight into a reserved DRAM slot.
@@ -179,6 +205,7 @@ impl NvmeTier {
             metrics,
             quota: quota::NvmeQuota::default(),
             copies: CopyCounters::default(),
+            promotions: crate::obs::cost::Overlapped::default(),
         })
     }
 
@@ -293,11 +320,15 @@ impl NvmeTier {
         }
     }
 
-    /// Records one promotion window: `bytes` read in `took` (the live cost model).
-    pub fn record_promotion(&self, bytes: u64, took: std::time::Duration) {
-        self.metrics
-            .costs
-            .record(crate::obs::cost::NVME_READ, bytes, took);
+    /// A promotion window starts; the returned timer, given the window's bytes
+    /// ([`Promoting::moved`]) and dropped, feeds the live cost model. Windows in flight
+    /// together are measured as one busy period ([`crate::obs::cost::Overlapped`]).
+    pub fn promoting(&self) -> Promoting<'_> {
+        self.promotions.begin();
+        Promoting {
+            tier: self,
+            bytes: 0,
+        }
     }
 
     /// Waits for a read: `Some(meta)` when the bytes landed whole and verified (with the

@@ -416,7 +416,8 @@ pub fn shape(op: &Op) -> (u32, u32) {
         | Op::Pull { ns, keys, .. }
         | Op::GetToRegion { ns, keys, .. }
         | Op::PutFromRegion { ns, keys, .. }
-        | Op::Delete { ns, keys } => (*ns, keys.len() as u32),
+        | Op::Delete { ns, keys }
+        | Op::Touch { ns, keys } => (*ns, keys.len() as u32),
         Op::Commit { handles } | Op::Abort { handles } => (0, handles.len() as u32),
         Op::Clear { ns } => (ns.unwrap_or(u32::MAX), 0),
         _ => (0, 0),

@@ -164,7 +164,8 @@ pub async fn run_chunk(
     let peer_idx = (crate::probes::hash_name(&link.name) & 0xffff_ffff) as u32;
     crate::probes::peer_pull_start(peer_idx, op.id, n as u32);
     let t0 = peers.metrics().now_ns();
-    let m = PullMachine::new(idxs, in_place.then_some(op.deadline));
+    let m = PullMachine::new(idxs, in_place.then_some(op.deadline))
+        .asking_meta(peers.store().announces());
     let io = m.wait_limit(Instant::now(), peers.io_timeout());
     let c = Chunk {
         peers,
@@ -427,6 +428,7 @@ impl Chunk {
             len,
             hash,
             body,
+            meta,
         } = a;
         let p = &self.peers;
         let io = self.io;
@@ -436,7 +438,12 @@ impl Chunk {
                 .reserve(p.reservation_owner(), self.op.ns, &[key], &[u64::from(len)]);
         let landing = match reserved {
             Ok(mut v) => match v.pop() {
-                Some(Ok(r)) => Landing::slot(r),
+                Some(Ok(mut r)) => {
+                    // Announced with the source's metadata once committed (a block whose
+                    // metadata does not fit its namespace or budget is stored unannounced).
+                    r.set_meta(meta.and_then(|m| p.store().peer_meta(self.op.ns, &key, m)));
+                    Landing::slot(r)
+                }
                 Some(Err(st)) => Landing::scratch(len, Some(st)),
                 None => Landing::scratch(len, None),
             },

@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvnode_proto::peer::{PeerMsg, PullKey};
+use kvnode_proto::peer::{PeerMeta, PeerMsg, PullKey};
 use kvnode_proto::{Digest, NamespaceId};
 use tokio::sync::watch;
 
@@ -53,6 +53,10 @@ pub trait BlockSource: Send + Sync {
 
     /// The page digest announced under each router hash in namespace `ns`, or `None`.
     fn resolve(&self, ns: NamespaceId, hashes: &[u64]) -> Vec<Option<Digest>>;
+
+    /// The router metadata this node announced key `key` of namespace `ns` with, if it did
+    /// (what a destination that asked announces the pulled block with).
+    fn meta(&self, ns: NamespaceId, key: &PullKey) -> Option<PeerMeta>;
 }
 
 impl BlockSource for Arc<Store> {
@@ -70,6 +74,14 @@ impl BlockSource for Arc<Store> {
     fn resolve(&self, ns: NamespaceId, hashes: &[u64]) -> Vec<Option<Digest>> {
         self.announcer().resolve(ns, hashes)
     }
+
+    fn meta(&self, ns: NamespaceId, key: &PullKey) -> Option<PeerMeta> {
+        let m = self.announcer().meta_of(ns, &key.0)?;
+        Some(PeerMeta {
+            tokens: m.tokens.clone(),
+            parent: m.parent,
+        })
+    }
 }
 
 /// One `Pull` as received.
@@ -78,6 +90,8 @@ struct Pull {
     req: u64,
     ns: NamespaceId,
     keys: Vec<PullKey>,
+    /// The destination asked for each block's router metadata.
+    meta: bool,
 }
 
 /// What answering a connection's pulls needs besides the connection itself.
@@ -109,7 +123,12 @@ async fn serve_pull<S: BlockSource>(
     pull: Pull,
     mut delivery: Delivery<'_>,
 ) -> Result<(), PeerError> {
-    let Pull { req, ns, keys } = pull;
+    let Pull {
+        req,
+        ns,
+        keys,
+        meta,
+    } = pull;
     // A keyed plaintext session carries the block's MAC in `seal` (inside the sealed header),
     // for a `Block` and a `Slot` alike; an encrypted one, the AEAD tag the transport puts there.
     let mac = w.block_mac().cloned();
@@ -139,6 +158,7 @@ async fn serve_pull<S: BlockSource>(
             sums.hash.to_vec(),
             batch.seal(&sums),
         );
+        let meta = meta.then(|| cx.src.meta(ns, &keys[i])).flatten();
         if inline {
             let msg = PeerMsg::Block {
                 req,
@@ -146,6 +166,7 @@ async fn serve_pull<S: BlockSource>(
                 len,
                 hash,
                 seal,
+                meta,
             };
             w.send_then(&msg, b.bytes(), then, cx.limit).await?;
         } else {
@@ -158,6 +179,7 @@ async fn serve_pull<S: BlockSource>(
                 addr,
                 hash,
                 seal,
+                meta,
             };
             w.send(&msg, &[], cx.limit).await?;
         }
@@ -302,12 +324,33 @@ async fn answer<S: BlockSource>(
     ucx: &mut UcxState,
 ) -> Result<(), PeerError> {
     match msg {
-        PeerMsg::Pull { req, ns, keys } if ucx.given.is_some() => {
-            ucx.queued.push_back(Pull { req, ns, keys });
+        PeerMsg::Pull {
+            req,
+            ns,
+            keys,
+            meta,
+        } if ucx.given.is_some() => {
+            ucx.queued.push_back(Pull {
+                req,
+                ns,
+                keys,
+                meta,
+            });
             Ok(())
         }
-        PeerMsg::Pull { req, ns, keys } => {
-            serve_pull(cx, w, Pull { req, ns, keys }, Delivery::Inline).await
+        PeerMsg::Pull {
+            req,
+            ns,
+            keys,
+            meta,
+        } => {
+            let pull = Pull {
+                req,
+                ns,
+                keys,
+                meta,
+            };
+            serve_pull(cx, w, pull, Delivery::Inline).await
         }
         PeerMsg::Landed { req } if ucx.given.is_some() => match ucx.held.remove(&req) {
             Some(_) => Ok(()),

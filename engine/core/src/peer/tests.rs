@@ -352,6 +352,7 @@ async fn stalled_block_costs_about_the_io_timeout_and_leaks_no_reservation() {
             len: PAGE as u32,
             hash: blake3::hash(&body).as_bytes().to_vec(),
             seal: vec![],
+            meta: None,
         };
         assert_eq!(HASH_LEN, 32);
         w.send_cut(&msg, &body, 100 << 10).await.unwrap();

@@ -10,7 +10,8 @@
 //!                                                                     under the read)
 //!            + peer bytes / peer rate + peer bytes / read rate   (overlapped like nvme
 //!                                                                 when read into a GPU)
-//!  saved(k)  = R(tokens of the first k keys) − fetch(k)
+//!  saved(k)  = T(start, end) − T(tokens before key k, end) − fetch(k) × (1 + margin)
+//!              (T: the engine's cost of the prompt's tail after a cached prefix, to its end)
 //!  plan      = the k (at a page boundary) with the largest saved(k) > 0, else 0
 //! ```
 //!
@@ -33,6 +34,11 @@ pub struct Probing {
     pub probe_s: f64,
     /// A figure older than this is probed again (so a path that recovered is seen).
     pub reprobe_s: f64,
+    /// A fetch is planned only where it beats recomputing with its predicted time raised by
+    /// this fraction: measured I/O rates scatter (a disk's reads vary with what else it
+    /// does), an engine's prefill much less, and a wrong fetch costs more than a wrong
+    /// recompute.
+    pub margin: f64,
 }
 
 impl Default for Probing {
@@ -41,6 +47,7 @@ impl Default for Probing {
             probe_bytes: 4 << 20,
             probe_s: 0.02,
             reprobe_s: 30.0,
+            margin: 0.1,
         }
     }
 }
@@ -175,7 +182,7 @@ pub fn plan(keys: &[Avail], cost: &RecomputeCost, f: &Figures, p: &Probing) -> F
         if n % kpp != 0 && n != keys.len() {
             continue;
         }
-        let saved = cost.recompute_s(0, n as u64) - m.fetch_s(acc);
+        let saved = cost.saved_s(n as u64, keys.len() as u64) - m.fetch_s(acc) * (1.0 + p.margin);
         if saved > best_saved {
             (best, best_saved) = (n, saved);
         }
@@ -212,7 +219,7 @@ fn finish(
             }),
         }
     }
-    let recompute_s = cost.recompute_s(0, n as u64);
+    let recompute_s = cost.saved_s(n as u64, keys.len() as u64);
     let (reason, cut_by) = if keys.is_empty() {
         (PlanReason::Nothing, None)
     } else if probe.is_some() {

@@ -7,6 +7,8 @@ use crate::obs::cost::Figure;
 /// KV for 32k tokens: a recompute-equivalent rate of ~3 GB/s).
 fn h100() -> RecomputeCost {
     RecomputeCost {
+        ctx_s: None,
+        prompt_tokens: None,
         page_tokens: 64,
         keys_per_page: 1,
         tokens_per_s: 34_000.0,
@@ -138,12 +140,68 @@ fn streaming_into_the_gpu_overlaps_a_pull_with_the_copy() {
     // overlapped (a pull streamed into the GPU) they win.
     let k = keys(&[(PlanSource::Peer, 256)]);
     let f = figs(5.0, None, Some(4.0));
-    assert_eq!(plan(&k, &h100(), &f, &Probing::default()).keys, 0);
+    let exact = Probing {
+        margin: 0.0,
+        ..Probing::default()
+    };
+    assert_eq!(plan(&k, &h100(), &f, &exact).keys, 0);
     let gpu = RecomputeCost {
         via: ReadPath::Gpu,
         ..h100()
     };
-    assert_eq!(plan(&k, &gpu, &f, &Probing::default()).keys, 256);
+    assert_eq!(plan(&k, &gpu, &f, &exact).keys, 256);
+}
+
+/// A path predicted to win by less than the margin is not taken: measured I/O rates
+/// scatter, and a wrong fetch costs more than a wrong recompute.
+#[test]
+fn a_fetch_that_wins_by_less_than_the_margin_is_recomputed() {
+    let k = keys(&[(PlanSource::Nvme, 512)]);
+    let c = h100();
+    // The NVMe rate at which fetching all 512 pages takes 95 % of recomputing them.
+    let recompute = c.saved_s(512, 512);
+    // (Promotion streams under the read: the slower of the two counts.)
+    let nvme = 512.0 * PAGE as f64 / (0.95 * recompute) / 1e9;
+    let f = figs(20.0, Some(nvme), None);
+    let exact = Probing {
+        margin: 0.0,
+        ..Probing::default()
+    };
+    assert_eq!(plan(&k, &c, &f, &exact).keys, 512);
+    let p = plan(&k, &c, &f, &Probing::default());
+    assert_eq!(p.keys, 0, "{}", p.note);
+    assert_eq!(p.cut_by, Some(PlanSource::Nvme));
+}
+
+/// With a context term above the attention model's (an engine whose prefill after a cached
+/// prefix is dear), recomputing the tail after a fetched head costs more: a slow rest that
+/// the attention model would recompute is worth fetching.
+#[test]
+fn a_dear_context_term_makes_the_recomputed_tail_dearer() {
+    let k = keys(&[(PlanSource::Dram, 256), (PlanSource::Nvme, 256)]);
+    let plain = h100();
+    let dear = RecomputeCost {
+        ctx_s: Some(4.0 * plain.quad_s),
+        ..h100()
+    };
+    // Fetching only the head saves less: the tail left to recompute is dearer.
+    assert!(dear.saved_s(256, 512) < plain.saved_s(256, 512));
+    assert!((plain.saved_s(256, 512) - plain.recompute_s(0, 256)).abs() < 1e-12);
+    // What fetching the rest (after the head) saves, for each engine; an NVMe rate between
+    // the two: only the dear engine fetches it all.
+    let (a, b) = (
+        plain.saved_s(512, 512) - plain.saved_s(256, 512),
+        dear.saved_s(512, 512) - dear.saved_s(256, 512),
+    );
+    assert!(b > 1.3 * a, "{a} {b}");
+    let nvme = 256.0 * PAGE as f64 / ((a + b) / 2.0) / 1e9;
+    let f = figs(1000.0, Some(nvme), None);
+    let exact = Probing {
+        margin: 0.0,
+        ..Probing::default()
+    };
+    assert_eq!(plan(&k, &plain, &f, &exact).keys, 256);
+    assert_eq!(plan(&k, &dear, &f, &exact).keys, 512);
 }
 
 #[test]
@@ -186,6 +244,8 @@ fn a_stale_losing_path_is_probed_within_its_time_budget_so_recovery_is_seen() {
 #[test]
 fn plans_cut_at_page_boundaries_of_multi_segment_pages() {
     let cost = RecomputeCost {
+        ctx_s: None,
+        prompt_tokens: None,
         keys_per_page: 4,
         page_tokens: 256,
         ..h100()
@@ -228,7 +288,8 @@ fn the_plan_minimises_predicted_ttft_over_every_cut() {
             Some(0.5 + (rnd() % 80) as f64 / 10.0),
             None,
         );
-        let p = plan(&k, &h100(), &f, &Probing::default());
+        let probing = Probing::default();
+        let p = plan(&k, &h100(), &f, &probing);
         let m = super::Model {
             f,
             via: ReadPath::Copy,
@@ -236,7 +297,7 @@ fn the_plan_minimises_predicted_ttft_over_every_cut() {
         let ttft = |n: usize| {
             let mut a = super::Acc::default();
             k[..n].iter().for_each(|x| a.add(*x));
-            m.fetch_s(a) - h100().recompute_s(0, n as u64)
+            m.fetch_s(a) * (1.0 + probing.margin) - h100().saved_s(n as u64, k.len() as u64)
         };
         let best = (0..=k.len()).map(ttft).fold(f64::INFINITY, f64::min);
         assert!(ttft(p.keys as usize) <= best + 1e-9, "{runs:?}: {}", p.note);

@@ -36,13 +36,14 @@ mod write_behind;
 use std::sync::Arc;
 
 use kvnode_proto::client::{CommitStatus, PutStatus};
+use kvnode_proto::peer::PeerMeta;
 use kvnode_proto::stats::TierStats;
 use kvnode_proto::{Key, NamespaceId, NamespaceSpec};
 
 use crate::arena::Arena;
 use crate::dram::{DramTier, Registered, TierError, TierSnapshot};
 use crate::nvme::NvmeTier;
-use crate::residency::Announcer;
+use crate::residency::{Announcer, MetaBudget, RouterMeta};
 use crate::tenant::Tenants;
 
 pub use demote::{DemotedNow, spawn_demoter};
@@ -159,6 +160,35 @@ impl Store {
         self.announcer.enabled()
     }
 
+    /// The router-metadata budget of namespace `ns` (its tenant's ledger and limit), or
+    /// `None` for an unknown namespace.
+    pub fn meta_budget(&self, ns: u32) -> Option<MetaBudget> {
+        let spec = self.namespace_spec(ns).ok()?;
+        let tenant = self.tenants.get(self.tenants.of_handle(ns)?);
+        let dram = self.arena.len();
+        let allowance = tenant.dram_quota.unwrap_or(dram).min(dram);
+        Some(MetaBudget::new(
+            spec,
+            tenant.name.clone(),
+            Arc::clone(&tenant.meta_bytes),
+            allowance,
+        ))
+    }
+
+    /// The router metadata of pulled block `key` of namespace `ns`, built from what its
+    /// source announced it with and charged to the namespace's tenant; `None` without
+    /// events, or when it does not fit the namespace or the budget (the block is then
+    /// stored unannounced, as a client's block whose metadata does not fit).
+    pub fn peer_meta(&self, ns: u32, key: &Key, meta: PeerMeta) -> Option<Arc<RouterMeta>> {
+        if !self.announces() {
+            return None;
+        }
+        let budget = self.meta_budget(ns)?;
+        RouterMeta::from_peer(&budget.spec, key.0.router_hash(), &meta, |b| {
+            budget.charge(b)
+        })
+    }
+
     /// Registers (idempotently) a namespace.
     pub fn register(&self, spec: &NamespaceSpec) -> Result<Registered, TierError> {
         self.dram.register(spec)
@@ -232,6 +262,14 @@ impl Store {
             return std::iter::once(0..lens.len()).collect();
         }
         runs(lens.iter().copied(), self.window_bytes())
+    }
+
+    /// Refreshes the leading run of `keys` held in DRAM in its eviction policy (blocks an
+    /// engine holds on its GPU: their hits never reach the daemon, and without this the
+    /// policy would age a hot prefix's leading blocks first); returns the run's length.
+    /// Blocks only on NVMe are not promoted.
+    pub fn touch(&self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
+        self.dram.touch(ns, keys)
     }
 
     /// Removes keys from every tier; returns how many were held in any.

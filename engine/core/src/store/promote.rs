@@ -30,7 +30,9 @@ impl Store {
         let (Some(nvme), Ok(id)) = (&self.nvme, self.dram.namespace_id(ns)) else {
             return Vec::new();
         };
-        let t0 = std::time::Instant::now();
+        // The window's whole promotion (room made, reads in flight together) is one
+        // operation of the NVMe path's cost.
+        let mut timing = nvme.promoting();
         let keys: Vec<Key> = want.iter().map(|w| w.1).collect();
         let lens: Vec<u64> = want.iter().map(|w| w.2).collect();
         // Room first, like a put: demote ahead rather than evict blocks without a copy.
@@ -71,9 +73,7 @@ impl Store {
                 None => out.push((i, self.lease_one(ns, &k))),
             }
         }
-        // The window's whole promotion (room made, reads in flight together) is one
-        // operation of the NVMe path's cost.
-        nvme.record_promotion(bytes, t0.elapsed());
+        timing.moved(bytes);
         nvme.count_promotions(landed);
         self.dram.count_promotions(landed);
         out

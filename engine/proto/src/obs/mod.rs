@@ -85,6 +85,8 @@ codes!(
         Timeouts = 23 => "timeouts",
         /// Execute a router's hints envelope (prefetch, retain, release, demote, evict).
         Act = 24 => "act",
+        /// Refresh blocks an engine holds on its GPU in the eviction policy.
+        Touch = 25 => "touch",
     }
 );
 

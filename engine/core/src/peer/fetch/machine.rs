@@ -37,7 +37,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kvnode_blockmac::TAG_LEN;
-use kvnode_proto::peer::{HASH_LEN, PeerMsg, PullKey};
+use kvnode_proto::peer::{HASH_LEN, PeerMeta, PeerMsg, PullKey};
 use kvnode_proto::pull::{FailCode, Failure, KeyOutcome};
 use kvnode_proto::{Key, NamespaceId};
 
@@ -67,6 +67,8 @@ pub(super) struct Answer {
     pub(super) len: u32,
     pub(super) hash: [u8; HASH_LEN],
     pub(super) body: Body,
+    /// The source's router metadata of the block, when asked for and sent.
+    pub(super) meta: Option<PeerMeta>,
 }
 
 /// What the driver does next for one frame.
@@ -153,6 +155,8 @@ pub(super) struct PullMachine<G> {
     deadline: Option<Instant>,
     /// [`PullMachine::handle_timeout`] saw the deadline pass.
     expired: bool,
+    /// Ask the source for each block's router metadata (this node announces KV events).
+    meta: bool,
 }
 
 impl<G> PullMachine<G> {
@@ -164,7 +168,15 @@ impl<G> PullMachine<G> {
             flights: HashMap::new(),
             deadline,
             expired: false,
+            meta: false,
         }
+    }
+
+    /// Its `Pull`s ask for each block's router metadata (`on`: this node announces what it
+    /// pulls).
+    pub(super) fn asking_meta(mut self, on: bool) -> Self {
+        self.meta = on;
+        self
     }
 
     /// The longest wait without progress at `now`: `io`, and with a deadline no longer than
@@ -210,6 +222,7 @@ impl<G> PullMachine<G> {
                 req,
                 ns,
                 keys: wire,
+                meta: self.meta,
             });
             self.reqs.insert(req, part.to_vec());
         }
@@ -250,7 +263,8 @@ impl<G> PullMachine<G> {
                 len,
                 hash,
                 seal,
-            } => self.answer(req, idx, len, &hash, Body::Inline { seal }),
+                meta,
+            } => self.answer((req, idx, len), &hash, Body::Inline { seal }, meta),
             PeerMsg::Slot {
                 req,
                 idx,
@@ -258,7 +272,8 @@ impl<G> PullMachine<G> {
                 addr,
                 hash,
                 seal,
-            } => self.answer(req, idx, len, &hash, Body::Remote { addr, seal }),
+                meta,
+            } => self.answer((req, idx, len), &hash, Body::Remote { addr, seal }, meta),
             PeerMsg::Miss { req, idx } => {
                 let key = self.at(req, idx)?;
                 self.answered(key)?;
@@ -288,11 +303,10 @@ impl<G> PullMachine<G> {
 
     fn answer(
         &self,
-        req: u64,
-        idx: u32,
-        len: u32,
+        (req, idx, len): (u64, u32, u32),
         hash: &[u8],
         body: Body,
+        meta: Option<PeerMeta>,
     ) -> Result<Step, PeerError> {
         let i = self.at(req, idx)?;
         // Stays open until received (landed), so a failure before fails this key too.
@@ -309,6 +323,7 @@ impl<G> PullMachine<G> {
             len,
             hash,
             body,
+            meta,
         }))
     }
 

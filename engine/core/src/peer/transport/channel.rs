@@ -297,6 +297,7 @@ mod tests {
                 len: 4096,
                 hash: vec![0; HASH_LEN],
                 seal: seal.to_vec(),
+                meta: None,
             },
             4096,
         );
@@ -328,6 +329,7 @@ mod tests {
             addr: base + 8192,
             hash: vec![0x11; HASH_LEN],
             seal: Vec::new(),
+            meta: None,
         };
         for m in [offer, slot] {
             let f = s.send.seal(&m, 0).unwrap();

@@ -312,6 +312,7 @@ mod tests {
             len,
             hash: vec![1; HASH_LEN],
             seal: vec![],
+            meta: None,
         };
         let mut f = src.send.seal(&msg, u64::from(len)).unwrap();
         f.extend((0..len).map(|i| (i % 251) as u8));

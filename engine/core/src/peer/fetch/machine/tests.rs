@@ -169,6 +169,7 @@ fn block(req: u64, idx: u32, i: usize) -> PeerMsg {
         len: PAGE as u32,
         hash: hash_of(i).to_vec(),
         seal: Vec::new(),
+        meta: None,
     }
 }
 
@@ -180,6 +181,7 @@ fn slot(req: u64, idx: u32, i: usize) -> PeerMsg {
         addr: 0x1000 * (i as u64 + 1),
         hash: hash_of(i).to_vec(),
         seal: Vec::new(),
+        meta: None,
     }
 }
 
@@ -197,7 +199,7 @@ fn requests_cover_the_keys_in_batches_and_answers_in_prefix_order_deliver_every_
         .sent
         .iter()
         .map(|m| match m {
-            PeerMsg::Pull { req, ns, keys } => {
+            PeerMsg::Pull { req, ns, keys, .. } => {
                 assert_eq!(*ns, NS);
                 (*req, keys.clone())
             }
