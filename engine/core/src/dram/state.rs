@@ -273,7 +273,7 @@ impl State {
     /// A free slot of `class`: free list, a free slab, an eviction, or a reclaimed slab.
     fn alloc_slot(&mut self, class: u32) -> Option<SlotId> {
         let c = class as usize;
-        if let Some(s) = self.pools[c].free.pop() {
+        if let Some(s) = self.pop_free(c) {
             return Some(s);
         }
         if let Some(slab) = self.free_slabs.pop() {

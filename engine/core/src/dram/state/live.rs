@@ -33,6 +33,50 @@ use crate::policy::{EvictionPolicy, SlotId};
 
 const DELTA_MAGIC: &[u8; 8] = b"KVNDELT1";
 
+/// When a takeover's pre-copy rounds stop: the successor, its tier built, asks for the
+/// slots changed so far while the donor serves, applies them, and asks again, until a
+/// round names at most `small` slots or `max_rounds` were taken. The barrier's delta is
+/// then what changed during the last round (its transfer and apply), not during the
+/// whole build: bounded by the request rate, not by the block count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreCopy {
+    /// Rounds at most (0: none, the barrier moves everything changed since the image).
+    pub max_rounds: u32,
+    /// A round naming at most this many slots is the last.
+    pub small: u64,
+}
+
+/// The rounds a takeover takes: 8 at most (each ~10x smaller than the one before under a
+/// steady put rate, since a round's slots take ~1 µs each to apply), stopping once one
+/// names ≤ 256 slots (~0.3 ms to apply at the barrier).
+pub const PRE_COPY: PreCopy = PreCopy {
+    max_rounds: 8,
+    small: 256,
+};
+
+/// What the pre-copy rounds did: the slots each named, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreCopyReport {
+    /// Slots named by each round.
+    pub rounds: Vec<u64>,
+}
+
+impl PreCopy {
+    /// Runs rounds (`round` takes one delta from the donor, applies it and returns the
+    /// slots it named) until one is small or `max_rounds` were taken.
+    pub fn run<E>(&self, mut round: impl FnMut() -> Result<u64, E>) -> Result<PreCopyReport, E> {
+        let mut report = PreCopyReport::default();
+        while (report.rounds.len() as u32) < self.max_rounds {
+            let slots = round()?;
+            report.rounds.push(slots);
+            if slots <= self.small {
+                break;
+            }
+        }
+        Ok(report)
+    }
+}
+
 impl State {
     /// Starts noting changed slots (a live image begins).
     pub(in crate::dram) fn track(&mut self) {
@@ -63,8 +107,8 @@ impl State {
         (n, s.class)
     }
 
-    /// The delta since [`State::track`] (tracking ends). Refused while a slot is reserved or
-    /// a block is being moved, like the image.
+    /// The delta since [`State::track`] or the last [`State::delta_round`] (tracking
+    /// ends). Refused while a slot is reserved or a block is being moved, like the image.
     pub(in crate::dram) fn delta(&mut self) -> Result<Vec<u8>, ImageError> {
         if self.totals.reserved > 0 || self.totals.in_flight > 0 {
             return Err(bad(format!(
@@ -76,12 +120,30 @@ impl State {
             .dirty
             .take()
             .ok_or_else(|| bad("no live image under way"))?;
+        self.encode_delta(&dirty)
+    }
+
+    /// A pre-copy round, taken while serving: the slots changed since [`State::track`] or
+    /// the last round, with their state now (a reserved slot travels as empty). Tracking
+    /// goes on: a slot changed from now on travels in the next round or at the barrier.
+    /// Returns the delta and the slots it names.
+    pub(in crate::dram) fn delta_round(&mut self) -> Result<(Vec<u8>, u64), ImageError> {
+        let dirty = std::mem::take(
+            self.dirty
+                .as_mut()
+                .ok_or_else(|| bad("no live image under way"))?,
+        );
+        Ok((self.encode_delta(&dirty)?, dirty.len() as u64))
+    }
+
+    /// Header (every slab's class now, the holds now) + `dirty` + their blocks now.
+    fn encode_delta(&self, dirty: &HashSet<SlotId>) -> Result<Vec<u8>, ImageError> {
         let header = self.header(self.slabs.iter().map(|s| s.class).collect());
         let mut body = Vec::with_capacity(8 + dirty.len() * 104);
         body.extend_from_slice(&(dirty.len() as u64).to_le_bytes());
         let mut blocks = Vec::new();
         let mut n = 0u64;
-        for &slot in &dirty {
+        for &slot in dirty {
             body.extend_from_slice(&slot.to_le_bytes());
             if let Slot::Block(r) = self.slot(slot)
                 && !r.doomed
@@ -95,9 +157,17 @@ impl State {
         assemble(*DELTA_MAGIC, &header, 0, &body)
     }
 
-    /// Applies a [`State::delta`] to a tier restored from the live image. Refused (the tier
-    /// is then unusable) when the delta does not fit it. Returns the dirty slots.
-    pub(in crate::dram) fn apply_delta(&mut self, delta: &[u8]) -> Result<u64, ImageError> {
+    /// Applies a [`State::delta`] or [`State::delta_round`] to a tier restored from the live
+    /// image. Refused (the tier is then unusable) when the delta does not fit it. Returns
+    /// the dirty slots. With `filter_free` (a round, off the serving path) the free lists
+    /// lose the slots that took a block in one pass over them; without (the barrier, where
+    /// a pass over every free slot would grow with the tier) those slots stay listed and
+    /// are skipped when popped (`State::pop_free`).
+    pub(in crate::dram) fn apply_delta(
+        &mut self,
+        delta: &[u8],
+        filter_free: bool,
+    ) -> Result<u64, ImageError> {
         let mut r = Reader { b: delta };
         let header = read_head(&mut r, *DELTA_MAGIC)?;
         if r.u64()? != 0 {
@@ -131,7 +201,7 @@ impl State {
         if !r.b.is_empty() {
             return Err(bad("trailing bytes after the delta's last block"));
         }
-        if n > 0 {
+        if n > 0 && filter_free {
             for p in &mut self.pools {
                 p.free.retain(|&s| {
                     let (slab, idx) = slot_parts(s);
@@ -146,6 +216,17 @@ impl State {
         }
         self.restore_holds(&header.retained);
         Ok(dirty)
+    }
+
+    /// The next free slot of class `c`. A barrier's delta leaves the slots it filled on
+    /// the free lists (`apply_delta` without `filter_free`): such a slot is dropped here.
+    pub(in crate::dram) fn pop_free(&mut self, c: usize) -> Option<SlotId> {
+        while let Some(s) = self.pools[c].free.pop() {
+            if matches!(self.slot(s), Slot::Free) {
+                return Some(s);
+            }
+        }
+        None
     }
 
     /// Registers the namespaces added since the image and re-cuts the slabs whose class
