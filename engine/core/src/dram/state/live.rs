@@ -1,28 +1,35 @@
 //! A takeover while this daemon keeps serving: the image is taken one slab at a time, the
-//! slots changed meanwhile are noted, and at the barrier (no request in flight) only those
-//! slots travel, as a delta the successor applies to the tier it built from the image.
+//! slots changed meanwhile are noted, pre-copy rounds move the slots changed so far while
+//! the donor still serves, and at the barrier (no request in flight) only the slots changed
+//! since the last round travel, as a delta the successor applies to the tier it built.
 //!
 //! ```text
 //!  donor (serving)                              successor (not serving yet)
-//!  track(): dirty = {}                          
+//!  track(): dirty = {}
 //!  image_slab(0..n), lock held per slab  ─────> restore(image): blocks of slots not
 //!    (a slot already dirty is left out)           changed since track(), off the serving path
 //!  ... serves; every slot_mut notes its slot ...
+//!  delta_round(): dirty so far, taken   ─────> apply_round(); again until a round names
+//!    (dirty = {} again), serving on               ≤ PRE_COPY.small slots (or max_rounds)
 //!  barrier: drained, demoter stopped
 //!  delta(): header + dirty slots + their  ─────> apply_delta(): slabs whose class changed
-//!    blocks now (lock held, size ∝ churn)         are emptied and re-cut, dirty slots
-//!                                                 emptied, then the delta's blocks placed
+//!    blocks now (lock held, size ∝ churn          are emptied and re-cut, dirty slots
+//!    during the last round)                       emptied, then the delta's blocks placed
 //! ```
 //!
 //! Why it is exact: every change of what the image carries goes through `State::slot_mut`,
 //! which notes the slot while tracking (leases and read counts, which the image does not
-//! carry, change through `slot_counters_mut`, unnoted: reads do not grow the delta). A slot left out of the image, or one whose content changed after its
-//! slab was copied, is dirty, and the delta carries its state at the barrier; a slot that is
-//! not dirty holds at the barrier what the image says. Slab cuts (`assign_slab`) replace
-//! slots without `slot_mut`, but only empty slots, and the delta carries every slab's class.
-//! Delta format: magic `KVNDELT1`, u32 length + JSON header (`ImageHeader`, every slab's
-//! class now, the holds now), u64 count + u64 dirty slots, u64 count + block records as in
-//! the image.
+//! carry, change through `slot_counters_mut`, unnoted: reads do not grow the delta). A slot
+//! left out of the image, or one whose content changed after its slab was copied, is dirty;
+//! a round or the barrier carries its state at a time after its last change, and a later
+//! round carries it again only if it changed again. A round is taken under one lock hold,
+//! so its header (every slab's class, the holds) and its slots agree. Slab cuts
+//! (`assign_slab`) replace slots without `slot_mut`, but only empty slots, and each delta
+//! carries every slab's class: a slab re-cut since the last one is emptied and re-cut on
+//! the successor, and a block put in it since is dirty, so it travels in that delta or a
+//! later one. Delta format: magic `KVNDELT1`, u32 length + JSON header (`ImageHeader`,
+//! every slab's class now, the holds now), u64 count + u64 dirty slots, u64 count + block
+//! records as in the image.
 
 use std::collections::HashSet;
 
@@ -32,6 +39,9 @@ use super::State;
 use crate::policy::{EvictionPolicy, SlotId};
 
 const DELTA_MAGIC: &[u8; 8] = b"KVNDELT1";
+
+/// Free-list entries the barrier looks through per slot it fills (`unlist_near_the_top`).
+const UNLIST_SCAN: usize = 4096;
 
 /// When a takeover's pre-copy rounds stop: the successor, its tier built, asks for the
 /// slots changed so far while the donor serves, applies them, and asks again, until a
@@ -183,39 +193,69 @@ impl State {
             self.empty_slot(slot)?;
         }
         let n = r.u64()?;
-        // One bit per slot of each slab that took a block: the free lists are filtered
-        // with it in one pass (a hash lookup per free slot cost ~20 ns over every free slot).
-        let mut placed: Vec<Vec<u64>> = vec![Vec::new(); self.slabs.len()];
+        let mut placed = Vec::new();
         for _ in 0..n {
             let slot =
                 r.b.get(..8)
                     .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
             self.restore_block(&mut r)?;
-            let (slab, idx) = slot_parts(slot);
-            let bits = &mut placed[slab as usize];
-            if bits.is_empty() {
-                bits.resize(self.slabs[slab as usize].slots.len().div_ceil(64), 0);
-            }
-            bits[idx as usize / 64] |= 1 << (idx % 64);
+            placed.push(slot);
         }
         if !r.b.is_empty() {
             return Err(bad("trailing bytes after the delta's last block"));
         }
-        if n > 0 && filter_free {
-            for p in &mut self.pools {
-                p.free.retain(|&s| {
-                    let (slab, idx) = slot_parts(s);
-                    placed[slab as usize]
-                        .get(idx as usize / 64)
-                        .is_none_or(|w| w >> (idx % 64) & 1 == 0)
-                });
-            }
+        if filter_free {
+            self.filter_free(&placed);
+        } else {
+            self.unlist_near_the_top(&placed);
         }
         for (slot, _) in self.retention.ends() {
             self.unretain(slot);
         }
         self.restore_holds(&header.retained);
         Ok(dirty)
+    }
+
+    /// Takes the slots that took a block off the free lists in one pass over them (a
+    /// round's), with one bit per slot of each slab that took a block (a hash lookup per
+    /// free slot cost ~20 ns over every free slot).
+    fn filter_free(&mut self, placed: &[SlotId]) {
+        if placed.is_empty() {
+            return;
+        }
+        let mut bits: Vec<Vec<u64>> = vec![Vec::new(); self.slabs.len()];
+        for &slot in placed {
+            let (slab, idx) = slot_parts(slot);
+            let b = &mut bits[slab as usize];
+            if b.is_empty() {
+                b.resize(self.slabs[slab as usize].slots.len().div_ceil(64), 0);
+            }
+            b[idx as usize / 64] |= 1 << (idx % 64);
+        }
+        for p in &mut self.pools {
+            p.free.retain(|&s| {
+                let (slab, idx) = slot_parts(s);
+                bits[slab as usize]
+                    .get(idx as usize / 64)
+                    .is_none_or(|w| w >> (idx % 64) & 1 == 0)
+            });
+        }
+    }
+
+    /// The barrier's way (bounded, whatever the tier's size): each slot that took a block
+    /// is looked for among the last [`UNLIST_SCAN`] entries of its free list (where the
+    /// donor's next slots usually are: both lists hand out the lowest free slot first) and
+    /// removed there; one not found stays listed and is dropped when popped
+    /// ([`State::pop_free`]), counting as free in `free_bytes` until then.
+    fn unlist_near_the_top(&mut self, placed: &[SlotId]) {
+        for &slot in placed {
+            let c = self.class_of(slot) as usize;
+            let free = &mut self.pools[c].free;
+            let lo = free.len().saturating_sub(UNLIST_SCAN);
+            if let Some(i) = free[lo..].iter().rposition(|&s| s == slot) {
+                free.remove(lo + i);
+            }
+        }
     }
 
     /// The next free slot of class `c`. A barrier's delta leaves the slots it filled on
