@@ -10,11 +10,15 @@
 //!                                     live: note changed slots, image slab by slab
 //!  <──────── Answer{ok, live, image_len} + live image bytes     (donor keeps serving)
 //!  build the DRAM tier from it
+//!  pre-copy rounds (both asked for them, dram::PRE_COPY), the donor serving:
+//!  "round\n" ───────────────────────> slots changed since the image / last round
+//!  <──────── Answer{ok, image_len, blocks = slots} + delta bytes
+//!  apply it; again until a round is small
 //!  "built\n" ───────────────────────> stop accepting, drain, stop demoter and
 //!                                      write-behind, wait for spill IO in flight
 //!  <──────── Answer{ok, image_len} + fds [arena memfd, listener] + delta bytes
-//!  apply the delta (changed slots)    (not live, e.g. `--events`: the whole image
-//!                                      here instead, then a dry-run restore)
+//!  apply the delta (slots changed     (not live, e.g. `--events`: the whole image
+//!  since the last round)               here instead, then a dry-run restore)
 //!  "ok\n" / "failed: why\n" ───────> failed: flush DRAM to NVMe (fallback), exit
 //!                                     ok: close the spill files (unlock), remove
 //!                                         T, drop everything, exit
@@ -22,8 +26,8 @@
 //!  open spill files, serve with the built tier over the same memfd on the same listener
 //! ```
 //!
-//! A successor that goes away (or cannot build) before `built` leaves the donor serving,
-//! its change tracking stopped. Clients that were connected to the donor see their
+//! A successor that goes away (or cannot build or apply a round) before `built` leaves the
+//! donor serving, its change tracking stopped. Clients that were connected to the donor see their
 //! connection closed between requests at the barrier (a clear error, never wrong bytes);
 //! new connections wait in the listener's backlog and are accepted by the successor.
 
