@@ -245,6 +245,11 @@ fn take_over(
     // Let the clients run before the takeover starts.
     std::thread::sleep(Duration::from_millis(if load.is_some() { 500 } else { 0 }));
     let t0 = Instant::now();
+    if load.is_some() {
+        // The interval offsets below count from here: the daemons' log times place them.
+        let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+        println!("successor spawned at unix {:.6} s", unix.as_secs_f64());
+    }
     let mut new = spawn(bin, cfg, sock, new_log, &["--takeover"])?;
     // The probe asks `stats` (a walk over every slot, under the tier's lock): with load
     // clients it waits until the old daemon is gone, so as not to stall them (its figure is
@@ -281,6 +286,18 @@ fn report_load(r: &crate::restart_load::Report, sock: &Path, bs: u64) -> anyhow:
         r.retries,
         r.put.len()
     );
+    let largest: Vec<String> = r
+        .largest
+        .iter()
+        .map(|(g, at)| {
+            format!(
+                "{:.1} ms at {:.0} ms",
+                g.as_secs_f64() * 1e3,
+                at.as_secs_f64() * 1e3
+            )
+        })
+        .collect();
+    println!("largest intervals: {}", largest.join(", "));
     if back != r.put.len() as u64 {
         bail!(
             "{} blocks put during the takeover were lost",

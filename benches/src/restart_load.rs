@@ -72,6 +72,10 @@ pub struct Report {
     pub gap: Duration,
     /// When the gap began, from the window's start.
     pub gap_at: Duration,
+    /// The eight largest intervals (length, start from the window's start), largest first:
+    /// which of them is the barrier's shows from the daemons' logs (a 2-core host with
+    /// other work stalls the clients elsewhere too).
+    pub largest: Vec<(Duration, Duration)>,
     /// Slowest request, retries included.
     pub slowest: Duration,
     /// Requests retried on a new connection.
@@ -181,15 +185,18 @@ impl Load {
         let mut edges = vec![from];
         edges.extend(&all);
         edges.push(to);
-        let (gap, at) = edges
+        let mut gaps: Vec<(Duration, Duration)> = edges
             .windows(2)
             .map(|w| (w[1] - w[0], w[0] - from))
-            .max()
-            .unwrap_or_default();
+            .collect();
+        gaps.sort_unstable_by(|a, b| b.cmp(a));
+        gaps.truncate(8);
+        let (gap, at) = gaps.first().copied().unwrap_or_default();
         Ok(Report {
             answers: all.len(),
             gap,
             gap_at: at,
+            largest: gaps,
             slowest,
             retries,
             put,

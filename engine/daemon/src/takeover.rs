@@ -10,11 +10,15 @@
 //!                                     live: note changed slots, image slab by slab
 //!  <──────── Answer{ok, live, image_len} + live image bytes     (donor keeps serving)
 //!  build the DRAM tier from it
+//!  pre-copy rounds (both asked for them, dram::PRE_COPY), the donor serving:
+//!  "round\n" ───────────────────────> slots changed since the image / last round
+//!  <──────── Answer{ok, image_len, blocks = slots} + delta bytes
+//!  apply it; again until a round is small
 //!  "built\n" ───────────────────────> stop accepting, drain, stop demoter and
 //!                                      write-behind, wait for spill IO in flight
 //!  <──────── Answer{ok, image_len} + fds [arena memfd, listener] + delta bytes
-//!  apply the delta (changed slots)    (not live, e.g. `--events`: the whole image
-//!                                      here instead, then a dry-run restore)
+//!  apply the delta (slots changed     (not live, e.g. `--events`: the whole image
+//!  since the last round)               here instead, then a dry-run restore)
 //!  "ok\n" / "failed: why\n" ───────> failed: flush DRAM to NVMe (fallback), exit
 //!                                     ok: close the spill files (unlock), remove
 //!                                         T, drop everything, exit
@@ -22,8 +26,8 @@
 //!  open spill files, serve with the built tier over the same memfd on the same listener
 //! ```
 //!
-//! A successor that goes away (or cannot build) before `built` leaves the donor serving,
-//! its change tracking stopped. Clients that were connected to the donor see their
+//! A successor that goes away (or cannot build or apply a round) before `built` leaves the
+//! donor serving, its change tracking stopped. Clients that were connected to the donor see their
 //! connection closed between requests at the barrier (a clear error, never wrong bytes);
 //! new connections wait in the listener's backlog and are accepted by the successor.
 
@@ -62,6 +66,10 @@ fn same_uid(uid: u32) -> bool {
 
 /// What the successor asks with.
 #[derive(Debug, Serialize, Deserialize)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "a wire format: each flag is a JSON field an older build leaves out"
+)]
 struct Ask {
     version: String,
     pid: u32,
@@ -78,6 +86,10 @@ struct Ask {
     /// stops first, then sends the whole image.
     #[serde(default)]
     live: bool,
+    /// After its build the successor asks for pre-copy rounds (`round`) before `built`.
+    /// Absent from older builds: the barrier moves every slot changed during the build.
+    #[serde(default)]
+    pre_copy: bool,
 }
 
 /// The donor's answer.
@@ -92,6 +104,11 @@ struct Answer {
     /// (not live) brings the descriptors and the delta.
     #[serde(default)]
     live: bool,
+    /// The donor answers pre-copy rounds (the successor asked for them and this build
+    /// serves them). In a round's answer, `image_len` is the delta's length and `blocks`
+    /// the slots it names.
+    #[serde(default)]
+    pre_copy: bool,
 }
 
 fn ask_of(cfg: &EngineConfig) -> Ask {
@@ -106,6 +123,7 @@ fn ask_of(cfg: &EngineConfig) -> Ask {
         // A live build would create the blocks' residencies before the event stream's seq
         // is known: with events the whole image travels at the barrier, as before.
         live: cfg.events.publisher_config().is_none(),
+        pre_copy: true,
     }
 }
 
@@ -334,6 +352,10 @@ fn build_live(
                 elapsed_ms = t.elapsed().as_millis() as u64,
                 "built the DRAM tier from the live image while the running daemon serves"
             );
+            drop(image);
+            if a.pre_copy {
+                pre_copy(stream, &dram)?;
+            }
             (&*stream).write_all(b"built\n")?;
             Ok(dram)
         }
@@ -343,6 +365,31 @@ fn build_live(
             bail!("the running daemon's live DRAM image cannot be used ({why}); it keeps serving")
         }
     }
+}
+
+/// Pre-copy rounds ([`kvnode_engine::dram::PRE_COPY`]) while the donor serves: each brings
+/// the slots changed since the one before, applied to `dram`, until one is small.
+fn pre_copy(stream: &UnixStream, dram: &DramTier) -> anyhow::Result<()> {
+    let t = std::time::Instant::now();
+    let report = kvnode_engine::dram::PRE_COPY.run(|| -> anyhow::Result<u64> {
+        (&*stream).write_all(b"round\n")?;
+        let a = read_answer(stream)?;
+        let mut delta = vec![0u8; usize::try_from(a.image_len)?];
+        (&*stream)
+            .read_exact(&mut delta)
+            .context("reading a pre-copy round")?;
+        let slots = dram
+            .apply_round(&delta)
+            .map_err(|e| anyhow::anyhow!("applying a pre-copy round: {e}"))?;
+        Ok(slots)
+    })?;
+    tracing::info!(
+        rounds = report.rounds.len(),
+        slots = ?report.rounds,
+        elapsed_ms = t.elapsed().as_millis() as u64,
+        "pre-copy rounds applied while the running daemon serves"
+    );
+    Ok(())
 }
 
 /// Test seam (a build with `test-seams` only): how long a successor holds its live build
@@ -381,6 +428,8 @@ pub struct Pending {
     continues_events: bool,
     /// The successor built its tier from a live image: send it the delta.
     live: bool,
+    /// The successor asks for pre-copy rounds after its build.
+    pre_copy: bool,
 }
 
 /// Binds the takeover socket (owner-only; its directory was made ready by
@@ -499,6 +548,7 @@ fn screen(s: UnixStream, cfg: &EngineConfig) -> anyhow::Result<Option<Pending>> 
         pid: ask.pid,
         continues_events: ask.continues_events,
         live: ask.live,
+        pre_copy: ask.pre_copy,
     }))
 }
 
@@ -520,17 +570,18 @@ fn answer(
     image_len: u64,
     blocks: u64,
 ) -> anyhow::Result<()> {
-    answer_as(s, ok, error, (image_len, blocks), false)?;
+    answer_as(s, ok, error, (image_len, blocks), (false, false))?;
     Ok(())
 }
 
-/// The answer line; `live`: the image that follows is a live one.
+/// The answer line; `live`: the image that follows is a live one; `pre_copy`: this daemon
+/// answers pre-copy rounds after it.
 fn answer_as(
     mut s: &UnixStream,
     ok: bool,
     error: Option<String>,
     (image_len, blocks): (u64, u64),
-    live: bool,
+    (live, pre_copy): (bool, bool),
 ) -> anyhow::Result<()> {
     let mut line = serde_json::to_vec(&Answer {
         ok,
@@ -539,6 +590,7 @@ fn answer_as(
         image_len,
         blocks,
         live,
+        pre_copy,
     })?;
     line.push(b'\n');
     s.write_all(&line)?;
@@ -589,13 +641,19 @@ impl Pending {
                 true,
                 None,
                 (image.len() as u64, st.blocks),
-                true,
+                (true, self.pre_copy),
             )?;
             (&self.stream).write_all(&image)?;
             drop(image);
             self.stream.set_read_timeout(Some(limit))?;
             let mut r = BufReader::new(self.stream.try_clone()?);
-            read_line(&mut r, "successor's build")
+            loop {
+                let l = read_line(&mut r, "successor's build")?;
+                if !self.pre_copy || l.trim() != "round" {
+                    return Ok(l);
+                }
+                self.send_round(&d)?;
+            }
         })();
         match built {
             Ok(l) if l.trim() == "built" => Ok(self),
@@ -608,6 +666,30 @@ impl Pending {
                 Err(e)
             }
         }
+    }
+
+    /// One pre-copy round, while serving: the slots changed since the image or the last
+    /// round, as a delta.
+    fn send_round(&self, d: &DramTier) -> anyhow::Result<()> {
+        let t = std::time::Instant::now();
+        let (delta, slots) = d.delta_round()?;
+        let taken_us = t.elapsed().as_micros() as u64;
+        answer_as(
+            &self.stream,
+            true,
+            None,
+            (delta.len() as u64, slots),
+            (false, true),
+        )?;
+        (&self.stream).write_all(&delta)?;
+        tracing::info!(
+            successor = self.pid,
+            slots,
+            delta_bytes = delta.len(),
+            taken_us,
+            "takeover: pre-copy round sent; serving"
+        );
+        Ok(())
     }
 
     /// Tells the successor this daemon cannot hand over after all (it stops normally).

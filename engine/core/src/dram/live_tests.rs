@@ -123,3 +123,117 @@ fn a_delta_is_refused_when_tracking_stopped_or_the_tier_is_not_quiescent() {
     t.stop_tracking();
     assert!(t.delta().unwrap_err().to_string().contains("no live image"));
 }
+
+/// A tier of 40 blocks, its live image, the successor's tier built from it, and `churn`
+/// puts made "while the successor builds" (each takes a slot the image has free).
+fn built_while_putting(churn: u32) -> (DramTier, DramTier, u32) {
+    let t = DramTier::new(&cfg(256 * MIB));
+    let a = t.register(&spec("a", 64 << 10)).unwrap().ns;
+    for i in 0..40 {
+        put(&t, a, i, 60 << 10).unwrap();
+    }
+    let (image, _) = t.live_image().unwrap();
+    let r = DramTier::restore(&cfg(256 * MIB), Announcer::new(None), &image).unwrap();
+    for i in 1000..1000 + churn {
+        put(&t, a, i, 60 << 10).unwrap();
+    }
+    (t, r, a)
+}
+
+/// 3 000 slots change during the build; then the rounds `p` takes while the donor keeps
+/// serving (4 puts and a delete each), then the barrier. Returns the slots the barrier's
+/// delta named and the rounds' report; the rebuilt tier is checked against the donor's.
+fn barrier_after(p: PreCopy) -> (u64, PreCopyReport) {
+    let (t, r, a) = built_while_putting(3000);
+    let mut next = 5000;
+    let report = p
+        .run(|| -> Result<u64, image::ImageError> {
+            let (delta, slots) = t.delta_round()?;
+            let applied = r.apply_round(&delta)?;
+            assert_eq!(applied, slots);
+            for _ in 0..4 {
+                put(&t, a, next, 60 << 10).unwrap();
+                next += 1;
+            }
+            t.delete(a, &[key(next - 8)]).unwrap();
+            Ok(slots)
+        })
+        .unwrap();
+    let barrier = r.apply_delta(&t.delta().unwrap()).unwrap();
+    let ka: Vec<u32> = (0..40).chain(1000..4000).chain(5000..next).collect();
+    assert_eq!(places(&r, a, &ka), places(&t, a, &ka));
+    assert_eq!(r.blocks(), t.blocks());
+    assert_eq!(r.snapshot().tier.bytes, t.snapshot().tier.bytes);
+    (barrier, report)
+}
+
+#[test]
+fn pre_copy_rounds_leave_the_barrier_only_what_changed_during_the_last_round() {
+    // The barrier's delta is bounded by what one round lets change, not by what changed
+    // during the whole build.
+    let (barrier, report) = barrier_after(PRE_COPY);
+    assert!(
+        barrier <= PRE_COPY.small,
+        "the barrier moved {barrier} slots (rounds {:?}): more than a round's threshold of {}",
+        report.rounds,
+        PRE_COPY.small
+    );
+    assert!(report.rounds.first() >= Some(&3000), "{report:?}");
+}
+
+#[test]
+fn without_pre_copy_rounds_the_barrier_moves_every_slot_changed_during_the_build() {
+    // What the rounds prevent: a barrier delta as large as the build's churn (which grows
+    // with the build's length, and so with the block count).
+    let (barrier, report) = barrier_after(PreCopy {
+        max_rounds: 0,
+        ..PRE_COPY
+    });
+    assert!(report.rounds.is_empty());
+    assert!(barrier >= 3000, "{barrier}");
+}
+
+#[test]
+fn rounds_then_the_barrier_rebuild_the_tier_with_slots_reused_and_namespaces_added() {
+    // The changes of `served_through_an_image` (a deleted block's slot reused, a namespace
+    // registered, slabs cut) travel in a round; more follow before the barrier.
+    let (t, image, a, b) = served_through_an_image();
+    let r = DramTier::restore(&cfg(16 * MIB), Announcer::new(None), &image).unwrap();
+    let (delta, _) = t.delta_round().unwrap();
+    r.apply_round(&delta).unwrap();
+    let freed = places(&t, a, &[100])[0].unwrap().0;
+    t.delete(a, &[key(100)]).unwrap();
+    let reused = put(&t, a, 120, 60 << 10).unwrap();
+    assert_eq!(
+        reused.offset, freed,
+        "the test wants block 100's slot reused"
+    );
+    t.delete(b, &[key(200)]).unwrap();
+    let named = r.apply_delta(&t.delta().unwrap()).unwrap();
+    assert!(
+        named <= 3,
+        "the barrier names the slots changed since the round: {named}"
+    );
+    let ka: Vec<u32> = (0..40).chain(100..110).chain(120..121).collect();
+    assert_eq!(places(&r, a, &ka), places(&t, a, &ka));
+    let kb: Vec<u32> = (200..203).collect();
+    assert_eq!(places(&r, b, &kb), places(&t, b, &kb));
+    assert_eq!(r.blocks(), t.blocks());
+    assert_eq!(r.free_and_capacity(), t.free_and_capacity());
+    // The barrier leaves the slots it filled on the free lists: they are skipped, so new
+    // blocks land in free slots, never on a block's.
+    let taken: std::collections::HashSet<u64> = places(&r, a, &ka)
+        .into_iter()
+        .flatten()
+        .map(|p| p.0)
+        .collect();
+    for i in 300..320 {
+        let Some(n) = put(&r, a, i, 60 << 10) else {
+            break;
+        };
+        assert!(
+            !taken.contains(&n.offset),
+            "slot of a block handed out again"
+        );
+    }
+}

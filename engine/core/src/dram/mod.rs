@@ -23,6 +23,7 @@ use crate::residency::{Announcer, RouterMeta};
 pub use copy::CopyDown;
 pub use demote::{DemoteEnd, Demotion, Finished};
 use state::State;
+pub use state::live::{PRE_COPY, PreCopy, PreCopyReport};
 pub use state::quota::QuotaScope;
 pub use state::retain::{RetainOutcome, RetainScope};
 
@@ -442,10 +443,24 @@ impl DramTier {
         self.with(State::delta)
     }
 
-    /// Applies a donor's [`DramTier::delta`] to this tier, restored from its live image.
-    /// Returns the slots it named. On an error the tier is unusable.
+    /// A pre-copy round while serving: the slots changed since [`DramTier::live_image`] or
+    /// the last round, with their state now; tracking goes on. Returns the delta and how
+    /// many slots it names (the lock is held for those slots).
+    pub fn delta_round(&self) -> Result<(Vec<u8>, u64), image::ImageError> {
+        self.with(State::delta_round)
+    }
+
+    /// Applies a donor's [`DramTier::delta`] (the barrier's) to this tier, restored from
+    /// its live image and the rounds before. Returns the slots it named. On an error the
+    /// tier is unusable.
     pub fn apply_delta(&self, delta: &[u8]) -> Result<u64, image::ImageError> {
-        self.with(|s| s.apply_delta(delta))
+        self.with(|s| s.apply_delta(delta, false))
+    }
+
+    /// Applies a donor's [`DramTier::delta_round`] (before the barrier; the free lists are
+    /// filtered exactly). Returns the slots it named. On an error the tier is unusable.
+    pub fn apply_round(&self, delta: &[u8]) -> Result<u64, image::ImageError> {
+        self.with(|s| s.apply_delta(delta, true))
     }
 }
 

@@ -87,6 +87,8 @@ pub struct Pool {
     pub policy: Policy,
     /// Evictions from this class.
     pub evictions: u64,
+    /// Slots of this class in `Reserved` state (so `stats` need not walk the slots).
+    pub reserved: u64,
 }
 
 impl Pool {
@@ -98,6 +100,7 @@ impl Pool {
             slabs: Vec::new(),
             free: Vec::new(),
             policy: Policy::new(kind),
+            reserved: 0,
             evictions: 0,
         }
     }

@@ -260,6 +260,7 @@ impl State {
         *self.slot_mut(slot) = Slot::Reserved { conn };
         self.mark_used(slot);
         self.totals.reserved += 1;
+        self.pools[class as usize].reserved += 1;
         Ok(Ok(Reserved {
             slot,
             key,
@@ -273,7 +274,7 @@ impl State {
     /// A free slot of `class`: free list, a free slab, an eviction, or a reclaimed slab.
     fn alloc_slot(&mut self, class: u32) -> Option<SlotId> {
         let c = class as usize;
-        if let Some(s) = self.pools[c].free.pop() {
+        if let Some(s) = self.pop_free(c) {
             return Some(s);
         }
         if let Some(slab) = self.free_slabs.pop() {
@@ -468,6 +469,8 @@ impl State {
             return CommitStatus::UnknownHandle;
         }
         self.totals.reserved -= 1;
+        let c = self.class_of(r.slot) as usize;
+        self.pools[c].reserved -= 1;
         if self.index.contains_key(&r.key) {
             self.free_slot(r.slot);
             return CommitStatus::Duplicate;
@@ -488,7 +491,6 @@ impl State {
         if !on_lower {
             self.queue_write_behind(r.slot, r.key);
         }
-        let c = self.class_of(r.slot) as usize;
         self.pools[c]
             .policy
             .insert(r.slot, key_hash(&r.key), r.hint);
@@ -505,6 +507,8 @@ impl State {
     pub fn abort(&mut self, conn: u64, r: &Reserved) {
         if self.owns_reservation(conn, r) {
             self.totals.reserved -= 1;
+            let c = self.class_of(r.slot) as usize;
+            self.pools[c].reserved -= 1;
             self.free_slot(r.slot);
         }
     }
@@ -742,16 +746,16 @@ impl State {
                 evictions: p.evictions,
                 ..PoolStats::default()
             };
+            // Counters, not a walk over the slots: `stats` holds the tier's lock.
+            let mut taken = 0;
             for &slab in &p.slabs {
-                for s in &self.slabs[slab as usize].slots {
-                    ps.slots += 1;
-                    match s {
-                        Slot::Free => ps.free += 1,
-                        Slot::Reserved { .. } => ps.reserved += 1,
-                        Slot::Block(_) => ps.used += 1,
-                    }
-                }
+                let s = &self.slabs[slab as usize];
+                ps.slots += s.slots.len() as u64;
+                taken += u64::from(s.used);
             }
+            ps.reserved = p.reserved;
+            ps.used = taken - p.reserved;
+            ps.free = ps.slots - taken;
             tier.slot_bytes += (ps.used + ps.reserved) * p.slot_bytes;
             pools.push(ps);
         }
