@@ -108,7 +108,7 @@ fn the_dram_tier_holds_at_most_128_heap_bytes_per_block() {
         let per = heap_per_block(blocks, PolicyKind::Lru);
         assert!(
             per <= 128.0,
-            "{per:.1} heap bytes per block at {blocks} blocks (LRU): the DRAM tier's layout grew (docs/design.md, \"DRAM index\")"
+            "{per:.1} heap bytes per block at {blocks} blocks (LRU): the DRAM tier's layout grew (docs/architecture.md, \"DRAM index\")"
         );
     }
 }
@@ -116,8 +116,8 @@ fn the_dram_tier_holds_at_most_128_heap_bytes_per_block() {
 #[test]
 fn every_eviction_policy_keeps_the_tier_within_bounds() {
     // S3-FIFO keeps queue items and ghosts, chain a priority order (a B-tree) and ghosts:
-    // more than LRU, still bounded.
-    for (policy, bound) in [(PolicyKind::S3fifo, 160.0), (PolicyKind::Chain, 192.0)] {
+    // more than LRU (before issue 42: 372 and 406 bytes).
+    for (policy, bound) in [(PolicyKind::S3fifo, 128.0), (PolicyKind::Chain, 160.0)] {
         let per = heap_per_block(1 << 20, policy);
         assert!(per <= bound, "{per:.1} heap bytes per block ({policy:?})");
     }

@@ -14,7 +14,7 @@ use crate::residency::Residency;
 pub const SLOT_ALIGN: u64 = 4096;
 
 /// What a slot holds: 72 bytes (the enum's tag sits in a `bool`'s spare values). One per
-/// slot of every assigned slab, so this is most of the tier's heap per block (docs/design.md,
+/// slot of every assigned slab, so this is most of the tier's heap per block (docs/architecture.md,
 /// "DRAM index").
 #[derive(Debug)]
 pub enum Slot {
@@ -140,7 +140,10 @@ impl Resident {
     }
 }
 
-const _: () = assert!(size_of::<Slot>() == 72, "a slot grew: see docs/design.md");
+const _: () = assert!(
+    size_of::<Slot>() == 72,
+    "a slot grew: see docs/architecture.md"
+);
 
 /// Committed blocks not yet copied down, oldest first (write-behind only).
 #[derive(Debug, Default)]
