@@ -28,7 +28,7 @@ use kvnode_proto::Key;
 use kvnode_proto::size::{ByteSize, parse_size};
 
 use crate::restart_load::{fill, key, spec};
-use crate::restart_probe::rss_anon;
+use crate::restart_probe::{Filled, rss_anon};
 
 /// How the daemon is restarted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -323,10 +323,7 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let (mut old, mut c) = start_old(&bin, &cfg, &sock, &a.dir.join("old.log"))?;
     let heap0 = rss_anon(old.id())?;
     let fill_s = fill_blocks(&mut c, bs, a.blocks)?;
-    let heap = rss_anon(old.id())?;
-    let lat = (a.probes > 0)
-        .then(|| crate::restart_probe::probe(&mut c, bs, a.blocks, a.probes))
-        .transpose()?;
+    let filled = Filled::measure(&mut c, old.id(), heap0, bs, a.blocks, a.probes)?;
     let s = c.stats()?;
     let (in_dram, on_nvme) = (s.tiers[0].blocks, s.tiers.get(1).map_or(0, |t| t.blocks));
     // The block to hit: the newest one for a takeover (in DRAM), the oldest otherwise
@@ -376,25 +373,13 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
         a.dir.display()
     );
     println!("before: {in_dram} blocks in DRAM, {on_nvme} on NVMe (filled in {fill_s:.1} s)");
-    let per = |bytes: u64, n: u64| bytes as f64 / n.max(1) as f64;
-    println!(
-        "heap (RssAnon) of the filled daemon: {} bytes after the fill, {} before: {:.1} bytes per block",
-        heap,
-        heap0,
-        per(heap.saturating_sub(heap0), a.blocks)
-    );
-    if let Some(p) = &lat {
-        println!(
-            "single-key latency at {} blocks ({} requests each): exists {}; get {}; put {}",
-            a.blocks, p.n, p.exists, p.get, p.put
-        );
-    }
+    filled.print(a.blocks);
     if let Some(s) = stop_ms {
         println!("old daemon stopped in {:.0} ms", s.as_secs_f64() * 1e3);
     }
     println!(
         "the new daemon's RssAnon: {heap_new} bytes, {:.1} per kept block",
-        per(heap_new, kept)
+        heap_new as f64 / kept.max(1) as f64
     );
     println!(
         "first hit {:.0} ms after the new process was spawned; same-run floor (spawn + exit of the binary) {:.0} ms; {kept} blocks kept",

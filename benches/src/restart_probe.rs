@@ -91,3 +91,49 @@ pub fn probe(c: &mut Client, bs: u64, blocks: u64, n: u64) -> anyhow::Result<Pro
         put: Lat(put),
     })
 }
+
+/// What was measured of the filled daemon.
+#[derive(Debug)]
+pub struct Filled {
+    /// `RssAnon` before the fill.
+    heap0: u64,
+    /// `RssAnon` after it.
+    heap: u64,
+    /// Latencies, when asked for.
+    lat: Option<Probe>,
+}
+
+impl Filled {
+    /// Reads the heap of the daemon `pid` (`heap0` before the fill) and, with `probes` > 0,
+    /// times that many requests of each kind (blocks `0..blocks` of `bs` bytes filled).
+    pub fn measure(
+        c: &mut Client,
+        pid: u32,
+        heap0: u64,
+        bs: u64,
+        blocks: u64,
+        probes: u64,
+    ) -> anyhow::Result<Self> {
+        let heap = rss_anon(pid)?;
+        let lat = (probes > 0)
+            .then(|| probe(c, bs, blocks, probes))
+            .transpose()?;
+        Ok(Self { heap0, heap, lat })
+    }
+
+    /// Prints the heap per block of `blocks` and the latencies.
+    pub fn print(&self, blocks: u64) {
+        println!(
+            "heap (RssAnon) of the filled daemon: {} bytes after the fill, {} before: {:.1} bytes per block",
+            self.heap,
+            self.heap0,
+            self.heap.saturating_sub(self.heap0) as f64 / blocks.max(1) as f64
+        );
+        if let Some(p) = &self.lat {
+            println!(
+                "single-key latency at {blocks} blocks ({} requests each): exists {}; get {}; put {}",
+                p.n, p.exists, p.get, p.put
+            );
+        }
+    }
+}

@@ -16,15 +16,16 @@ use super::*;
 struct Counting;
 
 thread_local! {
-    static HELD: Cell<i64> = const { Cell::new(0) };
+    static HELD: Cell<u64> = const { Cell::new(0) };
 }
 
-fn count(delta: i64) {
+/// Counts `add` bytes allocated and `sub` freed (wrapping: only differences are read).
+fn count(add: usize, sub: usize) {
     // During a thread's teardown its counter may be gone: nothing to count then.
-    let _ = HELD.try_with(|h| h.set(h.get() + delta));
+    let _ = HELD.try_with(|h| h.set(h.get().wrapping_add(add as u64).wrapping_sub(sub as u64)));
 }
 
-fn held() -> i64 {
+fn held() -> u64 {
     HELD.with(Cell::get)
 }
 
@@ -34,7 +35,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: the caller's contract for `alloc`, forwarded.
         let p = unsafe { System.alloc(l) };
         if !p.is_null() {
-            count(l.size() as i64);
+            count(l.size(), 0);
         }
         p
     }
@@ -43,7 +44,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: the caller's contract for `alloc_zeroed`, forwarded.
         let p = unsafe { System.alloc_zeroed(l) };
         if !p.is_null() {
-            count(l.size() as i64);
+            count(l.size(), 0);
         }
         p
     }
@@ -51,14 +52,14 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         // SAFETY: the caller's contract for `dealloc`, forwarded.
         unsafe { System.dealloc(p, l) };
-        count(-(l.size() as i64));
+        count(0, l.size());
     }
 
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         // SAFETY: the caller's contract for `realloc`, forwarded.
         let q = unsafe { System.realloc(p, l, new) };
         if !q.is_null() {
-            count(new as i64 - l.size() as i64);
+            count(new, l.size());
         }
         q
     }
@@ -93,7 +94,7 @@ fn heap_per_block(blocks: u32, policy: PolicyKind) -> f64 {
             CommitStatus::Committed
         );
     }
-    let per = (held() - before) as f64 / f64::from(blocks);
+    let per = held().wrapping_sub(before) as f64 / f64::from(blocks);
     assert_eq!(t.snapshot().tier.blocks, u64::from(blocks));
     assert_eq!(t.exists(ns, &[key(0), key(blocks - 1)]).unwrap(), 2);
     drop(t);
