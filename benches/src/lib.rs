@@ -30,6 +30,7 @@ pub mod relay;
 pub mod replay;
 pub mod restart;
 pub mod restart_load;
+pub mod restart_probe;
 pub mod socket;
 pub mod spill;
 

@@ -28,6 +28,7 @@ use kvnode_proto::Key;
 use kvnode_proto::size::{ByteSize, parse_size};
 
 use crate::restart_load::{fill, key, spec};
+use crate::restart_probe::{Filled, rss_anon};
 
 /// How the daemon is restarted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -77,6 +78,10 @@ pub struct RestartArgs {
     /// takeover, each on its own connection; the service gap they see is reported.
     #[arg(long, default_value_t = 0)]
     pub load_clients: u64,
+    /// After the fill, time this many single-key requests of each of exists, get and put
+    /// (the puts add as many new blocks: leave room in `--dram`); 0: none.
+    #[arg(long, default_value_t = 0)]
+    pub probes: u64,
 }
 
 fn spawn(
@@ -333,7 +338,9 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
         bail!("kvnode serve --print-config failed");
     }
     let (mut old, mut c) = start_old(&bin, &cfg, &sock, &a.dir.join("old.log"))?;
+    let heap0 = rss_anon(old.id())?;
     let fill_s = fill_blocks(&mut c, bs, a.blocks)?;
+    let filled = Filled::measure(&mut c, old.id(), heap0, bs, a.blocks, a.probes)?;
     let s = c.stats()?;
     let (in_dram, on_nvme) = (s.tiers[0].blocks, s.tiers.get(1).map_or(0, |t| t.blocks));
     // The block to hit: the newest one for a takeover (in DRAM), the oldest otherwise
@@ -368,6 +375,7 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let mut c = Client::connect(&sock)?;
     let s = c.stats()?;
     let kept = s.tiers.iter().map(|t| t.blocks).sum::<u64>();
+    let heap_new = rss_anon(new.id())?;
     drop(c);
     let log = stop_new(&mut new, &new_log, spill);
     println!(
@@ -382,9 +390,14 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
         a.dir.display()
     );
     println!("before: {in_dram} blocks in DRAM, {on_nvme} on NVMe (filled in {fill_s:.1} s)");
+    filled.print(a.blocks);
     if let Some(s) = stop_ms {
         println!("old daemon stopped in {:.0} ms", s.as_secs_f64() * 1e3);
     }
+    println!(
+        "the new daemon's RssAnon: {heap_new} bytes, {:.1} per kept block",
+        heap_new as f64 / kept.max(1) as f64
+    );
     println!(
         "first hit {:.0} ms after the new process was spawned; same-run floor (spawn + exit of the binary) {:.0} ms; {kept} blocks kept",
         first.as_secs_f64() * 1e3,

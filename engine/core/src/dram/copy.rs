@@ -35,7 +35,7 @@ pub struct CopyDown {
 
 /// Whether a block still needs a copy below: not moving, not deleted, and no copy there.
 fn needs_copy(r: &super::pool::Resident, lower_has_it: bool) -> bool {
-    !(r.demoting || r.doomed || (r.on_lower && lower_has_it))
+    !(r.demoting() || r.doomed || (r.on_lower() && lower_has_it))
 }
 
 impl State {
@@ -52,14 +52,16 @@ impl State {
     /// copied down and returns the copy.
     fn start_copy(&mut self, slot: SlotId, key: &BlockKey) -> Option<CopyDown> {
         let offset = self.offset(slot);
+        let ns = self.handle_of(key.ns)?;
         let Slot::Block(r) = self.slot_mut(slot) else {
             return None;
         };
-        if r.key != *key || r.doomed || r.demoting || r.on_lower {
+        let same = r.ns == ns && r.digest == key.digest && r.segment == key.segment;
+        if !same || r.doomed || r.demoting() || r.on_lower() {
             return None;
         }
         r.leases += 1;
-        r.demoting = true;
+        r.set_demoting(true);
         let len = r.len;
         self.totals.leases += 1;
         Some(CopyDown {
@@ -82,7 +84,7 @@ impl State {
                 break;
             }
             self.write_behind.queue.pop_front();
-            if self.index.get(&key) == Some(&slot)
+            if self.find_key(&key) == Some(slot)
                 && let Some(c) = self.start_copy(slot, &key)
             {
                 out.push(c);
@@ -105,21 +107,17 @@ impl State {
         has_copy: &dyn Fn(&BlockKey) -> bool,
     ) -> Vec<CopyDown> {
         let cands: Vec<(SlotId, BlockKey)> = self
-            .index
-            .iter()
-            .filter(|(k, s)| {
-                let (slab, idx) = super::pool::slot_parts(**s);
-                matches!(&self.slabs[slab as usize].slots[idx as usize],
-                    Slot::Block(r) if needs_copy(r, has_copy(k)))
-            })
+            .indexed()
+            .map(|(s, r)| (s, r, self.key_of(r)))
+            .filter(|(_, r, k)| needs_copy(r, has_copy(k)))
             .take(max)
-            .map(|(k, s)| (*s, *k))
+            .map(|(s, _, k)| (s, k))
             .collect();
         let mut out = Vec::with_capacity(cands.len());
         for (slot, key) in cands {
             if let Slot::Block(r) = self.slot_mut(slot) {
                 // A stale mark (the lower copy is gone): copy it again.
-                r.on_lower = false;
+                r.set_on_lower(false);
             }
             if let Some(c) = self.start_copy(slot, &key) {
                 out.push(c);
@@ -130,13 +128,8 @@ impl State {
 
     /// Blocks with no copy below that no copy is under way for.
     pub fn count_uncopied(&self, has_copy: &dyn Fn(&BlockKey) -> bool) -> u64 {
-        self.index
-            .iter()
-            .filter(|(k, s)| {
-                let (slab, idx) = super::pool::slot_parts(**s);
-                matches!(&self.slabs[slab as usize].slots[idx as usize],
-                    Slot::Block(r) if needs_copy(r, has_copy(k)))
-            })
+        self.indexed()
+            .filter(|(_, r)| needs_copy(r, has_copy(&self.key_of(r))))
             .count() as u64
     }
 
@@ -152,12 +145,16 @@ impl State {
         let Slot::Block(r) = self.slot_mut(c.slot) else {
             unreachable!("a copied slot holds its block until the copy ends")
         };
-        debug_assert!(r.demoting && r.key == c.key && r.leases > 0);
-        r.demoting = false;
+        debug_assert!(r.demoting() && r.digest == c.key.digest && r.leases > 0);
+        r.set_demoting(false);
         let doomed = r.doomed;
         if ok && !doomed {
-            r.on_lower = true;
-            on_lower(r.residency.as_ref().map(crate::residency::Residency::meta));
+            r.set_on_lower(true);
+            on_lower(
+                r.residency
+                    .as_deref()
+                    .map(crate::residency::Residency::meta),
+            );
         }
         self.release(c.slot);
         doomed

@@ -104,19 +104,23 @@ impl State {
         let c = self.class_of(slot) as usize;
         let offset = self.offset(slot);
         let slot_bytes = self.pools[c].slot_bytes;
+        let Slot::Block(r) = self.slot(slot) else {
+            unreachable!("a demoted slot holds a block")
+        };
+        let key = self.key_of(r);
         let Slot::Block(r) = self.slot_mut(slot) else {
             unreachable!("a demoted slot holds a block")
         };
         r.leases += 1;
-        r.demoting = true;
+        r.set_demoting(true);
         let d = Demotion {
             slot,
-            key: r.key,
+            key,
             offset,
             len: r.len,
             slot_bytes,
-            reads: r.reads,
-            on_lower: r.on_lower,
+            reads: u32::from(r.reads),
+            on_lower: r.on_lower(),
         };
         self.demoting_bytes += slot_bytes;
         self.totals.in_flight += 1;
@@ -132,17 +136,12 @@ impl State {
         ns: u32,
         keys: &[kvnode_proto::Key],
     ) -> Result<(Vec<Demotion>, u32), super::TierError> {
-        let id = self.ns(ns)?.id;
+        self.ns(ns)?;
         let (mut out, mut skipped) = (Vec::new(), 0);
         for k in keys {
-            let key = BlockKey {
-                ns: id,
-                digest: k.0,
-                segment: k.1,
-            };
-            let slot = self.index.get(&key).copied();
+            let slot = self.find(ns, &k.0, k.1);
             let Some(slot) = slot.filter(|&s| {
-                matches!(self.slot(s), Slot::Block(r) if r.leases == 0 && !r.doomed && !r.demoting)
+                matches!(self.slot(s), Slot::Block(r) if r.leases == 0 && !r.doomed && !r.demoting())
             }) else {
                 skipped += 1;
                 continue;
@@ -169,8 +168,8 @@ impl State {
         let Slot::Block(r) = self.slot_mut(d.slot) else {
             unreachable!("a demoting slot holds its block until the demotion ends")
         };
-        debug_assert!(r.demoting && r.key == d.key && r.leases > 0);
-        r.demoting = false;
+        debug_assert!(r.demoting() && r.digest == d.key.digest && r.leases > 0);
+        r.set_demoting(false);
         r.leases -= 1;
         let (leases, doomed, ns, len) = (r.leases, r.doomed, r.ns, r.len);
         if doomed {
@@ -188,13 +187,13 @@ impl State {
         }
         let residency = r.residency.take();
         if end == DemoteEnd::Moved {
-            on_lower(residency.as_ref().map(crate::residency::Residency::meta));
+            on_lower(residency.as_deref().map(crate::residency::Residency::meta));
             self.totals.demotions += 1;
         } else if self.has_lower && !d.on_lower {
             self.totals.dropped += 1;
         }
         drop(residency);
-        self.index.remove(&d.key);
+        self.unindex(d.slot);
         let c = self.class_of(d.slot) as usize;
         self.pools[c].evictions += 1;
         self.account_removed(d.slot, ns, len, true);

@@ -165,18 +165,21 @@ pub fn decode_announced(b: &[u8]) -> Result<Vec<(BlockKey, RouterMeta)>, ImageEr
 }
 
 /// Appends one block's record (the format in the module doc).
-pub(in crate::dram) fn put_block(out: &mut Vec<u8>, slot: SlotId, r: &Resident) {
-    let meta = r.residency.as_ref().map(crate::residency::Residency::meta);
+pub(in crate::dram) fn put_block(out: &mut Vec<u8>, slot: SlotId, ns: NamespaceId, r: &Resident) {
+    let meta = r
+        .residency
+        .as_deref()
+        .map(crate::residency::Residency::meta);
     out.extend_from_slice(&slot.to_le_bytes());
-    out.extend_from_slice(&r.key.ns.0.to_le_bytes());
-    out.extend_from_slice(&r.key.digest.0);
-    out.extend_from_slice(&r.key.segment.to_le_bytes());
+    out.extend_from_slice(&ns.0.to_le_bytes());
+    out.extend_from_slice(&r.digest.0);
+    out.extend_from_slice(&r.segment.to_le_bytes());
     out.extend_from_slice(&r.len.to_le_bytes());
-    let flags = u8::from(r.fingerprint.is_some())
-        | (u8::from(r.on_lower) << 1)
+    let flags = u8::from(r.fingerprint().is_some())
+        | (u8::from(r.on_lower()) << 1)
         | (u8::from(meta.is_some()) << 2);
     out.push(flags);
-    out.extend_from_slice(&r.fingerprint.unwrap_or(0).to_le_bytes());
+    out.extend_from_slice(&r.fingerprint().unwrap_or(0).to_le_bytes());
     if let Some(m) = meta {
         put_meta(out, m);
     }
@@ -227,18 +230,14 @@ impl State {
             )));
         }
         let header = self.header(self.slabs.iter().map(|s| s.class).collect());
-        let mut body = Vec::with_capacity(self.index.len() * 96);
-        for &slot in self.index.values() {
-            let (slab, idx) = slot_parts(slot);
-            let Slot::Block(r) = &self.slabs[slab as usize].slots[idx as usize] else {
-                return Err(bad("indexed slot holds no block"));
-            };
-            if r.demoting {
+        let mut body = Vec::with_capacity(self.indexed_len() * 96);
+        for (slot, r) in self.indexed() {
+            if r.demoting() {
                 return Err(bad("a block is being copied to NVMe: not quiescent"));
             }
-            put_block(&mut body, slot, r);
+            put_block(&mut body, slot, self.namespaces[r.ns as usize].id, r);
         }
-        assemble(*MAGIC, &header, self.index.len() as u64, &body)
+        assemble(*MAGIC, &header, self.indexed_len() as u64, &body)
     }
 
     /// The image's header, with `slab_class` as the class of each slab.
@@ -370,24 +369,20 @@ impl State {
             Some(_) => return Err(bad(format!("slot {slot:#x} listed twice"))),
             None => return Err(bad(format!("slot {slot:#x} outside its slab"))),
         }
-        if self.index.insert(key, slot).is_some() {
+        if self.find(h, &digest, segment).is_some() {
             return Err(bad("a key listed twice"));
         }
-        let residency =
-            self.announcer
-                .reside(kvnode_events::Medium::CpuPinned, &key, meta.as_ref());
-        *self.slot_mut(slot) = Slot::Block(Resident {
-            key,
-            ns: h,
-            len,
-            leases: 0,
-            doomed: false,
-            demoting: false,
-            on_lower: flags & 2 != 0,
-            reads: 0,
-            residency,
-            fingerprint: (flags & 1 != 0).then_some(fingerprint),
-        });
+        let mut b = Resident::new(h, digest, segment, len);
+        b.set_on_lower(flags & 2 != 0);
+        if flags & 1 != 0 {
+            b.set_fingerprint(fingerprint);
+        }
+        b.residency = self
+            .announcer
+            .reside(kvnode_events::Medium::CpuPinned, &key, meta.as_ref())
+            .map(Box::new);
+        *self.slot_mut(slot) = Slot::Block(b);
+        self.index_insert(slot);
         self.mark_used(slot);
         self.pools[class as usize]
             .policy

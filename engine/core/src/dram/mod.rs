@@ -9,6 +9,7 @@
 mod copy;
 mod demote;
 pub mod image;
+mod index;
 pub mod pool;
 mod state;
 
@@ -203,16 +204,10 @@ impl DramTier {
     /// Whether each key is resident in DRAM.
     pub fn contains(&self, ns: u32, keys: &[Key]) -> Result<Vec<bool>, TierError> {
         self.with(|s| {
-            let id = s.ns(ns)?.id;
+            s.ns(ns)?;
             Ok(keys
                 .iter()
-                .map(|k| {
-                    s.index.contains_key(&BlockKey {
-                        ns: id,
-                        digest: k.0,
-                        segment: k.1,
-                    })
-                })
+                .map(|k| s.find(ns, &k.0, k.1).is_some())
                 .collect())
         })
     }
@@ -475,7 +470,7 @@ impl DramTier {
             if on {
                 let now = std::time::Instant::now();
                 let mut held: Vec<(SlotId, BlockKey)> =
-                    s.index.iter().map(|(k, &slot)| (slot, *k)).collect();
+                    s.indexed().map(|(slot, r)| (slot, s.key_of(r))).collect();
                 held.sort_unstable_by_key(|e| e.0);
                 s.write_behind
                     .queue
@@ -515,6 +510,8 @@ impl DramTier {
     }
 }
 
+#[cfg(test)]
+mod heap_tests;
 #[cfg(test)]
 mod image_tests;
 #[cfg(test)]

@@ -4,15 +4,18 @@
 //! into slots of its size, so pages of different sizes never share a slot and waste is
 //! bounded by the 4 KiB rounding of the class size plus one slab's tail per class.
 
-use kvnode_proto::BlockKey;
+use kvnode_proto::{BlockKey, Digest};
 
+use super::index::IndexKey;
 use crate::policy::{Policy, PolicyKind, SlotId};
 use crate::residency::Residency;
 
 /// Slot sizes are rounded up to this (O_DIRECT alignment for the spill tier).
 pub const SLOT_ALIGN: u64 = 4096;
 
-/// What a slot holds.
+/// What a slot holds: 72 bytes (the enum's tag sits in a `bool`'s spare values). One per
+/// slot of every assigned slab, so this is most of the tier's heap per block (docs/architecture.md,
+/// "DRAM index").
 #[derive(Debug)]
 pub enum Slot {
     /// Available.
@@ -26,31 +29,121 @@ pub enum Slot {
     Block(Resident),
 }
 
-/// A committed block.
+/// A committed block. Its key is `(namespaces[ns].id, digest, segment)`: the namespace by its
+/// handle (4 bytes, not the 16-byte id), and the index keeps no copy of the key (index.rs).
 #[derive(Debug)]
 pub struct Resident {
-    /// Key.
-    pub key: BlockKey,
-    /// Namespace handle.
-    pub ns: u32,
+    /// Page digest.
+    pub digest: Digest,
     /// Bytes used in the slot.
     pub len: u64,
+    /// Fingerprint of the bytes (first 8 bytes of their BLAKE3 hash) when `FINGERPRINT` is
+    /// set: once someone computed it (peer sends, verified pulls).
+    fingerprint: u64,
+    /// The block's KV-event residency in DRAM (boxed: only with events); dropping it
+    /// announces the removal.
+    pub residency: Option<Box<Residency>>,
+    /// Namespace handle.
+    pub ns: u32,
     /// Outstanding leases; while non-zero the slot is never evicted or reused.
     pub leases: u32,
+    /// `get` hits so far, saturating (admission policy `second-read` asks for 2).
+    pub reads: u16,
+    /// Segment of the page.
+    pub segment: u16,
     /// Removed from the index while leased: freed when the last lease ends.
     pub doomed: bool,
-    /// Being written to the next tier; holds one of `leases` until the write ends.
-    pub demoting: bool,
-    /// A copy exists in the next tier (the block was promoted from it).
-    pub on_lower: bool,
-    /// `get` hits so far (admission policy `second-read`).
-    pub reads: u32,
-    /// The block's KV-event residency in DRAM; dropping it announces the removal.
-    pub residency: Option<Residency>,
-    /// Fingerprint of the bytes (first 8 bytes of their BLAKE3 hash), once someone computed it
-    /// (peer sends, verified pulls).
-    pub fingerprint: Option<u64>,
+    /// `DEMOTING`, `ON_LOWER`, `FINGERPRINT`.
+    flags: u8,
 }
+
+/// Being written to the next tier; holds one of `leases` until the write ends.
+const DEMOTING: u8 = 1;
+/// A copy exists in the next tier (the block was promoted from it, or copied down).
+const ON_LOWER: u8 = 2;
+/// `fingerprint` holds one.
+const FINGERPRINT: u8 = 4;
+
+impl Resident {
+    /// A block just committed (or restored) with `len` bytes in the slot.
+    pub fn new(ns: u32, digest: Digest, segment: u16, len: u64) -> Self {
+        Self {
+            digest,
+            len,
+            fingerprint: 0,
+            residency: None,
+            ns,
+            leases: 0,
+            reads: 0,
+            segment,
+            doomed: false,
+            flags: 0,
+        }
+    }
+
+    /// Whether this is the block of `k`.
+    pub fn is(&self, k: IndexKey<'_>) -> bool {
+        self.digest == *k.digest && self.segment == k.segment && self.ns == k.ns
+    }
+
+    /// Its key as the index sees it.
+    pub fn index_key(&self) -> IndexKey<'_> {
+        IndexKey {
+            ns: self.ns,
+            digest: &self.digest,
+            segment: self.segment,
+        }
+    }
+
+    fn set(&mut self, flag: u8, on: bool) {
+        if on {
+            self.flags |= flag;
+        } else {
+            self.flags &= !flag;
+        }
+    }
+
+    /// Being written to the next tier; holds one of `leases` until the write ends.
+    pub fn demoting(&self) -> bool {
+        self.flags & DEMOTING != 0
+    }
+
+    /// Sets [`Resident::demoting`].
+    pub fn set_demoting(&mut self, on: bool) {
+        self.set(DEMOTING, on);
+    }
+
+    /// A copy exists in the next tier.
+    pub fn on_lower(&self) -> bool {
+        self.flags & ON_LOWER != 0
+    }
+
+    /// Sets [`Resident::on_lower`].
+    pub fn set_on_lower(&mut self, on: bool) {
+        self.set(ON_LOWER, on);
+    }
+
+    /// The fingerprint of the bytes, once someone computed it.
+    pub fn fingerprint(&self) -> Option<u64> {
+        (self.flags & FINGERPRINT != 0).then_some(self.fingerprint)
+    }
+
+    /// Records the fingerprint of the bytes.
+    pub fn set_fingerprint(&mut self, fingerprint: u64) {
+        self.fingerprint = fingerprint;
+        self.flags |= FINGERPRINT;
+    }
+
+    /// Counts a `get` hit.
+    pub fn count_read(&mut self) {
+        self.reads = self.reads.saturating_add(1);
+    }
+}
+
+const _: () = assert!(
+    size_of::<Slot>() == 72,
+    "a slot grew: see docs/architecture.md"
+);
 
 /// Committed blocks not yet copied down, oldest first (write-behind only).
 #[derive(Debug, Default)]

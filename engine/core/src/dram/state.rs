@@ -6,6 +6,7 @@ use kvnode_proto::client::{CommitStatus, Extent, PutStatus, SegmentClass};
 use kvnode_proto::stats::{NamespaceStats, PoolStats, TierStats};
 use kvnode_proto::{BlockKey, Key, NamespaceId, NamespaceSpec};
 
+use super::index::Index;
 use super::pool::{Pool, Resident, Slab, Slot, class_bytes, slot_id, slot_parts};
 use super::{Leased, Registered, Reserved, TierConfig, TierError, TierSnapshot};
 use crate::policy::{BatchHint, EvictionPolicy, PolicyKind, SlotId};
@@ -16,6 +17,7 @@ use std::sync::Arc;
 const MAX_CLASSES: usize = 4096;
 
 pub(super) mod live;
+mod lookup;
 pub(super) mod quota;
 pub(super) mod retain;
 
@@ -38,7 +40,8 @@ pub(super) struct State {
     empty_slabs: std::collections::BTreeSet<u32>,
     pub pools: Vec<Pool>,
     class_by_size: HashMap<u64, u32>,
-    pub index: HashMap<BlockKey, SlotId>,
+    /// Slot ids by key (index.rs; the keys live in the slots).
+    index: Index,
     pub namespaces: Vec<NsEntry>,
     ns_by_id: HashMap<NamespaceId, u32>,
     pub totals: TierStats,
@@ -79,7 +82,7 @@ impl State {
             empty_slabs: std::collections::BTreeSet::new(),
             pools: Vec::new(),
             class_by_size: HashMap::new(),
-            index: HashMap::new(),
+            index: Index::default(),
             namespaces: Vec::new(),
             ns_by_id: HashMap::new(),
             totals: TierStats {
@@ -251,7 +254,7 @@ impl State {
         if len > e.spec.segments[usize::from(k.1)] {
             return Ok(Err(PutStatus::TooLarge));
         }
-        if self.index.contains_key(&key) {
+        if self.find(ns, &k.0, k.1).is_some() {
             return Ok(Err(PutStatus::Exists));
         }
         let Some(slot) = self.alloc_slot(class) else {
@@ -406,7 +409,7 @@ impl State {
         self.mark_free(slot);
         debug_assert_eq!(r.leases, 0);
         if !r.doomed {
-            self.index.remove(&r.key);
+            self.index_remove(slot, &r);
             self.account_removed(slot, r.ns, r.len, evicted);
         }
         // `r.residency` drops here: the block left DRAM.
@@ -416,7 +419,7 @@ impl State {
     fn count_drop(&mut self, slot: SlotId) {
         if self.has_lower
             && let Slot::Block(r) = self.slot(slot)
-            && !r.on_lower
+            && !r.on_lower()
         {
             self.totals.dropped += 1;
         }
@@ -471,23 +474,18 @@ impl State {
         self.totals.reserved -= 1;
         let c = self.class_of(r.slot) as usize;
         self.pools[c].reserved -= 1;
-        if self.index.contains_key(&r.key) {
+        if self.find(r.ns, &r.key.digest, r.key.segment).is_some() {
             self.free_slot(r.slot);
             return CommitStatus::Duplicate;
         }
-        *self.slot_mut(r.slot) = Slot::Block(Resident {
-            key: r.key,
-            ns: r.ns,
-            len: r.len,
-            leases: 0,
-            doomed: false,
-            demoting: false,
-            on_lower,
-            reads: 0,
-            residency: self.announcer.reside(Medium::CpuPinned, &r.key, meta),
-            fingerprint: None,
-        });
-        self.index.insert(r.key, r.slot);
+        let mut b = Resident::new(r.ns, r.key.digest, r.key.segment, r.len);
+        b.set_on_lower(on_lower);
+        b.residency = self
+            .announcer
+            .reside(Medium::CpuPinned, &r.key, meta)
+            .map(Box::new);
+        *self.slot_mut(r.slot) = Slot::Block(b);
+        self.index_insert(r.slot);
         if !on_lower {
             self.queue_write_behind(r.slot, r.key);
         }
@@ -514,16 +512,11 @@ impl State {
     }
 
     pub fn lease(&mut self, ns: u32, keys: &[Key]) -> Result<Vec<Option<Leased>>, TierError> {
-        let id = self.ns(ns)?.id;
+        self.ns(ns)?;
         let mut out = Vec::with_capacity(keys.len());
         let (mut hits, mut misses) = (0u64, 0u64);
         for (i, k) in keys.iter().enumerate() {
-            let key = BlockKey {
-                ns: id,
-                digest: k.0,
-                segment: k.1,
-            };
-            let Some(&slot) = self.index.get(&key) else {
+            let Some(slot) = self.find(ns, &k.0, k.1) else {
                 misses += 1;
                 out.push(None);
                 continue;
@@ -535,8 +528,8 @@ impl State {
                 unreachable!("indexed slot holds a block")
             };
             r.leases += 1;
-            r.reads = r.reads.saturating_add(1);
-            let (len, fingerprint) = (r.len, r.fingerprint);
+            r.count_read();
+            let (len, fingerprint) = (r.len, r.fingerprint());
             self.pools[c]
                 .policy
                 .touch(slot, BatchHint::at(i, keys.len()));
@@ -581,8 +574,8 @@ impl State {
             unreachable!("a committed slot holds a block")
         };
         r.leases += 1;
-        r.reads = r.reads.saturating_add(1);
-        let (len, fingerprint) = (r.len, r.fingerprint);
+        r.count_read();
+        let (len, fingerprint) = (r.len, r.fingerprint());
         self.pools[c].policy.touch(slot, hint);
         self.totals.hits += 1;
         self.totals.leases += 1;
@@ -606,7 +599,7 @@ impl State {
     /// were hashed from: it holds a lease on it, or committed it under this same lock.
     pub fn set_checksum(&mut self, slot: SlotId, fingerprint: u64) {
         if let Slot::Block(r) = self.slot_mut(slot) {
-            r.fingerprint = Some(fingerprint);
+            r.set_fingerprint(fingerprint);
         }
     }
 
@@ -625,34 +618,21 @@ impl State {
 
     /// Length of each key's block if resident (no lease taken, no policy touched).
     pub fn block_lens(&self, ns: u32, keys: &[Key]) -> Result<Vec<Option<u64>>, TierError> {
-        let id = self.ns(ns)?.id;
+        self.ns(ns)?;
         Ok(keys
             .iter()
-            .map(|k| {
-                let key = BlockKey {
-                    ns: id,
-                    digest: k.0,
-                    segment: k.1,
-                };
-                match self.index.get(&key).map(|&s| self.slot(s)) {
-                    Some(Slot::Block(r)) => Some(r.len),
-                    _ => None,
-                }
+            .map(|k| match self.find(ns, &k.0, k.1).map(|s| self.slot(s)) {
+                Some(Slot::Block(r)) => Some(r.len),
+                _ => None,
             })
             .collect())
     }
 
     pub fn exists(&self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
-        let id = self.ns(ns)?.id;
+        self.ns(ns)?;
         let n = keys
             .iter()
-            .take_while(|k| {
-                self.index.contains_key(&BlockKey {
-                    ns: id,
-                    digest: k.0,
-                    segment: k.1,
-                })
-            })
+            .take_while(|k| self.find(ns, &k.0, k.1).is_some())
             .count();
         Ok(n as u32)
     }
@@ -661,15 +641,10 @@ impl State {
     /// them would (each at its place in the run), without leasing or counting a read:
     /// returns the run's length.
     pub fn touch(&mut self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
-        let id = self.ns(ns)?.id;
+        self.ns(ns)?;
         let mut n = 0;
         for (i, k) in keys.iter().enumerate() {
-            let key = BlockKey {
-                ns: id,
-                digest: k.0,
-                segment: k.1,
-            };
-            let Some(&slot) = self.index.get(&key) else {
+            let Some(slot) = self.find(ns, &k.0, k.1) else {
                 break;
             };
             let c = self.class_of(slot) as usize;
@@ -682,12 +657,11 @@ impl State {
         Ok(n as u32)
     }
 
-    fn remove_key(&mut self, key: &BlockKey) -> bool {
-        let Some(slot) = self.index.remove(key) else {
-            return false;
-        };
+    /// Removes the indexed block in `slot` (delete, clear).
+    fn remove_indexed(&mut self, slot: SlotId) {
         let c = self.class_of(slot) as usize;
         self.pools[c].policy.remove(slot);
+        self.unindex(slot);
         let Slot::Block(r) = self.slot_mut(slot) else {
             unreachable!("indexed slot holds a block")
         };
@@ -702,18 +676,14 @@ impl State {
             self.free_slot(slot);
         }
         drop(residency);
-        true
     }
 
     pub fn delete(&mut self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
-        let id = self.ns(ns)?.id;
+        self.ns(ns)?;
         let mut n = 0;
         for k in keys {
-            if self.remove_key(&BlockKey {
-                ns: id,
-                digest: k.0,
-                segment: k.1,
-            }) {
+            if let Some(slot) = self.find(ns, &k.0, k.1) {
+                self.remove_indexed(slot);
                 n += 1;
             }
         }
@@ -721,17 +691,18 @@ impl State {
     }
 
     pub fn clear(&mut self, ns: Option<u32>) -> Result<u64, TierError> {
-        let id = ns.map(|h| self.ns(h).map(|e| e.id)).transpose()?;
-        let keys: Vec<BlockKey> = self
-            .index
-            .keys()
-            .filter(|k| id.is_none_or(|i| k.ns == i))
-            .copied()
-            .collect();
-        for k in &keys {
-            self.remove_key(k);
+        if let Some(h) = ns {
+            self.ns(h)?;
         }
-        Ok(keys.len() as u64)
+        let slots: Vec<SlotId> = self
+            .indexed()
+            .filter(|(_, r)| ns.is_none_or(|h| r.ns == h))
+            .map(|(s, _)| s)
+            .collect();
+        for &s in &slots {
+            self.remove_indexed(s);
+        }
+        Ok(slots.len() as u64)
     }
 
     pub fn snapshot(&self) -> TierSnapshot {

@@ -1,15 +1,17 @@
-//! Least-recently-used, as an index-linked list keyed by slot id (O(1) per operation).
+//! Least-recently-used, as an index-linked list keyed by slot id (O(1) per operation); the
+//! links sit in a flat per-slot table (16 bytes a block, slots.rs).
 
-use std::collections::HashMap;
-
+use super::slots::SlotTable;
 use super::{BatchHint, EvictionPolicy, SlotId};
 
 const NIL: SlotId = SlotId::MAX;
+/// The links of an untracked slot (no slot has this id, and no link points to it).
+const VACANT: (SlotId, SlotId) = (SlotId::MAX - 1, SlotId::MAX - 1);
 
 /// LRU list: head is most recent, tail is the next victim.
 #[derive(Debug)]
 pub struct Lru {
-    links: HashMap<SlotId, (SlotId, SlotId)>,
+    links: SlotTable<(SlotId, SlotId)>,
     head: SlotId,
     tail: SlotId,
 }
@@ -17,7 +19,7 @@ pub struct Lru {
 impl Default for Lru {
     fn default() -> Self {
         Self {
-            links: HashMap::new(),
+            links: SlotTable::new(VACANT),
             head: NIL,
             tail: NIL,
         }
@@ -26,17 +28,17 @@ impl Default for Lru {
 
 impl Lru {
     fn unlink(&mut self, s: SlotId) -> bool {
-        let Some((prev, next)) = self.links.remove(&s) else {
+        let Some((prev, next)) = self.links.remove(s) else {
             return false;
         };
         if prev == NIL {
             self.head = next;
-        } else if let Some(l) = self.links.get_mut(&prev) {
+        } else if let Some(l) = self.links.get_mut(prev) {
             l.1 = next;
         }
         if next == NIL {
             self.tail = prev;
-        } else if let Some(l) = self.links.get_mut(&next) {
+        } else if let Some(l) = self.links.get_mut(next) {
             l.0 = prev;
         }
         true
@@ -47,7 +49,7 @@ impl Lru {
         self.links.insert(s, (NIL, old));
         if old == NIL {
             self.tail = s;
-        } else if let Some(l) = self.links.get_mut(&old) {
+        } else if let Some(l) = self.links.get_mut(old) {
             l.0 = s;
         }
         self.head = s;
@@ -73,7 +75,7 @@ impl EvictionPolicy for Lru {
     fn victim(&mut self, evictable: &mut dyn FnMut(SlotId) -> bool) -> Option<SlotId> {
         let mut s = self.tail;
         while s != NIL {
-            let prev = self.links[&s].0;
+            let prev = self.links.get(s).expect("a listed slot is tracked").0;
             if evictable(s) {
                 self.unlink(s);
                 return Some(s);

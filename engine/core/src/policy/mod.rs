@@ -8,6 +8,7 @@
 mod chain;
 mod lru;
 mod s3fifo;
+mod slots;
 
 pub use chain::Chain;
 pub use lru::Lru;

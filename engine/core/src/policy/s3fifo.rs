@@ -2,8 +2,9 @@
 //! promotion, and a ghost list of recently evicted keys. Blocks read once leave through the
 //! small queue, so a one-pass scan cannot flush the blocks that are read again.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 
+use super::slots::SlotTable;
 use super::{BatchHint, EvictionPolicy, SlotId};
 
 /// Target share of the small queue, in percent of tracked blocks.
@@ -17,7 +18,7 @@ enum Queue {
     Main,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     queue: Queue,
     freq: u8,
@@ -26,11 +27,19 @@ struct Entry {
     stamp: u32,
 }
 
+/// An untracked slot's entry (`freq` never exceeds `MAX_FREQ` in a tracked one).
+const VACANT: Entry = Entry {
+    queue: Queue::Small,
+    freq: u8::MAX,
+    key_hash: 0,
+    stamp: 0,
+};
+
 /// S3-FIFO state. Queues hold `(slot, stamp)`; entries removed or requeued leave stale
 /// items behind that are skipped when popped.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct S3Fifo {
-    entries: HashMap<SlotId, Entry>,
+    entries: SlotTable<Entry>,
     small: VecDeque<(SlotId, u32)>,
     main: VecDeque<(SlotId, u32)>,
     small_live: usize,
@@ -38,9 +47,22 @@ pub struct S3Fifo {
     ghost_set: HashSet<u64>,
 }
 
+impl Default for S3Fifo {
+    fn default() -> Self {
+        Self {
+            entries: SlotTable::new(VACANT),
+            small: VecDeque::new(),
+            main: VecDeque::new(),
+            small_live: 0,
+            ghost: VecDeque::new(),
+            ghost_set: HashSet::new(),
+        }
+    }
+}
+
 impl S3Fifo {
     fn enqueue(&mut self, slot: SlotId, queue: Queue) {
-        let e = self.entries.get_mut(&slot).expect("tracked");
+        let e = self.entries.get_mut(slot).expect("tracked");
         if e.queue == Queue::Small {
             self.small_live -= 1;
         }
@@ -70,13 +92,12 @@ impl S3Fifo {
 
     fn live(&self, item: (SlotId, u32), queue: Queue) -> Option<Entry> {
         self.entries
-            .get(&item.0)
-            .copied()
+            .get(item.0)
             .filter(|e| e.stamp == item.1 && e.queue == queue)
     }
 
     fn forget(&mut self, slot: SlotId) -> Option<Entry> {
-        let e = self.entries.remove(&slot)?;
+        let e = self.entries.remove(slot)?;
         if e.queue == Queue::Small {
             self.small_live -= 1;
         }
@@ -103,7 +124,7 @@ impl EvictionPolicy for S3Fifo {
     }
 
     fn touch(&mut self, slot: SlotId, _hint: BatchHint) {
-        if let Some(e) = self.entries.get_mut(&slot) {
+        if let Some(e) = self.entries.get_mut(slot) {
             e.freq = (e.freq + 1).min(MAX_FREQ);
         }
     }
@@ -155,11 +176,11 @@ impl EvictionPolicy for S3Fifo {
             }
             match queue {
                 Queue::Small if e.freq > 0 => {
-                    self.entries.get_mut(&slot).expect("live").freq = 0;
+                    self.entries.get_mut(slot).expect("live").freq = 0;
                     self.enqueue(slot, Queue::Main);
                 }
                 Queue::Main if e.freq > 0 => {
-                    self.entries.get_mut(&slot).expect("live").freq = e.freq - 1;
+                    self.entries.get_mut(slot).expect("live").freq = e.freq - 1;
                     self.enqueue(slot, Queue::Main);
                 }
                 Queue::Small => {

@@ -110,7 +110,7 @@ impl State {
                 && !r.doomed
                 && !dirty.is_some_and(|d| d.contains(&id))
             {
-                put_block(out, id, r);
+                put_block(out, id, self.namespaces[r.ns as usize].id, r);
                 n += 1;
             }
         }
@@ -158,7 +158,7 @@ impl State {
             if let Slot::Block(r) = self.slot(slot)
                 && !r.doomed
             {
-                put_block(&mut blocks, slot, r);
+                put_block(&mut blocks, slot, self.namespaces[r.ns as usize].id, r);
                 n += 1;
             }
         }
@@ -341,7 +341,7 @@ impl State {
         };
         let class = self.class_of(slot);
         self.pools[class as usize].policy.remove(slot);
-        self.index.remove(&r.key);
+        self.index_remove(slot, &r);
         self.unretain(slot);
         self.totals.blocks -= 1;
         self.totals.bytes -= r.len;

@@ -100,7 +100,6 @@ impl State {
             reserved,
         } = *q;
         let e = self.ns(ns)?;
-        let id = e.id;
         let classes = e.classes.clone();
         let segments = e.spec.segments.clone();
         let mut used = self.set_bytes(set).saturating_add(reserved.load(Relaxed));
@@ -108,18 +107,13 @@ impl State {
         let mut out = Vec::with_capacity(keys.len());
         for (i, (k, &len)) in keys.iter().zip(lens).enumerate() {
             let hint = crate::policy::BatchHint::at(i, keys.len());
-            let key = kvnode_proto::BlockKey {
-                ns: id,
-                digest: k.0,
-                segment: k.1,
-            };
             // Refusals that need no room come first: never evict for a key that fails anyway.
             let seg = usize::from(k.1);
             let Some(class) = classes.get(seg).copied() else {
                 out.push(self.reserve_one(conn, ns, k, len, hint)?);
                 continue;
             };
-            if self.index.contains_key(&key) || len > segments[seg] {
+            if self.find(ns, &k.0, k.1).is_some() || len > segments[seg] {
                 out.push(self.reserve_one(conn, ns, k, len, hint)?);
                 continue;
             }

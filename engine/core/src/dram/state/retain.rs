@@ -11,7 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime};
 
-use kvnode_proto::{BlockKey, Key};
+use kvnode_proto::Key;
 
 use super::super::TierError;
 use super::super::pool::Slot;
@@ -87,16 +87,12 @@ impl State {
     /// The DRAM slot holding key `k` of handle `ns` as a plain resident block (not doomed,
     /// not being demoted), with its length.
     fn resident_slot(&self, ns: u32, k: &Key) -> Result<Option<(SlotId, u64)>, TierError> {
-        let key = BlockKey {
-            ns: self.ns(ns)?.id,
-            digest: k.0,
-            segment: k.1,
-        };
-        let Some(&slot) = self.index.get(&key) else {
+        self.ns(ns)?;
+        let Some(slot) = self.find(ns, &k.0, k.1) else {
             return Ok(None);
         };
         Ok(match self.slot(slot) {
-            Slot::Block(r) if !r.doomed && !r.demoting => Some((slot, r.len)),
+            Slot::Block(r) if !r.doomed && !r.demoting() => Some((slot, r.len)),
             _ => None,
         })
     }

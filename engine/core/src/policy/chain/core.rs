@@ -3,6 +3,8 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
+use super::super::slots::SlotTable;
+
 /// Uses count up to this many levels.
 const MAX_LEVEL: u64 = 16;
 /// Low bits of a priority that order a batch's pages (parents above children).
@@ -10,7 +12,7 @@ const DEPTH_BITS: u32 = 16;
 const DEPTH_MAX: u64 = (1 << DEPTH_BITS) - 1;
 
 /// One tracked block.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Entry {
     pub key_hash: u64,
     pub uses: u8,
@@ -57,10 +59,18 @@ impl Ghosts {
     }
 }
 
-/// Entries keyed by slot id, lowest priority first.
+/// An untracked slot's entry: no tracked block has all three at their maximum (a priority
+/// of all ones needs a clock near 2^48 blocks).
+const VACANT: Entry = Entry {
+    key_hash: u64::MAX,
+    uses: u8::MAX,
+    prio: u64::MAX,
+};
+
+/// Entries keyed by slot id (a flat per-slot table, ../slots.rs), lowest priority first.
 #[derive(Debug)]
 pub(super) struct Core {
-    entries: HashMap<u64, Entry>,
+    entries: SlotTable<Entry>,
     order: BTreeSet<(u64, u64)>,
     ghosts: Ghosts,
     ghost_factor: usize,
@@ -72,7 +82,7 @@ impl Core {
     /// `ghost_min`.
     pub fn new(ghost_factor: usize, ghost_min: usize) -> Self {
         Self {
-            entries: HashMap::new(),
+            entries: SlotTable::new(VACANT),
             order: BTreeSet::new(),
             ghosts: Ghosts::default(),
             ghost_factor,
@@ -105,7 +115,7 @@ impl Core {
     }
 
     pub fn forget(&mut self, id: u64) -> Option<Entry> {
-        let e = self.entries.remove(&id)?;
+        let e = self.entries.remove(id)?;
         self.order.remove(&(e.prio, id));
         Some(e)
     }
@@ -120,7 +130,7 @@ impl Core {
     }
 
     pub fn get(&self, id: u64) -> Option<Entry> {
-        self.entries.get(&id).copied()
+        self.entries.get(id)
     }
 }
 
