@@ -68,7 +68,10 @@ fn announced(endpoint: &str) -> HashMap<u64, (Vec<u32>, Option<u64>)> {
                 assert_eq!(block_hashes.len(), 1, "one block per store here");
                 out.insert(
                     block_hashes[0].into_u64(),
-                    (token_ids, parent_block_hash.map(|p| p.into_u64())),
+                    (
+                        token_ids,
+                        parent_block_hash.map(dynamo_kv_router::zmq_wire::BlockHashValue::into_u64),
+                    ),
                 );
             }
         }

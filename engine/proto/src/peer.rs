@@ -57,6 +57,10 @@ pub struct PeerMeta {
     pub parent: Option<u64>,
 }
 
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -468,6 +472,10 @@ mod tests {
                 keys: Vec<PullKey>,
             },
         }
+        #[derive(Deserialize, Debug)]
+        enum OldBack {
+            Pull { req: u64 },
+        }
         let old = OldMsg::Pull {
             req: 5,
             ns: NamespaceId(2),
@@ -489,10 +497,6 @@ mod tests {
             keys: vec![PullKey(Digest([3; 32]), 1)],
             meta: true,
         };
-        #[derive(Deserialize, Debug)]
-        enum OldBack {
-            Pull { req: u64 },
-        }
         let f = encode_frame(&new, 0).unwrap();
         let prefix =
             FramePrefix::decode(f[..crate::frame::PREFIX_LEN].try_into().unwrap()).unwrap();

@@ -441,7 +441,7 @@ impl Chunk {
                 Some(Ok(mut r)) => {
                     // Announced with the source's metadata once committed (a block whose
                     // metadata does not fit its namespace or budget is stored unannounced).
-                    r.set_meta(meta.and_then(|m| p.store().peer_meta(self.op.ns, &key, m)));
+                    r.set_meta(meta.and_then(|m| p.store().peer_meta(self.op.ns, &key, &m)));
                     Landing::slot(r)
                 }
                 Some(Err(st)) => Landing::scratch(len, Some(st)),

@@ -194,7 +194,7 @@ fn a_dear_context_term_makes_the_recomputed_tail_dearer() {
         dear.saved_s(512, 512) - dear.saved_s(256, 512),
     );
     assert!(b > 1.3 * a, "{a} {b}");
-    let nvme = 256.0 * PAGE as f64 / ((a + b) / 2.0) / 1e9;
+    let nvme = 256.0 * PAGE as f64 / f64::midpoint(a, b) / 1e9;
     let f = figs(1000.0, Some(nvme), None);
     let exact = Probing {
         margin: 0.0,

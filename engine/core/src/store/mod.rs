@@ -179,12 +179,12 @@ impl Store {
     /// source announced it with and charged to the namespace's tenant; `None` without
     /// events, or when it does not fit the namespace or the budget (the block is then
     /// stored unannounced, as a client's block whose metadata does not fit).
-    pub fn peer_meta(&self, ns: u32, key: &Key, meta: PeerMeta) -> Option<Arc<RouterMeta>> {
+    pub fn peer_meta(&self, ns: u32, key: &Key, meta: &PeerMeta) -> Option<Arc<RouterMeta>> {
         if !self.announces() {
             return None;
         }
         let budget = self.meta_budget(ns)?;
-        RouterMeta::from_peer(&budget.spec, key.0.router_hash(), &meta, |b| {
+        RouterMeta::from_peer(&budget.spec, key.0.router_hash(), meta, |b| {
             budget.charge(b)
         })
     }
