@@ -7,6 +7,13 @@
 //! disk that becomes slow shows within a few operations. The figure is the weighted least
 //! squares line `seconds = fixed + bytes / rate`; where the samples are all of one size (no
 //! spread to separate the two terms), the whole time is counted as rate.
+//!
+//! The time-weighted sums follow a path that slows down within an operation or two (one slow
+//! sample outweighs many fast ones) but one that becomes fast again only slowly: a disk
+//! throttled for a while and then freed would stay slow for a dozen operations. So two
+//! samples in a row [`SHIFT`] times faster than the figure predicts mean the machine changed,
+//! and the fit restarts from the second. One fast sample alone changes nothing beyond its
+//! weight: a lucky operation does not turn the plans back to a slow path.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -21,6 +28,9 @@ pub const KEEP: f64 = 0.75;
 /// Older samples lose half their weight per this much time (a figure left alone for the
 /// plans' 30 s reprobe interval gives way to one new sample).
 pub const HALF_LIFE: Duration = Duration::from_secs(10);
+
+/// Two samples in a row this many times faster than the figure predicts restart the fit.
+pub const SHIFT: f64 = 4.0;
 
 /// A path's measured figure.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -49,6 +59,8 @@ struct Fit {
     sxy: f64,
     samples: u64,
     last: Instant,
+    /// The last sample was [`SHIFT`] times faster than predicted.
+    faster: bool,
 }
 
 impl Fit {
@@ -61,12 +73,20 @@ impl Fit {
             sxy: 0.0,
             samples: 0,
             last: now,
+            faster: false,
         }
     }
 
     fn add(&mut self, bytes: f64, secs: f64, now: Instant) {
         let dt = now.saturating_duration_since(self.last).as_secs_f64();
-        let k = KEEP * 0.5f64.powf(dt / HALF_LIFE.as_secs_f64());
+        let mut k = KEEP * 0.5f64.powf(dt / HALF_LIFE.as_secs_f64());
+        let faster = self
+            .figure(now)
+            .is_some_and(|f| secs * SHIFT < f.fixed_s + bytes / f.bytes_per_s);
+        if faster && self.faster {
+            k = 0.0;
+        }
+        self.faster = faster;
         self.w = self.w * k + 1.0;
         self.sx = self.sx * k + bytes;
         self.sy = self.sy * k + secs;
@@ -415,6 +435,30 @@ mod tests {
         c.record_at("p", 4 * MB, secs(0.004), t + secs(600.0));
         let rate = c.figure("p").expect("measured").bytes_per_s;
         assert!(rate > 0.5 * (4.0 * MB as f64 / 0.004), "{rate}");
+    }
+
+    /// A disk throttled for a while, then freed, probed once a second (the plans' reprobe):
+    /// the second fast probe in a row shows it, where the decay alone would take a dozen; the
+    /// first alone does not.
+    #[test]
+    fn a_path_that_recovers_shows_at_its_second_fast_operation_in_a_row() {
+        let c = PathCosts::default();
+        let t = Instant::now();
+        for i in 0..50 {
+            c.record_at("p", 4 * MB, secs(0.004), t + secs(f64::from(i) * 0.01));
+        }
+        for i in 0..8 {
+            c.record_at("p", 2 * MB, secs(0.5), t + secs(1.0 + f64::from(i) * 0.5));
+        }
+        let slow = c.figure("p").expect("measured").bytes_per_s;
+        assert!(slow < 2.0 * (2.0 * MB as f64 / 0.5), "{slow}");
+        let fast = MB as f64 / 0.001;
+        c.record_at("p", MB, secs(0.001), t + secs(6.0));
+        let rate = c.figure("p").expect("measured").bytes_per_s;
+        assert!(rate < 0.1 * fast, "{rate} after one fast probe");
+        c.record_at("p", MB, secs(0.001), t + secs(7.0));
+        let rate = c.figure("p").expect("measured").bytes_per_s;
+        assert!(rate > 0.9 * fast, "{rate} after two");
     }
 
     #[test]
