@@ -25,6 +25,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use kvnode_client::Client;
 use kvnode_proto::Key;
+use kvnode_proto::client::BlockMeta;
 use kvnode_proto::size::{ByteSize, parse_size};
 
 use crate::restart_load::{fill, key, spec};
@@ -82,6 +83,10 @@ pub struct RestartArgs {
     /// (the puts add as many new blocks: leave room in `--dram`); 0: none.
     #[arg(long, default_value_t = 0)]
     pub probes: u64,
+    /// Publish KV events (an ipc endpoint in `--dir`, no subscriber needed) and put every
+    /// block with router metadata, so a takeover hands the event stream over.
+    #[arg(long)]
+    pub events: bool,
 }
 
 fn spawn(
@@ -159,6 +164,13 @@ fn config_text(a: &RestartArgs, bs: u64, dram: u64, spill: bool) -> anyhow::Resu
         a.pin,
         !a.no_populate
     );
+    if a.events {
+        writeln!(
+            text,
+            "[events]\nendpoint = \"ipc://{}\"",
+            a.dir.join("events.sock").display()
+        )?;
+    }
     if spill {
         let dir = a.dir.join("spill");
         std::fs::create_dir_all(&dir)?;
@@ -173,8 +185,12 @@ fn config_text(a: &RestartArgs, bs: u64, dram: u64, spill: bool) -> anyhow::Resu
 }
 
 /// Puts blocks `0..n` (32 per request); returns the seconds until demotion drained.
-fn fill_blocks(c: &mut Client, bs: u64, n: u64) -> anyhow::Result<f64> {
-    let ns = c.register(&spec(bs))?.ns;
+/// With `events`, each block carries router metadata (its page's tokens), so it is
+/// announced.
+fn fill_blocks(c: &mut Client, bs: u64, n: u64, events: bool) -> anyhow::Result<f64> {
+    let spec = spec(bs);
+    let page = u64::from(spec.page_size);
+    let ns = c.register(&spec)?.ns;
     let mut buf = vec![0x5Au8; bs as usize];
     let batch = 32u64;
     let t = Instant::now();
@@ -188,7 +204,19 @@ fn fill_blocks(c: &mut Client, bs: u64, n: u64) -> anyhow::Result<f64> {
             .collect();
         let keys: Vec<Key> = (start..end).map(key).collect();
         let refs: Vec<&[u8]> = bufs.iter().map(Vec::as_slice).collect();
-        c.put(ns, &keys, &refs)?;
+        let meta = if events {
+            (start..end)
+                .map(|i| {
+                    Some(BlockMeta {
+                        tokens: (i * page..(i + 1) * page).map(|t| t as u32).collect(),
+                        parent: None,
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        c.put_with_meta(ns, &keys, &refs, meta)?;
     }
     while c.stats()?.tiers[0].in_flight > 0 {
         std::thread::sleep(Duration::from_millis(1));
@@ -339,10 +367,11 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     }
     let (mut old, mut c) = start_old(&bin, &cfg, &sock, &a.dir.join("old.log"))?;
     let heap0 = rss_anon(old.id())?;
-    let fill_s = fill_blocks(&mut c, bs, a.blocks)?;
+    let fill_s = fill_blocks(&mut c, bs, a.blocks, a.events)?;
     let filled = Filled::measure(&mut c, old.id(), heap0, bs, a.blocks, a.probes)?;
     let s = c.stats()?;
     let (in_dram, on_nvme) = (s.tiers[0].blocks, s.tiers.get(1).map_or(0, |t| t.blocks));
+    let published_old = s.events.as_ref().map(|e| e.published);
     // The block to hit: the newest one for a takeover (in DRAM), the oldest otherwise
     // (moved to NVMe first).
     let probe = if a.mode == Mode::Takeover {
@@ -375,6 +404,7 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let mut c = Client::connect(&sock)?;
     let s = c.stats()?;
     let kept = s.tiers.iter().map(|t| t.blocks).sum::<u64>();
+    let published_new = s.events.as_ref().map(|e| e.published);
     let heap_new = rss_anon(new.id())?;
     drop(c);
     let log = stop_new(&mut new, &new_log, spill);
@@ -390,6 +420,14 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
         a.dir.display()
     );
     println!("before: {in_dram} blocks in DRAM, {on_nvme} on NVMe (filled in {fill_s:.1} s)");
+    if a.events {
+        println!(
+            "KV events: the old daemon had published {} after the fill, the new one {} by its \
+             first hit (a storm would announce every block taken over again)",
+            published_old.map_or_else(|| "none (events off?)".into(), |n| n.to_string()),
+            published_new.map_or_else(|| "none (events off?)".into(), |n| n.to_string()),
+        );
+    }
     filled.print(a.blocks);
     if let Some(s) = stop_ms {
         println!("old daemon stopped in {:.0} ms", s.as_secs_f64() * 1e3);

@@ -35,7 +35,9 @@ pub(crate) fn fill(buf: &mut [u8], i: u64) {
 pub(crate) fn spec(bs: u64) -> NamespaceSpec {
     NamespaceSpec {
         model: "bench-restart".into(),
-        page_size: 64,
+        // 16 tokens: with `--events` each block's router metadata (64 bytes of tokens)
+        // stays within its tenant's metadata budget (1/16 of 4 KiB).
+        page_size: 16,
         segments: vec![bs],
         ..NamespaceSpec::default()
     }

@@ -971,6 +971,22 @@ fn kinds(batches: &[(u64, Bytes)]) -> (usize, usize, usize) {
     k
 }
 
+/// Blocks stored in DRAM (`CPU_PINNED`) in `batches`.
+fn dram_stores(batches: &[(u64, Bytes)]) -> usize {
+    batches
+        .iter()
+        .flat_map(|(_, p)| decode_event_batch(p).unwrap().events)
+        .map(|e| match e {
+            RawKvEvent::BlockStored {
+                medium,
+                block_hashes,
+                ..
+            } if medium.as_deref() == Some("CPU_PINNED") => block_hashes.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
 /// A spilling daemon publishing events, followed by a live subscriber, after a fixed run of
 /// steps that leaves blocks in DRAM and on NVMe; its ring read back while it runs (`early`:
 /// what the follower missed before its subscription was in force). For the tests of a daemon
@@ -1095,13 +1111,15 @@ fn a_takeover_continues_the_event_stream_without_a_storm() {
         newer[0].0, next,
         "the new daemon's stream does not continue the old one's"
     );
-    let (stores, _, clears) = kinds(&newer);
+    let (_, _, clears) = kinds(&newer);
     assert_eq!(clears, 0, "a clear after the takeover");
-    // The 4 new blocks, and the NVMe copies of what they pushed out of DRAM: far from the
-    // ~60 DRAM blocks a re-announcement would repeat (and any repeat fails the view).
+    // In DRAM only the 4 new blocks (NVMe stores are the write-behind's copies of blocks
+    // taken over, as many as it reached): far from the ~60 DRAM blocks a re-announcement
+    // would repeat (and any repeat fails the view).
+    let in_dram = dram_stores(&newer);
     assert!(
-        stores <= 8,
-        "the new daemon announced {stores} stores: blocks taken over again?"
+        in_dram <= 4,
+        "the new daemon announced {in_dram} DRAM stores: blocks taken over again?"
     );
     for (i, (s, p)) in newer.iter().enumerate() {
         assert_eq!(*s, next + i as u64, "a gap in the new daemon's stream");
@@ -1116,6 +1134,97 @@ fn a_takeover_continues_the_event_stream_without_a_storm() {
     }
     assert!(ids.len() > 80);
     assert_view_is_the_daemons(&view, &mut c, ns, ids.into_iter());
+}
+
+/// A takeover with events is live too (issue 42): the successor builds its DRAM tier while
+/// the donor serves and publishes, and blocks put, evicted and pushed down to NVMe during
+/// the build are exactly what a router that followed the donor knows. The successor
+/// announces nothing it took over (no storm), removes nothing that stayed, and continues
+/// the donor's seq.
+#[test]
+fn a_live_takeover_with_events_keeps_the_routers_view_exact_through_changes_during_the_build() {
+    const PAUSE_ENV: &str = "KVNODE_TEST_TAKEOVER_BUILD_PAUSE_MS";
+    let Followed {
+        dir: _dir,
+        sock,
+        args,
+        replay,
+        mut a,
+        rt,
+        follower,
+        mut ids,
+        mut filler,
+        before: _,
+        early,
+    } = followed("takeover-live");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut c = a.client();
+    let ns = c.register(&ns_spec()).unwrap().ns;
+    let donor = c.daemon_pid();
+    let mut with_takeover = args.clone();
+    with_takeover.push("--takeover");
+    // The successor holds its build open 1.5 s after the live image: the donor serves on.
+    let b = Daemon::spawn_at_env(&sock, &[(PAUSE_ENV, "1500")], &with_takeover);
+    wait_for_log(&a, "live image taken", Duration::from_secs(20));
+    // No deletes: a block deleted on NVMe is not deleted in the spill files (not persisted,
+    // docs/spill-format.md), so any successor recovers it, unannounced; the DRAM deltas of
+    // deletes are covered by takeover_live.rs.
+    for s in [Step::Put(40, 6), Step::Fill, Step::Get(8, 2), Step::Put(46, 4)] {
+        apply(&mut c, ns, &s, &mut filler);
+    }
+    ids.extend((40..50).chain(1000..filler));
+    assert_eq!(
+        c.daemon_pid(),
+        donor,
+        "the changes were served by the donor during the build (a live takeover)"
+    );
+    let st = a
+        .wait_exit(Duration::from_secs(30))
+        .expect("old daemon exits");
+    assert!(st.success(), "{}", a.log());
+    b.wait_ready(Duration::from_secs(30));
+    let old = whole_stream(early, follower);
+    let mut view = RouterView::default();
+    let mut norm = ZmqEventNormalizer::new(PAGE);
+    let mut eid = 0;
+    for (_, p) in &old {
+        view.apply_batch(p, &mut norm, &mut eid);
+    }
+    // The donor's stream (changes during the build included) and what the successor
+    // published since (its write-behind's NVMe copies; a block announced again or removed
+    // without a store fails the view) are exactly the successor's blocks.
+    let mut c = b.client();
+    let ns = c.register(&ns_spec()).unwrap().ns;
+    settle(&mut c);
+    let mut next = old.last().unwrap().0 + 1;
+    let mut follow = |view: &mut RouterView, next: &mut u64| -> usize {
+        let batches = rt.block_on(replay_from(&replay, *next));
+        let (_, _, clears) = kinds(&batches);
+        assert_eq!(clears, 0, "a clear after the takeover");
+        for (s, p) in &batches {
+            assert_eq!(*s, *next, "a gap in the successor's stream");
+            view.apply_batch(p, &mut norm, &mut eid);
+            *next += 1;
+        }
+        batches.len()
+    };
+    follow(&mut view, &mut next);
+    assert_view_is_the_daemons(&view, &mut c, ns, ids.clone().into_iter());
+    // New traffic on the successor continues the donor's seq.
+    apply(&mut c, ns, &Step::Put(60, 3), &mut filler);
+    ids.extend(60..63);
+    settle(&mut c);
+    assert!(follow(&mut view, &mut next) > 0, "the successor published its puts");
+    assert_view_is_the_daemons(&view, &mut c, ns, ids.into_iter());
+}
+
+/// Waits until `d`'s log shows `what` (a synchronisation point, not a check).
+fn wait_for_log(d: &Daemon, what: &str, limit: Duration) {
+    let t = Instant::now();
+    while !d.log().contains(what) {
+        assert!(t.elapsed() < limit, "no {what:?} in the log:\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A stop with SIGTERM and a start on the same spill directory continue the event stream

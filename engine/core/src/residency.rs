@@ -20,7 +20,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use kvnode_events::snapshot::{Entry, Marker};
 use kvnode_events::{Account, Announced, BlockStored, EventSink, Medium, SnapshotSource};
@@ -230,6 +230,25 @@ struct Registry {
     slots: Vec<Option<(Medium, Arc<RouterMeta>, BlockKey)>>,
     free: Vec<u32>,
     by_hash: BTreeSet<(u64, u32)>,
+    /// The slots announced on NVMe: a hand-over lists them without walking every DRAM
+    /// block's slot.
+    disk: BTreeSet<u32>,
+}
+
+/// A registry a hand-over retired: every block it lists was handed to a successor. Dropping
+/// it frees each entry (tens of milliseconds per million blocks); a daemon that exits next
+/// leaves it to the kernel ([`Retired::leave`]).
+#[derive(Debug, Default)]
+pub struct Retired {
+    /// Held only to be freed (or left) as a whole.
+    _entries: Registry,
+}
+
+impl Retired {
+    /// Leaves the memory to the process's exit instead of freeing entry by entry.
+    pub fn leave(self) {
+        std::mem::forget(self);
+    }
 }
 
 impl Registry {
@@ -244,14 +263,20 @@ impl Registry {
             u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 residencies")
         };
         self.by_hash.insert((hash, slot));
+        if medium == Medium::Disk {
+            self.disk.insert(slot);
+        }
         slot
     }
 
     fn remove(&mut self, slot: u32) {
         if let Some(s) = self.slots.get_mut(slot as usize)
-            && let Some((_, meta, _)) = s.take()
+            && let Some((medium, meta, _)) = s.take()
         {
             self.by_hash.remove(&(meta.hash, slot));
+            if medium == Medium::Disk {
+                self.disk.remove(&slot);
+            }
             self.free.push(slot);
         }
     }
@@ -287,7 +312,10 @@ impl Registry {
 /// Publishes residency events; cheap to share. Without a sink it announces nothing.
 #[derive(Debug, Default)]
 pub struct Announcer {
-    sink: Option<Out>,
+    sink: OnceLock<Out>,
+    /// Events are on: a sink is attached, or will be ([`Announcer::pending`]); until then
+    /// blocks are registered and their residencies' drops unregister them, nothing is sent.
+    events: bool,
     /// Clears so far; see the module doc for why publishing happens under this lock.
     epoch: RwLock<u64>,
     /// What is announced now (only with a sink); changed only under `epoch`.
@@ -319,8 +347,11 @@ pub struct HandedOver {
     /// The blocks announced on NVMe, with their metadata (the spill files carry none).
     pub nvme: Vec<(BlockKey, Arc<RouterMeta>)>,
     /// The blocks announced in DRAM (a restart's successor finds them on NVMe, if the
-    /// stop-time flush copied them, and announces the move).
+    /// stop-time flush copied them, and announces the move); empty unless asked for (a
+    /// takeover's successor has them from the DRAM image).
     pub dram: Vec<(BlockKey, Arc<RouterMeta>)>,
+    /// The registry as it was.
+    pub retired: Retired,
 }
 
 /// Where events go: the publisher's sink, or (unit tests) a recorder.
@@ -371,18 +402,68 @@ impl Announcer {
     /// An announcer publishing through `sink` the blocks `policy` allows.
     /// It serves the publisher's residency snapshots.
     pub fn with_policy(sink: Option<EventSink>, policy: Policy) -> Arc<Self> {
-        let a = Arc::new(Self {
-            sink: sink.map(Out::Sink),
+        let events = sink.is_some();
+        let a = Self::of(policy, events);
+        if let Some(s) = sink {
+            a.attach(s);
+        }
+        a
+    }
+
+    /// An announcer whose sink comes later ([`Announcer::attach`]): a live takeover's
+    /// successor builds its DRAM tier from the donor's image while the donor serves and
+    /// publishes, before this daemon's publisher can start (it continues the donor's seq,
+    /// known only at the barrier). Until the sink is attached, blocks made resident are
+    /// registered (the donor announced them) and residencies dropped (slots the donor
+    /// changed meanwhile) are unregistered; nothing is published.
+    pub fn pending(policy: Policy) -> Arc<Self> {
+        Self::of(policy, true)
+    }
+
+    fn of(policy: Policy, events: bool) -> Arc<Self> {
+        Arc::new(Self {
+            sink: OnceLock::new(),
+            events,
             epoch: RwLock::new(0),
             registry: Mutex::default(),
             policy,
             quiet: AtomicBool::new(false),
-        });
-        if let Some(Out::Sink(s)) = &a.sink {
-            let weak: std::sync::Weak<Self> = Arc::downgrade(&a);
+        })
+    }
+
+    /// Attaches the sink of a [`Announcer::pending`] announcer (or of `with_policy`): from
+    /// now on stores and removals are published, and it serves the publisher's residency
+    /// snapshots. A second sink is refused.
+    pub fn attach(self: &Arc<Self>, sink: EventSink) -> bool {
+        debug_assert!(self.events, "attach on an announcer without events");
+        let weak: std::sync::Weak<Self> = Arc::downgrade(self);
+        if self.sink.set(Out::Sink(sink)).is_err() {
+            return false;
+        }
+        if let Some(Out::Sink(s)) = self.sink.get() {
             s.serve_snapshots(weak as std::sync::Weak<dyn SnapshotSource>);
         }
-        a
+        true
+    }
+
+    /// Publishes the store of every block registered so far: a live takeover's blocks when
+    /// the donor's stream could not be continued (this daemon starts a new one). Returns
+    /// how many were published.
+    pub fn announce_registered(&self) -> usize {
+        let Some(sink) = self.sink.get() else {
+            return 0;
+        };
+        let _epoch = self.epoch_read();
+        let reg = self.registry();
+        let mut n = 0;
+        for (medium, meta, _) in reg.slots.iter().flatten() {
+            if let Decision::Publish(account) = self.policy.decide(meta.salt.as_deref())
+                && sink.stored(account, meta.stored(*medium))
+            {
+                n += 1;
+            }
+        }
+        n
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
@@ -395,7 +476,7 @@ impl Announcer {
 
     /// Whether events are published at all.
     pub fn enabled(&self) -> bool {
-        self.sink.is_some()
+        self.sink.get().is_some()
     }
 
     /// Block `key` became resident in `medium`: publishes `BlockStored` and returns the
@@ -407,13 +488,19 @@ impl Announcer {
         key: &BlockKey,
         meta: Option<&Arc<RouterMeta>>,
     ) -> Option<Residency> {
-        let sink = self.sink.as_ref()?;
+        if !self.events {
+            return None;
+        }
         let meta = Arc::clone(meta?);
         let Decision::Publish(account) = self.policy.decide(meta.salt.as_deref()) else {
             return None;
         };
         let epoch = self.epoch_read();
-        if !self.quiet.load(Relaxed) && !sink.stored(account, meta.stored(medium)) {
+        // No sink yet (pending): registered only, as when adopting.
+        if let Some(sink) = self.sink.get()
+            && !self.quiet.load(Relaxed)
+            && !sink.stored(account, meta.stored(medium))
+        {
             return None;
         }
         let slot = self.registry().insert(medium, Arc::clone(&meta), *key);
@@ -454,31 +541,51 @@ impl Announcer {
     /// tier's blocks from the image and the NVMe tier's from the list returned here, without
     /// announcing them again) and returns the seq of the successor's first batch, once every
     /// event queued before is sent (at most `limit`). `None` without events, or when the
-    /// publisher did not answer in time (then nothing is silenced).
-    pub async fn hand_over(&self, limit: std::time::Duration) -> Option<HandedOver> {
-        let Some(Out::Sink(sink)) = &self.sink else {
+    /// publisher did not answer in time (then nothing is silenced). The DRAM blocks are
+    /// listed only `with_dram` (a restart; a takeover's successor has them from the image):
+    /// a takeover's barrier then walks only the NVMe announcements, not every block.
+    pub async fn hand_over(
+        &self,
+        limit: std::time::Duration,
+        with_dram: bool,
+    ) -> Option<HandedOver> {
+        let Some(Out::Sink(sink)) = self.sink.get() else {
             return None;
         };
-        let (rx, nvme, dram) = {
+        let (rx, nvme, dram, retired) = {
             let mut epoch = self.epoch.write().unwrap_or_else(PoisonError::into_inner);
             // Queued while no event can be: the seq it learns follows every one published.
             let rx = sink.next_seq()?;
             let mut reg = self.registry();
-            let of = |medium: Medium| -> Vec<(BlockKey, Arc<RouterMeta>)> {
+            let entry = |slot: &Option<(Medium, Arc<RouterMeta>, BlockKey)>| {
+                slot.as_ref().map(|(_, meta, key)| (*key, Arc::clone(meta)))
+            };
+            let nvme = reg
+                .disk
+                .iter()
+                .filter_map(|&slot| reg.slots.get(slot as usize).and_then(entry))
+                .collect();
+            let dram = if with_dram {
                 reg.slots
                     .iter()
-                    .flatten()
-                    .filter(|(m, _, _)| *m == medium)
-                    .map(|(_, meta, key)| (*key, Arc::clone(meta)))
+                    .filter(|s| s.as_ref().is_some_and(|(m, _, _)| *m == Medium::CpuPinned))
+                    .filter_map(entry)
                     .collect()
+            } else {
+                Vec::new()
             };
-            let (nvme, dram) = (of(Medium::Disk), of(Medium::CpuPinned));
             *epoch += 1;
-            *reg = Registry::default();
-            (rx, nvme, dram)
+            (rx, nvme, dram, Retired {
+                _entries: std::mem::take(&mut *reg),
+            })
         };
         if let Ok(Ok(seq)) = tokio::time::timeout(limit, rx).await {
-            return Some(HandedOver { seq, nvme, dram });
+            return Some(HandedOver {
+                seq,
+                nvme,
+                dram,
+                retired,
+            });
         }
         tracing::warn!(
             ?limit,
@@ -491,7 +598,7 @@ impl Announcer {
     /// that this daemon does not hold after all (a takeover's NVMe block the spill tier no
     /// longer has).
     pub fn retract(&self, medium: Medium, meta: &RouterMeta) {
-        let Some(sink) = &self.sink else { return };
+        let Some(sink) = self.sink.get() else { return };
         if let Decision::Publish(account) = self.policy.decide(meta.salt.as_deref()) {
             let _epoch = self.epoch_read();
             sink.removed(account, medium, meta.hash);
@@ -501,7 +608,7 @@ impl Announcer {
     /// Everything is gone: publishes `AllBlocksCleared`; residencies announced before this
     /// call end silently.
     pub fn clear_all(&self) {
-        if let Some(sink) = &self.sink {
+        if let Some(sink) = self.sink.get() {
             let mut epoch = self.epoch.write().unwrap_or_else(PoisonError::into_inner);
             *epoch += 1;
             *self.registry() = Registry::default();
@@ -511,7 +618,7 @@ impl Announcer {
 
     /// The publisher's counters, if events are on.
     pub fn stats(&self) -> Option<kvnode_events::Stats> {
-        match self.sink.as_ref()? {
+        match self.sink.get()? {
             Out::Sink(s) => Some(s.stats()),
             #[cfg(test)]
             Out::Record(_) => None,
@@ -558,7 +665,7 @@ impl SnapshotSource for Announcer {
     /// Holds the epoch lock for writing (no store or removal is between its event and its
     /// registry change), copies the registry's Arcs and queues the marker behind them.
     fn snapshot(&self, marker: Marker) -> Result<Vec<Entry>, Marker> {
-        let Some(Out::Sink(sink)) = &self.sink else {
+        let Some(Out::Sink(sink)) = self.sink.get() else {
             return Err(marker);
         };
         let _epoch = self.epoch.write().unwrap_or_else(PoisonError::into_inner);
@@ -590,12 +697,12 @@ impl Residency {
 
 impl Drop for Residency {
     fn drop(&mut self) {
-        let Some(sink) = &self.announcer.sink else {
-            return;
-        };
         let epoch = self.announcer.epoch_read();
         if *epoch == self.epoch {
-            sink.removed(self.account.as_ref(), self.medium, self.meta.hash);
+            // No sink yet (pending): the donor announced this block's removal.
+            if let Some(sink) = self.announcer.sink.get() {
+                sink.removed(self.account.as_ref(), self.medium, self.meta.hash);
+            }
             self.announcer.registry().remove(self.slot);
         }
     }

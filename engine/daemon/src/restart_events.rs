@@ -114,7 +114,7 @@ pub async fn save(engine: &kvnode_engine::Engine) {
     let Some(h) = engine
         .store
         .announcer()
-        .hand_over(std::time::Duration::from_secs(5))
+        .hand_over(std::time::Duration::from_secs(5), true)
         .await
     else {
         return;
@@ -190,6 +190,7 @@ mod tests {
             seq: 77,
             nvme: Vec::new(),
             dram: Vec::new(),
+            retired: kvnode_engine::residency::Retired::default(),
         };
         let b = encode("ipc:///run/ev", &h);
         let c = decode(&b, "ipc:///run/ev").expect("reads back");
@@ -244,6 +245,7 @@ mod tests {
             seq: 9,
             nvme: Vec::new(),
             dram: Vec::new(),
+            retired: kvnode_engine::residency::Retired::default(),
         };
         std::fs::write(&path, encode("ipc:///run/ev", &h)).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();

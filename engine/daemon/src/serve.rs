@@ -187,16 +187,18 @@ fn events_after(
     Ok((continued, start_events(cfg, seq)?))
 }
 
-/// The announcer: every block without a tenant map, else only tenants that publish.
-fn announcer(
-    cfg: &EngineConfig,
-    publisher: Option<&kvnode_events::Publisher>,
-) -> std::sync::Arc<kvnode_engine::residency::Announcer> {
+/// The engine's announcer: every block without a tenant map, else only tenants that
+/// publish. With events it is pending until the publisher starts (`Announcer::attach`): a
+/// live takeover builds the DRAM tier with it while the donor serves, and the publisher
+/// continues the donor's seq, known only at the barrier.
+fn announcer(cfg: &EngineConfig) -> std::sync::Arc<kvnode_engine::residency::Announcer> {
+    use kvnode_engine::residency::Announcer;
     let policy = kvnode_engine::residency::policy::Policy::for_tenants(&cfg.tenants, cfg.dram);
-    kvnode_engine::residency::Announcer::with_policy(
-        publisher.map(kvnode_events::Publisher::sink),
-        policy,
-    )
+    if cfg.events.publisher_config().is_some() {
+        Announcer::pending(policy)
+    } else {
+        Announcer::with_policy(None, policy)
+    }
 }
 
 fn init_logging() {
@@ -312,8 +314,11 @@ async fn hand_events_over(
         return quiet;
     };
     let limit = std::time::Duration::from_secs(5);
-    if let Some(h) = engine.store.announcer().hand_over(limit).await {
+    if let Some(h) = engine.store.announcer().hand_over(limit, false).await {
         a.continue_events(&h);
+        // This process exits once the successor serves: freeing every block's entry would
+        // only delay it (the index is left the same way, `finish`).
+        h.retired.leave();
         return true;
     }
     quiet
@@ -380,11 +385,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     }
     let takeover_path = crate::takeover_dir::prepare(&cfg)?;
     tracing::info!(takeover_socket = %takeover_path.display(), "takeover socket");
-    // Without events this is the engine's announcer; a live takeover builds the DRAM tier
-    // with it before the runtime starts.
-    let quiet = announcer(&cfg, None);
+    // The engine's announcer; a live takeover builds the DRAM tier with it before the
+    // runtime starts.
+    let announcer = announcer(&cfg);
     let inherited = if a.takeover {
-        crate::serve_stop::take_over(&cfg, &quiet)?
+        crate::serve_stop::take_over(&cfg, &announcer)?
     } else {
         None
     };
@@ -408,7 +413,16 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let listener_fd = std::os::fd::AsFd::as_fd(&listener).try_clone_to_owned()?;
         let socket = cfg.socket.clone();
         let (continued, publisher) = events_after(&cfg, handover.as_ref())?;
-        let announcer = if publisher.is_some() { announcer(&cfg, publisher.as_ref()) } else { quiet };
+        // A tier built live whose donor's stream is not continued (its events off, or its
+        // publisher silent): this daemon starts a new stream and announces what it took over.
+        let new_stream = handover.as_ref().is_some_and(|h| h.dram.is_some() && h.events_seq.is_none());
+        if let Some(p) = &publisher {
+            announcer.attach(p.sink());
+            if new_stream {
+                let blocks = announcer.announce_registered();
+                tracing::info!(blocks, "KV events: a new stream announces the blocks taken over");
+            }
+        }
         let took_over = handover.is_some();
         let engine = kvnode_engine::Engine::start_from(cfg, announcer, handover).context("starting the engine")?;
         if let Some(c) = continued {

@@ -17,7 +17,7 @@
 //!  "built\n" ───────────────────────> stop accepting, drain, stop demoter and
 //!                                      write-behind, wait for spill IO in flight
 //!  <──────── Answer{ok, image_len} + fds [arena memfd, listener] + delta bytes
-//!  apply the delta (slots changed     (not live, e.g. `--events`: the whole image
+//!  apply the delta (slots changed     (not live, an older successor: the whole image
 //!  since the last round)               here instead, then a dry-run restore)
 //!  "ok\n" / "failed: why\n" ───────> failed: flush DRAM to NVMe (fallback), exit
 //!                                     ok: close the spill files (unlock), remove
@@ -82,8 +82,8 @@ struct Ask {
     #[serde(default)]
     continues_events: bool,
     /// The successor builds its tier from a live image while the donor serves, and takes the
-    /// delta at the barrier. Absent from older builds (and off with `--events`): the donor
-    /// stops first, then sends the whole image.
+    /// delta at the barrier. Absent from older builds (and, before 2026-12-07, off with
+    /// `--events`): the donor stops first, then sends the whole image.
     #[serde(default)]
     live: bool,
     /// After its build the successor asks for pre-copy rounds (`round`) before `built`.
@@ -120,9 +120,9 @@ fn ask_of(cfg: &EngineConfig) -> Ask {
         hugetlb: cfg.hugetlb,
         image_formats: vec![IMAGE_FORMAT.into()],
         continues_events: true,
-        // A live build would create the blocks' residencies before the event stream's seq
-        // is known: with events the whole image travels at the barrier, as before.
-        live: cfg.events.publisher_config().is_none(),
+        // With events too: the tier is built under a pending announcer (registered, nothing
+        // published) and its sink is attached once the barrier gives the stream's seq.
+        live: true,
         pre_copy: true,
     }
 }

@@ -66,14 +66,14 @@ impl Recorder {
 
 fn announcer() -> (Arc<Announcer>, Arc<Recorder>) {
     let r = Arc::new(Recorder::default());
-    let a = Arc::new(Announcer {
-        sink: Some(Out::Record(Arc::clone(&r))),
-        epoch: std::sync::RwLock::new(0),
-        registry: std::sync::Mutex::default(),
-        policy: super::Policy::all(),
-        quiet: std::sync::atomic::AtomicBool::new(false),
-    });
+    let a = Announcer::of(super::Policy::all(), true);
+    record_into(&a, &r);
     (a, r)
+}
+
+/// Attaches a recorder as the sink of `a` (a pending announcer's attach, in tests).
+fn record_into(a: &Arc<Announcer>, r: &Arc<Recorder>) {
+    assert!(a.sink.set(Out::Record(Arc::clone(r))).is_ok());
 }
 
 fn key(hash: u64) -> kvnode_proto::BlockKey {
@@ -285,4 +285,42 @@ fn announced_blocks_resolve_by_hash_in_their_namespace_until_the_last_residency_
         .unwrap();
     assert_eq!(a.resolve(ns, &[6]), [Some(key(6).digest)]);
     drop(again);
+}
+
+/// A live takeover's successor builds under a pending announcer: blocks are registered (the
+/// donor announced them), a slot the donor changed meanwhile is unregistered, nothing is
+/// published; once the sink is attached, a removal is published as usual, and a new
+/// stream can announce what was registered.
+#[test]
+fn a_pending_announcer_registers_silently_until_its_sink_is_attached() {
+    let a = Announcer::of(super::Policy::all(), true);
+    assert!(!a.enabled(), "no sink yet");
+    let kept = a
+        .reside(Medium::CpuPinned, &key(1), Some(&meta(1)))
+        .expect("registered while pending");
+    let changed = a
+        .reside(Medium::CpuPinned, &key(2), Some(&meta(2)))
+        .expect("registered while pending");
+    let on_disk = a.reside(Medium::Disk, &key(3), Some(&meta(3))).unwrap();
+    drop(changed);
+    assert_eq!(
+        registered(&a),
+        vec![(Medium::CpuPinned, 1), (Medium::Disk, 3)]
+    );
+    assert_eq!(a.registry().disk.len(), 1, "the NVMe slot is listed apart");
+    let rec = Arc::new(Recorder::default());
+    record_into(&a, &rec);
+    assert!(a.enabled());
+    assert!(rec.log.lock().unwrap().is_empty(), "nothing sent while pending");
+    assert_eq!(a.announce_registered(), 2);
+    drop(kept);
+    drop(on_disk);
+    assert_eq!(
+        rec.log.lock().unwrap().clone(),
+        vec![Ev::Stored(1), Ev::Stored(3), Ev::Removed(1), Ev::Removed(3)]
+    );
+    assert!(registered(&a).is_empty() && a.registry().disk.is_empty());
+    // An announcer without events registers nothing.
+    let off = Announcer::of(super::Policy::all(), false);
+    assert!(off.reside(Medium::CpuPinned, &key(1), Some(&meta(1))).is_none());
 }
