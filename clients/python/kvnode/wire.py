@@ -43,6 +43,19 @@ def _split_reply(reply: Any) -> Tuple[str, Any]:
     raise KvnodeError("Malformed", f"unexpected reply shape {reply!r}")
 
 
+#: The largest count a `Touched` reply carries (a u32 on the wire).
+_U32_MAX = (1 << 32) - 1
+
+
+def touched_count(name: str, body: Any) -> int:
+    """The count of a `Touched { count }` reply; KvnodeError("Malformed") for any other reply
+    or a count that is not a u32 (the Rust `Reply::Touched`, engine/proto/src/client.rs)."""
+    count = body.get("count") if name == "Touched" and isinstance(body, dict) else None
+    if type(count) is not int or not 0 <= count <= _U32_MAX:
+        raise KvnodeError("Malformed", f"Touch answered {name} {body!r}, not Touched {{count: u32}}")
+    return count
+
+
 class Region:
     """A memfd the daemon has mapped; offsets in requests are relative to its start."""
 
@@ -162,6 +175,15 @@ class Connection:
         (the envelope's message_id, one ActionResult per action, in order). An envelope-level
         fault (not JSON, an unknown protocol_version, too many actions) raises KvnodeError."""
         return act(self, ns, keys, hints)
+
+    def touch(self, ns: int, keys: List[list]) -> int:
+        """Refreshes, in the daemon's DRAM eviction policy, the leading run of `keys` it holds
+        in DRAM, as a get of them would, without reading them (`Touch`, docs/client-protocol.md):
+        pages the engine served from its own prefix cache, whose hits never reach the daemon.
+        Returns the run's length (keys). Raises KvnodeError for a namespace this connection's
+        tenant does not own ("UnknownNamespace") or a malformed key list."""
+        name, body, _ = self.call({"Touch": {"ns": int(ns), "keys": keys}})
+        return touched_count(name, body)
 
     def wait(self, op: int, timeout_ms: int) -> Dict[str, Any]:
         """Waits up to `timeout_ms` for a pull op to end; returns its OpReport (ended or not)."""
