@@ -14,10 +14,16 @@ import msgpack
 
 PROTOCOL_VERSION = 1
 _PREFIX = struct.Struct("<II")  # header_len, payload_len
+#: The daemon's limit on a request header (kvnode_proto::frame::MAX_HEADER); it drops a
+#: connection that announces a longer one, so the client refuses to send it.
+MAX_HEADER = 16 << 20
 
 
 class KvnodeError(RuntimeError):
-    """The daemon refused a request (`code` is its ErrorCode name) or the protocol broke."""
+    """The daemon refused a request (`code` is its ErrorCode name) or the protocol broke.
+
+    Codes of the client itself: "Handshake", "Io", "Malformed" (a reply it cannot read) and
+    "FrameTooLarge" (a request header over MAX_HEADER, not sent: split the request)."""
 
     def __init__(self, code: str, message: str, leasable: Optional[int] = None):
         super().__init__(f"kvnode refused the request ({code}): {message}")
@@ -108,6 +114,10 @@ class Connection:
     @staticmethod
     def _frame(msg: dict, payload_len: int) -> bytes:
         header = msgpack.packb(msg, use_bin_type=True)
+        if len(header) > MAX_HEADER:
+            raise KvnodeError("FrameTooLarge", f"request header of {len(header)} bytes is over the "
+                              f"daemon's {MAX_HEADER}-byte limit (it would drop the connection): "
+                              "send fewer keys per request")
         return _PREFIX.pack(len(header), payload_len) + header
 
     def _recv_exact(self, n: int) -> bytes:
