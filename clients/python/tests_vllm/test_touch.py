@@ -97,3 +97,39 @@ def test_a_failed_touch_is_counted_and_the_request_still_runs(daemon, model_dir)
     assert out.kv_connector_metadata.plan.loads == []
     t = settled(s.connector.sched.lookup, 1)
     assert t["touches"] == 0 and t["touch_errors"] == 1, t
+
+
+# -- the secondary tier: vLLM's own `touch` seam (TieringOffloadingManager.touch) -------------
+
+def test_tier_answers_vllms_touch_with_a_daemon_touch_of_those_chunks(daemon, model_dir):
+    """vLLM 0.33's OffloadingConnector never calls the manager's `touch`; when vLLM does (its
+    base class: "blocks cached by the GPU prefix cache"), the manager forwards it to every tier
+    and the kvnode tier touches the chunks it holds (here 4 of the 5 keys, a leading run)."""
+    from vllm.v1.kv_offload.base import ReqContext
+
+    from tier_env import Engine, counters, keys_and_rows
+
+    e = Engine(model_dir, daemon.socket)
+    off = Engine(model_dir, daemon.socket, tier={"touch_gpu_hits": False})
+    try:
+        keys, rows, _ = keys_and_rows(4)
+        e.store(keys, rows)
+        absent, _, _ = keys_and_rows(1)
+        before = dram_touched(daemon.socket)
+        ctx = ReqContext(req_id="gpu-hits")
+        with e.m.lock:
+            e.m.on_new_request(ctx)
+            e.m.touch(keys + absent, ctx)
+        assert e.tier._sender.drain(10)
+        assert dram_touched(daemon.socket) - before == 4
+        c = counters(e.m.get_stats())
+        assert (c["vllm:kv_offload_kvnode_touches"], c["vllm:kv_offload_kvnode_touched_keys"]) == (1, 4)
+        with off.m.lock:
+            off.m.on_new_request(ctx)
+            off.m.touch(keys, ctx)
+        assert off.tier._sender.drain(10)
+        assert dram_touched(daemon.socket) - before == 4, "touch_gpu_hits false: nothing sent"
+        assert off.tier.touches.totals()["touches"] == 0
+    finally:
+        e.close()
+        off.close()
