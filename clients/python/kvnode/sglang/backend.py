@@ -251,7 +251,9 @@ class KvnodeStorage(_Base):
         start that SGLang's radix tree matched on device and host, which it never fetches from
         kvnode. SGLang asks one lookup in batches, each later batch's prefix_keys extended by
         the batch before: only a lookup's first batch names the local hits, so a batch that
-        continues this thread's previous one touches nothing. Never fails the lookup."""
+        continues this thread's previous one touches nothing (so does a new lookup whose held
+        prefix ends exactly where this thread's previous call ended: rare, and those pages were
+        just asked for). Never fails the lookup."""
         prefix = getattr(extra_info, "prefix_keys", None) or []
         tls = self._tls
         continues = bool(prefix) and tls.next_batch == (len(prefix), prefix[-1])
