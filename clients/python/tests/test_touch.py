@@ -233,6 +233,7 @@ def test_touch_of_another_tenants_namespace_is_refused_like_an_unknown_one(tmp_p
     finally:
         d.stop()
         shutil.rmtree(run, ignore_errors=True)
+        shutil.rmtree(f"{run}-admin", ignore_errors=True)  # the daemon's takeover socket dir
 
 
 def test_malformed_keys_are_refused_and_the_connection_keeps_serving(daemon):
