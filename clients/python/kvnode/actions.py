@@ -20,7 +20,7 @@ import queue
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from kvnode.hints import RequestActions
 from kvnode.wire import ActionResult, Connection, KvnodeError, act
@@ -138,8 +138,15 @@ class _Job:
     scope: object = None
 
 
+@dataclass
+class _TouchJob:
+    keys: List[list]
+    log: Any  # kvnode.touch.TouchLog: sends, counts and logs the touch
+
+
 class ActionSender:
-    """Sends `Act`s from a queue on one background thread with its own daemon connection."""
+    """Sends `Act`s (and `Touch`es, `submit_touch`) from a queue on one background thread with
+    its own daemon connection."""
 
     def __init__(self, connect: Callable[[], Connection], register: Callable[[Connection], int],
                  log: ActionLog, name: str = "kvnode-actions"):
@@ -164,6 +171,16 @@ class ActionSender:
             self._pending += 1
             self._idle.clear()
         self._q.put(_Job(list(keys), acts, phase, text, scope))
+
+    def submit_touch(self, keys: Sequence[list], log: Any) -> None:
+        """Queues one `Touch` of `keys` (returns at once); `log` is the kvnode.touch.TouchLog
+        that sends, counts and logs it (a failure is never raised)."""
+        if not keys:
+            return
+        with self._lock:
+            self._pending += 1
+            self._idle.clear()
+        self._q.put(_TouchJob(list(keys), log))  # type: ignore[arg-type]
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Waits until every queued `Act` was answered; False on timeout."""
@@ -196,7 +213,13 @@ class ActionSender:
                 try:
                     conn = self._open()
                 except (KvnodeError, OSError) as e:
-                    self.log.undelivered(job.acts, job.phase, job.scope, e)
+                    if isinstance(job, _TouchJob):
+                        job.log.failed(e)
+                    else:
+                        self.log.undelivered(job.acts, job.phase, job.scope, e)
+                    continue
+                if isinstance(job, _TouchJob):
+                    job.log.send(conn, self._ns, job.keys)  # an OSError drops the connection below
                     continue
                 self.log.send(conn, self._ns, job.keys, job.acts, job.phase, job.text, job.scope)
             except (KvnodeError, OSError):

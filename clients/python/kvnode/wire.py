@@ -14,10 +14,16 @@ import msgpack
 
 PROTOCOL_VERSION = 1
 _PREFIX = struct.Struct("<II")  # header_len, payload_len
+#: The daemon's limit on a request header (kvnode_proto::frame::MAX_HEADER); it drops a
+#: connection that announces a longer one, so the client refuses to send it.
+MAX_HEADER = 16 << 20
 
 
 class KvnodeError(RuntimeError):
-    """The daemon refused a request (`code` is its ErrorCode name) or the protocol broke."""
+    """The daemon refused a request (`code` is its ErrorCode name) or the protocol broke.
+
+    Codes of the client itself: "Handshake", "Io", "Malformed" (a reply it cannot read) and
+    "FrameTooLarge" (a request header over MAX_HEADER, not sent: split the request)."""
 
     def __init__(self, code: str, message: str, leasable: Optional[int] = None):
         super().__init__(f"kvnode refused the request ({code}): {message}")
@@ -41,6 +47,19 @@ def _split_reply(reply: Any) -> Tuple[str, Any]:
     if isinstance(reply, dict) and len(reply) == 1:
         return next(iter(reply.items()))
     raise KvnodeError("Malformed", f"unexpected reply shape {reply!r}")
+
+
+#: The largest count a `Touched` reply carries (a u32 on the wire).
+_U32_MAX = (1 << 32) - 1
+
+
+def touched_count(name: str, body: Any) -> int:
+    """The count of a `Touched { count }` reply; KvnodeError("Malformed") for any other reply
+    or a count that is not a u32 (the Rust `Reply::Touched`, engine/proto/src/client.rs)."""
+    count = body.get("count") if name == "Touched" and isinstance(body, dict) else None
+    if type(count) is not int or not 0 <= count <= _U32_MAX:
+        raise KvnodeError("Malformed", f"Touch answered {name} {body!r}, not Touched {{count: u32}}")
+    return count
 
 
 class Region:
@@ -95,6 +114,10 @@ class Connection:
     @staticmethod
     def _frame(msg: dict, payload_len: int) -> bytes:
         header = msgpack.packb(msg, use_bin_type=True)
+        if len(header) > MAX_HEADER:
+            raise KvnodeError("FrameTooLarge", f"request header of {len(header)} bytes is over the "
+                              f"daemon's {MAX_HEADER}-byte limit (it would drop the connection): "
+                              "send fewer keys per request")
         return _PREFIX.pack(len(header), payload_len) + header
 
     def _recv_exact(self, n: int) -> bytes:
@@ -162,6 +185,15 @@ class Connection:
         (the envelope's message_id, one ActionResult per action, in order). An envelope-level
         fault (not JSON, an unknown protocol_version, too many actions) raises KvnodeError."""
         return act(self, ns, keys, hints)
+
+    def touch(self, ns: int, keys: List[list]) -> int:
+        """Refreshes, in the daemon's DRAM eviction policy, the leading run of `keys` it holds
+        in DRAM, as a get of them would, without reading them (`Touch`, docs/client-protocol.md):
+        pages the engine served from its own prefix cache, whose hits never reach the daemon.
+        Returns the run's length (keys). Raises KvnodeError for a namespace this connection's
+        tenant does not own ("UnknownNamespace") or a malformed key list."""
+        name, body, _ = self.call({"Touch": {"ns": int(ns), "keys": keys}})
+        return touched_count(name, body)
 
     def wait(self, op: int, timeout_ms: int) -> Dict[str, Any]:
         """Waits up to `timeout_ms` for a pull op to end; returns its OpReport (ended or not)."""

@@ -3,7 +3,9 @@
 Both of SGLang 0.5.23's page interfaces: v1 (`batch_get_v1` / `batch_set_v1` on the KV
 anchor pool) and v2 (`register_mem_host_pool_v2`, `batch_exists_v2` / `batch_get_v2` /
 `batch_set_v2` with `PoolTransfer`s: KV, Mamba state, SWA, DSA indexer, draft pools), each
-pool in its own kvnode namespace. SGLang loads it by `module_path` `kvnode.sglang.backend`
+pool in its own kvnode namespace. The pages SGLang already holds on device and host (a lookup's
+`extra_info.prefix_keys`, with SGLang's `hicache_storage_pass_prefix_keys`) are touched in the
+daemon (kvnode.touch) before the lookup. SGLang loads it by `module_path` `kvnode.sglang.backend`
 (`kvnode.sglang_backend` re-exports it), `class_name` `KvnodeStorage`. See docs/sglang.md.
 """
 
@@ -25,6 +27,7 @@ from kvnode.namespace import digest_of, namespace_spec
 from kvnode.outcomes import stored, usable
 from kvnode.plan import Plan, cut_flags, recompute_cost, usable_keys
 from kvnode.pool import RANK_SHARDED_POOLS, Extent, PoolBinding, UnsupportedPool, probe_layout, shm_extents
+from kvnode.touch import MAX_TOUCH_KEYS, TouchLog, leading_keys
 from kvnode.wire import Connection, KvnodeError, Region, exists
 from kvnode.wire import key as wire_key
 
@@ -61,6 +64,15 @@ def _pool_key(name: Any) -> str:
 class _PerThread(threading.local):
     conn: Optional[Connection] = None
     regions: Optional[Dict[int, Region]] = None
+    # (prefix length, last key) the next batch of the same lookup carries (`_touch_prefix`).
+    next_batch: Optional[Tuple[int, str]] = None
+
+
+def _flag(extra: dict, name: str, default: bool) -> bool:
+    value = extra.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"kvnode: extra-config {name} must be true or false, got {value!r}")
+    return value
 
 
 class KvnodeStorage(_Base):
@@ -88,6 +100,9 @@ class KvnodeStorage(_Base):
         # Fetch or recompute (kvnode.plan): with a cost, lookups send it and take the plan.
         self.recompute = recompute_cost(extra)
         self.last_plan: Optional[Plan] = None
+        # Touch of the pages SGLang holds (docs/sglang.md "Touch"); `touches.totals()`.
+        self.touch_local_hits = _flag(extra, "touch_local_hits", True)
+        self.touches = TouchLog(logger)
         if self.recompute is not None:
             logger.info("kvnode: fetch plans on: recompute %.0f tokens/s + %.3g s/token^2",
                         self.recompute.tokens_per_s, self.recompute.quad_s)
@@ -231,6 +246,31 @@ class KvnodeStorage(_Base):
         kv = self._pools.get(KV)
         return bool(kv and kv.zero_copy)
 
+    def _touch_prefix(self, b: PoolBinding, keys: Sequence[str], extra_info: Any) -> None:
+        """Touches the pages of `extra_info.prefix_keys`: the request's pages from the sequence
+        start that SGLang's radix tree matched on device and host, which it never fetches from
+        kvnode. SGLang asks one lookup in batches, each later batch's prefix_keys extended by
+        the batch before: only a lookup's first batch names the local hits, so a batch that
+        continues this thread's previous one touches nothing (so does a new lookup whose held
+        prefix ends exactly where this thread's previous call ended: rare, and those pages were
+        just asked for). Never fails the lookup."""
+        prefix = getattr(extra_info, "prefix_keys", None) or []
+        tls = self._tls
+        continues = bool(prefix) and tls.next_batch == (len(prefix), prefix[-1])
+        tls.next_batch = (len(prefix) + len(keys), keys[-1]) if keys else None
+        if not self.touch_local_hits or not prefix or continues:
+            return
+        pages = -(-MAX_TOUCH_KEYS // max(1, b.seg_n))
+        try:
+            conn = self._conn()
+        except (KvnodeError, OSError) as e:
+            self.touches.failed(e)
+            return
+        try:
+            self.touches.send(conn, b.ns, leading_keys([digest_of(k) for k in prefix[:pages]], b.seg_n))
+        except OSError:
+            pass  # counted and logged at debug by TouchLog; the lookup reports the connection
+
     # -- page transfers (one pool) ---------------------------------------------------------
     def _hint(self, extra_info: Any) -> dict:
         return router_hint_fields(extract_router_hint(extra_info), self.supports_hints)
@@ -359,6 +399,7 @@ class KvnodeStorage(_Base):
         if not keys:
             return 0
         b = self._binding(KV)
+        self._touch_prefix(b, keys, extra_info)
         n = self._leading(b, keys, self._hint(extra_info), self._recompute_field(b, extra_info))
         self._act(extra_info, [(b, keys)])  # after the hint's pull: retains cover pulled pages
         return n
@@ -374,6 +415,7 @@ class KvnodeStorage(_Base):
 
         hint = self._hint(extra_info)
         kv = self._binding(KV)
+        self._touch_prefix(kv, keys, extra_info)
         kv_pages = self._leading(kv, keys, hint, self._recompute_field(kv, extra_info)) if keys else 0
         per_pool = []
         for t in pool_transfers or []:

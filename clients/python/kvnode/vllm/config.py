@@ -46,6 +46,9 @@ class KvnodeVllmConfig:
                        lookups send the recompute cost and take the daemon's fetch plan
                        (kvnode.plan; env KVNODE_RECOMPUTE_TOKENS_PER_S wins). 0 = off (default)
     recompute_quad_s   the prefill's attention term, seconds per token² (env KVNODE_RECOMPUTE_QUAD_S)
+    touch_gpu_hits     touch (kvnode `Touch`) the blocks vLLM's own prefix cache already holds,
+                       [0, num_computed_tokens) at the lookup, so the daemon's DRAM policy keeps
+                       the hottest prefixes it never serves (kvnode.touch). Default true
     """
 
     socket: str = ""
@@ -61,6 +64,7 @@ class KvnodeVllmConfig:
     layerwise_load: bool = False
     recompute_tokens_per_s: float = 0.0
     recompute_quad_s: float = 0.0
+    touch_gpu_hits: bool = True
 
     def recompute(self) -> Optional["RecomputeCost"]:
         """The recompute cost lookups send (the environment overriding), or None: no plans."""

@@ -134,7 +134,8 @@ class KvnodeConnector(KVConnectorBase_V1):
                                    block_tokens=self.geometry.block_size, via="gpu")
             self.sched = SchedulerSide(lookup, self.geometry.block_size, hash_block,
                                        self.cfg.lookup_wait_ms / 1000.0, self.cfg.load, self.cfg.save,
-                                       steps_in_flight=vllm_config.max_concurrent_batches)
+                                       steps_in_flight=vllm_config.max_concurrent_batches,
+                                       touch=self.cfg.touch_gpu_hits)
         else:
             self.worker = WorkerSide(self._connect, self.spec, layerwise=self.cfg.layerwise_load)
         self._layer_of: Dict[str, Tuple[int, int]] = {}  # layer name -> (segment, layer in it)
@@ -229,6 +230,10 @@ class KvnodeConnector(KVConnectorBase_V1):
             now.update(lookups=self.sched.lookups, hit_tokens=self.sched.hit_tokens,
                        pending_answers=self.sched.pending_answers)
             now.update(self.sched.lookup.actions.take())
+            t = self.sched.lookup.touches.totals()
+            nseg = max(1, len(self.spec["segments"]))
+            now.update(touches=t["touches"], touched_blocks=t["touched_keys"] // nseg,
+                       touch_errors=t["touch_errors"])
         d = delta(now, self._last_stats)
         return KvnodeConnectorStats(data=d) if d else None
 

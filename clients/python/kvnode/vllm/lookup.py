@@ -15,6 +15,11 @@ the `Act` of a request's immediate actions runs after its lookup (and a hinted p
 
 A daemon that is down or refuses answers "0 blocks" (the request is computed, never blocked).
 
+Touches (`submit_touch`, kvnode.touch): the blocks vLLM's own prefix cache already holds go to
+the daemon in one `Touch` on the same thread and connection, after the request's lookup, so the
+daemon's DRAM policy keeps the prefixes vLLM never fetches. A failed touch is logged at debug and
+counted (`touches`), never a miss or a stall.
+
 With a recompute cost (`recompute_tokens_per_s`, kvnode.plan) every `Exists` carries it and the
 answer is the daemon's fetch plan: the leading blocks worth loading, cut where recomputing the rest
 is faster (a hint's pull then starts only if the plan takes the peer). Its reason is logged at debug.
@@ -32,6 +37,7 @@ from kvnode.actions import ActionLog
 from kvnode.common import hint_field, hinted_exists, pull_budget_ms
 from kvnode.hints import RequestActions
 from kvnode.plan import Plan, RecomputeCost, usable_keys
+from kvnode.touch import TouchLog, leading_keys
 from kvnode.wire import Connection, KvnodeError, exists, open_namespace
 
 logger = logging.getLogger("kvnode.vllm")
@@ -60,6 +66,13 @@ class _Act:
     text: str
 
 
+@dataclass
+class _Touch:
+    """One queued `Touch`: the keys of blocks vLLM's prefix cache holds, leading first."""
+
+    keys: List[list]
+
+
 #: ActionLog scope of this service's one namespace.
 _SCOPE = 0
 
@@ -85,6 +98,7 @@ class LookupService:
         self._timeouts: Optional[dict] = None
         self.served = 0
         self.actions = ActionLog(logger)
+        self.touches = TouchLog(logger)
         self._thread = threading.Thread(target=self._run, name="kvnode-lookup", daemon=True)
         self._thread.start()
 
@@ -110,6 +124,11 @@ class LookupService:
         if keys is not None:
             self._q.put(_Act(keys, acts, phase, text))  # type: ignore[arg-type]
 
+    def submit_touch(self, digests: List[bytes]) -> None:
+        """Queues a `Touch` of the blocks `digests` (every segment; at most MAX_TOUCH_KEYS keys)."""
+        if digests:
+            self._q.put(_Touch(leading_keys(digests, self._nseg)))  # type: ignore[arg-type]
+
     def forget(self, req_id: str) -> None:
         with self._lock:
             self._lookups.pop(req_id, None)
@@ -134,6 +153,9 @@ class LookupService:
                 return
             if isinstance(req_id, _Act):
                 self._act(req_id)
+                continue
+            if isinstance(req_id, _Touch):
+                self._touch(req_id)
                 continue
             lk = self.get(req_id)
             if lk is None or lk.done.is_set():
@@ -163,6 +185,22 @@ class LookupService:
         try:
             self.actions.send(conn, self._ns, job.keys, job.acts, job.phase, job.text, _SCOPE)
         except (KvnodeError, OSError):
+            try:  # logged and counted; reconnect on the next request
+                conn.close()
+            except OSError:
+                pass
+            self._conn = None
+
+    def _touch(self, job: _Touch) -> None:
+        try:
+            conn = self._connection()
+        except (KvnodeError, OSError) as e:
+            self.touches.failed(e)
+            self._conn = None
+            return
+        try:
+            self.touches.send(conn, self._ns, job.keys)
+        except OSError:
             try:  # logged and counted; reconnect on the next request
                 conn.close()
             except OSError:

@@ -19,6 +19,9 @@ COUNTERS: Dict[str, str] = {
     "lookups": "prefix lookups sent to kvnode",
     "hit_tokens": "prompt tokens served from kvnode",
     "pending_answers": "scheduler asks answered 'not yet' (lookup or hinted pull pending)",
+    "touches": "touches of vLLM's own prefix-cache hits the daemon answered",
+    "touched_blocks": "vLLM blocks the daemon found in DRAM and refreshed by those touches",
+    "touch_errors": "touches refused or not delivered (logged at debug; the request is unaffected)",
     "actions_sent": "router actions (other than kv.fetch) sent to kvnode in an Act",
     "actions_refused": "router actions kvnode refused, or that never reached it (logged at warning)",
 }

@@ -5,6 +5,10 @@ to onload this step (after vLLM allocated them), how many leading blocks are alr
 or on their way (so each block is offloaded once), and whether any offload was issued (then
 vLLM must not free the request's blocks until the workers report the offloads done).
 
+The blocks vLLM's own prefix cache already holds at the lookup ([0, num_computed_tokens)) are
+touched in the daemon (kvnode.touch) once per scheduling of the request, so the daemon's DRAM
+policy keeps the prefixes vLLM never fetches from it; the touch runs on the lookup thread.
+
 A request's router actions other than kv.fetch (kvnode.hints.split_envelope) go to the daemon
 through the lookup thread: the immediate ones when the request arrives, after its lookup; the
 request_completion ones when it finishes, or, when it offloaded blocks, once the workers report
@@ -32,19 +36,22 @@ class _Req:
     load: Optional[BlockMove] = None
     load_first: int = 0          # block index of the first loaded block
     hold_until: int = 0          # no offload before this step (a load's outcome is unknown)
+    touched: bool = False        # its local prefix hits were touched since it was last scheduled
 
 
 class SchedulerSide:
     """Lookup, load planning and save planning for one vLLM scheduler."""
 
     def __init__(self, lookup: LookupService, block_size: int, hash_block_size: int,
-                 lookup_wait_s: float, load: bool, save: bool, steps_in_flight: int = 1):
+                 lookup_wait_s: float, load: bool, save: bool, steps_in_flight: int = 1,
+                 touch: bool = True):
         self.lookup = lookup
         self.block_size = block_size
         self.hash_block_size = hash_block_size
         self.lookup_wait_s = lookup_wait_s
         self.load_enabled = load
         self.save_enabled = save
+        self.touch_enabled = touch
         self._reqs: Dict[str, _Req] = {}
         # Steps scheduled before the previous ones' outputs come back (vLLM's
         # max_concurrent_batches: 1, 2 with async scheduling, PP size with PP).
@@ -93,7 +100,9 @@ class SchedulerSide:
     def matched_tokens(self, req_id: str, hashes: Sequence[bytes], num_tokens: int,
                        num_computed_tokens: int, hint: Optional[dict]) -> Optional[int]:
         """Tokens beyond `num_computed_tokens` that kvnode can load, or None while the
-        daemon's answer (or a hinted pull) is pending. Waits at most `lookup_wait_s`."""
+        daemon's answer (or a hinted pull) is pending. Waits at most `lookup_wait_s`.
+        The blocks vLLM holds already, [0, num_computed_tokens), are touched (queued)."""
+        self._touch_local_hits(req_id, hashes, num_computed_tokens)
         if not self.load_enabled:
             return 0
         lk = self.lookup.get(req_id)
@@ -112,12 +121,26 @@ class SchedulerSide:
         hit = min(lk.blocks * self.block_size, num_tokens - 1)
         return max(0, hit - num_computed_tokens)
 
+    def _touch_local_hits(self, req_id: str, hashes: Sequence[bytes], num_computed_tokens: int) -> None:
+        """Queues the touch of the request's whole blocks in vLLM's prefix cache, once until it
+        is scheduled (vLLM asks again each step while the lookup is pending)."""
+        blocks = num_computed_tokens // self.block_size
+        if not self.touch_enabled or blocks <= 0:
+            return
+        st = self._state(req_id)
+        if st.touched:
+            return
+        st.touched = True
+        self.lookup.submit_touch(self._digests(hashes, blocks))
+
     def after_alloc(self, req_id: str, hashes: Sequence[bytes], block_ids: Sequence[int],
                     num_external_tokens: int) -> None:
         """Plans the onload of the blocks vLLM allocated for the `num_external_tokens`."""
         st = self._state(req_id)
-        # The answer is used up: a preempted request that comes back asks again.
+        # The answer is used up: a preempted request that comes back asks again (and touches
+        # the blocks vLLM then holds).
         self.lookup.forget(req_id)
+        st.touched = False
         if num_external_tokens <= 0:
             return
         first = st.local_tokens // self.block_size

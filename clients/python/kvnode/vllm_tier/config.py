@@ -43,6 +43,9 @@ class TierConfig:
                      past its cut miss: vLLM computes them). Env KVNODE_RECOMPUTE_TOKENS_PER_S
                      wins. 0 = off (default)
     recompute_quad_s the prefill's attention term, seconds per token² (env KVNODE_RECOMPUTE_QUAD_S)
+    touch_gpu_hits   answer vLLM's `touch` (chunks to mark recently used, e.g. its GPU prefix
+                     hits) with a kvnode `Touch`, so the daemon's DRAM policy keeps them. Default
+                     true. vLLM 0.33's OffloadingConnector never calls `touch` (docs/vllm.md)
     """
 
     socket: str = ""
@@ -55,6 +58,7 @@ class TierConfig:
     locality: str = "LOCAL"
     recompute_tokens_per_s: float = 0.0
     recompute_quad_s: float = 0.0
+    touch_gpu_hits: bool = True
 
     def recompute(self) -> Optional[RecomputeCost]:
         """The recompute cost lookups send (the environment overriding), or None: no plans."""

@@ -26,6 +26,9 @@ COUNTERS: Dict[str, str] = {
     "store_blocks": "chunks stored into kvnode (new or already present)",
     "store_failed_blocks": "chunks kvnode did not store (no space, daemon down, ...)",
     "store_failed_jobs": "store jobs reported failed",
+    "touches": "touches (vLLM's touch: chunks marked recently used) the daemon answered",
+    "touched_keys": "chunk keys the daemon found in DRAM and refreshed by those touches",
+    "touch_errors": "touches refused or not delivered (logged at debug)",
     "actions_sent": "router actions (other than kv.fetch) sent to the kvnode daemon in an Act",
     "actions_refused": "router actions the daemon refused, or that never reached it (logged at warning)",
 }

@@ -24,6 +24,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from kvnode.actions import COMPLETION, NOW, ActionLog, ActionSender
 from kvnode.hints import extract_router_hint, request_source, split_envelope
+from kvnode.touch import MAX_TOUCH_KEYS, TouchLog
 from kvnode.vllm_tier import metrics
 from kvnode.vllm_tier.config import TierConfig
 from kvnode.vllm_tier.jobs import Job, Transfers
@@ -91,6 +92,9 @@ class KvnodeTier(SecondaryTierManager):
         self.actions = ActionLog(logger)
         self._actions_reported: Dict[str, int] = {}
         self._sender = ActionSender(self._connect, self._register, self.actions, "kvnode-tier-actions")
+        # vLLM's touch (chunks to mark recently used): a `Touch` on the sender's thread.
+        self.touches = TouchLog(logger)
+        self._touches_reported: Dict[str, int] = {}
         self._ended: Dict[str, Actions] = {}  # ended requests whose stores are still running
         self._job_req: Dict[int, Actions] = {}  # store job -> its request's actions
         # Fetch plans (kvnode.plan): the cost, each group's chunk tokens, how loads read.
@@ -161,6 +165,19 @@ class KvnodeTier(SecondaryTierManager):
         if found is None:
             return LookupResult.RETRY
         return LookupResult.HIT if found else LookupResult.MISS
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """vLLM marks `keys` recently used (its base class names chunks its GPU prefix cache
+        holds): a kvnode `Touch` of the leading MAX_TOUCH_KEYS, queued to the actions thread
+        (this is the scheduler thread). vLLM 0.33's OffloadingConnector never calls it."""
+        if not self.cfg.touch_gpu_hits or not keys:
+            return
+        wk = []
+        for k in keys:
+            if len(wk) == MAX_TOUCH_KEYS:
+                break
+            wk.append(wire_key(k))
+        self._sender.submit_touch(wk, self.touches)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         self._submit(job_metadata, False)
@@ -274,6 +291,9 @@ class KvnodeTier(SecondaryTierManager):
         for k, total in self.actions.take().items():
             counters[k] = counters.get(k, 0) + total - self._actions_reported.get(k, 0)
             self._actions_reported[k] = total
+        for k, total in self.touches.totals().items():
+            counters[k] = counters.get(k, 0) + total - self._touches_reported.get(k, 0)
+            self._touches_reported[k] = total
         return metrics.stats(self._label, counters, rtts)
 
     def config_info(self) -> ConfigInfoMapping:
