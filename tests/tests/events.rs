@@ -1169,7 +1169,12 @@ fn a_live_takeover_with_events_keeps_the_routers_view_exact_through_changes_duri
     // No deletes: a block deleted on NVMe is not deleted in the spill files (not persisted,
     // docs/spill-format.md), so any successor recovers it, unannounced; the DRAM deltas of
     // deletes are covered by takeover_live.rs.
-    for s in [Step::Put(40, 6), Step::Fill, Step::Get(8, 2), Step::Put(46, 4)] {
+    for s in [
+        Step::Put(40, 6),
+        Step::Fill,
+        Step::Get(8, 2),
+        Step::Put(46, 4),
+    ] {
         apply(&mut c, ns, &s, &mut filler);
     }
     ids.extend((40..50).chain(1000..filler));
@@ -1214,7 +1219,10 @@ fn a_live_takeover_with_events_keeps_the_routers_view_exact_through_changes_duri
     apply(&mut c, ns, &Step::Put(60, 3), &mut filler);
     ids.extend(60..63);
     settle(&mut c);
-    assert!(follow(&mut view, &mut next) > 0, "the successor published its puts");
+    assert!(
+        follow(&mut view, &mut next) > 0,
+        "the successor published its puts"
+    );
     assert_view_is_the_daemons(&view, &mut c, ns, ids.into_iter());
 }
 

@@ -575,9 +575,14 @@ impl Announcer {
                 Vec::new()
             };
             *epoch += 1;
-            (rx, nvme, dram, Retired {
-                _entries: std::mem::take(&mut *reg),
-            })
+            (
+                rx,
+                nvme,
+                dram,
+                Retired {
+                    _entries: std::mem::take(&mut *reg),
+                },
+            )
         };
         if let Ok(Ok(seq)) = tokio::time::timeout(limit, rx).await {
             return Some(HandedOver {

@@ -348,9 +348,13 @@ fn finish(
         .filter(|_| silent)
         .map(|_| std::sync::Arc::clone(engine.store.dram()));
     // Dropping the engine's last handle closes the spill files (sealed, synced); the
-    // publisher then sends what is queued and lingers.
+    // publisher then sends what is queued and frees its endpoints, and lingers for its
+    // subscribers while the successor (told below) starts and binds them.
     drop(engine);
-    drop(publisher);
+    let publisher = publisher.map(|mut p| {
+        p.release(std::time::Duration::from_secs(5));
+        p
+    });
     if let Some(p) = takeover_path {
         let _ = std::fs::remove_file(p);
     }
@@ -360,6 +364,7 @@ fn finish(
     // The successor waits for this: the spill files are closed and unlocked now.
     drop(accepted);
     drop(arena);
+    drop(publisher);
     // The process exits now: leave the index's memory to the kernel.
     std::mem::forget(index);
 }

@@ -36,6 +36,8 @@ pub struct Publisher {
     replay_endpoint: Option<String>,
     stop: Option<watch::Sender<bool>>,
     thread: Option<JoinHandle<()>>,
+    /// Told once the queue is published and both endpoints are unbound (before the linger).
+    released: std::sync::mpsc::Receiver<()>,
 }
 
 /// Endpoints as bound (port 0 resolved), reported by the thread once its sockets are up.
@@ -55,6 +57,7 @@ impl Publisher {
         let (stop_tx, stop_rx) = watch::channel(false);
         let source = Arc::new(SourceSlot::default());
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let (released_tx, released) = std::sync::mpsc::sync_channel(1);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -70,6 +73,7 @@ impl Publisher {
                     counters: thread_counters,
                     stop: stop_rx,
                     ready: ready_tx,
+                    released: released_tx,
                 };
                 runtime.block_on(run(config, endpoint, replay, chan));
             })
@@ -97,7 +101,22 @@ impl Publisher {
             replay_endpoint: bound.replay_endpoint,
             stop: Some(stop_tx),
             thread: Some(thread),
+            released,
         })
+    }
+
+    /// Stops taking events, publishes what is queued and unbinds both endpoints, then
+    /// returns (at most `limit`) while the thread lingers for the subscribers already
+    /// connected; dropping the publisher later joins it. A takeover's old daemon calls this
+    /// before it lets its successor go, which binds the same endpoints: the linger then
+    /// overlaps the successor's start instead of delaying it.
+    pub fn release(&mut self, limit: std::time::Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(true);
+        }
+        if self.released.recv_timeout(limit).is_err() {
+            tracing::warn!(?limit, "the KV event publisher did not unbind in time");
+        }
     }
 
     /// A handle to submit events; clone it freely.
@@ -155,6 +174,7 @@ struct Channel {
     counters: Arc<Counters>,
     stop: watch::Receiver<bool>,
     ready: Ready,
+    released: std::sync::mpsc::SyncSender<()>,
 }
 
 /// Binds `socket` at `endpoint`: a tcp address as is, an ipc path through
@@ -196,6 +216,7 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
         counters,
         mut stop,
         ready,
+        released,
     } = chan;
     let mut socket = PubSocket::new();
     let (endpoint, _pub_path) = match bind(&mut socket, "PUB", &endpoint, &config.access).await {
@@ -265,11 +286,18 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
         }
     }
     batcher.publish().await;
-    tokio::time::sleep(config.linger).await;
+    // Free both endpoints (a takeover's successor binds them next), then linger: peers
+    // already connected keep receiving what was sent. A replay asked for after this goes to
+    // whoever binds the endpoint next.
     let _ = replay_stop_tx.send(true);
     if let Some(task) = replay_task {
         let _ = task.await;
     }
+    let _ = batcher.socket.unbind_all().await;
+    drop(_replay_path);
+    drop(_pub_path);
+    let _ = released.send(());
+    tokio::time::sleep(config.linger).await;
 }
 
 /// Collects events into batches and publishes them with consecutive sequence numbers.

@@ -251,6 +251,56 @@ async fn shutdown_publishes_queued_events_then_sinks_report_closed() {
     assert_eq!(sink.stats().dropped_closed, 1);
 }
 
+/// A takeover's old daemon releases its publisher before its successor starts: the queued
+/// events still reach a connected subscriber, and a new publisher binds the same PUB and
+/// replay endpoints while the old one lingers (a long linger here: without the release, the
+/// bind would fail until it ends).
+#[tokio::test]
+async fn a_released_publisher_frees_its_endpoints_while_it_lingers() {
+    let mut old = Publisher::start(PublisherConfig {
+        max_batch_events: 2,
+        flush_interval: Duration::from_secs(30),
+        linger: Duration::from_secs(20),
+        ..config()
+    })
+    .unwrap();
+    let (endpoint, replay) = (
+        old.endpoint().to_owned(),
+        old.replay_endpoint().unwrap().to_owned(),
+    );
+    let sink = old.sink();
+    let mut sub = Sub::connect(&endpoint).await;
+    sub.warm_up(&sink).await;
+    let sent: Vec<KvEvent> = (0..3).map(store).collect();
+    for event in &sent {
+        sink.submit(event.clone()).unwrap();
+    }
+    let t = Instant::now();
+    let old = tokio::task::spawn_blocking(move || {
+        old.release(Duration::from_secs(5));
+        old
+    })
+    .await
+    .unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "release waited out the linger"
+    );
+    let next = Publisher::start(tcp(&endpoint).with_replay(&replay))
+        .expect("the successor binds the released endpoints");
+    let mut got = Vec::new();
+    while got.len() < sent.len() {
+        let (_, payload) = sub.recv().await;
+        got.extend(without_probes(decode_events(&payload)));
+    }
+    assert_eq!(
+        got, sent,
+        "the old publisher's last events reached its subscriber"
+    );
+    drop(next);
+    std::mem::forget(old);
+}
+
 #[tokio::test]
 async fn events_from_many_threads_keep_each_threads_order() {
     let publisher = Publisher::start(config()).unwrap();

@@ -311,7 +311,10 @@ fn a_pending_announcer_registers_silently_until_its_sink_is_attached() {
     let rec = Arc::new(Recorder::default());
     record_into(&a, &rec);
     assert!(a.enabled());
-    assert!(rec.log.lock().unwrap().is_empty(), "nothing sent while pending");
+    assert!(
+        rec.log.lock().unwrap().is_empty(),
+        "nothing sent while pending"
+    );
     assert_eq!(a.announce_registered(), 2);
     drop(kept);
     drop(on_disk);
@@ -322,5 +325,8 @@ fn a_pending_announcer_registers_silently_until_its_sink_is_attached() {
     assert!(registered(&a).is_empty() && a.registry().disk.is_empty());
     // An announcer without events registers nothing.
     let off = Announcer::of(super::Policy::all(), false);
-    assert!(off.reside(Medium::CpuPinned, &key(1), Some(&meta(1))).is_none());
+    assert!(
+        off.reside(Medium::CpuPinned, &key(1), Some(&meta(1)))
+            .is_none()
+    );
 }
