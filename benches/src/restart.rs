@@ -44,6 +44,10 @@ pub enum Mode {
 
 /// `kvnode bench restart` flags.
 #[derive(Debug, Args)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent on/off flags of the CLI"
+)]
 pub struct RestartArgs {
     /// Working directory (socket, spill file, daemon logs); on the device to measure.
     #[arg(long, default_value = "/var/tmp/kvnode-bench-restart")]
@@ -340,6 +344,18 @@ fn report_load(r: &crate::restart_load::Report, sock: &Path, bs: u64) -> anyhow:
     Ok(())
 }
 
+/// What each daemon had published (`--events`): a storm shows as the new one announcing
+/// every block taken over again.
+fn print_events(old: Option<u64>, new: Option<u64>) {
+    let shown = |n: Option<u64>| n.map_or_else(|| "none (events off?)".into(), |n| n.to_string());
+    println!(
+        "KV events: the old daemon had published {} after the fill, the new one {} by its \
+         first hit (a storm would announce every block taken over again)",
+        shown(old),
+        shown(new),
+    );
+}
+
 /// Runs the benchmark.
 pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     let bs = parse_size(&a.block_bytes).context("--block-bytes")?;
@@ -421,12 +437,7 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
     );
     println!("before: {in_dram} blocks in DRAM, {on_nvme} on NVMe (filled in {fill_s:.1} s)");
     if a.events {
-        println!(
-            "KV events: the old daemon had published {} after the fill, the new one {} by its \
-             first hit (a storm would announce every block taken over again)",
-            published_old.map_or_else(|| "none (events off?)".into(), |n| n.to_string()),
-            published_new.map_or_else(|| "none (events off?)".into(), |n| n.to_string()),
-        );
+        print_events(published_old, published_new);
     }
     filled.print(a.blocks);
     if let Some(s) = stop_ms {

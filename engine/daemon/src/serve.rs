@@ -324,6 +324,25 @@ async fn hand_events_over(
     quiet
 }
 
+/// Attaches the publisher's sink to the engine's announcer. A tier built live whose donor's
+/// stream is not continued (its events off, or its publisher silent): this daemon starts a
+/// new stream and announces what it took over.
+fn attach_events(
+    announcer: &std::sync::Arc<kvnode_engine::residency::Announcer>,
+    publisher: Option<&kvnode_events::Publisher>,
+    handover: Option<&kvnode_engine::engine::Handover>,
+) {
+    let Some(p) = publisher else { return };
+    announcer.attach(p.sink());
+    if handover.is_some_and(|h| h.dram.is_some() && h.events_seq.is_none()) {
+        let blocks = announcer.announce_registered();
+        tracing::info!(
+            blocks,
+            "KV events: a new stream announces the blocks taken over"
+        );
+    }
+}
+
 /// Lets go of what the daemon held, in the order a successor relies on.
 fn finish(
     engine: std::sync::Arc<kvnode_engine::Engine>,
@@ -418,16 +437,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         let listener_fd = std::os::fd::AsFd::as_fd(&listener).try_clone_to_owned()?;
         let socket = cfg.socket.clone();
         let (continued, publisher) = events_after(&cfg, handover.as_ref())?;
-        // A tier built live whose donor's stream is not continued (its events off, or its
-        // publisher silent): this daemon starts a new stream and announces what it took over.
-        let new_stream = handover.as_ref().is_some_and(|h| h.dram.is_some() && h.events_seq.is_none());
-        if let Some(p) = &publisher {
-            announcer.attach(p.sink());
-            if new_stream {
-                let blocks = announcer.announce_registered();
-                tracing::info!(blocks, "KV events: a new stream announces the blocks taken over");
-            }
-        }
+        attach_events(&announcer, publisher.as_ref(), handover.as_ref());
         let took_over = handover.is_some();
         let engine = kvnode_engine::Engine::start_from(cfg, announcer, handover).context("starting the engine")?;
         if let Some(c) = continued {

@@ -219,7 +219,7 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
         released,
     } = chan;
     let mut socket = PubSocket::new();
-    let (endpoint, _pub_path) = match bind(&mut socket, "PUB", &endpoint, &config.access).await {
+    let (endpoint, pub_path) = match bind(&mut socket, "PUB", &endpoint, &config.access).await {
         Ok(bound) => bound,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -229,7 +229,7 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
     let (replay_stop_tx, replay_stop_rx) = watch::channel(false);
     let mut replay_task = None;
     let mut replay_endpoint = None;
-    let mut _replay_path = None;
+    let mut replay_path = None;
     // No replay endpoint, no ring: nothing is kept after a batch is sent.
     let mut ring = None;
     if let Some(replay_ep) = &replay {
@@ -237,7 +237,7 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
         match bind(&mut router, "replay ROUTER", replay_ep, &config.access).await {
             Ok((ep, path)) => {
                 replay_endpoint = Some(ep);
-                _replay_path = path;
+                replay_path = path;
             }
             Err(e) => {
                 let _ = ready.send(Err(e));
@@ -294,8 +294,8 @@ async fn run(config: PublisherConfig, endpoint: Endpoint, replay: Option<Endpoin
         let _ = task.await;
     }
     let _ = batcher.socket.unbind_all().await;
-    drop(_replay_path);
-    drop(_pub_path);
+    drop(replay_path);
+    drop(pub_path);
     let _ = released.send(());
     tokio::time::sleep(config.linger).await;
 }
