@@ -1051,6 +1051,29 @@ fn followed(tag: &str) -> Followed {
     }
 }
 
+/// Once the old daemon `a` exited (cleanly) and its successor `b` is ready: the old
+/// daemon's whole stream, and a router's view, normalizer and event id after it.
+fn handed_over(
+    a: &mut Daemon,
+    b: &Daemon,
+    early: Vec<(u64, Bytes)>,
+    follower: Follower,
+) -> (Vec<(u64, Bytes)>, RouterView, ZmqEventNormalizer, u64) {
+    let st = a
+        .wait_exit(Duration::from_secs(30))
+        .expect("old daemon exits");
+    assert!(st.success(), "{}", a.log());
+    b.wait_ready(Duration::from_secs(30));
+    let old = whole_stream(early, follower);
+    let mut view = RouterView::default();
+    let mut norm = ZmqEventNormalizer::new(PAGE);
+    let mut eid = 0;
+    for (_, p) in &old {
+        view.apply_batch(p, &mut norm, &mut eid);
+    }
+    (old, view, norm, eid)
+}
+
 /// A takeover continues the event stream (docs/events.md "Takeover"): the new daemon's
 /// first batch takes the seq after the old one's last, the old daemon removes none of the
 /// blocks it hands over (DRAM or NVMe) and the new one announces none of them again (a
@@ -1077,18 +1100,7 @@ fn a_takeover_continues_the_event_stream_without_a_storm() {
     let mut with_takeover = args.clone();
     with_takeover.push("--takeover");
     let b = Daemon::spawn_at(&sock, &with_takeover);
-    let st = a
-        .wait_exit(Duration::from_secs(30))
-        .expect("old daemon exits");
-    assert!(st.success(), "{}", a.log());
-    b.wait_ready(Duration::from_secs(30));
-    let old = whole_stream(early, follower);
-    let mut view = RouterView::default();
-    let mut norm = ZmqEventNormalizer::new(PAGE);
-    let mut eid = 0;
-    for (_, p) in &old {
-        view.apply_batch(p, &mut norm, &mut eid);
-    }
+    let (old, mut view, mut norm, mut eid) = handed_over(&mut a, &b, early, follower);
     let next = old.last().unwrap().0 + 1;
     // The hand-over itself published nothing: the old daemon's view is what it held.
     assert_eq!(view.count("dram") as u64, before.tiers[0].blocks);
@@ -1183,18 +1195,7 @@ fn a_live_takeover_with_events_keeps_the_routers_view_exact_through_changes_duri
         donor,
         "the changes were served by the donor during the build (a live takeover)"
     );
-    let st = a
-        .wait_exit(Duration::from_secs(30))
-        .expect("old daemon exits");
-    assert!(st.success(), "{}", a.log());
-    b.wait_ready(Duration::from_secs(30));
-    let old = whole_stream(early, follower);
-    let mut view = RouterView::default();
-    let mut norm = ZmqEventNormalizer::new(PAGE);
-    let mut eid = 0;
-    for (_, p) in &old {
-        view.apply_batch(p, &mut norm, &mut eid);
-    }
+    let (old, mut view, mut norm, mut eid) = handed_over(&mut a, &b, early, follower);
     // The donor's stream (changes during the build included) and what the successor
     // published since (its write-behind's NVMe copies; a block announced again or removed
     // without a store fails the view) are exactly the successor's blocks.

@@ -218,6 +218,16 @@ async fn invalid_events_are_counted_and_never_reach_the_wire() {
     assert_eq!(stats.rejected_total(), 30);
 }
 
+/// The next `n` events `sub` receives (probes left out).
+async fn recv_events(sub: &mut Sub, n: usize) -> Vec<KvEvent> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let (_, payload) = sub.recv().await;
+        got.extend(without_probes(decode_events(&payload)));
+    }
+    got
+}
+
 #[tokio::test]
 async fn shutdown_publishes_queued_events_then_sinks_report_closed() {
     let publisher = Publisher::start(PublisherConfig {
@@ -237,11 +247,7 @@ async fn shutdown_publishes_queued_events_then_sinks_report_closed() {
     let stats = tokio::task::spawn_blocking(move || publisher.shutdown())
         .await
         .unwrap();
-    let mut got = Vec::new();
-    while got.len() < sent.len() {
-        let (_, payload) = sub.recv().await;
-        got.extend(without_probes(decode_events(&payload)));
-    }
+    let got = recv_events(&mut sub, sent.len()).await;
     assert_eq!(
         got, sent,
         "the odd last event went out at shutdown, not after 30 s"
@@ -288,11 +294,7 @@ async fn a_released_publisher_frees_its_endpoints_while_it_lingers() {
     );
     let next = Publisher::start(tcp(&endpoint).with_replay(&replay))
         .expect("the successor binds the released endpoints");
-    let mut got = Vec::new();
-    while got.len() < sent.len() {
-        let (_, payload) = sub.recv().await;
-        got.extend(without_probes(decode_events(&payload)));
-    }
+    let got = recv_events(&mut sub, sent.len()).await;
     assert_eq!(
         got, sent,
         "the old publisher's last events reached its subscriber"
