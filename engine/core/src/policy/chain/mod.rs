@@ -199,6 +199,26 @@ mod tests {
     }
 
     #[test]
+    fn reuse_is_weighed_with_the_blocks_tracked_when_the_victim_is_chosen() {
+        // Block 0 is read again while it is the only block, then 9 blocks arrive one by one.
+        // One use is worth half the blocks tracked at each eviction (5, 4, 4, 3 blocks of
+        // clock): block 0 (read at clock 1) outlives blocks 1–3 (clocks 2–4), though a weight
+        // taken when it was read (one block tracked) would have been nil.
+        let mut p = Chain::default();
+        p.insert(0, 0, BatchHint::SINGLE);
+        p.touch(0, BatchHint::SINGLE);
+        for s in 1..10 {
+            p.insert(s, s, BatchHint::SINGLE);
+        }
+        let order: Vec<SlotId> = (0..10).map(|_| p.victim(&mut |_| true).unwrap()).collect();
+        assert_eq!(order[0], 1, "the reused block left first: {order:?}");
+        assert!(
+            order.iter().position(|&s| s == 0) == Some(3),
+            "the reused block left before the blocks it outranks: {order:?}"
+        );
+    }
+
+    #[test]
     fn an_evicted_blocks_reuse_is_remembered() {
         // Block 1 was read twice before it left; back, it outranks a block seen once.
         let mut p = Chain::default();
