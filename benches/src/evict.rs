@@ -151,9 +151,12 @@ pub fn run(a: &EvictArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// On the real Mooncake traces (`../shared/traces`, read through [`trace::traces_dir`]): `chain`
-/// is never below LRU on the whole traces and on the half kept out of its tuning, gains where DRAM
-/// is short, and keeps the fraction of Belady's MIN that docs/eviction.md reports. A missing
+/// On the real Mooncake traces (`../shared/traces`, read through [`trace::traces_dir`]), with the
+/// policy called in the daemon's order ([`simulate`]): `chain` is never below LRU on the whole
+/// traces, the tuning half or the half kept out of its tuning at 500–64,000 blocks (but the
+/// three rows docs/eviction.md names), gains where DRAM is short, and keeps the fraction of
+/// Belady's MIN that docs/eviction.md reports. Run:
+/// `cargo test --release -p kvnode-bench evict`. A missing
 /// trace fails the test unless `KVNODE_TEST_ALLOW_SKIP` lists `traces` (or `all`).
 #[cfg(test)]
 mod tests {
@@ -186,48 +189,64 @@ mod tests {
         None
     }
 
-    /// The issue's capacities and a few more, per trace.
-    fn capacities(trace: &str) -> &'static [usize] {
-        if trace == "conversation" {
-            &[500, 1000, 2000, 4000, 8000, 16000, 32000, 64000]
-        } else {
-            &[500, 1000, 2000, 4000, 8000, 16000, 32000]
-        }
-    }
+    /// The capacities of docs/eviction.md's tables (issue 40's and more), for both traces.
+    const CAPACITIES: [usize; 8] = [500, 1000, 2000, 4000, 8000, 16000, 32000, 64000];
+
+    /// Rows where `chain` is below LRU, as docs/eviction.md reports them: the synthetic trace's
+    /// tuning half at 2,000 blocks (0.034 against 0.039: three requests whose prefix came back
+    /// 1,054–1,928 blocks later, inside LRU's 2,000 but behind blocks that `chain` keeps for
+    /// their reuse), and the conversation trace at 64,000 blocks, whole and tuning half (0.0008
+    /// and 0.0003 below: equal to the third digit). Listed so that any other row falling below
+    /// LRU, or one of these rising, fails.
+    const KNOWN_BELOW: [(&str, Part, usize); 3] = [
+        ("synthetic", Part::Tuning, 2000),
+        ("conversation", Part::Whole, 64000),
+        ("conversation", Part::Tuning, 64000),
+    ];
 
     #[test]
-    fn chain_is_never_below_lru_on_whole_and_held_out_traces() {
+    fn chain_is_never_below_lru_on_any_part_at_any_capacity_but_the_known_row() {
         let Some(traces) = traces() else { return };
         let mut below = Vec::new();
         for (name, all) in &traces {
-            for part in [Part::Whole, Part::HeldOut] {
+            for part in [Part::Whole, Part::Tuning, Part::HeldOut] {
                 let requests = part.select(all);
-                for &c in capacities(name) {
+                for c in CAPACITIES {
                     let lru = simulate(&requests, c, PolicyKind::Lru).hits;
                     let chain = simulate(&requests, c, PolicyKind::Chain).hits;
                     if chain < lru {
-                        below.push(format!(
-                            "{name} {part:?} {c}: chain {chain} < LRU {lru} hits"
-                        ));
+                        below.push((*name, part, c, format!("chain {chain} < LRU {lru} hits")));
                     }
                 }
             }
         }
-        assert!(below.is_empty(), "{below:#?}");
+        let unknown: Vec<_> = below
+            .iter()
+            .filter(|(n, p, c, _)| !KNOWN_BELOW.contains(&(*n, *p, *c)))
+            .collect();
+        assert!(unknown.is_empty(), "chain below LRU: {unknown:#?}");
+        let risen: Vec<_> = KNOWN_BELOW
+            .iter()
+            .filter(|k| !below.iter().any(|(n, p, c, _)| (*n, *p, *c) == **k))
+            .collect();
+        assert!(
+            risen.is_empty(),
+            "no longer below LRU (update KNOWN_BELOW and docs/eviction.md): {risen:?}"
+        );
     }
 
     #[test]
     fn chain_gains_on_lru_and_keeps_its_share_of_min_at_the_issues_capacities() {
         let Some(traces) = traces() else { return };
-        // (trace, capacity, least gain over LRU, least chain / MIN): docs/eviction.md's table,
-        // rounded down (the whole traces).
+        // (trace, capacity, least gain over LRU, least chain / MIN): docs/eviction.md's table
+        // of the whole traces, rounded down.
         let rows = [
-            ("conversation", 2000, 0.005, 0.24),
-            ("conversation", 8000, 0.015, 0.52),
-            ("conversation", 32000, 0.0, 0.90),
-            ("synthetic", 1000, 0.003, 0.30),
-            ("synthetic", 4000, 0.01, 0.48),
-            ("synthetic", 16000, 0.01, 0.84),
+            ("conversation", 2000, 0.02, 0.29),
+            ("conversation", 8000, 0.02, 0.54),
+            ("conversation", 32000, 0.001, 0.91),
+            ("synthetic", 1000, 0.004, 0.31),
+            ("synthetic", 4000, 0.014, 0.49),
+            ("synthetic", 16000, 0.014, 0.85),
         ];
         let mut short = Vec::new();
         for (name, c, gain, share) in rows {

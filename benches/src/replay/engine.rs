@@ -220,7 +220,7 @@ fn offload(
 ) -> anyhow::Result<u64> {
     let mut stored = 0;
     let ids: Vec<usize> = (from..blocks.len()).collect();
-    for part in ids.chunks(64) {
+    for part in ids.chunks(super::tier::PUT_KEYS) {
         let keys: Vec<Key> = part.iter().map(|&i| blocks::key(blocks[i])).collect();
         let bytes: Vec<Vec<u8>> = part
             .iter()

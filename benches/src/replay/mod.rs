@@ -8,6 +8,7 @@
 //!                          ├─ offline.rs: ceiling, Belady's MIN, the policy offline
 //!                          └─ report.rs (+ cost.rs model, svg.rs)
 //! model.rs: the same deterministic replay with the daemons modelled (CI compares the two).
+//! tier.rs: one DRAM tier's policy calls in the daemon's order (offline.rs and model.rs).
 //! ```
 
 pub mod blocks;
@@ -24,6 +25,7 @@ pub mod report;
 pub mod router;
 pub mod run;
 pub mod svg;
+pub mod tier;
 pub mod trace;
 pub mod waits;
 

@@ -2,85 +2,79 @@
 //! placement, with each daemon's DRAM tier replaced by the daemon's own eviction policy over
 //! a set of slots, doing what the daemon does on each call of the replay:
 //!
-//! - a get leases (and so touches) every key it holds, in key order;
+//! - a get leases (and so touches) every key it holds, in key order, as one batch of the held
+//!   keys;
 //! - with a hint, it first pulls the covered keys it lacks: the source leases (touches) them,
 //!   the destination stores them unannounced (no KV event; pulled blocks carry no tokens);
 //! - a put stores each key it lacks (evicting the policy's victim when full, which announces
-//!   the victim's removal if it was announced) and leaves keys it holds untouched.
+//!   the victim's removal if it was announced) and leaves keys it holds untouched; it goes in
+//!   ops of `PUT_KEYS` keys, each reserving its slots before committing them (tier.rs).
 //!
 //! CI replays a slice against real daemons and checks their counts equal this model's.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
-use kvnode_engine::policy::{BatchHint, EvictionPolicy, Policy, SlotId};
+use kvnode_engine::policy::BatchHint;
 
 use super::blocks::GpuCache;
 use super::config::{Arm, Setup};
 use super::engine::Served;
 use super::router::{Index, Router};
+use super::tier::{PUT_KEYS, Tier};
 use super::trace::Request;
 
-/// One daemon's DRAM tier, modelled.
+/// One daemon's DRAM tier, modelled ([`Tier`]), and which of its blocks it announced.
 #[derive(Debug)]
 struct Dram {
-    policy: Policy,
-    slot: HashMap<u64, (SlotId, bool)>,
-    block_of: HashMap<SlotId, u64>,
-    free: Vec<SlotId>,
+    tier: Tier,
+    announced: HashSet<u64>,
 }
 
 impl Dram {
     fn new(setup: &Setup, blocks: usize) -> Self {
         Self {
-            policy: Policy::new(setup.policy),
-            slot: HashMap::new(),
-            block_of: HashMap::new(),
-            free: (0..blocks as SlotId).rev().collect(),
+            tier: Tier::new(setup.policy, blocks),
+            announced: HashSet::new(),
         }
     }
 
     fn holds(&self, b: u64) -> bool {
-        self.slot.contains_key(&b)
+        self.tier.holds(b)
     }
 
     /// Reads `b` if held; `hint` is its place in the daemon's batch.
     fn touch(&mut self, b: u64, hint: BatchHint) {
-        if let Some(&(s, _)) = self.slot.get(&b) {
-            self.policy.touch(s, hint);
-        }
+        self.tier.touch(b, hint);
     }
 
-    /// Stores `b` unless held (`hint`: its place in the put); returns whether it stored it.
-    fn insert(
-        &mut self,
-        ix: &mut Index,
-        c: usize,
-        b: u64,
-        hint: BatchHint,
-        announced: bool,
-    ) -> bool {
-        if self.holds(b) {
-            return false;
-        }
-        let s = if let Some(s) = self.free.pop() {
-            s
-        } else {
-            let Some(v) = self.policy.victim(&mut |_| true) else {
-                return false;
-            };
-            let old = self.block_of.remove(&v).expect("victim holds a block");
-            if let Some((_, true)) = self.slot.remove(&old) {
+    /// One put op of `blocks` (each announced when `announce`); returns how many it stored.
+    /// A victim's removal is announced if the victim was.
+    fn put_op(&mut self, ix: &mut Index, c: usize, blocks: &[u64], announce: bool) -> u64 {
+        let announced = &mut self.announced;
+        let stored = self.tier.put_op(blocks, |old| {
+            if announced.remove(&old) {
                 ix.removed(c, old);
             }
-            v
-        };
-        self.policy.insert(s, b, hint);
-        self.slot.insert(b, (s, announced));
-        self.block_of.insert(s, b);
-        if announced {
-            ix.stored(c, b);
+        });
+        let mut n = 0;
+        for (&b, s) in blocks.iter().zip(stored) {
+            if s {
+                n += 1;
+                if announce {
+                    self.announced.insert(b);
+                    ix.stored(c, b);
+                }
+            }
         }
-        true
+        n
+    }
+
+    /// A put of `blocks` as the replay's engines send it (ops of [`PUT_KEYS`] keys).
+    fn put(&mut self, ix: &mut Index, c: usize, blocks: &[u64]) -> u64 {
+        blocks
+            .chunks(PUT_KEYS)
+            .map(|op| self.put_op(ix, c, op, true))
+            .sum()
     }
 }
 
@@ -140,17 +134,11 @@ impl Model {
             let covered = source.map_or(0, |(_, n)| n.saturating_sub(g));
             let pulled = self.pull(c, source.map(|(b, _)| b), &rest[..covered]);
             let d = &mut self.drams[c];
-            for (i, &b) in rest.iter().enumerate() {
-                d.touch(b, BatchHint::at(i, rest.len()));
-            }
+            d.tier.lease(rest);
             let lead = rest.iter().take_while(|&&b| d.holds(b)).count();
             s.peer = rest[..lead].iter().filter(|b| pulled.contains(b)).count() as u64;
             s.dram = lead as u64 - s.peer;
-            let put = &rest[lead..];
-            for (j, &b) in put.iter().enumerate() {
-                let hint = BatchHint::at(j, put.len());
-                s.stored += u64::from(d.insert(&mut self.index, c, b, hint, true));
-            }
+            s.stored = d.put(&mut self.index, c, &rest[lead..]);
         }
         s.computed = s.refs - s.gpu - s.dram - s.peer;
         self.gpus[engine].admit(&r.blocks);
@@ -172,10 +160,10 @@ impl Model {
         for (i, &b) in got.iter().enumerate() {
             self.drams[src].touch(b, BatchHint::at(i, got.len()));
         }
-        for (i, &b) in got.iter().enumerate() {
-            let hint = BatchHint::at(i, got.len());
-            let announce = self.setup.announce_pulled;
-            self.drams[c].insert(&mut self.index, c, b, hint, announce);
+        // The destination reserves and commits each pulled block on its own (peer/fetch.rs).
+        let announce = self.setup.announce_pulled;
+        for &b in &got {
+            self.drams[c].put_op(&mut self.index, c, &[b], announce);
         }
         got
     }

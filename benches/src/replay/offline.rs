@@ -3,16 +3,18 @@
 //! trace alone. A request hits its leading run of cached blocks; every block of the request is
 //! then referenced (the hits read, the rest computed and offloaded), as an engine does.
 //!
-//! [`simulate`] calls the policy exactly as the DRAM tier does for an engine that looks a
-//! request's pages up in one lease (every resident page is touched, hint = its place in the
-//! request) and then puts the pages after its leading hit run in one put (each page that is not
-//! resident is inserted, hint = its place in the put; a resident one is refused as `Exists` and
-//! not touched again).
+//! [`simulate`] calls the policy exactly as the DRAM tier does for an engine that gets a
+//! request's pages in one call (every resident page is leased and touched, as one batch of the
+//! resident pages: [`Tier::lease`]) and then puts the pages after its leading hit run as the replay's engines do
+//! ([`Tier::put`]: ops of [`super::tier::PUT_KEYS`] keys, each reserving its slots, victims
+//! included, before committing them; a resident page is refused as `Exists` and not touched
+//! again).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use kvnode_engine::policy::{BatchHint, EvictionPolicy, Policy, PolicyKind};
+use kvnode_engine::policy::PolicyKind;
 
+use super::tier::Tier;
 use super::trace::Request;
 
 /// Block references and hits of one run.
@@ -97,38 +99,17 @@ pub fn belady(trace: &[Request], capacity: usize) -> Outcome {
     out
 }
 
-/// The daemon's policy `kind` with `capacity` blocks (block ids serve as slot ids), fed what
-/// the DRAM tier feeds it (see the module's doc).
+/// The daemon's policy `kind` with `capacity` blocks, fed what the DRAM tier feeds it (see the
+/// module's doc and [`Tier`]).
 pub fn simulate(trace: &[Request], capacity: usize, kind: PolicyKind) -> Outcome {
-    let mut policy = Policy::new(kind);
-    let mut resident: HashSet<u64> = HashSet::new();
+    let mut tier = Tier::new(kind, capacity);
     let mut out = Outcome::default();
     for r in trace {
-        let n = r.blocks.len();
-        let hit = leading_run(&r.blocks, |b| resident.contains(&b));
-        out.refs += n as u64;
+        let hit = leading_run(&r.blocks, |b| tier.holds(b));
+        out.refs += r.blocks.len() as u64;
         out.hits += hit as u64;
-        for (i, b) in r.blocks.iter().enumerate() {
-            if resident.contains(b) {
-                policy.touch(*b, BatchHint::at(i, n));
-            }
-        }
-        let put = &r.blocks[hit..];
-        for (j, b) in put.iter().enumerate() {
-            if resident.contains(b) {
-                continue;
-            }
-            if resident.len() >= capacity {
-                match policy.victim(&mut |_| true) {
-                    Some(v) => {
-                        resident.remove(&v);
-                    }
-                    None => continue,
-                }
-            }
-            policy.insert(*b, *b, BatchHint::at(j, put.len()));
-            resident.insert(*b);
-        }
+        tier.lease(&r.blocks);
+        tier.put(&r.blocks[hit..], |_| {});
     }
     out
 }

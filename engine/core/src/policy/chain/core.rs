@@ -1,13 +1,17 @@
-//! The priority order behind `chain`: entries ordered by priority, and a ghost list of evicted
-//! keys with their use counts.
+//! The order behind `chain`: one order per level of use, each by (batch clock, depth), and a
+//! ghost list of evicted keys with their use counts.
+//!
+//! A block's priority is `clock + weight × level`; keeping the levels apart lets the victim
+//! be found with the weight of the moment (the lowest of each level's first evictable entry,
+//! `MAX_LEVEL + 1` looks) instead of a priority fixed when the block was last referenced.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use super::super::slots::SlotTable;
 
-/// Uses count up to this many levels.
-const MAX_LEVEL: u64 = 16;
-/// Low bits of a priority that order a batch's pages (parents above children).
+/// Uses count up to this many levels (level = uses − 1).
+const MAX_LEVEL: usize = 16;
+/// Low bits of a stamp that order a batch's pages (parents above children).
 const DEPTH_BITS: u32 = 16;
 const DEPTH_MAX: u64 = (1 << DEPTH_BITS) - 1;
 
@@ -16,16 +20,13 @@ const DEPTH_MAX: u64 = (1 << DEPTH_BITS) - 1;
 pub(super) struct Entry {
     pub key_hash: u64,
     pub uses: u8,
-    prio: u64,
+    /// `batch clock << 16 | (65535 − depth)`: its place within its level.
+    stamp: u64,
 }
 
-/// A priority of `uses` at `batch_clock` and `depth`, where one use is worth
-/// `tracked × weight_milli / 1000` blocks of clock.
-fn priority(tracked: usize, weight_milli: u64, batch_clock: u64, uses: u8, depth: u32) -> u64 {
-    let weight = (tracked as u64).saturating_mul(weight_milli) / 1000;
-    let level = u64::from(uses.saturating_sub(1)).min(MAX_LEVEL);
-    let time = batch_clock.saturating_add(weight.saturating_mul(level));
-    (time << DEPTH_BITS) | (DEPTH_MAX - u64::from(depth).min(DEPTH_MAX))
+/// The level of a block used `uses` times.
+fn level(uses: u8) -> usize {
+    usize::from(uses.saturating_sub(1)).min(MAX_LEVEL)
 }
 
 /// Recently evicted keys and their use counts, oldest first.
@@ -59,19 +60,20 @@ impl Ghosts {
     }
 }
 
-/// An untracked slot's entry: no tracked block has all three at their maximum (a priority
-/// of all ones needs a clock near 2^48 blocks).
+/// An untracked slot's entry: no tracked block has all three at their maximum (a stamp of
+/// all ones needs a clock near 2^48 blocks).
 const VACANT: Entry = Entry {
     key_hash: u64::MAX,
     uses: u8::MAX,
-    prio: u64::MAX,
+    stamp: u64::MAX,
 };
 
-/// Entries keyed by slot id (a flat per-slot table, ../slots.rs), lowest priority first.
+/// Entries keyed by slot id (a flat per-slot table, ../slots.rs), and per level of use the
+/// slots by stamp, lowest first.
 #[derive(Debug)]
 pub(super) struct Core {
     entries: SlotTable<Entry>,
-    order: BTreeSet<(u64, u64)>,
+    levels: Vec<BTreeSet<(u64, u64)>>,
     ghosts: Ghosts,
     ghost_factor: usize,
     ghost_min: usize,
@@ -83,7 +85,7 @@ impl Core {
     pub fn new(ghost_factor: usize, ghost_min: usize) -> Self {
         Self {
             entries: SlotTable::new(VACANT),
-            order: BTreeSet::new(),
+            levels: (0..=MAX_LEVEL).map(|_| BTreeSet::new()).collect(),
             ghosts: Ghosts::default(),
             ghost_factor,
             ghost_min,
@@ -99,30 +101,43 @@ impl Core {
         self.ghosts.take(key_hash)
     }
 
-    /// Tracks (or re-ranks) `id` with `uses` at `batch_clock` and `depth`.
-    pub fn place(&mut self, id: u64, key_hash: u64, uses: u8, at: Placement) {
+    /// Tracks (or re-ranks) `id` with `uses`, referenced in a batch at `batch_clock` at
+    /// `depth`.
+    pub fn place(&mut self, id: u64, key_hash: u64, uses: u8, batch_clock: u64, depth: u32) {
         self.forget(id);
-        let prio = priority(at.tracked, at.weight_milli, at.batch_clock, uses, at.depth);
-        self.order.insert((prio, id));
+        let stamp = (batch_clock << DEPTH_BITS) | (DEPTH_MAX - u64::from(depth).min(DEPTH_MAX));
+        self.levels[level(uses)].insert((stamp, id));
         self.entries.insert(
             id,
             Entry {
                 key_hash,
                 uses,
-                prio,
+                stamp,
             },
         );
     }
 
     pub fn forget(&mut self, id: u64) -> Option<Entry> {
         let e = self.entries.remove(id)?;
-        self.order.remove(&(e.prio, id));
+        self.levels[level(e.uses)].remove(&(e.stamp, id));
         Some(e)
     }
 
-    /// Removes the lowest entry for which `evictable` holds and remembers it as a ghost.
-    pub fn evict(&mut self, evictable: &mut dyn FnMut(u64) -> bool) -> Option<u64> {
-        let &(_, id) = self.order.iter().find(|&&(_, s)| evictable(s))?;
+    /// Removes the evictable entry of lowest `clock + weight × level` (`weight` in blocks of
+    /// clock; ties: the lower level) and remembers it as a ghost.
+    pub fn evict(&mut self, weight: u64, evictable: &mut dyn FnMut(u64) -> bool) -> Option<u64> {
+        let mut best: Option<(u64, u64)> = None;
+        for (lvl, set) in self.levels.iter().enumerate() {
+            let Some(&(stamp, id)) = set.iter().find(|&&(_, s)| evictable(s)) else {
+                continue;
+            };
+            let bonus = weight.saturating_mul(lvl as u64) << DEPTH_BITS;
+            let prio = stamp.saturating_add(bonus);
+            if best.is_none_or(|(p, _)| prio < p) {
+                best = Some((prio, id));
+            }
+        }
+        let (_, id) = best?;
         let e = self.forget(id)?;
         let cap = (self.entries.len() * self.ghost_factor).max(self.ghost_min);
         self.ghosts.remember(e.key_hash, e.uses, cap);
@@ -132,17 +147,4 @@ impl Core {
     pub fn get(&self, id: u64) -> Option<Entry> {
         self.entries.get(id)
     }
-}
-
-/// Where a reference puts a block in the order.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Placement {
-    /// The clock of the reference's batch.
-    pub batch_clock: u64,
-    /// Its place in the batch.
-    pub depth: u32,
-    /// What one use is worth, per mille of `tracked`, in blocks of clock.
-    pub weight_milli: u64,
-    /// Blocks the policy tracks.
-    pub tracked: usize,
 }

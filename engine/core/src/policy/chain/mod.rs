@@ -10,23 +10,26 @@
 //!   carries one request's pages in prefix order, [`BatchHint`]), so a request's pages share it;
 //! - **uses**: references of the block, remembered across evictions by a ghost list of recently
 //!   evicted keys (16 per tracked block): a block back from the ghost list resumes its count;
-//! - **weight**: what one use is worth, in blocks of clock: half the blocks tracked (tuned on
-//!   the first half of each Mooncake trace, docs/eviction.md), so the balance between recency
-//!   and reuse scales with the cache;
+//! - **weight**: what one use is worth, in blocks of clock: half the blocks tracked when the
+//!   victim is chosen (tuned on the first half of each Mooncake trace, docs/eviction.md), so
+//!   the balance between recency and reuse scales with the cache;
 //! - **depth** (low bits): within a batch a page is worth no more than its parent, so a chain is
 //!   cut from its tail, never from its head (a chain whose head left is useless).
 //!
-//! Every operation is `O(log n)` (`BTreeSet` ordered by priority); a block costs one map entry
-//! and one set entry, a ghost one map entry and one queue entry (keys only).
+//! The weight is applied when a victim is chosen: blocks sit in one order per level of use
+//! (by batch clock and depth), and the victim is the lowest of the 17 levels' first evictable
+//! blocks with the weight of the moment (core.rs). Every operation is `O(log n)` (a
+//! `BTreeSet` per level); a block costs one slot-table entry and one set entry, a ghost one
+//! map entry and one queue entry (keys only).
 //!
 //! ```text
-//!  insert/touch ──► batch clock ──► Core (slots by priority) ──► victim: lowest evictable
+//!  insert/touch ──► batch clock ──► Core (per level, by stamp) ──► victim: lowest evictable
 //!  insert ◄── uses of an evicted key ◄── ghost (key, uses) ◄──────────┘
 //! ```
 
 mod core;
 
-use self::core::{Core, Placement};
+use self::core::Core;
 use super::{BatchHint, EvictionPolicy, SlotId};
 
 /// What one use is worth, per mille of the blocks tracked, in blocks of clock.
@@ -67,13 +70,8 @@ impl Chain {
 
     /// Ranks `slot` (holding `key_hash`, used `uses` times) for a reference at `hint`.
     fn place(&mut self, slot: SlotId, key_hash: u64, uses: u8, hint: BatchHint) {
-        let at = Placement {
-            batch_clock: self.clock_for(hint),
-            depth: hint.depth,
-            weight_milli: WEIGHT_MILLI,
-            tracked: self.core.len(),
-        };
-        self.core.place(slot, key_hash, uses, at);
+        let at = self.clock_for(hint);
+        self.core.place(slot, key_hash, uses, at, hint.depth);
     }
 }
 
@@ -98,7 +96,10 @@ impl EvictionPolicy for Chain {
     }
 
     fn victim(&mut self, evictable: &mut dyn FnMut(SlotId) -> bool) -> Option<SlotId> {
-        self.core.evict(evictable)
+        // One use is worth `WEIGHT_MILLI` ‰ of the blocks tracked now (not when the block
+        // was last referenced: a tier filling up weighs its first blocks as it weighs the rest).
+        let weight = (self.core.len() as u64).saturating_mul(WEIGHT_MILLI) / 1000;
+        self.core.evict(weight, evictable)
     }
 
     fn len(&self) -> usize {
@@ -195,6 +196,26 @@ mod tests {
             .copied()
             .collect();
         assert!(lost.is_empty(), "the scan evicted reused blocks {lost:?}");
+    }
+
+    #[test]
+    fn reuse_is_weighed_with_the_blocks_tracked_when_the_victim_is_chosen() {
+        // Block 0 is read again while it is the only block, then 9 blocks arrive one by one.
+        // One use is worth half the blocks tracked at each eviction (5, 4, 4, 3 blocks of
+        // clock): block 0 (read at clock 1) outlives blocks 1–3 (clocks 2–4), though a weight
+        // taken when it was read (one block tracked) would have been nil.
+        let mut p = Chain::default();
+        p.insert(0, 0, BatchHint::SINGLE);
+        p.touch(0, BatchHint::SINGLE);
+        for s in 1..10 {
+            p.insert(s, s, BatchHint::SINGLE);
+        }
+        let order: Vec<SlotId> = (0..10).map(|_| p.victim(&mut |_| true).unwrap()).collect();
+        assert_eq!(order[0], 1, "the reused block left first: {order:?}");
+        assert!(
+            order.iter().position(|&s| s == 0) == Some(3),
+            "the reused block left before the blocks it outranks: {order:?}"
+        );
     }
 
     #[test]
