@@ -26,7 +26,14 @@ def tiny_plan_arms_load_exactly_what_the_daemon_planned(kvnode_bin, tmp_path):
     lp = r["phase1"]["long_prefix"]
     cost = lp["plan_cost"]
     assert cost["tokens_per_s"] > 0 and cost["quad_s"] >= 0 and cost["fit"]["long_tokens"] == 512 + 16
-    assert cost["ctx_s"] > 0 and "tail_predicted_s" in cost["fit"] and "ctx_fallback" in cost["fit"]
+    # ctx_s from the tail, or (a tail no slower than the prefills predict: CPU noise) the
+    # daemon's default 2 * quad_s, which is 0 when the prefills fell back to a linear fit.
+    fit = cost["fit"]
+    assert "tail_predicted_s" in fit and "ctx_fallback" in fit, fit
+    if fit["ctx_fallback"]:
+        assert cost["ctx_s"] == 2 * cost["quad_s"], cost
+    else:
+        assert cost["ctx_s"] > 0, cost
     assert lp["lanes_open_after"] == [], "an arm left a lane (and its KV pool) open"
     page = 16
     for arm in ("nvme", "mixed"):
