@@ -24,6 +24,41 @@ pub fn piece_for_slab(slab: u64) -> u64 {
     MAX_PIECE / slab * slab
 }
 
+/// Faulted in at a time before a piece is registered ([`prefault`]).
+pub const PREFAULT_CHUNK: usize = 2 << 20;
+
+/// Maps every page of `[ptr, ptr + len)` into this process's page tables, `chunk` bytes per
+/// `madvise(MADV_POPULATE_WRITE)` (Linux 5.14+; on older kernels, or where it is refused, one
+/// byte per page is read), stopping early when `stop` is set. Returns the bytes done.
+///
+/// Why: `cuMemHostRegister` pins a piece's pages under the process's mmap lock, faulting in
+/// every page not mapped yet. A successor that took an arena over has mapped none of it, and
+/// a 4 GiB piece then held the lock for 0.2-0.5 s on an H100 host (10 M blocks, 50 GiB:
+/// request stalls of up to 0.54 s after the hand-over), while every page fault of the
+/// request threads waited. Faulted in 2 MiB at a time first, each hold is short, and the
+/// registration of mapped pages only pins them. The bytes are not changed.
+///
+/// # Safety
+/// The range is mapped memory of this process, shared or private, writable.
+pub unsafe fn prefault(ptr: *mut u8, len: usize, chunk: usize, stop: &AtomicBool) -> usize {
+    let chunk = chunk.max(4096);
+    let mut off = 0usize;
+    while off < len && !stop.load(Ordering::Relaxed) {
+        let n = chunk.min(len - off);
+        // SAFETY: in bounds of the caller's mapping.
+        let p = unsafe { ptr.add(off) };
+        // SAFETY: advising a range of our own mapping; it changes no byte.
+        if unsafe { libc::madvise(p.cast(), n, libc::MADV_POPULATE_WRITE) } != 0 {
+            for o in (0..n).step_by(4096) {
+                // SAFETY: in-bounds volatile read of mapped memory; it changes no byte.
+                unsafe { std::ptr::read_volatile(p.add(o)) };
+            }
+        }
+        off += n;
+    }
+    off
+}
+
 /// Host ranges registered with CUDA; unregistered on drop.
 #[derive(Debug, Default)]
 pub struct HostRegistration {
@@ -60,6 +95,10 @@ impl HostRegistration {
             let n = piece.min(len - off) as usize;
             // SAFETY: in bounds of the caller's mapping.
             let p = unsafe { ptr.add(off as usize) };
+            // SAFETY: the caller's mapped range (contract of this function).
+            if unsafe { prefault(p, n, PREFAULT_CHUNK, stop) } < n {
+                break;
+            }
             // SAFETY: registering mapped memory; the caller keeps it mapped.
             let r =
                 unsafe { sys::cuMemHostRegister_v2(p.cast(), n, sys::CU_MEMHOSTREGISTER_PORTABLE) };
@@ -96,6 +135,48 @@ impl Drop for HostRegistration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pages of `[p, p + len)` in this process's page tables (mincore).
+    fn resident(p: *mut u8, len: usize) -> usize {
+        let mut v = vec![0u8; len.div_ceil(4096)];
+        // SAFETY: a page-aligned mapping of `len` bytes; `v` has one byte per page.
+        assert_eq!(unsafe { libc::mincore(p.cast(), len, v.as_mut_ptr()) }, 0);
+        v.iter().filter(|b| **b & 1 == 1).count()
+    }
+
+    #[test]
+    fn prefault_maps_every_page_of_a_shared_mapping_and_changes_no_byte() {
+        let len = 16usize << 20;
+        // SAFETY: a fresh shared anonymous mapping, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let p = p.cast::<u8>();
+        // One page written before: its byte must survive.
+        // SAFETY: in bounds of the mapping.
+        unsafe { p.add(5 << 20).write(0xA5) };
+        assert!(resident(p, len) < 16, "a fresh mapping is not resident");
+        let stop = AtomicBool::new(false);
+        // SAFETY: the mapping above.
+        assert_eq!(unsafe { prefault(p, len, PREFAULT_CHUNK, &stop) }, len);
+        assert_eq!(resident(p, len), len / 4096);
+        // SAFETY: in bounds of the mapping.
+        assert_eq!(unsafe { p.add(5 << 20).read() }, 0xA5);
+        // A stop set before: nothing more is done.
+        stop.store(true, Ordering::Relaxed);
+        // SAFETY: the mapping above.
+        assert_eq!(unsafe { prefault(p, len, PREFAULT_CHUNK, &stop) }, 0);
+        // SAFETY: unmapping the mapping made above.
+        unsafe { libc::munmap(p.cast(), len) };
+    }
 
     #[test]
     fn pieces_are_whole_slabs_of_at_most_four_gib() {
