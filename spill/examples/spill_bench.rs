@@ -3,7 +3,8 @@
 //! and queue depth, and prints the ratios; optionally times index recovery of N blocks.
 //!
 //! Run: `cargo run --release -p kvnode-spill --example spill_bench -- --dir /var/tmp/x
-//! --bs 1M --qd 8 --size 2G [--sync-ms 1000 (0: off)] [--recovery 100000] [--no-fio]`
+//! --bs 1M --qd 8 --size 2G [--sync-ms 1000 (0: off)] [--recovery 100000 [--clean-only]
+//! [--engine uring|psync]] [--no-fio]`
 
 use anyhow::{Context, bail, ensure};
 use kvnode_spill::{
@@ -21,6 +22,10 @@ struct Args {
     recovery: Option<u64>,
     fio: bool,
     sync_ms: Option<u64>,
+    /// `psync` (page cache; file systems without O_DIRECT such as tmpfs) instead of io_uring.
+    psync: bool,
+    /// Recovery after a clean shutdown only (not also after a crash).
+    clean_only: bool,
 }
 
 fn parse_size(s: &str) -> anyhow::Result<u64> {
@@ -45,6 +50,8 @@ fn args() -> anyhow::Result<Args> {
         recovery: None,
         fio: true,
         sync_ms: Some(1000),
+        psync: false,
+        clean_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -56,6 +63,14 @@ fn args() -> anyhow::Result<Args> {
             "--size" => a.size = parse_size(&v()?)?,
             "--recovery" => a.recovery = Some(v()?.parse()?),
             "--no-fio" => a.fio = false,
+            "--engine" => {
+                a.psync = match v()?.as_str() {
+                    "psync" => true,
+                    "uring" => false,
+                    e => bail!("--engine {e}: uring or psync"),
+                }
+            }
+            "--clean-only" => a.clean_only = true,
             "--sync-ms" => a.sync_ms = Some(v()?.parse::<u64>()?).filter(|&ms| ms > 0),
             other => bail!("unknown argument {other}"),
         }
@@ -211,11 +226,18 @@ fn throughput(a: &Args) -> anyhow::Result<()> {
 
 fn recovery(a: &Args, n: u64) -> anyhow::Result<()> {
     let tdir = a.dir.join("recovery");
-    for seal in [true, false] {
+    let passes: &[bool] = if a.clean_only { &[true] } else { &[true, false] };
+    let engine = if a.psync {
+        kvnode_spill::IoEngineKind::Psync
+    } else {
+        kvnode_spill::IoEngineKind::Uring
+    };
+    for &seal in passes {
         let _ = std::fs::remove_dir_all(&tdir);
         let region = 64u64 << 20;
         let cfg = || {
             SpillConfig::builder()
+                .engine(engine.clone())
                 .dir(&tdir, n * 8192 + n * 128 + 4 * region)
                 .region_size(region)
                 .max_block_size(1 << 20)
