@@ -44,6 +44,9 @@ pub enum BenchCmd {
     /// A production trace (Mooncake format) through daemons it starts: hit rates by tier
     /// against Belady's MIN and the ceiling, for engine-private, node-shared and pulling arms.
     Replay(crate::replay::ReplayArgs),
+    /// Clients issuing requests to a running daemon until a file appears (a takeover's
+    /// hand-over record), and the service gap they saw.
+    Load(crate::load::LoadArgs),
 }
 
 #[derive(Debug, Args)]

@@ -16,6 +16,8 @@
 //!   infinite-cache ceiling (docs/replay.md).
 //! - [`restart`]: first hit after a takeover, a SIGKILL or a SIGTERM restart, vs the time to
 //!   spawn the binary; with [`restart_load`], the service gap clients see across a takeover.
+//! - [`load`]: that load against a running daemon, across whatever happens to it meanwhile (a
+//!   rolling update's takeover by a new pod).
 
 pub mod args;
 pub mod backpressure;
@@ -23,6 +25,7 @@ pub mod deliver;
 pub mod events;
 pub mod evict;
 pub mod gpu;
+pub mod load;
 pub mod local;
 pub mod memcpy;
 pub mod pull;
@@ -48,5 +51,6 @@ pub fn run(cmd: &BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Backpressure(a) => backpressure::run(a),
         BenchCmd::Evict(a) => evict::run(a),
         BenchCmd::Replay(a) => replay::run(a),
+        BenchCmd::Load(a) => load::run(a),
     }
 }

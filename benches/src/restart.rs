@@ -191,7 +191,7 @@ fn config_text(a: &RestartArgs, bs: u64, dram: u64, spill: bool) -> anyhow::Resu
 /// Puts blocks `0..n` (32 per request); returns the seconds until demotion drained.
 /// With `events`, each block carries router metadata (its page's tokens), so it is
 /// announced.
-fn fill_blocks(c: &mut Client, bs: u64, n: u64, events: bool) -> anyhow::Result<f64> {
+pub(crate) fn fill_blocks(c: &mut Client, bs: u64, n: u64, events: bool) -> anyhow::Result<f64> {
     let spec = spec(bs);
     let page = u64::from(spec.page_size);
     let ns = c.register(&spec)?.ns;
@@ -306,42 +306,15 @@ fn take_over(
     }
     if let Some(load) = load {
         std::thread::sleep(Duration::from_millis(500));
-        report_load(&load.stop(t0, Instant::now())?, sock, bs)?;
+        crate::restart_load::report(
+            &load.stop(t0, Instant::now())?,
+            sock,
+            bs,
+            "the takeover",
+            "the spawn",
+        )?;
     }
     Ok((f?, new))
-}
-
-/// Prints what the load clients saw across the takeover and checks their puts.
-fn report_load(r: &crate::restart_load::Report, sock: &Path, bs: u64) -> anyhow::Result<()> {
-    let back = crate::restart_load::check_put(sock, bs, &r.put)?;
-    println!(
-        "load across the takeover: {} answers, service gap {:.1} ms (at {:.0} ms after the spawn), slowest request {:.1} ms, {} requests retried on a new connection, {back}/{} blocks put during the run read back intact",
-        r.answers,
-        r.gap.as_secs_f64() * 1e3,
-        r.gap_at.as_secs_f64() * 1e3,
-        r.slowest.as_secs_f64() * 1e3,
-        r.retries,
-        r.put.len()
-    );
-    let largest: Vec<String> = r
-        .largest
-        .iter()
-        .map(|(g, at)| {
-            format!(
-                "{:.1} ms at {:.0} ms",
-                g.as_secs_f64() * 1e3,
-                at.as_secs_f64() * 1e3
-            )
-        })
-        .collect();
-    println!("largest intervals: {}", largest.join(", "));
-    if back != r.put.len() as u64 {
-        bail!(
-            "{} blocks put during the takeover were lost",
-            r.put.len() as u64 - back
-        );
-    }
-    Ok(())
 }
 
 /// What each daemon had published (`--events`): a storm shows as the new one announcing

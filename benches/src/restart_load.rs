@@ -227,3 +227,37 @@ pub fn check_put(sock: &Path, bs: u64, put: &[u64]) -> anyhow::Result<u64> {
     }
     Ok(n)
 }
+
+/// Prints what the load clients saw across `what` (offsets from `from`) and checks their
+/// puts: an error if one of them is not read back with its bytes.
+pub fn report(r: &Report, sock: &Path, bs: u64, what: &str, from: &str) -> anyhow::Result<()> {
+    let back = check_put(sock, bs, &r.put)?;
+    println!(
+        "load across {what}: {} answers, service gap {:.1} ms (at {:.0} ms after {from}), slowest request {:.1} ms, {} requests retried on a new connection, {back}/{} blocks put during the run read back intact",
+        r.answers,
+        r.gap.as_secs_f64() * 1e3,
+        r.gap_at.as_secs_f64() * 1e3,
+        r.slowest.as_secs_f64() * 1e3,
+        r.retries,
+        r.put.len()
+    );
+    let largest: Vec<String> = r
+        .largest
+        .iter()
+        .map(|(g, at)| {
+            format!(
+                "{:.1} ms at {:.0} ms",
+                g.as_secs_f64() * 1e3,
+                at.as_secs_f64() * 1e3
+            )
+        })
+        .collect();
+    println!("largest intervals: {}", largest.join(", "));
+    if back != r.put.len() as u64 {
+        bail!(
+            "{} blocks put during {what} were lost",
+            r.put.len() as u64 - back
+        );
+    }
+    Ok(())
+}
