@@ -226,7 +226,11 @@ fn throughput(a: &Args) -> anyhow::Result<()> {
 
 fn recovery(a: &Args, n: u64) -> anyhow::Result<()> {
     let tdir = a.dir.join("recovery");
-    let passes: &[bool] = if a.clean_only { &[true] } else { &[true, false] };
+    let passes: &[bool] = if a.clean_only {
+        &[true]
+    } else {
+        &[true, false]
+    };
     let engine = if a.psync {
         kvnode_spill::IoEngineKind::Psync
     } else {
