@@ -17,14 +17,15 @@ use clap::Args;
 use kvnode_client::Client;
 use kvnode_proto::size::parse_size;
 
-use crate::args::SocketArg;
 use crate::restart_load::{Load, report};
 
 /// `kvnode bench load` flags.
 #[derive(Debug, Args)]
 pub struct LoadArgs {
-    #[command(flatten)]
-    pub socket: SocketArg,
+    /// Unix socket path of the running daemon (default: $XDG_RUNTIME_DIR/kvnode/kvnode.sock
+    /// or /run/kvnode/kvnode.sock).
+    #[arg(long, env = "KVNODE_SOCKET")]
+    pub socket: Option<PathBuf>,
     /// Blocks put before the clients start (the ones they get).
     #[arg(long, default_value_t = 2000)]
     pub blocks: u64,
@@ -47,7 +48,10 @@ pub struct LoadArgs {
 
 /// Runs the load; an error if a client saw wrong bytes or a missing block, or a put was lost.
 pub fn run(a: &LoadArgs) -> anyhow::Result<()> {
-    let sock = a.socket.path();
+    let sock = a
+        .socket
+        .clone()
+        .unwrap_or_else(kvnode_engine::config::default_socket);
     let bs = parse_size(&a.block_bytes).context("--block-bytes")?;
     let mut c = Client::connect(&sock)
         .with_context(|| format!("connecting to the daemon on {}", sock.display()))?;
