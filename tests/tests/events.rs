@@ -1150,7 +1150,8 @@ fn a_takeover_continues_the_event_stream_without_a_storm() {
 
 /// A takeover with events is live too (issue 42): the successor builds its DRAM tier while
 /// the donor serves and publishes, and blocks put, evicted and pushed down to NVMe during
-/// the build are exactly what a router that followed the donor knows. The successor
+/// the build are exactly what a router that followed the donor knows, and what Dynamo's own
+/// indexers fed the same stream hold. The successor
 /// announces nothing it took over (no storm), removes nothing that stayed, and continues
 /// the donor's seq.
 #[test]
@@ -1196,6 +1197,11 @@ fn a_live_takeover_with_events_keeps_the_routers_view_exact_through_changes_duri
         "the changes were served by the donor during the build (a live takeover)"
     );
     let (old, mut view, mut norm, mut eid) = handed_over(&mut a, &b, early, follower);
+    // Dynamo's own indexers, fed the same batches through Dynamo's parser and normalizer.
+    let mut dynamo = DynamoListener::new();
+    for (q, p) in &old {
+        dynamo.apply(&rt, *q, p);
+    }
     // The donor's stream (changes during the build included) and what the successor
     // published since (its write-behind's NVMe copies; a block announced again or removed
     // without a store fails the view) are exactly the successor's blocks.
@@ -1203,28 +1209,39 @@ fn a_live_takeover_with_events_keeps_the_routers_view_exact_through_changes_duri
     let ns = c.register(&ns_spec()).unwrap().ns;
     settle(&mut c);
     let mut next = old.last().unwrap().0 + 1;
-    let mut follow = |view: &mut RouterView, next: &mut u64| -> usize {
-        let batches = rt.block_on(replay_from(&replay, *next));
-        let (_, _, clears) = kinds(&batches);
-        assert_eq!(clears, 0, "a clear after the takeover");
-        for (s, p) in &batches {
-            assert_eq!(*s, *next, "a gap in the successor's stream");
-            view.apply_batch(p, &mut norm, &mut eid);
-            *next += 1;
-        }
-        batches.len()
-    };
-    follow(&mut view, &mut next);
+    let mut follow =
+        |view: &mut RouterView, dynamo: &mut DynamoListener, next: &mut u64| -> usize {
+            let batches = rt.block_on(replay_from(&replay, *next));
+            let (_, _, clears) = kinds(&batches);
+            assert_eq!(clears, 0, "a clear after the takeover");
+            for (s, p) in &batches {
+                assert_eq!(*s, *next, "a gap in the successor's stream");
+                view.apply_batch(p, &mut norm, &mut eid);
+                dynamo.apply(&rt, *s, p);
+                *next += 1;
+            }
+            batches.len()
+        };
+    follow(&mut view, &mut dynamo, &mut next);
     assert_view_is_the_daemons(&view, &mut c, ns, ids.clone().into_iter());
+    assert_view_is_the_daemons(&dynamo.view, &mut c, ns, ids.clone().into_iter());
+    dynamo.assert_indexer_is_the_view(&rt);
     // New traffic on the successor continues the donor's seq.
     apply(&mut c, ns, &Step::Put(60, 3), &mut filler);
     ids.extend(60..63);
     settle(&mut c);
     assert!(
-        follow(&mut view, &mut next) > 0,
+        follow(&mut view, &mut dynamo, &mut next) > 0,
         "the successor published its puts"
     );
-    assert_view_is_the_daemons(&view, &mut c, ns, ids.into_iter());
+    assert_view_is_the_daemons(&view, &mut c, ns, ids.clone().into_iter());
+    assert_view_is_the_daemons(&dynamo.view, &mut c, ns, ids.into_iter());
+    dynamo.assert_indexer_is_the_view(&rt);
+    eprintln!(
+        "Dynamo's indexer after the live takeover: {} DRAM and {} NVMe blocks, as the successor",
+        dynamo.indexed(&rt, StorageTier::HostPinned).len(),
+        dynamo.indexed(&rt, StorageTier::Disk).len()
+    );
 }
 
 /// Waits until `d`'s log shows `what` (a synchronisation point, not a check).
