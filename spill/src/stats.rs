@@ -45,6 +45,12 @@ impl Index {
         }
     }
 
+    /// Room for `n` more keys (recovery knows how many it will insert: one allocation, no
+    /// rehash while the index grows).
+    pub fn reserve(&mut self, n: usize) {
+        self.map.reserve(n);
+    }
+
     pub fn get(&self, key: &SpillKey) -> Option<Loc> {
         self.map.get(key).copied()
     }

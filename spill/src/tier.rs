@@ -163,6 +163,14 @@ impl SpillTier {
         let mut total = 0u64;
         {
             let mut idx = shared.index();
+            idx.reserve(
+                opened
+                    .iter()
+                    .flatten()
+                    .flat_map(|(_, scan)| &scan.regions)
+                    .map(|r| r.entries.len())
+                    .sum(),
+            );
             for (i, r) in opened.into_iter().enumerate() {
                 let (f, scan) = r?;
                 let blocks: usize = scan.regions.iter().map(|r| r.entries.len()).sum();
