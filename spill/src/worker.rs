@@ -35,6 +35,13 @@ struct WriteSource {
     bounce: Option<AlignedBuf>,
 }
 
+/// Payloads up to this size (rounded to sectors) go down in one write with their header
+/// sector, copied behind it into one buffer: half the write operations for small blocks,
+/// whose flush and demotion a disk's operation rate bounds rather than its bytes (two writes
+/// a block: 1 M blocks of 4 KiB took 15 s to flush on an H100 host's disk). Larger payloads
+/// are written from where they are (no copy), after their own header write.
+const JOIN_MAX: u64 = 64 << 10;
+
 struct WriteFlight {
     key: SpillKey,
     op: BufOp<WriteOutcome>,
@@ -44,6 +51,8 @@ struct WriteFlight {
     bounce: Option<AlignedBuf>,
     wlen: u32,
     remaining: u8,
+    /// Header and payload in one write of `wlen` bytes from `hdr` (small payloads).
+    joined: bool,
     error: Option<std::io::Error>,
     evicted: Vec<SpillKey>,
 }
@@ -313,6 +322,9 @@ impl Worker {
             payload_checksum: payload_checksum(payload, seq),
         };
         self.regions.push_entry(p.region, header);
+        if round_up(len as u64) <= JOIN_MAX {
+            return self.write_joined(key, op, header, p.region, payload, evicted);
+        }
         let mut hdr = self.take_buf(SECTOR as usize);
         hdr.fill(0);
         hdr[..HEADER_LEN].copy_from_slice(&header.encode());
@@ -328,6 +340,7 @@ impl Worker {
             bounce: src.bounce,
             wlen: src.len as u32,
             remaining,
+            joined: false,
             error: None,
             evicted,
         };
@@ -352,6 +365,50 @@ impl Worker {
                 },
             );
         }
+    }
+
+    /// A small block: its header sector and its payload (zero-padded to a sector) copied into
+    /// one buffer and written together.
+    fn write_joined(
+        &mut self,
+        key: SpillKey,
+        op: BufOp<WriteOutcome>,
+        header: BlockHeader,
+        region: u32,
+        payload: &[u8],
+        evicted: Vec<SpillKey>,
+    ) {
+        let sector = SECTOR as usize;
+        let total = sector + round_up(payload.len() as u64) as usize;
+        let mut buf = self.take_buf(total);
+        buf.fill(0);
+        buf[..HEADER_LEN].copy_from_slice(&header.encode());
+        buf[sector..sector + payload.len()].copy_from_slice(payload);
+        let ptr = buf.as_ptr();
+        let offset = header.file_offset;
+        let f = WriteFlight {
+            key,
+            op,
+            header,
+            region,
+            hdr: buf,
+            bounce: None,
+            wlen: total as u32,
+            remaining: 1,
+            joined: true,
+            error: None,
+            evicted,
+        };
+        let t = self.slot(Flight::Write(Box::new(f)));
+        self.push(
+            t,
+            Sqe::Write {
+                buf: ptr,
+                len: total as u32,
+                offset,
+                fixed: None,
+            },
+        );
     }
 
     /// Where a block's payload is written from: the caller's memory when it may be (buffered
@@ -477,7 +534,7 @@ impl Worker {
         };
         match flight {
             Flight::Write(mut w) => {
-                let want = if c.token & 1 == 0 {
+                let want = if c.token & 1 == 0 && !w.joined {
                     SECTOR as u32
                 } else {
                     w.wlen

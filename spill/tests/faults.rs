@@ -17,18 +17,19 @@ fn faulty(plan: FaultPlan) -> IoEngineKind {
     }
 }
 
-#[test]
-fn failed_write_poisons_writes_but_reads_continue() {
+/// Blocks 0 and 1 of `len` bytes are written, block 2's write operation number `fail` (from
+/// 0) fails: block 2's write returns the I/O error and its buffer, the tier refuses writes
+/// from then on, and blocks 0 and 1 still read back.
+fn failed_write_poisons_writes_but_reads_continue(len: usize, fail: u64) {
     let d = TempDir::disk();
-    // Writes 0..4 are blocks 0 and 1 (header + payload each); write 5 is block 2's payload.
     let plan = FaultPlan {
-        fail_write: Some(5),
+        fail_write: Some(fail),
         ..FaultPlan::default()
     };
     let t = SpillTier::open(small(&d.0, 8 << 20, faulty(plan)).build().unwrap()).unwrap();
-    write_vec(&t, 0, 8192);
-    write_vec(&t, 1, 8192);
-    let done = t.write(key(2), IoBuf::Vec(data(2, 8192))).wait();
+    write_vec(&t, 0, len);
+    write_vec(&t, 1, len);
+    let done = t.write(key(2), IoBuf::Vec(data(2, len))).wait();
     assert!(
         matches!(done.result, Err(SpillError::Io { .. })),
         "{:?}",
@@ -36,19 +37,33 @@ fn failed_write_poisons_writes_but_reads_continue() {
     );
     let IoBuf::Vec(v) = done.buf else { panic!() };
     assert!(
-        v == data(2, 8192),
+        v == data(2, len),
         "the buffer is handed back with the error"
     );
-    let done = t.write(key(3), IoBuf::Vec(data(3, 8192))).wait();
+    let done = t.write(key(3), IoBuf::Vec(data(3, len))).wait();
     let err = done.result.unwrap_err();
     assert!(matches!(err, SpillError::Poisoned { .. }), "{err}");
     assert!(err.to_string().contains("refuses writes"), "{err}");
-    assert_block(&t, 0, 8192);
-    assert_block(&t, 1, 8192);
+    assert_block(&t, 0, len);
+    assert_block(&t, 1, len);
     assert_eq!(read_vec(&t, 2).0, ReadOutcome::Miss(MissReason::NotFound));
     let s = t.stats();
     assert!(s.poisoned.is_some());
     assert_eq!(s.errors, 1);
+}
+
+#[test]
+fn a_small_blocks_single_write_failing_poisons_writes_but_reads_continue() {
+    // A small block (up to 64 KiB) goes down in one write, header and payload: writes 0 and 1
+    // are blocks 0 and 1, write 2 is block 2's.
+    failed_write_poisons_writes_but_reads_continue(8192, 2);
+}
+
+#[test]
+fn a_large_blocks_payload_write_failing_poisons_writes_but_reads_continue() {
+    // A larger block's header and payload are two writes: 0..4 are blocks 0 and 1, write 5
+    // is block 2's payload (its header write succeeded).
+    failed_write_poisons_writes_but_reads_continue(128 << 10, 5);
 }
 
 #[test]

@@ -115,16 +115,29 @@ fn crash_at(d: &TempDir, base: u64, cut: u64) -> (bool, u64) {
 
 #[test]
 fn torn_write_at_every_cut_point_is_never_served() {
-    // One block write = header sector (4096) + payload (10 000 bytes, page cache, no padding).
-    let extent = 4096 + 10_000;
+    // One block write = header sector (4096) + payload (10 000 bytes) zero-padded to the
+    // sector (12 288): a small block goes down in one write. Cut anywhere before the payload's
+    // last byte, the block is not served; from there on (only padding missing) it is, with
+    // its bytes (crash_at checks them).
+    let payload_end = 4096 + 10_000;
+    let extent = 4096 + 12_288;
     let base = 3 * extent;
     let d = TempDir::shm();
     let mut served_at = Vec::new();
     let mut skipped_total = 0;
-    for cut in (0..=extent)
+    let cuts: Vec<u64> = (0..=extent)
         .step_by(97)
-        .chain([4095, 4096, 4097, extent - 1, extent])
-    {
+        .chain([
+            4095,
+            4096,
+            4097,
+            payload_end - 1,
+            payload_end,
+            extent - 1,
+            extent,
+        ])
+        .collect();
+    for &cut in &cuts {
         let _ = std::fs::remove_file(d.file());
         let (served, skipped) = crash_at(&d, base, cut);
         skipped_total += skipped;
@@ -132,10 +145,10 @@ fn torn_write_at_every_cut_point_is_never_served() {
             served_at.push(cut);
         }
     }
+    let complete: Vec<u64> = cuts.iter().copied().filter(|&c| c >= payload_end).collect();
     assert_eq!(
-        served_at,
-        vec![extent],
-        "only the complete write may be served"
+        served_at, complete,
+        "only a write whose payload landed whole may be served"
     );
     assert!(skipped_total > 0, "torn blocks must be counted as skipped");
 }
@@ -143,11 +156,13 @@ fn torn_write_at_every_cut_point_is_never_served() {
 #[test]
 fn torn_direct_write_at_sector_cuts_is_never_served() {
     let d = TempDir::disk();
-    for keep in [0u64, 4096, 8192, 12_288] {
+    for keep in [0u64, 4096, 8192, 12_288, 16_384] {
         let _ = std::fs::remove_file(d.file());
-        // Writes 0,1 are block 0 (header, payload); 2,3 block 1: tear block 1's payload.
+        // Write 0 is block 0 (header and payload in one write: a small block), write 1 is
+        // block 1's 20 480 bytes: tear it at `keep` (at 4096 the header landed whole, the
+        // payload not at all).
         let plan = FaultPlan {
-            torn_write: Some((3, keep)),
+            torn_write: Some((1, keep)),
             ..FaultPlan::default()
         };
         let engine = IoEngineKind::Faulty {
@@ -165,7 +180,8 @@ fn torn_direct_write_at_sector_cuts_is_never_served() {
             ReadOutcome::Miss(MissReason::NotFound),
             "keep {keep}"
         );
-        assert_eq!(t.recovery().skipped, 1);
+        // A header that landed with a torn payload is counted; nothing landed: nothing to count.
+        assert_eq!(t.recovery().skipped, u64::from(keep >= 4096), "keep {keep}");
     }
 }
 
