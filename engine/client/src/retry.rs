@@ -83,19 +83,33 @@ pub(crate) fn file_id(fd: &std::os::fd::OwnedFd) -> Option<(u64, u64)> {
 impl Client {
     /// Runs `f` on the connection; when the daemon closed it before answering a
     /// [`replayable`] request, reconnects and runs `f` once more.
+    ///
+    /// Again while the answer is a refusal of a stopping daemon, until [`HANDSHAKE_LIMIT`]: a
+    /// connection made during the old daemon's drain can still be accepted by it (its accept
+    /// loop stops an instant after it starts refusing requests), and the request sent on it
+    /// is refused once more; the next connection reaches the successor.
     pub(crate) fn retrying<T>(
         &mut self,
         op: &Op,
         mut f: impl FnMut(&mut conn::Conn) -> Result<T>,
     ) -> Result<T> {
-        match f(&mut self.conn) {
-            Err(e) if closed(&e) && replayable(op) => {
-                if self.reconnect().is_err() {
-                    return Err(e);
+        let deadline = std::time::Instant::now() + HANDSHAKE_LIMIT;
+        let mut r = f(&mut self.conn);
+        let mut tries = 0u32;
+        loop {
+            match r {
+                Err(e) if closed(&e) && replayable(op) && std::time::Instant::now() < deadline => {
+                    if tries > 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                    tries += 1;
+                    if self.reconnect().is_err() {
+                        return Err(e);
+                    }
+                    r = f(&mut self.conn);
                 }
-                f(&mut self.conn)
+                r => return r,
             }
-            r => r,
         }
     }
 
