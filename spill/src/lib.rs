@@ -61,7 +61,7 @@ pub use error::{DecodeError, SpillError};
 pub use key::SpillKey;
 pub use ops::{MissReason, ReadOutcome, WriteOutcome};
 pub use stats::SpillStats;
-pub use tier::{FileRecovery, RecoveryReport, SpillTier};
+pub use tier::{FileRecovery, RecoveryReport, SpillOpening, SpillTier};
 
 /// On-disk record codecs, public for fuzzing, property tests and offline inspection tools.
 pub mod disk {

@@ -129,24 +129,60 @@ impl SpillTier {
     /// Opens every configured file (creating and preallocating missing ones), rebuilds the
     /// index from what is on disk, and starts the IO workers.
     pub fn open(config: SpillConfig) -> Result<Self, SpillError> {
+        SpillOpening::lock(config)?.recover()
+    }
+}
+
+/// Spill files opened and locked, their index not rebuilt yet ([`SpillOpening::lock`]):
+/// what can refuse a start (a missing directory, a file another daemon holds, a damaged
+/// superblock that cannot be rewritten) has been checked, and the rebuild, which takes time
+/// in proportion to the blocks on disk, can run elsewhere ([`SpillOpening::recover`]).
+pub struct SpillOpening {
+    config: SpillConfig,
+    files: Vec<crate::file::SpillFile>,
+    t0: Instant,
+}
+
+impl std::fmt::Debug for SpillOpening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpillOpening")
+            .field("files", &self.files.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SpillOpening {
+    /// Opens (creating and preallocating missing ones) and locks every configured file.
+    pub fn lock(config: SpillConfig) -> Result<Self, SpillError> {
         let t0 = Instant::now();
         let direct = config.engine.direct();
+        let files = config
+            .dirs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                open_spill_file(
+                    &d.path.join(SPILL_FILE_NAME),
+                    i as u32,
+                    config.file_size(d),
+                    config.region_size,
+                    direct,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { config, files, t0 })
+    }
+
+    /// Rebuilds the index from the files (one thread per file) and starts the IO workers.
+    pub fn recover(self) -> Result<SpillTier, SpillError> {
+        let Self { config, files, t0 } = self;
         let opened: Vec<Result<_, SpillError>> = std::thread::scope(|s| {
-            let hs: Vec<_> = config
-                .dirs
-                .iter()
-                .enumerate()
-                .map(|(i, d)| {
+            let hs: Vec<_> = files
+                .into_iter()
+                .zip(&config.dirs)
+                .map(|(f, d)| {
                     let cfg = &config;
                     s.spawn(move || {
-                        let path = d.path.join(SPILL_FILE_NAME);
-                        let f = open_spill_file(
-                            &path,
-                            i as u32,
-                            cfg.file_size(d),
-                            cfg.region_size,
-                            direct,
-                        )?;
                         let scan = scan_file(&f, cfg.regions_in(d), cfg.region_size)?;
                         Ok((f, scan))
                     })
@@ -218,9 +254,9 @@ impl SpillTier {
         let workers = files
             .into_iter()
             .enumerate()
-            .map(|(i, (f, scan))| Self::start_worker(&config, &shared, i as u16, f, scan))
+            .map(|(i, (f, scan))| SpillTier::start_worker(&config, &shared, i as u16, f, scan))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
+        Ok(SpillTier {
             workers,
             shared,
             config,
@@ -229,7 +265,9 @@ impl SpillTier {
             recovery: report,
         })
     }
+}
 
+impl SpillTier {
     fn start_worker(
         config: &SpillConfig,
         shared: &Arc<Shared>,

@@ -314,8 +314,23 @@ impl Daemon {
         d
     }
 
-    /// Waits until a client can connect.
+    /// Waits until a client can connect and the spill tier, if any, is recovered (a
+    /// daemon serves from DRAM while it recovers: docs/operations.md, "Restart").
     pub fn wait_ready(&self, limit: Duration) -> Duration {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if let Ok(mut c) = Client::connect(&self.socket)
+                && c.stats().map_or(true, |s| !s.spill_recovering)
+            {
+                return t.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("daemon did not come up in {limit:?}; log:\n{}", self.log());
+    }
+
+    /// Waits until a client can connect (the spill tier may still be recovering).
+    pub fn wait_answering(&self, limit: Duration) -> Duration {
         let t = Instant::now();
         while t.elapsed() < limit {
             if Client::connect(&self.socket).is_ok() {
@@ -323,7 +338,7 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        panic!("daemon did not come up in {limit:?}; log:\n{}", self.log());
+        panic!("daemon did not answer in {limit:?}; log:\n{}", self.log());
     }
 
     /// A connected client.

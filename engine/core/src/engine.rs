@@ -43,6 +43,9 @@ pub enum StartError {
     /// A handed-over DRAM image does not fit this configuration.
     #[error("taking over the DRAM tier: {0}")]
     Image(#[from] crate::dram::image::ImageError),
+    /// A thread of the engine could not be started.
+    #[error("starting {0}: {1}")]
+    Thread(&'static str, std::io::Error),
 }
 
 /// What a takeover hands to the new engine: the old daemon's arena memfd and the image of
@@ -97,6 +100,56 @@ pub struct Engine {
     stop_pinning: Arc<AtomicBool>,
 }
 
+/// Test builds: milliseconds the spill recovery thread waits before it starts, so a test
+/// can act while the tier recovers (a test seam: never compiled into a release daemon).
+#[cfg(feature = "test-seams")]
+pub const SPILL_RECOVERY_DELAY_ENV: &str = "KVNODE_TEST_SPILL_RECOVERY_DELAY_MS";
+
+/// Rebuilds the spill index on a thread of its own and attaches the NVMe tier to `store`
+/// when it is ready (store/lower.rs); a failed rebuild leaves DRAM serving alone.
+fn recover_in_background(
+    opening: crate::nvme::NvmeOpening,
+    store: &Arc<Store>,
+    metrics: &Arc<Metrics>,
+    stop_pinning: &Arc<AtomicBool>,
+) -> Result<(), StartError> {
+    let owner = store;
+    let (store, metrics, stop) = (
+        Arc::clone(store),
+        Arc::clone(metrics),
+        Arc::clone(stop_pinning),
+    );
+    let h = std::thread::Builder::new()
+        .name("kvnode-spill-open".into())
+        .spawn(move || {
+            let arena = Arc::clone(store.arena());
+            let announcer = Arc::clone(store.announcer());
+            #[cfg(feature = "test-seams")]
+            if let Some(ms) = std::env::var(SPILL_RECOVERY_DELAY_ENV)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                tracing::warn!(ms, "{SPILL_RECOVERY_DELAY_ENV} is set: the spill recovery waits (a test seam)");
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            }
+            match opening.recover(&arena, announcer, metrics) {
+                Ok(t) => {
+                    let t = Arc::new(t);
+                    t.set_tenants(Arc::clone(store.tenants()));
+                    t.register_buffers_when_populated(Arc::clone(arena.progress()), stop);
+                    store.attach_nvme(t);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "spill tier recovery failed: serving from DRAM only until a restart");
+                    store.nvme_failed();
+                }
+            }
+        })
+        .map_err(|e| StartError::Thread("the spill recovery thread", e))?;
+    owner.set_nvme_opener(h);
+    Ok(())
+}
+
 /// Adopts the NVMe blocks a predecessor announced on the event stream this daemon continues;
 /// retracts (announces the removal of) those the spill tier does not hold.
 fn adopt_nvme(
@@ -105,13 +158,10 @@ fn adopt_nvme(
     list: Vec<(kvnode_proto::BlockKey, crate::residency::RouterMeta)>,
 ) {
     let mut gone = Vec::new();
-    {
-        let _adopting = announcer.adopting();
-        for (key, meta) in list {
-            let meta = Arc::new(meta);
-            if !nvme.is_some_and(|n| n.adopt_announced(&key, &meta)) {
-                gone.push(meta);
-            }
+    for (key, meta) in list {
+        let meta = Arc::new(meta);
+        if !nvme.is_some_and(|n| n.adopt_announced(&key, &meta, false)) {
+            gone.push(meta);
         }
     }
     for meta in &gone {
@@ -224,27 +274,36 @@ impl Engine {
         };
         let arena = Arc::new(arena);
         let dram = Arc::new(dram);
-        let nvme = if config.spill.dirs.is_empty() {
+        // The spill files are opened and locked now (a start they refuse fails here); their
+        // index is rebuilt on a thread while DRAM serves (store/lower.rs).
+        let opening = if config.spill.dirs.is_empty() {
             None
         } else {
-            Some(Arc::new(NvmeTier::open(
-                &config.spill,
-                config.slab_bytes(),
-                &arena,
-                Arc::clone(&announcer),
-                Arc::clone(&metrics),
-            )?))
+            Some(NvmeTier::lock(&config.spill, config.slab_bytes())?)
         };
         let tenants = Arc::new(Tenants::new(
             &config.tenants.with_default_quota(config.dram),
         ));
-        if let Some(n) = &nvme {
-            n.set_tenants(Arc::clone(&tenants));
-        }
+        let store = if opening.is_some() {
+            Store::recovering(
+                Arc::clone(&arena),
+                dram,
+                Arc::clone(&announcer),
+                Arc::clone(&tenants),
+            )
+        } else {
+            Store::with_tenants(
+                Arc::clone(&arena),
+                dram,
+                None,
+                Arc::clone(&announcer),
+                Arc::clone(&tenants),
+            )
+        };
         if let Some(list) = nvme_announced {
-            adopt_nvme(nvme.as_deref(), &announcer, list);
+            let announcer = Arc::clone(&announcer);
+            store.on_nvme_attach(move |t| adopt_nvme(t.map(|t| &**t), &announcer, list));
         }
-        let store = Store::with_tenants(Arc::clone(&arena), dram, nvme, announcer, tenants);
         let peers = Arc::new(Peers::new(
             &config.peer,
             Arc::clone(&store),
@@ -259,11 +318,8 @@ impl Engine {
             },
             Arc::clone(&stop_pinning),
         );
-        if let Some(t) = store.nvme() {
-            t.register_buffers_when_populated(
-                Arc::clone(arena.progress()),
-                Arc::clone(&stop_pinning),
-            );
+        if let Some(o) = opening {
+            recover_in_background(o, &store, &metrics, &stop_pinning)?;
         }
         gpu.start_registration(
             arena.base(),
@@ -371,26 +427,29 @@ impl Engine {
     /// directory (a restart that continues its stream; the daemon's `restart_events`):
     /// blocks it announced on NVMe that the spill tier holds are adopted as announced (the
     /// rest removed); each block it announced in DRAM is announced on NVMe if the
-    /// stop-time flush copied it down, then its DRAM copy is removed (a tier move).
+    /// stop-time flush copied it down, then its DRAM copy is removed (a tier move). Runs
+    /// once the NVMe tier is recovered (store/lower.rs); until then the router keeps what
+    /// the predecessor told it.
     pub fn adopt_after_restart(
         &self,
         nvme: Vec<(kvnode_proto::BlockKey, crate::residency::RouterMeta)>,
-        dram: &[(kvnode_proto::BlockKey, Arc<crate::residency::RouterMeta>)],
+        dram: Vec<(kvnode_proto::BlockKey, Arc<crate::residency::RouterMeta>)>,
     ) {
-        let announcer = self.store.announcer();
-        let tier = self.store.nvme();
-        adopt_nvme(tier.map(|t| &**t), announcer, nvme);
-        let mut moved = 0u64;
-        for (key, meta) in dram {
-            // Outside `adopting`: the NVMe store is published, before the DRAM removal.
-            moved += u64::from(tier.is_some_and(|t| t.adopt_announced(key, meta)));
-            announcer.retract(kvnode_events::Medium::CpuPinned, meta);
-        }
-        tracing::info!(
-            dram = dram.len(),
-            moved_to_nvme = moved,
-            "KV events: DRAM blocks of the previous daemon announced as moved to NVMe (or removed)"
-        );
+        let announcer = Arc::clone(self.store.announcer());
+        self.store.on_nvme_attach(move |tier| {
+            adopt_nvme(tier.map(|t| &**t), &announcer, nvme);
+            let mut moved = 0u64;
+            for (key, meta) in &dram {
+                // Published: the NVMe store, before the DRAM removal.
+                moved += u64::from(tier.is_some_and(|t| t.adopt_announced(key, meta, true)));
+                announcer.retract(kvnode_events::Medium::CpuPinned, meta);
+            }
+            tracing::info!(
+                dram = dram.len(),
+                moved_to_nvme = moved,
+                "KV events: DRAM blocks of the previous daemon announced as moved to NVMe (or removed)"
+            );
+        });
     }
 
     /// The full statistics report.
@@ -427,6 +486,7 @@ impl Engine {
             router: self.router_stats(),
             costs: self.metrics.costs.report(),
             plans: self.metrics.plans.report(),
+            spill_recovering: self.store.spill_phase() == crate::store::SpillPhase::Recovering,
         }
     }
 

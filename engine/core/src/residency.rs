@@ -488,6 +488,27 @@ impl Announcer {
         key: &BlockKey,
         meta: Option<&Arc<RouterMeta>>,
     ) -> Option<Residency> {
+        self.reside_as(medium, key, meta, true)
+    }
+
+    /// Like [`Announcer::reside`] for one block a predecessor announced: registered as
+    /// announced, never published (whatever other blocks are doing meanwhile).
+    pub fn reside_adopted(
+        self: &Arc<Self>,
+        medium: Medium,
+        key: &BlockKey,
+        meta: &Arc<RouterMeta>,
+    ) -> Option<Residency> {
+        self.reside_as(medium, key, Some(meta), false)
+    }
+
+    fn reside_as(
+        self: &Arc<Self>,
+        medium: Medium,
+        key: &BlockKey,
+        meta: Option<&Arc<RouterMeta>>,
+        publish: bool,
+    ) -> Option<Residency> {
         if !self.events {
             return None;
         }
@@ -498,6 +519,7 @@ impl Announcer {
         let epoch = self.epoch_read();
         // No sink yet (pending): registered only, as when adopting.
         if let Some(sink) = self.sink.get()
+            && publish
             && !self.quiet.load(Relaxed)
             && !sink.stored(account, meta.stored(medium))
         {

@@ -177,7 +177,7 @@ pub fn load(cfg: &EngineConfig) -> Option<Continuation> {
 /// The blocks a stopped predecessor announced, adopted or moved (see the module docs).
 pub fn adopt(engine: &kvnode_engine::Engine, c: Continuation) {
     let dram: Vec<_> = c.dram.into_iter().map(|(k, m)| (k, Arc::new(m))).collect();
-    engine.adopt_after_restart(c.nvme, &dram);
+    engine.adopt_after_restart(c.nvme, dram);
 }
 
 #[cfg(test)]

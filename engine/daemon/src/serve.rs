@@ -288,7 +288,7 @@ fn say_serving(
 ) {
     let blocks = engine.store.dram().blocks();
     if round == 1 {
-        tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks, took_over, spill = engine.store.nvme().is_some(), pid = std::process::id(), "kvnode ready");
+        tracing::info!(socket = %socket.display(), dram = engine.store.arena().len(), blocks, took_over, spill = ?engine.store.spill_phase(), pid = std::process::id(), "kvnode ready");
         crate::serve_stop::notify_ready();
     } else {
         tracing::info!(socket = %socket.display(), blocks, "kvnode serving again after a takeover that did not happen");

@@ -155,7 +155,9 @@ pub fn spawn_write_behind(
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let lag = engine.config.spill.lag?;
-    engine.store.nvme()?;
+    if engine.store.spill_phase() == kvnode_engine::store::SpillPhase::Off {
+        return None;
+    }
     tracing::info!(
         lag_ms = lag.as_millis() as u64,
         "write-behind on: every DRAM block is copied to NVMe, aiming at the lag (a target: puts are not slowed)"
@@ -185,6 +187,12 @@ pub async fn hand_over_or_flush(
     successor: Option<Pending>,
     listener: &OwnedFd,
 ) -> Stopped {
+    // A spill tier still being recovered holds its files until it is done: a successor
+    // needs them closed, and the flush needs the tier (store/lower.rs).
+    if engine.store.spill_phase() == kvnode_engine::store::SpillPhase::Recovering {
+        tracing::info!("waiting for the spill tier's recovery to end before stopping");
+    }
+    engine.store.spill_settled().await;
     if let Some(p) = successor {
         match hand_over(engine, p, listener).await {
             Ok(a) => return Stopped::HandedOver(a),

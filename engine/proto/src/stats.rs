@@ -47,6 +47,10 @@ pub struct StatsReport {
     /// Fetch plans answered.
     #[serde(default)]
     pub plans: crate::plan::PlanStats,
+    /// The spill tier's index is being rebuilt (a start or takeover on a spill directory):
+    /// DRAM serves alone and blocks only on NVMe are misses until it is done.
+    #[serde(default)]
+    pub spill_recovering: bool,
 }
 
 /// Router entry counters (`/metrics`: `kvnode_router_*`; docs/router-entry.md).

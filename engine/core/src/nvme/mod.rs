@@ -28,7 +28,7 @@ use kvnode_proto::stats::TierStats;
 use kvnode_proto::{BlockKey, Key, NamespaceId};
 use kvnode_spill::{
     ArenaSlice, IoBuf, IoEngineKind, MissReason, ReadOutcome, SpillConfig, SpillError, SpillKey,
-    SpillTier,
+    SpillOpening, SpillTier,
 };
 
 use crate::obs::Metrics;
@@ -128,7 +128,7 @@ fn spill_key_of(id: NamespaceId, k: &Key) -> SpillKey {
 }
 
 impl NvmeTier {
-    /// Opens (and recovers) the spill files and registers the arena as fixed buffers.
+    /// Opens (and recovers) the spill files and attaches the arena for transfers.
     pub fn open(
         settings: &SpillSettings,
         slab_bytes: u64,
@@ -136,6 +136,12 @@ impl NvmeTier {
         announcer: Arc<Announcer>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, SpillError> {
+        Self::lock(settings, slab_bytes)?.recover(arena, announcer, metrics)
+    }
+
+    /// Opens and locks the spill files (what can refuse a start), leaving the rebuild of
+    /// their index to [`NvmeOpening::recover`].
+    pub fn lock(settings: &SpillSettings, slab_bytes: u64) -> Result<NvmeOpening, SpillError> {
         let smallest = settings.dirs.iter().map(|d| d.size).min().unwrap_or(0);
         let max_block = slab_bytes.min(1 << 30);
         let min_region = (max_block + 3 * 4096).div_ceil(4096) * 4096;
@@ -177,7 +183,32 @@ impl NvmeTier {
         for d in &settings.dirs {
             b = b.dir(&d.path, d.size);
         }
-        let spill = SpillTier::open(b.build()?)?;
+        let opening = SpillOpening::lock(b.build()?)?;
+        Ok(NvmeOpening {
+            opening,
+            settings: settings.clone(),
+        })
+    }
+}
+
+/// Spill files opened and locked, not yet recovered ([`NvmeTier::lock`]).
+#[derive(Debug)]
+pub struct NvmeOpening {
+    opening: SpillOpening,
+    settings: SpillSettings,
+}
+
+impl NvmeOpening {
+    /// Rebuilds the spill index (time in proportion to the blocks on disk) and attaches
+    /// the arena for transfers.
+    pub fn recover(
+        self,
+        arena: &crate::arena::Arena,
+        announcer: Arc<Announcer>,
+        metrics: Arc<Metrics>,
+    ) -> Result<NvmeTier, SpillError> {
+        let settings = self.settings;
+        let spill = self.opening.recover()?;
         let r = spill.recovery();
         tracing::info!(
             blocks = r.blocks,
@@ -194,9 +225,9 @@ impl NvmeTier {
         // faulted in ([`NvmeTier::register_buffers_when_populated`]): registering pins every
         // page, and doing it here made start-up wait for the whole arena to be faulted in.
         unsafe { spill.attach_arena(arena.base(), arena.len() as usize)? };
-        Ok(Self {
+        Ok(NvmeTier {
             spill,
-            settings: settings.clone(),
+            settings,
             announcer,
             residencies: Mutex::new(HashMap::new()),
             counters: Counters::default(),
@@ -208,7 +239,9 @@ impl NvmeTier {
             promotions: crate::obs::cost::Overlapped::default(),
         })
     }
+}
 
+impl NvmeTier {
     /// Registers the arena as fixed buffers on a background thread once `progress` says the
     /// arena is faulted in (or `stop` is set: then never). Holds only a weak handle while
     /// it waits, so it never keeps the spill files open at shutdown.

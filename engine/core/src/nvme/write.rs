@@ -146,19 +146,25 @@ impl NvmeTier {
         }
     }
 
-    /// Adopts a block a predecessor announced on NVMe (a takeover that continues its event
-    /// stream; call under `Announcer::adopting`): `false` when the spill tier does not hold
-    /// it (the caller retracts the announcement).
-    pub fn adopt_announced(&self, key: &BlockKey, meta: &Arc<RouterMeta>) -> bool {
+    /// Adopts a block a predecessor announced on NVMe: registered as announced (`publish`
+    /// false: a continued event stream, nothing is sent) or announced now (`publish`: a block
+    /// the predecessor announced in DRAM and flushed down). `false` when the spill tier does
+    /// not hold it (the caller retracts the announcement).
+    pub fn adopt_announced(&self, key: &BlockKey, meta: &Arc<RouterMeta>, publish: bool) -> bool {
         let sk = spill_key(key);
         let mut m = self.residencies();
         if !self.spill.contains(&sk) {
             return false;
         }
-        if !m.contains_key(&sk)
-            && let Some(r) = self.announcer.reside(Self::MEDIUM, key, Some(meta))
-        {
-            m.insert(sk, r);
+        if !m.contains_key(&sk) {
+            let r = if publish {
+                self.announcer.reside(Self::MEDIUM, key, Some(meta))
+            } else {
+                self.announcer.reside_adopted(Self::MEDIUM, key, meta)
+            };
+            if let Some(r) = r {
+                m.insert(sk, r);
+            }
         }
         true
     }

@@ -305,6 +305,11 @@ fn daemon(o: &mut Out<'_>, s: &StatsReport) -> fmt::Result {
         "pin_refused",
         "1 if mlock was refused and the arena runs unpinned.",
         u32::from(dram.pin_refused),
+    )?;
+    o.gauge(
+        "spill_recovering",
+        "1 while the spill index is rebuilt (DRAM serves alone meanwhile).",
+        u32::from(s.spill_recovering),
     )
 }
 

@@ -59,7 +59,7 @@ impl Store {
         ns: u32,
         keys: &[Key],
     ) -> Result<DemotedNow, TierError> {
-        let Some(nvme) = self.nvme.clone() else {
+        let Some(nvme) = self.nvme().cloned() else {
             return Err(TierError::NoLowerTier);
         };
         let (picks, skipped) = self.dram.pick_keys(ns, keys)?;
@@ -85,7 +85,7 @@ impl Store {
     /// at most `room_wait_ms`. Past that the allocator evicts without a copy. Without an
     /// NVMe tier it returns at once.
     pub async fn make_room(self: &Arc<Self>, need: u64) {
-        let Some(nvme) = self.nvme.clone() else {
+        let Some(nvme) = self.nvme().cloned() else {
             return;
         };
         let deadline = tokio::time::Instant::now() + nvme.room_wait();
@@ -198,14 +198,20 @@ impl Drop for Move {
     }
 }
 
-/// Runs the demoter and the stall monitor until `stop` flips (a tokio task). Without an
-/// NVMe tier there is nothing to run.
+/// Runs the demoter and the stall monitor until `stop` flips (a tokio task), from the
+/// moment the NVMe tier is attached (store/lower.rs). Without an NVMe tier there is nothing
+/// to run.
 pub fn spawn_demoter(
     s: Arc<Store>,
     mut stop: watch::Receiver<bool>,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    let nvme = s.nvme.clone()?;
+    if s.spill_phase() == super::SpillPhase::Off {
+        return None;
+    }
     Some(tokio::spawn(async move {
+        let Some(nvme) = s.nvme.ready(&mut stop).await else {
+            return;
+        };
         let mut monitor = Monitor::default();
         let mut tick = tokio::time::interval(Duration::from_millis(5));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -288,7 +294,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_move_dropped_before_its_write_ends_as_failed() {
         let f = filled("move-drop").await;
-        let nvme = f.store.nvme.clone().expect("an NVMe tier");
+        let nvme = f.store.nvme().cloned().expect("an NVMe tier");
         let cap = f.store.dram.free_and_capacity().1;
         let picks = f.store.dram.pick_demotions(1, cap);
         let d = picks.into_iter().next().expect("a block to demote");

@@ -26,7 +26,7 @@ impl Store {
     /// most `budget`. Without an NVMe tier there is nothing to do.
     pub async fn flush_dram(self: &Arc<Self>, budget: Duration) -> FlushReport {
         let mut rep = FlushReport::default();
-        let Some(nvme) = self.nvme.clone() else {
+        let Some(nvme) = self.nvme().cloned() else {
             return rep;
         };
         let deadline = tokio::time::Instant::now() + budget;

@@ -62,7 +62,7 @@ impl Store {
         ns: u32,
         keys: &[Key],
     ) -> Result<(u32, Option<tokio::task::JoinHandle<u32>>), TierError> {
-        let Some(nvme) = &self.nvme else {
+        let Some(nvme) = self.nvme() else {
             return Ok((0, None));
         };
         let id = self.dram.namespace_id(ns)?;

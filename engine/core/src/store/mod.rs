@@ -28,6 +28,7 @@ mod demote;
 mod flush;
 mod guard;
 mod intent;
+mod lower;
 mod prefix;
 mod promote;
 mod quota;
@@ -49,6 +50,7 @@ use crate::tenant::Tenants;
 pub use demote::{DemotedNow, spawn_demoter};
 pub use flush::FlushReport;
 pub use guard::{Lease, Reservation};
+pub use lower::SpillPhase;
 pub use prefix::{Delivery, Got, Prefix, PrefixLease, Window};
 pub use write_behind::spawn_write_behind;
 
@@ -95,7 +97,8 @@ impl Location {
 pub struct Store {
     arena: Arc<Arena>,
     dram: Arc<DramTier>,
-    nvme: Option<Arc<NvmeTier>>,
+    /// The NVMe tier: none, being recovered (lower.rs), or serving.
+    nvme: lower::Lower,
     announcer: Arc<Announcer>,
     /// Which namespace is whose, and the quotas reservations are held to.
     tenants: Arc<Tenants>,
@@ -124,10 +127,63 @@ impl Store {
         Arc::new(Self {
             arena,
             dram,
-            nvme,
+            nvme: lower::Lower::now(nvme),
             announcer,
             tenants,
         })
+    }
+
+    /// Like [`Store::with_tenants`], with an NVMe tier that is being recovered: the store
+    /// serves from DRAM until [`Store::attach_nvme`] (or [`Store::nvme_failed`]).
+    pub fn recovering(
+        arena: Arc<Arena>,
+        dram: Arc<DramTier>,
+        announcer: Arc<Announcer>,
+        tenants: Arc<Tenants>,
+    ) -> Arc<Self> {
+        dram.set_has_lower(false);
+        Arc::new(Self {
+            arena,
+            dram,
+            nvme: lower::Lower::recovering(),
+            announcer,
+            tenants,
+        })
+    }
+
+    /// The recovered NVMe tier: deletes and clears made while it recovered are applied to
+    /// it, then lookups see it and demotion starts.
+    pub fn attach_nvme(&self, tier: Arc<NvmeTier>) {
+        self.nvme.attach(tier);
+        self.dram.set_has_lower(true);
+    }
+
+    /// The NVMe tier's recovery failed: DRAM serves alone.
+    pub fn nvme_failed(&self) {
+        self.nvme.fail();
+    }
+
+    /// Hands the thread recovering the NVMe tier to the store ([`Store::spill_settled`]
+    /// joins it).
+    pub fn set_nvme_opener(&self, h: std::thread::JoinHandle<()>) {
+        self.nvme.set_opener(h);
+    }
+
+    /// Where the NVMe tier stands.
+    pub fn spill_phase(&self) -> SpillPhase {
+        self.nvme.phase()
+    }
+
+    /// Waits until the NVMe tier is attached or its recovery failed, and the recovering
+    /// thread has ended (it holds the spill files until then).
+    pub async fn spill_settled(&self) {
+        self.nvme.settled().await;
+    }
+
+    /// Runs `f` once the NVMe tier is attached (now, if it is), with `None` when there is
+    /// none and will be none.
+    pub fn on_nvme_attach(&self, f: impl FnOnce(Option<&Arc<NvmeTier>>) + Send + 'static) {
+        self.nvme.on_attach(Box::new(f));
     }
 
     /// The tenant map.
@@ -147,7 +203,7 @@ impl Store {
 
     /// The NVMe tier, when configured.
     pub fn nvme(&self) -> Option<&Arc<NvmeTier>> {
-        self.nvme.as_ref()
+        self.nvme.get()
     }
 
     /// The announcer (KV events), for its counters.
@@ -216,7 +272,7 @@ impl Store {
         Ok(keys
             .iter()
             .zip(in_dram)
-            .map(|(k, d)| match (d, &self.nvme) {
+            .map(|(k, d)| match (d, self.nvme()) {
                 (true, _) => Location::Dram,
                 (false, Some(n)) if n.contains(id, k) => Location::Nvme,
                 _ => Location::Absent,
@@ -226,7 +282,7 @@ impl Store {
 
     /// Length of the leading run of keys held on this node.
     pub fn exists(&self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
-        if self.nvme.is_none() {
+        if self.nvme().is_none() {
             return self.dram.exists(ns, keys);
         }
         let at = self.locate(ns, keys)?;
@@ -258,7 +314,7 @@ impl Store {
     /// failing. Each run is at most an eighth of the DRAM tier (and at least one block).
     /// Without an NVMe tier the whole put is one run.
     pub fn put_runs(&self, lens: &[u64]) -> Vec<std::ops::Range<usize>> {
-        if self.nvme.is_none() || lens.is_empty() {
+        if self.nvme().is_none() || lens.is_empty() {
             return std::iter::once(0..lens.len()).collect();
         }
         runs(lens.iter().copied(), self.window_bytes())
@@ -274,10 +330,13 @@ impl Store {
 
     /// Removes keys from every tier; returns how many were held in any.
     pub fn delete(&self, ns: u32, keys: &[Key]) -> Result<u32, TierError> {
-        let Some(nvme) = &self.nvme else {
+        if self.nvme.phase() == SpillPhase::Off {
+            return self.dram.delete(ns, keys);
+        }
+        let id = self.dram.namespace_id(ns)?;
+        let Some(nvme) = self.nvme.delete_or_remember(id, keys) else {
             return self.dram.delete(ns, keys);
         };
-        let id = self.dram.namespace_id(ns)?;
         let in_dram = self.dram.contains(ns, keys)?;
         self.dram.delete(ns, keys)?;
         Ok(keys
@@ -295,13 +354,13 @@ impl Store {
             self.announcer.clear_all();
         }
         let n = self.dram.clear(ns)?;
-        let below = self.nvme.as_ref().map_or(0, |t| t.clear(id));
+        let below = self.nvme.clear_or_remember(id).map_or(0, |t| t.clear(id));
         Ok(n.max(below))
     }
 
     /// Counters of the DRAM tier, and the NVMe tier's row when there is one.
     pub fn snapshot(&self) -> (TierSnapshot, Option<TierStats>) {
-        (self.dram.snapshot(), self.nvme.as_ref().map(|t| t.stats()))
+        (self.dram.snapshot(), self.nvme().map(|t| t.stats()))
     }
 }
 

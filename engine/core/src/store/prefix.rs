@@ -147,7 +147,7 @@ impl Store {
             Delivery::Stream => (keys.len(), true),
             Delivery::Hold { limit, wait } => (hold_cut(&plan, limit), wait),
         };
-        let windows = if self.nvme.is_none() || plan.is_empty() {
+        let windows = if self.nvme().is_none() || plan.is_empty() {
             std::iter::once(0..cut).collect()
         } else {
             runs(plan[..cut].iter().map(|p| p.1), self.window_bytes())
@@ -173,7 +173,7 @@ impl Store {
         Ok(keys
             .iter()
             .zip(lens)
-            .map(|(k, l)| match (l, &self.nvme) {
+            .map(|(k, l)| match (l, self.nvme()) {
                 (Some(l), _) => (Location::Dram, l),
                 (None, Some(n)) => n
                     .block_len(id, k)
@@ -224,8 +224,7 @@ impl Store {
 
     /// How long a window waits for DRAM room held by other leases (`room_wait_ms`).
     fn room_wait(&self) -> std::time::Duration {
-        self.nvme
-            .as_ref()
+        self.nvme()
             .map_or(std::time::Duration::ZERO, |n| n.room_wait())
     }
 
@@ -297,7 +296,7 @@ impl Store {
     /// The block length of a key on NVMe, if it is there.
     fn nvme_len(&self, ns: u32, k: &Key) -> Option<u64> {
         let id = self.dram.namespace_id(ns).ok()?;
-        self.nvme.as_ref()?.block_len(id, k)
+        self.nvme()?.block_len(id, k)
     }
 }
 

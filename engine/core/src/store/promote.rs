@@ -27,7 +27,7 @@ impl Store {
         ns: u32,
         want: Vec<(usize, Key, u64)>,
     ) -> Vec<(usize, Got)> {
-        let (Some(nvme), Ok(id)) = (&self.nvme, self.dram.namespace_id(ns)) else {
+        let (Some(nvme), Ok(id)) = (self.nvme(), self.dram.namespace_id(ns)) else {
             return Vec::new();
         };
         // The window's whole promotion (room made, reads in flight together) is one

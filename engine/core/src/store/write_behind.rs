@@ -26,7 +26,7 @@ use crate::dram::CopyDown;
 impl Store {
     /// Writes one block to NVMe and ends its copy; returns whether it is on NVMe now.
     pub(super) async fn copy_down(&self, c: CopyDown) -> bool {
-        let Some(nvme) = self.nvme.as_deref() else {
+        let Some(nvme) = self.nvme().map(|t| &**t) else {
             self.dram.finish_copy(&c, false, |_| {});
             return false;
         };
@@ -76,15 +76,23 @@ impl Store {
 
 /// Runs the bounded write-behind until `stop` (a tokio task): every block committed to DRAM
 /// is picked once it is `lag / 2` old and copied to NVMe, so the write has the other half
-/// of the lag. Without an NVMe tier there is nothing to run.
+/// of the lag, from the moment the NVMe tier is attached. Without an NVMe tier there is
+/// nothing to run.
 pub fn spawn_write_behind(
     s: Arc<Store>,
     lag: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    let nvme = s.nvme.clone()?;
-    s.dram.set_write_behind(true);
+    if s.spill_phase() == super::SpillPhase::Off {
+        return None;
+    }
     Some(tokio::spawn(async move {
+        // From the moment the NVMe tier is attached (store/lower.rs); every block already
+        // in DRAM then is queued.
+        let Some(nvme) = s.nvme.ready(&mut stop).await else {
+            return;
+        };
+        s.dram.set_write_behind(true);
         let half = lag / 2;
         let period = (lag / 8).clamp(Duration::from_millis(1), Duration::from_millis(250));
         let mut tick = tokio::time::interval(period);
