@@ -10,8 +10,9 @@
 //!   from the spill files; a small DRAM tier makes most blocks NVMe-only).
 //! - `sigterm`: SIGTERM (the stop-time flush writes DRAM-only blocks down), then a start.
 //!
-//! With `--load-clients N` (takeover), N clients keep issuing gets and puts across the
-//! takeover and the service gap they see is reported (`restart_load`).
+//! With `--load-clients N`, N clients keep issuing gets and puts across the restart and the
+//! service gap they see is reported (`restart_load`); after a signal, gets of blocks only on
+//! NVMe that miss while the new daemon's spill index is rebuilt are counted, not failed.
 //!
 //! The same-run floor is the time to spawn the same binary and have it exit
 //! (`kvnode serve --print-config`): no restart can answer sooner. The new daemon's log gives
@@ -79,8 +80,8 @@ pub struct RestartArgs {
     /// blocks use).
     #[arg(long)]
     pub no_populate: bool,
-    /// Clients that keep issuing requests (gets of kept blocks, a put every 16th) across a
-    /// takeover, each on its own connection; the service gap they see is reported.
+    /// Clients that keep issuing requests (gets of kept blocks, a put every 16th) across the
+    /// restart, each on its own connection; the service gap they see is reported.
     #[arg(long, default_value_t = 0)]
     pub load_clients: u64,
     /// After the fill, time this many single-key requests of each of exists, get and put
@@ -376,6 +377,12 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
             (new.0, None, new.1)
         }
         Mode::Sigkill | Mode::Sigterm => {
+            // With load clients: they run across the stop and the start; blocks only on
+            // NVMe miss while the new daemon's spill index is rebuilt (counted).
+            let load = (a.load_clients > 0).then(|| {
+                crate::restart_load::Load::start_missing(&sock, a.load_clients, bs, a.blocks)
+            });
+            std::thread::sleep(Duration::from_millis(if load.is_some() { 500 } else { 0 }));
             let t = Instant::now();
             if a.mode == Mode::Sigkill {
                 old.kill()?;
@@ -387,7 +394,18 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
             let stop = t.elapsed();
             let t0 = Instant::now();
             let new = spawn(&bin, &cfg, &sock, &new_log, &[])?;
-            (first_hit(&sock, new.id(), bs, probe, t0)?, Some(stop), new)
+            let first = first_hit(&sock, new.id(), bs, probe, t0)?;
+            if let Some(load) = load {
+                std::thread::sleep(Duration::from_millis(500));
+                crate::restart_load::report(
+                    &load.stop(t, Instant::now())?,
+                    &sock,
+                    bs,
+                    "the stop and the start",
+                    "the signal",
+                )?;
+            }
+            (first, Some(stop), new)
         }
     };
     let mut c = Client::connect(&sock)?;

@@ -1,12 +1,12 @@
-//! A read-rate limit on the disk under a path, for one process: a cgroup with
-//! `blkio.throttle.read_bps_device` (cgroup v1) or `io.max` (cgroup v2). O_DIRECT and
-//! io_uring reads of the process are held to the limit; the cgroup is removed on drop
+//! A read- or write-rate limit on the disk under a path, for one process: a cgroup with
+//! `blkio.throttle.{read,write}_bps_device` (cgroup v1) or `io.max` (cgroup v2). O_DIRECT
+//! and io_uring transfers of the process are held to the limit; the cgroup is removed on drop
 //! (after the process exited or was moved out).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// A cgroup holding one process, with a read-rate limit on one disk.
+/// A cgroup holding one process, with rate limits on one disk.
 #[derive(Debug)]
 pub struct DiskThrottle {
     dir: PathBuf,
@@ -63,15 +63,26 @@ impl DiskThrottle {
 
     /// Limits reads to `bytes_per_s` (`None`: no limit).
     pub fn set(&self, bytes_per_s: Option<u64>) {
+        self.limit("r", bytes_per_s);
+    }
+
+    /// Limits writes to `bytes_per_s` (`None`: no limit).
+    pub fn set_write(&self, bytes_per_s: Option<u64>) {
+        self.limit("w", bytes_per_s);
+    }
+
+    fn limit(&self, dir: &str, bytes_per_s: Option<u64>) {
         let (file, line) = if self.v2 {
             let v = bytes_per_s.map_or("max".to_owned(), |b| b.to_string());
-            ("io.max", format!("{} rbps={v}", self.dev))
+            ("io.max", format!("{} {dir}bps={v}", self.dev))
         } else {
             let v = bytes_per_s.unwrap_or(0);
-            (
-                "blkio.throttle.read_bps_device",
-                format!("{} {v}", self.dev),
-            )
+            let file = if dir == "r" {
+                "blkio.throttle.read_bps_device"
+            } else {
+                "blkio.throttle.write_bps_device"
+            };
+            (file, format!("{} {v}", self.dev))
         };
         std::fs::write(self.dir.join(file), &line)
             .unwrap_or_else(|e| panic!("writing `{line}` to {file}: {e}"));

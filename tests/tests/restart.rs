@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvnode_client::Client;
-use kvnode_e2e::{Daemon, block, key, spec, spill_dir, temp_dir, tier};
+use kvnode_e2e::throttle::DiskThrottle;
+use kvnode_e2e::{Daemon, block, key, not_root, prerequisite, spec, spill_dir, temp_dir, tier};
 use kvnode_proto::Key;
 use kvnode_proto::client::PutStatus;
 
@@ -76,6 +77,62 @@ fn sigterm_then_start_on_the_same_spill_dir_keeps_every_dram_block_byte_identica
     let mut c = b.client();
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     assert_eq!(count_intact(&mut c, ns, 0..64), 64, "log:\n{}", b.log());
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigterm_copies_dram_blocks_down_while_still_serving_and_what_is_put_meanwhile_survives() {
+    if !prerequisite("root", not_root("a disk write throttle needs a cgroup")) {
+        return;
+    }
+    let dir = spill_dir("restart-precopy");
+    let mut a = Daemon::start_roomy_spilling(&dir, &[]);
+    let mut c = a.client();
+    let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
+    // 32 MiB in DRAM only, written to a disk held to 4 MB/s: the copy down takes ~8 s.
+    put_all(&mut c, ns, 0..512);
+    let throttle = DiskThrottle::create(a.child.id(), &dir)
+        .unwrap_or_else(|e| panic!("cannot throttle the spill disk: {e}"));
+    throttle.set_write(Some(4 << 20));
+    a.signal(libc::SIGTERM);
+    // The daemon still serves: every get hits with its bytes, every put is stored.
+    let t = Instant::now();
+    let (mut answers, mut put) = (0u64, 1000u64);
+    while t.elapsed() < Duration::from_secs(2) {
+        let i = answers * 7 % 512;
+        let got = c.get(ns, &[key(i)]).unwrap_or_else(|e| {
+            panic!(
+                "get {answers} after SIGTERM ({:?}): {e}; log:\n{}",
+                t.elapsed(),
+                a.log()
+            )
+        });
+        assert_eq!(got[0].as_deref(), Some(block(i, LEN).as_slice()));
+        put_all(&mut c, ns, put..put + 1);
+        put += 1;
+        answers += 1;
+    }
+    assert!(answers > 10, "{answers} answers in 2 s");
+    drop(c);
+    throttle.set_write(None);
+    let st = a
+        .wait_exit(Duration::from_mins(1))
+        .unwrap_or_else(|| panic!("daemon did not exit; log:\n{}", a.log()));
+    assert!(st.success(), "exit {st:?}; log:\n{}", a.log());
+    drop(throttle);
+    // Everything, including what was put after the signal, is on NVMe for the next start.
+    let b = Daemon::start_roomy_spilling(&dir, &[]);
+    let mut c = b.client();
+    let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
+    assert_eq!(count_intact(&mut c, ns, 0..512), 512, "log:\n{}", a.log());
+    assert_eq!(
+        count_intact(&mut c, ns, 1000..put),
+        put - 1000,
+        "log:\n{}",
+        a.log()
+    );
+    drop(c);
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }

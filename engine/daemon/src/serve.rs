@@ -473,8 +473,16 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 Some(p) = takeover_rx.recv() => { tracing::info!(successor = p.pid(), "takeover: draining in-flight requests"); Some(p) }
             };
             by_signal = successor.is_none();
+            let mut spent = std::time::Duration::ZERO;
             if by_signal {
                 crate::sd_notify::notify("STOPPING=1");
+                let again = async {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                };
+                spent = crate::serve_stop::copy_down_while_serving(&engine, again).await;
             }
             let _ = stop_tx.send(true);
             engine.stop_background();
@@ -485,7 +493,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             if let Some(w) = write_behind {
                 let _ = w.await;
             }
-            let stopped = crate::serve_stop::hand_over_or_flush(&engine, successor, &listener_fd).await;
+            let stopped = crate::serve_stop::hand_over_or_flush(&engine, successor, &listener_fd, spent).await;
             side.join().await;
             match stopped {
                 crate::serve_stop::Stopped::Resume => {}

@@ -165,6 +165,42 @@ pub fn spawn_write_behind(
     kvnode_engine::store::spawn_write_behind(Arc::clone(&engine.store), lag, stop)
 }
 
+/// SIGTERM or SIGINT with a spill tier: DRAM blocks without a copy on NVMe are copied
+/// down while clients are still served (store/flush.rs), in passes until one finds little
+/// left, so the service stops only for the rest (the stop-time flush). Uses up to three
+/// quarters of `flush_on_stop_s`; `again` (a second signal) ends it. Returns the time spent.
+pub async fn copy_down_while_serving(
+    engine: &Arc<Engine>,
+    again: impl std::future::Future<Output = ()>,
+) -> Duration {
+    let budget = engine.config.spill.flush_on_stop_s;
+    if budget <= 0.0 || engine.store.spill_phase() == kvnode_engine::store::SpillPhase::Off {
+        return Duration::ZERO;
+    }
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs_f64(budget * 0.75);
+    tokio::pin!(again);
+    tokio::select! {
+        _ = tokio::time::timeout_at(deadline.into(), engine.store.spill_settled()) => {}
+        () = &mut again => return t0.elapsed(),
+    }
+    let enough = 4 * engine.config.spill.max_in_flight.max(1) as u64;
+    let r = engine
+        .store
+        .copy_while_serving(enough, deadline, again)
+        .await;
+    tracing::info!(
+        passes = r.passes,
+        copied = r.copied,
+        failed = r.failed,
+        last_pass = r.last_pass,
+        timed_out = r.timed_out,
+        elapsed_ms = t0.elapsed().as_millis() as u64,
+        "copied DRAM blocks to NVMe while serving; stopping the service for the rest"
+    );
+    t0.elapsed()
+}
+
 /// How a serving round ended.
 #[derive(Debug)]
 pub enum Stopped {
@@ -186,6 +222,7 @@ pub async fn hand_over_or_flush(
     engine: &Arc<Engine>,
     successor: Option<Pending>,
     listener: &OwnedFd,
+    spent: Duration,
 ) -> Stopped {
     // A spill tier still being recovered holds its files until it is done: a successor
     // needs them closed, and the flush needs the tier (store/lower.rs).
@@ -205,7 +242,7 @@ pub async fn hand_over_or_flush(
             }
         }
     }
-    flush(engine).await;
+    flush(engine, spent).await;
     Stopped::Flushed
 }
 
@@ -254,9 +291,10 @@ async fn hand_over(
     Ok(a)
 }
 
-/// The stop-time flush (fallback when no successor takes the tier).
-async fn flush(engine: &Arc<Engine>) {
-    let budget = engine.config.spill.flush_on_stop_s;
+/// The stop-time flush (fallback when no successor takes the tier), within what is left
+/// of `flush_on_stop_s` after `spent` copying while serving.
+async fn flush(engine: &Arc<Engine>, spent: Duration) {
+    let budget = engine.config.spill.flush_on_stop_s - spent.as_secs_f64();
     let Some(t) = engine.store.nvme() else {
         return;
     };

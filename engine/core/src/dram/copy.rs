@@ -126,6 +126,56 @@ impl State {
         out
     }
 
+    /// Like [`State::pick_uncopied`] while the tier serves: walks the slots in arena order
+    /// from `from`, looking at no more than `scan` slots (a bounded hold of the lock), and
+    /// returns the picks with the slot to go on from (`None`: the walk reached the end).
+    pub fn pick_uncopied_from(
+        &mut self,
+        from: SlotId,
+        max: usize,
+        scan: usize,
+        has_copy: &dyn Fn(&BlockKey) -> bool,
+    ) -> (Vec<CopyDown>, Option<SlotId>) {
+        let (mut slab, mut idx) = super::pool::slot_parts(from);
+        let mut cands = Vec::new();
+        let mut seen = 0;
+        let next = loop {
+            let Some(s) = self.slabs.get(slab as usize) else {
+                break None;
+            };
+            if idx as usize >= s.slots.len() {
+                (slab, idx) = (slab + 1, 0);
+                continue;
+            }
+            if cands.len() >= max || seen >= scan {
+                break Some(super::pool::slot_id(slab, idx));
+            }
+            let id = super::pool::slot_id(slab, idx);
+            if let Slot::Block(r) = &s.slots[idx as usize] {
+                let k = self.key_of(r);
+                if needs_copy(r, has_copy(&k)) {
+                    cands.push((id, k));
+                }
+            }
+            seen += 1;
+            idx += 1;
+        };
+        let mut out = Vec::with_capacity(cands.len());
+        for (slot, key) in cands {
+            if self.find_key(&key) != Some(slot) {
+                continue;
+            }
+            if let Slot::Block(r) = self.slot_mut(slot) {
+                // A stale mark (the lower copy is gone): copy it again.
+                r.set_on_lower(false);
+            }
+            if let Some(c) = self.start_copy(slot, &key) {
+                out.push(c);
+            }
+        }
+        (out, next)
+    }
+
     /// Blocks with no copy below that no copy is under way for.
     pub fn count_uncopied(&self, has_copy: &dyn Fn(&BlockKey) -> bool) -> u64 {
         self.indexed()

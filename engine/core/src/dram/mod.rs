@@ -494,6 +494,18 @@ impl DramTier {
         self.with(|s| s.pick_uncopied(max, has_copy))
     }
 
+    /// Up to `max` blocks with no copy below, marked as being copied, walking at most
+    /// `scan` slots in arena order from `from`; where to go on from (`None`: at the end).
+    pub fn pick_uncopied_from(
+        &self,
+        from: SlotId,
+        max: usize,
+        scan: usize,
+        has_copy: &dyn Fn(&BlockKey) -> bool,
+    ) -> (Vec<CopyDown>, Option<SlotId>) {
+        self.with(|s| s.pick_uncopied_from(from, max, scan, has_copy))
+    }
+
     /// Blocks with no copy below (and none under way).
     pub fn count_uncopied(&self, has_copy: &dyn Fn(&BlockKey) -> bool) -> u64 {
         self.with(|s| s.count_uncopied(has_copy))

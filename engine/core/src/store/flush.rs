@@ -1,10 +1,19 @@
-//! The stop-time flush (`spill.flush_on_stop_s`): after the last client request, every DRAM
-//! block without a copy on NVMe is written there (through the same path as a write-behind
-//! copy: store/write_behind.rs, `NvmeTier::write_block`), so the blocks survive a plain
-//! stop and start on the same spill directories. Runs on the daemon's tokio runtime.
+//! The stop-time flush (`spill.flush_on_stop_s`): every DRAM block without a copy on NVMe is
+//! written there (through the same path as a write-behind copy: store/write_behind.rs,
+//! `NvmeTier::write_block`), so the blocks survive a plain stop and start on the same spill
+//! directories. Runs on the daemon's tokio runtime, in two parts:
+//!
+//! ```text
+//!  SIGTERM ─> copy_while_serving: passes over the arena while clients are still served,
+//!             until a pass finds little left (or its share of the budget is spent)
+//!          ─> last request ─> flush_dram: what the last pass and the puts since left
+//! ```
+//!
+//! The service stops for the second part only, which does not grow with what DRAM holds
+//! (issue 42, item 4).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::Store;
 
@@ -62,5 +71,75 @@ impl Store {
         }
         rep.left = self.dram.count_uncopied(&has_copy) + unfinished;
         rep
+    }
+}
+
+/// What copying down while serving did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrecopyReport {
+    /// Passes over the arena.
+    pub passes: u32,
+    /// Blocks written to NVMe.
+    pub copied: u64,
+    /// Writes that failed.
+    pub failed: u64,
+    /// Blocks the last pass found without a copy.
+    pub last_pass: u64,
+    /// The deadline ended it.
+    pub timed_out: bool,
+}
+
+/// Slots one pick looks at (the DRAM lock is held that long).
+const SCAN: usize = 16 * 1024;
+
+impl Store {
+    /// Copies DRAM blocks without a copy on NVMe down while clients are still served, in
+    /// passes over the arena, until a pass finds at most `enough` such blocks (the rest is
+    /// left to [`Store::flush_dram`] after the last request), `deadline`, or `stop`.
+    pub async fn copy_while_serving(
+        self: &Arc<Self>,
+        enough: u64,
+        deadline: Instant,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> PrecopyReport {
+        let mut rep = PrecopyReport::default();
+        let Some(nvme) = self.nvme().cloned() else {
+            return rep;
+        };
+        let max = nvme.settings().max_in_flight.max(1);
+        tokio::pin!(stop);
+        loop {
+            rep.passes += 1;
+            let mut found = 0u64;
+            let mut from = Some(0);
+            while let Some(at) = from {
+                if Instant::now() >= deadline || nvme.poisoned() {
+                    rep.timed_out = true;
+                    rep.last_pass = found;
+                    return rep;
+                }
+                let has_copy = |k: &kvnode_proto::BlockKey| nvme.has_copy(k);
+                let (batch, next) = self.dram.pick_uncopied_from(at, max, SCAN, &has_copy);
+                from = next;
+                found += batch.len() as u64;
+                if batch.is_empty() {
+                    continue;
+                }
+                tokio::select! {
+                    (ok, bad) = self.copy_batch(batch) => {
+                        rep.copied += ok;
+                        rep.failed += bad;
+                    }
+                    () = &mut stop => {
+                        rep.last_pass = found;
+                        return rep;
+                    }
+                }
+            }
+            rep.last_pass = found;
+            if found <= enough {
+                return rep;
+            }
+        }
     }
 }

@@ -48,7 +48,7 @@ use crate::residency::{Announcer, MetaBudget, RouterMeta};
 use crate::tenant::Tenants;
 
 pub use demote::{DemotedNow, spawn_demoter};
-pub use flush::FlushReport;
+pub use flush::{FlushReport, PrecopyReport};
 pub use guard::{Lease, Reservation};
 pub use lower::SpillPhase;
 pub use prefix::{Delivery, Got, Prefix, PrefixLease, Window};

@@ -54,7 +54,7 @@ impl Store {
     }
 
     /// Copies a batch concurrently and waits for all of it; returns (copied, failed).
-    async fn copy_batch(self: &Arc<Self>, batch: Vec<CopyDown>) -> (u64, u64) {
+    pub(super) async fn copy_batch(self: &Arc<Self>, batch: Vec<CopyDown>) -> (u64, u64) {
         let tasks: Vec<_> = batch
             .into_iter()
             .map(|c| {
