@@ -117,6 +117,7 @@ fn spawn(
 }
 
 /// Polls until the daemon with `pid` returns block `i` with its bytes; the time from `t0`.
+/// A miss while the daemon's spill index is being rebuilt is polled again.
 fn first_hit(sock: &Path, pid: u32, bs: u64, i: u64, t0: Instant) -> anyhow::Result<Duration> {
     let mut want = vec![0x5Au8; bs as usize];
     fill(&mut want, i);
@@ -125,11 +126,17 @@ fn first_hit(sock: &Path, pid: u32, bs: u64, i: u64, t0: Instant) -> anyhow::Res
             && c.stats().is_ok_and(|s| s.pid == pid)
         {
             let ns = c.register(&spec(bs))?.ns;
-            let got = c.get(ns, &[key(i)])?;
-            match &got[0] {
-                Some(b) if *b == want => return Ok(t0.elapsed()),
-                Some(_) => bail!("block {i} came back with other bytes"),
-                None => bail!("block {i} was not kept across the restart"),
+            loop {
+                let recovering = c.stats()?.spill_recovering;
+                let got = c.get(ns, &[key(i)])?;
+                match &got[0] {
+                    Some(b) if *b == want => return Ok(t0.elapsed()),
+                    Some(_) => bail!("block {i} came back with other bytes"),
+                    None if recovering && t0.elapsed() < Duration::from_mins(2) => {
+                        std::thread::sleep(Duration::from_micros(500));
+                    }
+                    None => bail!("block {i} was not kept across the restart"),
+                }
             }
         }
         std::thread::sleep(Duration::from_micros(500));
@@ -278,8 +285,14 @@ fn take_over(
     old: &mut std::process::Child,
     (bs, probe): (u64, u64),
 ) -> anyhow::Result<(Duration, std::process::Child)> {
-    let load = (a.load_clients > 0)
-        .then(|| crate::restart_load::Load::start(sock, a.load_clients, bs, a.blocks));
+    // With a spill tier, blocks only on NVMe miss while the successor rebuilds its index.
+    let load = (a.load_clients > 0).then(|| {
+        if a.spill {
+            crate::restart_load::Load::start_missing(sock, a.load_clients, bs, a.blocks)
+        } else {
+            crate::restart_load::Load::start(sock, a.load_clients, bs, a.blocks)
+        }
+    });
     // Let the clients run before the takeover starts.
     std::thread::sleep(Duration::from_millis(if load.is_some() { 500 } else { 0 }));
     let t0 = Instant::now();

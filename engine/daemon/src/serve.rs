@@ -358,14 +358,11 @@ fn finish(
     let arena = accepted
         .as_ref()
         .map(|_| std::sync::Arc::clone(engine.store.arena()));
-    // Nor is the DRAM index freed before the successor was told: freeing a million blocks'
-    // entries takes tens of milliseconds, and this process exits right after. Kept only
-    // when dropping it announces nothing (events off or handed over): removals that are
-    // due must still be published.
-    let index = accepted
-        .as_ref()
-        .filter(|_| silent)
-        .map(|_| std::sync::Arc::clone(engine.store.dram()));
+    // Nor is the DRAM index freed (before the successor was told, or at all: freeing a
+    // million blocks' entries takes tens of milliseconds, and this process exits right
+    // after). Kept only when dropping it announces nothing (events off or handed over):
+    // removals that are due must still be published.
+    let index = silent.then(|| std::sync::Arc::clone(engine.store.dram()));
     // Nor is the arena's CUDA registration undone before the successor was told (0.85 s
     // for a 50 GiB arena on an H100 host): the process's exit drops the pins.
     if accepted.is_some() {
@@ -374,7 +371,12 @@ fn finish(
     // Dropping the engine's last handle closes the spill files (sealed, synced); the
     // publisher then sends what is queued and frees its endpoints, and lingers for its
     // subscribers while the successor (told below) starts and binds them.
+    let t = std::time::Instant::now();
     drop(engine);
+    tracing::info!(
+        elapsed_ms = t.elapsed().as_millis() as u64,
+        "engine released (spill files sealed and closed; index and arena freed unless a successor took them)"
+    );
     let publisher = publisher.map(|mut p| {
         p.release(std::time::Duration::from_secs(5));
         p
@@ -473,7 +475,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 Some(p) = takeover_rx.recv() => { tracing::info!(successor = p.pid(), "takeover: draining in-flight requests"); Some(p) }
             };
             by_signal = successor.is_none();
-            let mut spent = std::time::Duration::ZERO;
+            let mut pre = crate::serve_stop::Precopied::default();
             if by_signal {
                 crate::sd_notify::notify("STOPPING=1");
                 let again = async {
@@ -482,7 +484,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                         _ = int.recv() => {}
                     }
                 };
-                spent = crate::serve_stop::copy_down_while_serving(&engine, again).await;
+                pre = crate::serve_stop::copy_down_while_serving(&engine, again).await;
             }
             let _ = stop_tx.send(true);
             engine.stop_background();
@@ -493,7 +495,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             if let Some(w) = write_behind {
                 let _ = w.await;
             }
-            let stopped = crate::serve_stop::hand_over_or_flush(&engine, successor, &listener_fd, spent).await;
+            let stopped = crate::serve_stop::hand_over_or_flush(&engine, successor, &listener_fd, pre).await;
             side.join().await;
             match stopped {
                 crate::serve_stop::Stopped::Resume => {}

@@ -166,39 +166,47 @@ pub fn spawn_write_behind(
 }
 
 /// SIGTERM or SIGINT with a spill tier: DRAM blocks without a copy on NVMe are copied
-/// down while clients are still served (store/flush.rs), in passes until one finds little
-/// left, so the service stops only for the rest (the stop-time flush). Uses up to three
-/// quarters of `flush_on_stop_s`; `again` (a second signal) ends it. Returns the time spent.
+/// down while clients are still served (store/flush.rs), so the service stops only for
+/// what is committed meanwhile (the stop-time flush). Uses up to three quarters of
+/// `flush_on_stop_s`; `again` (a second signal) ends it. Returns the time spent (zero:
+/// nothing ran, and the stop-time flush walks every block).
 pub async fn copy_down_while_serving(
     engine: &Arc<Engine>,
     again: impl std::future::Future<Output = ()>,
-) -> Duration {
+) -> Precopied {
     let budget = engine.config.spill.flush_on_stop_s;
     if budget <= 0.0 || engine.store.spill_phase() == kvnode_engine::store::SpillPhase::Off {
-        return Duration::ZERO;
+        return Precopied::default();
     }
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs_f64(budget * 0.75);
     tokio::pin!(again);
     tokio::select! {
         _ = tokio::time::timeout_at(deadline.into(), engine.store.spill_settled()) => {}
-        () = &mut again => return t0.elapsed(),
+        () = &mut again => return Precopied { spent: t0.elapsed(), walked: false },
     }
-    let enough = 4 * engine.config.spill.max_in_flight.max(1) as u64;
-    let r = engine
-        .store
-        .copy_while_serving(enough, deadline, again)
-        .await;
+    let r = engine.store.copy_while_serving(deadline, again).await;
     tracing::info!(
-        passes = r.passes,
         copied = r.copied,
+        committed_meanwhile = r.since,
         failed = r.failed,
-        last_pass = r.last_pass,
         timed_out = r.timed_out,
         elapsed_ms = t0.elapsed().as_millis() as u64,
         "copied DRAM blocks to NVMe while serving; stopping the service for the rest"
     );
-    t0.elapsed()
+    Precopied {
+        spent: t0.elapsed(),
+        walked: r.walked,
+    }
+}
+
+/// What the copy while serving left for the stop-time flush.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Precopied {
+    /// Time spent (from the flush's budget).
+    pub spent: Duration,
+    /// Every block already in DRAM was walked: only what was queued since is left.
+    pub walked: bool,
 }
 
 /// How a serving round ended.
@@ -222,7 +230,7 @@ pub async fn hand_over_or_flush(
     engine: &Arc<Engine>,
     successor: Option<Pending>,
     listener: &OwnedFd,
-    spent: Duration,
+    pre: Precopied,
 ) -> Stopped {
     // A spill tier still being recovered holds its files until it is done: a successor
     // needs them closed, and the flush needs the tier (store/lower.rs).
@@ -242,7 +250,7 @@ pub async fn hand_over_or_flush(
             }
         }
     }
-    flush(engine, spent).await;
+    flush(engine, pre).await;
     Stopped::Flushed
 }
 
@@ -292,9 +300,9 @@ async fn hand_over(
 }
 
 /// The stop-time flush (fallback when no successor takes the tier), within what is left
-/// of `flush_on_stop_s` after `spent` copying while serving.
-async fn flush(engine: &Arc<Engine>, spent: Duration) {
-    let budget = engine.config.spill.flush_on_stop_s - spent.as_secs_f64();
+/// of `flush_on_stop_s` after copying while serving (`pre`).
+async fn flush(engine: &Arc<Engine>, pre: Precopied) {
+    let budget = engine.config.spill.flush_on_stop_s - pre.spent.as_secs_f64();
     let Some(t) = engine.store.nvme() else {
         return;
     };
@@ -303,10 +311,13 @@ async fn flush(engine: &Arc<Engine>, spent: Duration) {
     }
     let _ = t.wait_idle(Duration::from_secs(5)).await;
     let t0 = Instant::now();
-    let r = engine
-        .store
-        .flush_dram(Duration::from_secs_f64(budget))
-        .await;
+    let budget = Duration::from_secs_f64(budget);
+    // After a copy while serving only what was queued since is left to write.
+    let r = if pre.walked {
+        engine.store.flush_queued(budget).await
+    } else {
+        engine.store.flush_dram(budget).await
+    };
     let elapsed_ms = t0.elapsed().as_millis() as u64;
     if r.left > 0 || r.failed > 0 {
         tracing::warn!(

@@ -6,9 +6,10 @@
 //! demotion picks it). When the write ends the block is marked `on_lower`, so a later
 //! demotion moves it without writing it again.
 //!
-//! The write-behind queue lists committed blocks in commit order with their commit time;
-//! it is filled only while write-behind is on (`write_behind`), so without `spill.lag` it
-//! stays empty.
+//! The write-behind queue lists committed blocks in commit order with their commit time
+//! (and blocks whose copy or demotion failed, again); it is filled only while write-behind
+//! is on (`write_behind`, or from a SIGTERM's copy while serving: `track_commits`), so
+//! otherwise it stays empty.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -207,6 +208,21 @@ impl State {
             );
         }
         self.release(c.slot);
+        if !ok && !doomed {
+            // Copied again later (write-behind, the stop-time copy), not forgotten.
+            self.queue_write_behind(c.slot, c.key);
+        }
         doomed
+    }
+
+    /// Queues every block committed from now on for a copy down (the write-behind queue on,
+    /// what is queued kept): the stop-time copy walks the blocks already here itself.
+    pub fn track_commits(&mut self) {
+        self.write_behind.on = true;
+    }
+
+    /// Blocks queued for a copy down.
+    pub fn queued_copies(&self) -> usize {
+        self.write_behind.queue.len()
     }
 }

@@ -172,6 +172,7 @@ impl State {
         r.set_demoting(false);
         r.leases -= 1;
         let (leases, doomed, ns, len) = (r.leases, r.doomed, r.ns, r.len);
+        let on_lower_now = r.on_lower();
         if doomed {
             if leases == 0 {
                 self.free_slot(d.slot);
@@ -183,6 +184,10 @@ impl State {
             self.pools[c]
                 .policy
                 .insert(d.slot, key_hash(&d.key), BatchHint::SINGLE);
+            if !on_lower_now {
+                // Still without a copy below: a stop-time copy or write-behind takes it.
+                self.queue_write_behind(d.slot, d.key);
+            }
             return Finished::Done;
         }
         let residency = r.residency.take();

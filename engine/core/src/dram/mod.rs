@@ -484,6 +484,17 @@ impl DramTier {
         self.with(|s| s.pick_write_behind(max, before))
     }
 
+    /// Queues every block committed from now on for a copy down, keeping what is queued
+    /// (the stop-time copy while serving: store/flush.rs).
+    pub fn track_commits(&self) {
+        self.with(State::track_commits);
+    }
+
+    /// Blocks queued for a copy down.
+    pub fn queued_copies(&self) -> usize {
+        self.with(|s| s.queued_copies())
+    }
+
     /// Commit time of the oldest block still queued for write-behind.
     pub fn oldest_write_behind(&self) -> Option<std::time::Instant> {
         self.with(|s| s.oldest_write_behind())

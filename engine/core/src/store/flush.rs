@@ -4,9 +4,10 @@
 //! directories. Runs on the daemon's tokio runtime, in two parts:
 //!
 //! ```text
-//!  SIGTERM ─> copy_while_serving: passes over the arena while clients are still served,
-//!             until a pass finds little left (or its share of the budget is spent)
-//!          ─> last request ─> flush_dram: what the last pass and the puts since left
+//!  SIGTERM ─> copy_while_serving (clients still served): commits from now on queued;
+//!             one walk over the arena copies the blocks already here, then the queue is
+//!             drained until a pick finds less than a batch
+//!          ─> last request ─> flush_queued: what was committed since (or failed)
 //! ```
 //!
 //! The service stops for the second part only, which does not grow with what DRAM holds
@@ -77,14 +78,15 @@ impl Store {
 /// What copying down while serving did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PrecopyReport {
-    /// Passes over the arena.
-    pub passes: u32,
     /// Blocks written to NVMe.
     pub copied: u64,
     /// Writes that failed.
     pub failed: u64,
-    /// Blocks the last pass found without a copy.
-    pub last_pass: u64,
+    /// Blocks committed meanwhile that were copied too.
+    pub since: u64,
+    /// The walk over the blocks already in DRAM ended: only what is queued is left for
+    /// [`Store::flush_queued`] (otherwise [`Store::flush_dram`] walks them all again).
+    pub walked: bool,
     /// The deadline ended it.
     pub timed_out: bool,
 }
@@ -93,12 +95,13 @@ pub struct PrecopyReport {
 const SCAN: usize = 16 * 1024;
 
 impl Store {
-    /// Copies DRAM blocks without a copy on NVMe down while clients are still served, in
-    /// passes over the arena, until a pass finds at most `enough` such blocks (the rest is
-    /// left to [`Store::flush_dram`] after the last request), `deadline`, or `stop`.
+    /// Copies DRAM blocks without a copy on NVMe down while clients are still served: from
+    /// now on every commit is queued (`DramTier::track_commits`); the blocks already here
+    /// are walked in arena order, a bounded stretch at a time; then the queue is drained
+    /// until one pick finds less than a batch. What is committed after that is left to
+    /// [`Store::flush_queued`], after the last request. Ends early at `deadline` or `stop`.
     pub async fn copy_while_serving(
         self: &Arc<Self>,
-        enough: u64,
         deadline: Instant,
         stop: impl std::future::Future<Output = ()>,
     ) -> PrecopyReport {
@@ -106,40 +109,84 @@ impl Store {
         let Some(nvme) = self.nvme().cloned() else {
             return rep;
         };
+        self.dram.track_commits();
         let max = nvme.settings().max_in_flight.max(1);
         tokio::pin!(stop);
+        let mut from = Some(0);
+        let mut walking = true;
         loop {
-            rep.passes += 1;
-            let mut found = 0u64;
-            let mut from = Some(0);
-            while let Some(at) = from {
-                if Instant::now() >= deadline || nvme.poisoned() {
-                    rep.timed_out = true;
-                    rep.last_pass = found;
-                    return rep;
+            if Instant::now() >= deadline || nvme.poisoned() {
+                rep.timed_out = true;
+                return rep;
+            }
+            let batch = match from {
+                Some(at) if walking => {
+                    let has_copy = |k: &kvnode_proto::BlockKey| nvme.has_copy(k);
+                    let (batch, next) = self.dram.pick_uncopied_from(at, max, SCAN, &has_copy);
+                    from = next;
+                    batch
                 }
-                let has_copy = |k: &kvnode_proto::BlockKey| nvme.has_copy(k);
-                let (batch, next) = self.dram.pick_uncopied_from(at, max, SCAN, &has_copy);
-                from = next;
-                found += batch.len() as u64;
-                if batch.is_empty() {
-                    continue;
+                _ => {
+                    walking = false;
+                    rep.walked = true;
+                    let batch = self.dram.pick_write_behind(max, Instant::now());
+                    rep.since += batch.len() as u64;
+                    batch
                 }
+            };
+            let last = !walking && batch.len() < max;
+            if !batch.is_empty() {
                 tokio::select! {
                     (ok, bad) = self.copy_batch(batch) => {
                         rep.copied += ok;
                         rep.failed += bad;
+                        if bad > 0 {
+                            // A failed copy is queued again: no tight loop on a full queue.
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
                     }
-                    () = &mut stop => {
-                        rep.last_pass = found;
-                        return rep;
-                    }
+                    () = &mut stop => return rep,
                 }
             }
-            rep.last_pass = found;
-            if found <= enough {
+            if last {
                 return rep;
             }
         }
+    }
+
+    /// After [`Store::copy_while_serving`] and the last request: copies what is queued
+    /// (committed since, or whose copy failed), `max_in_flight` at a time, for at most
+    /// `budget`. Costs what is queued, not what DRAM holds.
+    pub async fn flush_queued(self: &Arc<Self>, budget: Duration) -> FlushReport {
+        let mut rep = FlushReport::default();
+        let Some(nvme) = self.nvme().cloned() else {
+            return rep;
+        };
+        let deadline = tokio::time::Instant::now() + budget;
+        let mut running = tokio::task::JoinSet::new();
+        let max = nvme.settings().max_in_flight.max(1);
+        // No request runs any more: what is queued now is all there is (a failed copy is
+        // queued again with a later time, and not retried here).
+        let t0 = Instant::now();
+        loop {
+            if running.len() < max && !nvme.poisoned() {
+                for c in self.dram.pick_write_behind(max - running.len(), t0) {
+                    let s = Arc::clone(self);
+                    running.spawn(async move { s.copy_down(c).await });
+                }
+            }
+            match tokio::time::timeout_at(deadline, running.join_next()).await {
+                Ok(Some(Ok(true))) => rep.copied += 1,
+                Ok(Some(_)) => rep.failed += 1,
+                Ok(None) => break,
+                Err(_) => {
+                    rep.timed_out = true;
+                    break;
+                }
+            }
+        }
+        rep.left = running.len() as u64 + self.dram.queued_copies() as u64;
+        running.detach_all();
+        rep
     }
 }

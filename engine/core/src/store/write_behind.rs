@@ -133,6 +133,7 @@ pub fn spawn_write_behind(
             }
             warned = late;
         }
-        s.dram.set_write_behind(false);
+        // The queue stays on: at a SIGTERM the stop-time flush takes what is left in it
+        // (store/flush.rs); a later round turns it on again, which queues every block.
     }))
 }
