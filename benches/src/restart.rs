@@ -88,6 +88,12 @@ pub struct RestartArgs {
     /// (the puts add as many new blocks: leave room in `--dram`); 0: none.
     #[arg(long, default_value_t = 0)]
     pub probes: u64,
+    /// Back the arena with 2 MiB huge pages (`hugetlb = true`: needs `vm.nr_hugepages`).
+    #[arg(long)]
+    pub hugetlb: bool,
+    /// The daemon's `[spill] flush_on_stop_s` (default: the daemon's, 60 s).
+    #[arg(long)]
+    pub flush_on_stop_s: Option<f64>,
     /// Publish KV events (an ipc endpoint in `--dir`, no subscriber needed) and put every
     /// block with router metadata, so a takeover hands the event stream over.
     #[arg(long)]
@@ -171,10 +177,11 @@ fn config_text(a: &RestartArgs, bs: u64, dram: u64, spill: bool) -> anyhow::Resu
     use std::fmt::Write as _;
     let slab = (bs.next_power_of_two()).max(2 << 20);
     let mut text = format!(
-        "dram = \"{}\"\nslab_size = {slab}\npin = {}\npopulate = {}\n",
+        "dram = \"{}\"\nslab_size = {slab}\npin = {}\npopulate = {}\nhugetlb = {}\n",
         ByteSize(dram),
         a.pin,
-        !a.no_populate
+        !a.no_populate,
+        a.hugetlb
     );
     if a.events {
         writeln!(
@@ -192,6 +199,9 @@ fn config_text(a: &RestartArgs, bs: u64, dram: u64, spill: bool) -> anyhow::Resu
             "[spill]\ndirs = [{{ path = \"{}\", size = {size} }}]\n",
             dir.display()
         )?;
+        if let Some(f) = a.flush_on_stop_s {
+            writeln!(text, "flush_on_stop_s = {f}")?;
+        }
     }
     Ok(text)
 }
