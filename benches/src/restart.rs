@@ -341,6 +341,45 @@ fn take_over(
     Ok((f?, new))
 }
 
+/// SIGKILL or SIGTERM, then a plain start on the same spill directory (with load clients
+/// across both): the time to the first hit of block `probe`, the old daemon's stop, the new
+/// daemon.
+fn stop_and_start(
+    a: &RestartArgs,
+    (bin, cfg, sock, new_log): (&Path, &Path, &Path, &Path),
+    old: &mut std::process::Child,
+    (bs, probe): (u64, u64),
+) -> anyhow::Result<(Duration, Duration, std::process::Child)> {
+    // With load clients: they run across the stop and the start; blocks only on
+    // NVMe miss while the new daemon's spill index is rebuilt (counted).
+    let load = (a.load_clients > 0)
+        .then(|| crate::restart_load::Load::start_missing(sock, a.load_clients, bs, a.blocks));
+    std::thread::sleep(Duration::from_millis(if load.is_some() { 500 } else { 0 }));
+    let t = Instant::now();
+    if a.mode == Mode::Sigkill {
+        old.kill()?;
+    } else {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(libc::pid_t::try_from(old.id())?, libc::SIGTERM) };
+    }
+    wait_exit(old, Duration::from_mins(10))?;
+    let stop = t.elapsed();
+    let t0 = Instant::now();
+    let new = spawn(bin, cfg, sock, new_log, &[])?;
+    let first = first_hit(sock, new.id(), bs, probe, t0)?;
+    if let Some(load) = load {
+        std::thread::sleep(Duration::from_millis(500));
+        crate::restart_load::report(
+            &load.stop(t, Instant::now())?,
+            sock,
+            bs,
+            "the stop and the start",
+            "the signal",
+        )?;
+    }
+    Ok((first, stop, new))
+}
+
 /// What each daemon had published (`--events`): a storm shows as the new one announcing
 /// every block taken over again.
 fn print_events(old: Option<u64>, new: Option<u64>) {
@@ -400,34 +439,8 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
             (new.0, None, new.1)
         }
         Mode::Sigkill | Mode::Sigterm => {
-            // With load clients: they run across the stop and the start; blocks only on
-            // NVMe miss while the new daemon's spill index is rebuilt (counted).
-            let load = (a.load_clients > 0).then(|| {
-                crate::restart_load::Load::start_missing(&sock, a.load_clients, bs, a.blocks)
-            });
-            std::thread::sleep(Duration::from_millis(if load.is_some() { 500 } else { 0 }));
-            let t = Instant::now();
-            if a.mode == Mode::Sigkill {
-                old.kill()?;
-            } else {
-                // SAFETY: signalling our own child.
-                unsafe { libc::kill(libc::pid_t::try_from(old.id())?, libc::SIGTERM) };
-            }
-            wait_exit(&mut old, Duration::from_mins(10))?;
-            let stop = t.elapsed();
-            let t0 = Instant::now();
-            let new = spawn(&bin, &cfg, &sock, &new_log, &[])?;
-            let first = first_hit(&sock, new.id(), bs, probe, t0)?;
-            if let Some(load) = load {
-                std::thread::sleep(Duration::from_millis(500));
-                crate::restart_load::report(
-                    &load.stop(t, Instant::now())?,
-                    &sock,
-                    bs,
-                    "the stop and the start",
-                    "the signal",
-                )?;
-            }
+            let (first, stop, new) =
+                stop_and_start(a, (&bin, &cfg, &sock, &new_log), &mut old, (bs, probe))?;
             (first, Some(stop), new)
         }
     };

@@ -285,23 +285,18 @@ impl Engine {
             &config.tenants.with_default_quota(config.dram),
         ));
         let store = if opening.is_some() {
-            Store::recovering(
-                Arc::clone(&arena),
-                dram,
-                Arc::clone(&announcer),
-                Arc::clone(&tenants),
-            )
+            Store::recovering(Arc::clone(&arena), dram, announcer, Arc::clone(&tenants))
         } else {
             Store::with_tenants(
                 Arc::clone(&arena),
                 dram,
                 None,
-                Arc::clone(&announcer),
+                announcer,
                 Arc::clone(&tenants),
             )
         };
         if let Some(list) = nvme_announced {
-            let announcer = Arc::clone(&announcer);
+            let announcer = Arc::clone(store.announcer());
             store.on_nvme_attach(move |t| adopt_nvme(t.map(|t| &**t), &announcer, list));
         }
         let peers = Arc::new(Peers::new(

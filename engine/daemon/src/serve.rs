@@ -475,17 +475,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 Some(p) = takeover_rx.recv() => { tracing::info!(successor = p.pid(), "takeover: draining in-flight requests"); Some(p) }
             };
             by_signal = successor.is_none();
-            let mut pre = crate::serve_stop::Precopied::default();
-            if by_signal {
-                crate::sd_notify::notify("STOPPING=1");
-                let again = async {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = int.recv() => {}
-                    }
-                };
-                pre = crate::serve_stop::copy_down_while_serving(&engine, again).await;
-            }
+            let pre = crate::serve_stop::stopping(&engine, by_signal, &mut term, &mut int).await;
             let _ = stop_tx.send(true);
             engine.stop_background();
             server.await.context("server task")?;

@@ -165,12 +165,33 @@ pub fn spawn_write_behind(
     kvnode_engine::store::spawn_write_behind(Arc::clone(&engine.store), lag, stop)
 }
 
+/// Stopping on a signal (`by_signal`; not for a successor): tells systemd, then copies DRAM
+/// blocks down while serving (a second SIGTERM or SIGINT cuts that short).
+pub async fn stopping(
+    engine: &Arc<Engine>,
+    by_signal: bool,
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+) -> Precopied {
+    if !by_signal {
+        return Precopied::default();
+    }
+    crate::sd_notify::notify("STOPPING=1");
+    let again = async {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    };
+    copy_down_while_serving(engine, again).await
+}
+
 /// SIGTERM or SIGINT with a spill tier: DRAM blocks without a copy on NVMe are copied
 /// down while clients are still served (store/flush.rs), so the service stops only for
 /// what is committed meanwhile (the stop-time flush). Uses up to three quarters of
 /// `flush_on_stop_s`; `again` (a second signal) ends it. Returns the time spent (zero:
 /// nothing ran, and the stop-time flush walks every block).
-pub async fn copy_down_while_serving(
+async fn copy_down_while_serving(
     engine: &Arc<Engine>,
     again: impl std::future::Future<Output = ()>,
 ) -> Precopied {

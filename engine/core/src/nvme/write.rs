@@ -156,14 +156,14 @@ impl NvmeTier {
         if !self.spill.contains(&sk) {
             return false;
         }
-        if !m.contains_key(&sk) {
+        if let std::collections::hash_map::Entry::Vacant(e) = m.entry(sk) {
             let r = if publish {
                 self.announcer.reside(Self::MEDIUM, key, Some(meta))
             } else {
                 self.announcer.reside_adopted(Self::MEDIUM, key, meta)
             };
             if let Some(r) = r {
-                m.insert(sk, r);
+                e.insert(r);
             }
         }
         true

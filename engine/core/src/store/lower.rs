@@ -188,10 +188,10 @@ impl Lower {
                 }
             }
         }
-        let _ = self.tier.set(Arc::clone(&tier));
+        let tier = self.tier.get_or_init(move || tier);
         drop(p);
         for f in work {
-            f(Some(&tier));
+            f(Some(tier));
         }
         self.phase.send_replace(SpillPhase::Ready);
     }
