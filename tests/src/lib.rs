@@ -163,6 +163,22 @@ pub fn key_values(stdout: &[u8]) -> std::collections::HashMap<String, String> {
         .collect()
 }
 
+/// The arguments of [`Daemon::start_roomy_spilling`]: a 64 MiB DRAM tier (2 MiB slabs,
+/// unpinned) over a 128 MiB spill file in `dir`.
+pub fn roomy_spilling_args(dir: &Path) -> Vec<&str> {
+    vec![
+        "--dram",
+        "64MiB",
+        "--slab-size",
+        "2MiB",
+        "--no-pin",
+        "--spill-dir",
+        dir.to_str().expect("utf8 spill dir"),
+        "--spill-size",
+        "128MiB",
+    ]
+}
+
 /// A running daemon; killed on drop.
 #[derive(Debug)]
 pub struct Daemon {
@@ -235,17 +251,7 @@ impl Daemon {
     /// A daemon with a roomy DRAM tier (64 MiB: nothing is demoted by these tests' data) over
     /// a 128 MiB spill file in `dir`, plus `extra`.
     pub fn start_roomy_spilling(dir: &Path, extra: &[&str]) -> Self {
-        let mut args = vec![
-            "--dram",
-            "64MiB",
-            "--slab-size",
-            "2MiB",
-            "--no-pin",
-            "--spill-dir",
-            dir.to_str().expect("utf8 spill dir"),
-            "--spill-size",
-            "128MiB",
-        ];
+        let mut args = roomy_spilling_args(dir);
         args.extend_from_slice(extra);
         Self::start(&args)
     }

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use kvnode_client::Client;
 use kvnode_e2e::throttle::DiskThrottle;
-use kvnode_e2e::{Daemon, block, key, not_root, prerequisite, spec, spill_dir, temp_dir, tier};
+use kvnode_e2e::{
+    Daemon, block, key, not_root, prerequisite, roomy_spilling_args, spec, spill_dir, temp_dir,
+    tier,
+};
 use kvnode_proto::Key;
 use kvnode_proto::client::PutStatus;
 
@@ -153,17 +156,7 @@ fn a_restarted_daemon_serves_while_its_spill_index_is_rebuilt_and_a_delete_made_
     // large spill index takes: the daemon must answer long before it ends.
     let sock = temp_dir("recovering-sock").join("kvnode.sock");
     let delay = RECOVERY_DELAY_MS.to_string();
-    let args = [
-        "--dram",
-        "64MiB",
-        "--slab-size",
-        "2MiB",
-        "--no-pin",
-        "--spill-dir",
-        dir.to_str().unwrap(),
-        "--spill-size",
-        "128MiB",
-    ];
+    let args = roomy_spilling_args(&dir);
     let spawned = Instant::now();
     let b = Daemon::spawn_at_env(
         &sock,

@@ -45,13 +45,37 @@ impl Store {
         // more, so holding them all costs nothing); the writes then run `max_in_flight` at a
         // time, a new one as soon as one ends.
         let mut todo = self.dram.pick_uncopied(usize::MAX, &has_copy).into_iter();
+        let unfinished = self
+            .copy_within(&nvme, deadline, &mut rep, |n| {
+                todo.by_ref().take(n).collect()
+            })
+            .await;
+        // Copies never started give their blocks back.
+        for c in todo {
+            self.dram.finish_copy(&c, false, |_| {});
+        }
+        rep.left = self.dram.count_uncopied(&has_copy) + unfinished;
+        rep
+    }
+
+    /// Runs the copies `next(n)` hands out (up to `n` more), `max_in_flight` at a time, a
+    /// new one as soon as one ends, until `next` has none and all ended, or `deadline`.
+    /// Counts them in `rep`; returns how many were still running (they finish on their own).
+    async fn copy_within(
+        self: &Arc<Self>,
+        nvme: &crate::nvme::NvmeTier,
+        deadline: tokio::time::Instant,
+        rep: &mut FlushReport,
+        mut next: impl FnMut(usize) -> Vec<crate::dram::CopyDown>,
+    ) -> u64 {
         let mut running = tokio::task::JoinSet::new();
         let max = nvme.settings().max_in_flight.max(1);
         loop {
-            while running.len() < max && !nvme.poisoned() {
-                let Some(c) = todo.next() else { break };
-                let s = Arc::clone(self);
-                running.spawn(async move { s.copy_down(c).await });
+            if running.len() < max && !nvme.poisoned() {
+                for c in next(max - running.len()) {
+                    let s = Arc::clone(self);
+                    running.spawn(async move { s.copy_down(c).await });
+                }
             }
             match tokio::time::timeout_at(deadline, running.join_next()).await {
                 Ok(Some(Ok(true))) => rep.copied += 1,
@@ -63,15 +87,9 @@ impl Store {
                 }
             }
         }
-        // Writes still running finish on their own; copies never started give their blocks
-        // back.
         let unfinished = running.len() as u64;
         running.detach_all();
-        for c in todo {
-            self.dram.finish_copy(&c, false, |_| {});
-        }
-        rep.left = self.dram.count_uncopied(&has_copy) + unfinished;
-        rep
+        unfinished
     }
 }
 
@@ -163,30 +181,15 @@ impl Store {
             return rep;
         };
         let deadline = tokio::time::Instant::now() + budget;
-        let mut running = tokio::task::JoinSet::new();
-        let max = nvme.settings().max_in_flight.max(1);
         // No request runs any more: what is queued now is all there is (a failed copy is
         // queued again with a later time, and not retried here).
         let t0 = Instant::now();
-        loop {
-            if running.len() < max && !nvme.poisoned() {
-                for c in self.dram.pick_write_behind(max - running.len(), t0) {
-                    let s = Arc::clone(self);
-                    running.spawn(async move { s.copy_down(c).await });
-                }
-            }
-            match tokio::time::timeout_at(deadline, running.join_next()).await {
-                Ok(Some(Ok(true))) => rep.copied += 1,
-                Ok(Some(_)) => rep.failed += 1,
-                Ok(None) => break,
-                Err(_) => {
-                    rep.timed_out = true;
-                    break;
-                }
-            }
-        }
-        rep.left = running.len() as u64 + self.dram.queued_copies() as u64;
-        running.detach_all();
+        let unfinished = self
+            .copy_within(&nvme, deadline, &mut rep, |n| {
+                self.dram.pick_write_behind(n, t0)
+            })
+            .await;
+        rep.left = unfinished + self.dram.queued_copies() as u64;
         rep
     }
 }
