@@ -11,7 +11,10 @@
 //!  moves:  promote.rs       NVMe -> DRAM, one window of a get at a time (for prefix.rs)
 //!          demote.rs        DRAM -> NVMe ahead of need (the demoter task, make_room)
 //!          write_behind.rs  DRAM -> NVMe copies that keep the block (`spill.lag`)
-//!          flush.rs         DRAM -> NVMe copies at stop (`spill.flush_on_stop_s`)
+//!          flush.rs         DRAM -> NVMe copies at stop (`spill.flush_on_stop_s`), most
+//!                           of them while the daemon still serves
+//!  lower.rs: the NVMe tier's slot: attached once its index is rebuilt (the store serves
+//!            from DRAM meanwhile; deletes and clears made then are applied first)
 //! ```
 //!
 //! Every path that hands a block out goes through [`Store::prefix`] (prefix.rs; [`Store::lease`]
