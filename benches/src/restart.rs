@@ -445,7 +445,15 @@ pub fn run(a: &RestartArgs) -> anyhow::Result<()> {
         }
     };
     let mut c = Client::connect(&sock)?;
-    let s = c.stats()?;
+    // What was kept counts the NVMe tier too: once its index is rebuilt.
+    let t = Instant::now();
+    let s = loop {
+        let s = c.stats()?;
+        if !s.spill_recovering || t.elapsed() > Duration::from_mins(2) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     let kept = s.tiers.iter().map(|t| t.blocks).sum::<u64>();
     let published_new = s.events.as_ref().map(|e| e.published);
     let heap_new = rss_anon(new.id())?;
