@@ -33,11 +33,15 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# Waits until `kvnode stats` answers on socket $1 (up to $2 seconds, default 20).
+# Waits until `kvnode stats` answers on socket $1 and says its spill index is rebuilt (up to
+# $2 seconds, default 20).
 wait_socket() {
   local i
   for ((i = 0; i < ${2:-20} * 10; i++)); do
-    "$KVNODE" stats --socket "$1" >/dev/null 2>&1 && return 0
+    # Answering, and its spill index rebuilt (a daemon serves from DRAM while it recovers).
+    "$KVNODE" stats --json --socket "$1" 2>/dev/null |
+      python3 -c "import json,sys; sys.exit(1 if json.load(sys.stdin)['stats'].get('spill_recovering') else 0)" \
+        2>/dev/null && return 0
     sleep 0.1
   done
   return 1

@@ -341,17 +341,26 @@ def act(conn: "Connection", ns: int, keys: List[list], hints_text: str) -> Tuple
 
 
 def wait_for_daemon(path: str, proc: Any = None, timeout: float = 10.0,
-                    log_path: Optional[Any] = None) -> None:
-    """Waits until a daemon answers on `path`; raises RuntimeError (with its log) if it exits
-    first (`proc`, a Popen) or does not answer within `timeout` seconds."""
+                    log_path: Optional[Any] = None, recovered: bool = True) -> None:
+    """Waits until a daemon answers on `path` and, with `recovered`, has rebuilt its spill
+    index (a daemon serves from DRAM while it does: `stats()["spill_recovering"]`); raises
+    RuntimeError (with its log) if it exits first (`proc`, a Popen) or is not there within
+    `timeout` seconds."""
     import time
     deadline = time.time() + timeout
     while True:
         try:
-            Connection(path).close()
-            return
-        except OSError:
-            if time.time() > deadline or (proc is not None and proc.poll() is not None):
-                log = open(log_path).read() if log_path else ""
-                raise RuntimeError(f"daemon did not start: {log}")
-            time.sleep(0.02)
+            c = Connection(path)
+            try:
+                if not recovered or not c.stats().get("spill_recovering", False):
+                    return
+            except KvnodeError:
+                return  # stats refused to this caller: answering is all it can tell
+            finally:
+                c.close()
+        except (OSError, ConnectionError):
+            pass
+        if time.time() > deadline or (proc is not None and proc.poll() is not None):
+            log = open(log_path).read() if log_path else ""
+            raise RuntimeError(f"daemon did not start: {log}")
+        time.sleep(0.02)
