@@ -47,6 +47,22 @@ pub(crate) fn lock_exclusive(file: &File, path: &Path) -> Result<(), SpillError>
     Ok(())
 }
 
+/// Waits (at most `limit`) until no open file description holds the lock on `path`: takes
+/// it on a description of its own, then lets it go. A path that cannot be opened has no
+/// holder to wait for.
+pub(crate) fn wait_released(path: &Path, limit: Duration) {
+    let start = Instant::now();
+    let Ok(file) = File::open(path) else { return };
+    while !try_lock(&file, path).unwrap_or(true) {
+        if start.elapsed() >= limit {
+            tracing::warn!(path = %path.display(), "spill file still locked after the tier closed");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Closing `file` releases the lock just taken.
+}
+
 /// One `flock` try: `Ok(false)` while another open description holds the lock.
 fn try_lock(file: &File, path: &Path) -> Result<bool, SpillError> {
     loop {

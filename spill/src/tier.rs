@@ -605,5 +605,12 @@ impl Drop for SpillTier {
                 let _ = t.join();
             }
         }
+        // Each worker's ring holds its file until the kernel has torn the ring down, which
+        // it does on a work queue after the thread ended: wait for that, so that whoever
+        // opens the files next (this process again, or a takeover's successor told that they
+        // are closed) finds them unlocked.
+        for d in &self.config.dirs {
+            crate::lock::wait_released(&d.path.join(SPILL_FILE_NAME), Duration::from_secs(5));
+        }
     }
 }
