@@ -76,7 +76,10 @@ pub(crate) fn serve(dir: &Path, cfg: &Path) -> anyhow::Result<(Served, Client, D
     let mut s = Served { child };
     let t = Instant::now();
     while t.elapsed() < Duration::from_mins(1) {
-        if let Ok(c) = Client::connect(&sock) {
+        // Answering, with its spill index rebuilt (it serves from DRAM while it recovers).
+        if let Ok(mut c) = Client::connect(&sock)
+            && c.stats().is_ok_and(|st| !st.spill_recovering)
+        {
             return Ok((s, c, t.elapsed()));
         }
         if let Some(status) = s.child.try_wait()? {
@@ -178,7 +181,7 @@ pub fn spill(a: &BenchSpillArgs) -> anyhow::Result<()> {
         100.0 * promote_bw / fio_r
     );
     println!(
-        "restart after SIGKILL: {recovered} blocks indexed, daemon answering in {:.0} ms",
+        "restart after SIGKILL: {recovered} blocks indexed, daemon answering with its spill index rebuilt in {:.0} ms",
         up.as_secs_f64() * 1e3
     );
     Ok(())
