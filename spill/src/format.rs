@@ -135,10 +135,54 @@ impl Superblock {
     }
 }
 
+/// What a header record stands for (its `flags` field). A marker has no payload; it ends, in
+/// its own file, every block older than itself that it names, so a delete or a clear made
+/// before a restart stays made after it (docs/spill-format.md, "Deletes and clears").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecordKind {
+    /// A block: the header of a payload (flags 0).
+    Block,
+    /// Tombstone: the blocks of exactly this key written before it are deleted (flag bit 0).
+    Delete,
+    /// The blocks of this key's namespace written before it are deleted (flag bit 1).
+    ClearNamespace,
+    /// Every block written before it is deleted (flag bit 2).
+    ClearAll,
+}
+
+impl RecordKind {
+    const fn flags(self) -> u16 {
+        match self {
+            Self::Block => 0,
+            Self::Delete => 1,
+            Self::ClearNamespace => 2,
+            Self::ClearAll => 4,
+        }
+    }
+
+    const fn from_flags(flags: u16) -> Option<Self> {
+        match flags {
+            0 => Some(Self::Block),
+            1 => Some(Self::Delete),
+            2 => Some(Self::ClearNamespace),
+            4 => Some(Self::ClearAll),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a delete or clear marker rather than a block.
+    pub const fn is_marker(self) -> bool {
+        !matches!(self, Self::Block)
+    }
+}
+
 /// Per-block header, stored at the start of the block's first sector and repeated verbatim as
-/// an entry of its region's summary.
+/// an entry of its region's summary. Delete and clear markers use the same record with no
+/// payload ([`RecordKind`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockHeader {
+    /// A block, or a delete or clear marker.
+    pub kind: RecordKind,
     /// Tier-wide monotonically increasing write sequence; the highest copy of a key wins.
     pub seq: u64,
     /// Generation of the region the block was written into (also drawn from the sequence).
@@ -159,11 +203,34 @@ impl BlockHeader {
         SECTOR + round_up(u64::from(self.payload_len))
     }
 
+    /// A delete or clear marker (`kind` not [`RecordKind::Block`]) at `file_offset`: no
+    /// payload, so it occupies one sector. `key` names what it ends: the key itself for a
+    /// delete, its namespace for a namespace clear, nothing for a clear of everything.
+    pub fn marker(
+        kind: RecordKind,
+        key: SpillKey,
+        seq: u64,
+        region_gen: u64,
+        file_offset: u64,
+    ) -> Self {
+        debug_assert!(kind.is_marker());
+        Self {
+            kind,
+            seq,
+            region_gen,
+            file_offset,
+            key,
+            payload_len: 0,
+            payload_checksum: payload_checksum(&[], seq),
+        }
+    }
+
     /// Encodes into `HEADER_LEN` bytes.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&HEADER_MAGIC);
         b[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&self.kind.flags().to_le_bytes());
         b[8..16].copy_from_slice(&self.seq.to_le_bytes());
         b[16..24].copy_from_slice(&self.region_gen.to_le_bytes());
         b[24..32].copy_from_slice(&self.file_offset.to_le_bytes());
@@ -177,7 +244,8 @@ impl BlockHeader {
         b
     }
 
-    /// Decodes and validates a block header (magic, version, checksum, reserved bytes zero).
+    /// Decodes and validates a block header (magic, version, checksum, known flags, reserved
+    /// bytes zero, no payload behind a marker).
     pub fn decode(buf: &[u8]) -> Result<Self, DecodeError> {
         check_len(buf, HEADER_LEN)?;
         if buf[0..4] != HEADER_MAGIC {
@@ -193,7 +261,10 @@ impl BlockHeader {
             });
         }
         check_sum(buf, 96)?;
-        if le_u16(buf, 6) != 0 || le_u16(buf, 82) != 0 {
+        let Some(kind) = RecordKind::from_flags(le_u16(buf, 6)) else {
+            return Err(DecodeError::Reserved);
+        };
+        if le_u16(buf, 82) != 0 {
             return Err(DecodeError::Reserved);
         }
         let mut ns = [0u8; 16];
@@ -201,6 +272,7 @@ impl BlockHeader {
         let mut digest = [0u8; 32];
         digest.copy_from_slice(&buf[48..80]);
         let h = Self {
+            kind,
             seq: le_u64(buf, 8),
             region_gen: le_u64(buf, 16),
             file_offset: le_u64(buf, 24),
@@ -212,7 +284,8 @@ impl BlockHeader {
             payload_len: le_u32(buf, 84),
             payload_checksum: le_u64(buf, 88),
         };
-        if !h.file_offset.is_multiple_of(SECTOR) || h.region_gen > h.seq {
+        let marker_with_payload = kind.is_marker() && h.payload_len != 0;
+        if !h.file_offset.is_multiple_of(SECTOR) || h.region_gen > h.seq || marker_with_payload {
             return Err(DecodeError::Geometry);
         }
         Ok(h)
@@ -319,6 +392,7 @@ mod tests {
 
     fn header() -> BlockHeader {
         BlockHeader {
+            kind: RecordKind::Block,
             seq: 9,
             region_gen: 3,
             file_offset: 8192,
@@ -344,6 +418,35 @@ mod tests {
             let mut b = enc;
             b[i] ^= 0x40;
             assert!(BlockHeader::decode(&b).is_err(), "byte {i} flip accepted");
+        }
+    }
+
+    #[test]
+    fn markers_round_trip_and_unknown_flags_or_a_payload_behind_a_marker_are_rejected() {
+        for kind in [
+            RecordKind::Delete,
+            RecordKind::ClearNamespace,
+            RecordKind::ClearAll,
+        ] {
+            let h = header();
+            let m = BlockHeader::marker(kind, h.key, h.seq, h.region_gen, h.file_offset);
+            assert_eq!(m.extent_len(), SECTOR);
+            assert_eq!(BlockHeader::decode(&m.encode()), Ok(m));
+            let with_payload = BlockHeader {
+                payload_len: 1,
+                ..m
+            };
+            assert_eq!(
+                BlockHeader::decode(&with_payload.encode()),
+                Err(DecodeError::Geometry)
+            );
+        }
+        for flags in [3u16, 8, 0x8000] {
+            let mut b = header().encode();
+            b[6..8].copy_from_slice(&flags.to_le_bytes());
+            let sum = xxh3_64(&b[..96]);
+            b[96..104].copy_from_slice(&sum.to_le_bytes());
+            assert_eq!(BlockHeader::decode(&b), Err(DecodeError::Reserved));
         }
     }
 

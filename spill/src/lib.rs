@@ -66,7 +66,7 @@ pub use tier::{FileRecovery, RecoveryReport, SpillOpening, SpillTier};
 /// On-disk record codecs, public for fuzzing, property tests and offline inspection tools.
 pub mod disk {
     pub use crate::format::{
-        BlockHeader, FORMAT_VERSION, HEADER_LEN, SECTOR, SUPERBLOCK_LEN, SummaryTrailer,
-        Superblock, TRAILER_LEN, encode_summary, payload_checksum, round_up,
+        BlockHeader, FORMAT_VERSION, HEADER_LEN, RecordKind, SECTOR, SUPERBLOCK_LEN,
+        SummaryTrailer, Superblock, TRAILER_LEN, encode_summary, payload_checksum, round_up,
     };
 }

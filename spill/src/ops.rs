@@ -3,9 +3,12 @@
 use crate::buf::{Arena, Done, IoBuf};
 use crate::completion::Completer;
 use crate::error::SpillError;
+use crate::format::RecordKind;
 use crate::key::SpillKey;
 use crate::stats::{Loc, Tracker};
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Acquire, Release};
+use std::sync::{Arc, Mutex};
 
 /// Result of a successful write.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,8 +130,52 @@ impl Drop for UnitOp {
     }
 }
 
+/// A delete or clear to persist as a marker record ([`crate::format::RecordKind`]). Marks
+/// travel beside the messages, in a queue per worker that never refuses and never blocks the
+/// caller, so that a delete made on an async task cannot stall it behind a full write queue
+/// and is never dropped.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mark {
+    pub kind: RecordKind,
+    pub key: SpillKey,
+}
+
+/// A worker's queue of [`Mark`]s. The worker looks at `pending` before every message it
+/// takes, so a mark queued before a write was sent is written before that write: a block
+/// written again after its delete gets the higher sequence number and survives a restart.
+#[derive(Debug, Default)]
+pub(crate) struct MarkQueue {
+    pending: AtomicBool,
+    list: Mutex<Vec<Mark>>,
+}
+
+impl MarkQueue {
+    pub fn push(&self, m: Mark) {
+        self.list
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(m);
+        self.pending.store(true, Release);
+    }
+
+    /// The marks queued so far (none, cheaply, when nothing is pending).
+    pub fn take(&self) -> Vec<Mark> {
+        if !self.pending.swap(false, Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(
+            &mut *self
+                .list
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
 /// A message to an IO worker.
 pub(crate) enum Msg {
+    /// Marks were queued: take them.
+    Wake,
     Write {
         key: SpillKey,
         op: BufOp<WriteOutcome>,

@@ -10,8 +10,10 @@ use crate::buf::AlignedBuf;
 use crate::error::SpillError;
 use crate::file::{SpillFile, read_full};
 use crate::format::{
-    BlockHeader, HEADER_MAGIC, SECTOR, SummaryTrailer, encode_summary, payload_checksum,
+    BlockHeader, HEADER_MAGIC, RecordKind, SECTOR, SummaryTrailer, encode_summary, payload_checksum,
 };
+use crate::key::SpillKey;
+use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 
 /// What recovery found in one region.
@@ -32,6 +34,55 @@ pub(crate) struct FileScan {
     pub summaries: u64,
     /// Regions scanned sector by sector.
     pub scanned: u64,
+}
+
+impl FileScan {
+    /// Every record found, blocks and markers.
+    pub fn records(&self) -> impl Iterator<Item = &BlockHeader> {
+        self.regions.iter().flat_map(|r| &r.entries)
+    }
+}
+
+/// The delete and clear markers of one file, and which of that file's blocks they end: a
+/// block is gone if a marker naming it (its key, its namespace, or everything) was written
+/// after it, that is with a higher sequence number.
+///
+/// A marker is resolved against its own file only. Regions of a file are reclaimed oldest
+/// first, so every block a marker ends is reclaimed before the marker itself: a marker never
+/// disappears while a block it ended is still on disk. (Across files, reclaim order says
+/// nothing, which is why a delete writes its marker to every file.)
+#[derive(Debug, Default)]
+pub(crate) struct MarkSet {
+    keys: HashMap<SpillKey, u64>,
+    namespaces: HashMap<u128, u64>,
+    all: u64,
+}
+
+impl MarkSet {
+    /// Collects the markers among `records`.
+    pub fn of<'a>(records: impl Iterator<Item = &'a BlockHeader>) -> Self {
+        let mut m = Self::default();
+        for h in records {
+            let newest = |at: &mut u64| *at = (*at).max(h.seq);
+            match h.kind {
+                RecordKind::Block => {}
+                RecordKind::Delete => newest(m.keys.entry(h.key).or_default()),
+                RecordKind::ClearNamespace => {
+                    newest(m.namespaces.entry(h.key.namespace).or_default());
+                }
+                RecordKind::ClearAll => newest(&mut m.all),
+            }
+        }
+        m
+    }
+
+    /// Whether block `h` of this file was deleted or cleared after it was written.
+    pub fn ended(&self, h: &BlockHeader) -> bool {
+        let after = |at: Option<&u64>| at.is_some_and(|&s| s > h.seq);
+        self.all > h.seq
+            || after(self.namespaces.get(&h.key.namespace))
+            || after(self.keys.get(&h.key))
+    }
 }
 
 const WINDOW: usize = 8 << 20;

@@ -214,6 +214,7 @@ mod tests {
 
     fn hdr(off: u64, generation: u64) -> BlockHeader {
         BlockHeader {
+            kind: crate::format::RecordKind::Block,
             seq: generation + 1,
             region_gen: generation,
             file_offset: off,

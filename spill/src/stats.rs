@@ -131,6 +131,7 @@ pub(crate) struct Counters {
     pub bounce_copies: AtomicU64,
     pub queue_full: AtomicU64,
     pub syncs: AtomicU64,
+    pub marks: AtomicU64,
 }
 
 /// State shared by the tier handle and its IO workers.
@@ -225,4 +226,8 @@ pub struct SpillStats {
     pub queue_full: u64,
     /// fdatasync calls completed.
     pub syncs: u64,
+    /// Delete and clear markers written (one per file per delete or clear).
+    pub marks_written: u64,
+    /// Blocks on disk that a delete or clear marker ended, found at start-up.
+    pub recovery_deleted: u64,
 }

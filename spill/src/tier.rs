@@ -6,9 +6,10 @@ use crate::config::{SPILL_FILE_NAME, SpillConfig};
 use crate::engine::IoEngine;
 use crate::error::SpillError;
 use crate::file::open_spill_file;
+use crate::format::RecordKind;
 use crate::key::SpillKey;
-use crate::ops::{BufOp, MissReason, Msg, ReadOutcome, UnitOp, WriteOutcome};
-use crate::recovery::{FileScan, scan_file};
+use crate::ops::{BufOp, Mark, MarkQueue, MissReason, Msg, ReadOutcome, UnitOp, WriteOutcome};
+use crate::recovery::{FileScan, MarkSet, scan_file};
 use crate::region::Regions;
 use crate::stats::{Loc, Shared, SpillStats, Tracker};
 use crate::worker::{Worker, WorkerSettings};
@@ -30,8 +31,10 @@ pub struct FileRecovery {
     pub fresh: bool,
     /// Identity from the superblock.
     pub uuid: [u8; 16],
-    /// Valid blocks found (before resolving duplicates across files).
+    /// Valid blocks found (before resolving deletes, clears and duplicates across files).
     pub blocks: u64,
+    /// Delete and clear markers found.
+    pub markers: u64,
     /// Torn or corrupt blocks skipped.
     pub skipped: u64,
     /// Regions read from their summary.
@@ -54,12 +57,15 @@ pub struct RecoveryReport {
     pub skipped: u64,
     /// Older copies of keys that a newer copy replaced.
     pub superseded: u64,
+    /// Blocks found on disk that a later delete or clear marker ended (not indexed).
+    pub deleted: u64,
     /// Wall time of recovery.
     pub elapsed: Duration,
 }
 
 struct WorkerHandle {
     tx: Option<SyncSender<Msg>>,
+    marks: Arc<MarkQueue>,
     wake: Option<OwnedFd>,
     tracker: Arc<Tracker>,
     thread: Option<JoinHandle<()>>,
@@ -209,30 +215,18 @@ impl SpillOpening {
             );
             for (i, r) in opened.into_iter().enumerate() {
                 let (f, scan) = r?;
-                let blocks: usize = scan.regions.iter().map(|r| r.entries.len()).sum();
-                total += blocks as u64;
-                for (ri, reg) in scan.regions.iter().enumerate() {
-                    max_seq = max_seq.max(reg.generation);
-                    for h in &reg.entries {
-                        max_seq = max_seq.max(h.seq);
-                        let loc = Loc {
-                            file: i as u16,
-                            region: ri as u32,
-                            generation: h.region_gen,
-                            offset: h.file_offset,
-                            len: h.payload_len,
-                            seq: h.seq,
-                            checksum: h.payload_checksum,
-                        };
-                        idx.insert_if_newer(h.key, loc);
-                    }
-                }
+                let found = index_file(&mut idx, i as u16, &scan);
+                max_seq = max_seq.max(found.max_seq);
+                total += found.offered;
+                report.deleted += found.deleted;
+                let (blocks, markers) = (found.blocks, found.markers);
                 report.skipped += scan.skipped;
                 report.files.push(FileRecovery {
                     path: f.path.clone(),
                     fresh: f.fresh,
                     uuid: f.sb.uuid,
-                    blocks: blocks as u64,
+                    blocks,
+                    markers,
                     skipped: scan.skipped,
                     summaries: scan.summaries,
                     scanned: scan.scanned,
@@ -267,6 +261,56 @@ impl SpillOpening {
     }
 }
 
+/// What [`index_file`] found in one file.
+struct FileIndexed {
+    blocks: u64,
+    markers: u64,
+    /// Blocks a marker ended.
+    deleted: u64,
+    /// Blocks offered to the index (some may lose to a newer copy in another file).
+    offered: u64,
+    max_seq: u64,
+}
+
+/// Indexes the blocks of file `file` that no marker of the same file ended.
+fn index_file(idx: &mut crate::stats::Index, file: u16, scan: &FileScan) -> FileIndexed {
+    let marks = MarkSet::of(scan.records());
+    let mut n = FileIndexed {
+        blocks: 0,
+        markers: 0,
+        deleted: 0,
+        offered: 0,
+        max_seq: 0,
+    };
+    for (ri, reg) in scan.regions.iter().enumerate() {
+        n.max_seq = n.max_seq.max(reg.generation);
+        for h in &reg.entries {
+            n.max_seq = n.max_seq.max(h.seq);
+            if h.kind.is_marker() {
+                n.markers += 1;
+                continue;
+            }
+            n.blocks += 1;
+            if marks.ended(h) {
+                n.deleted += 1;
+                continue;
+            }
+            n.offered += 1;
+            let loc = Loc {
+                file,
+                region: ri as u32,
+                generation: h.region_gen,
+                offset: h.file_offset,
+                len: h.payload_len,
+                seq: h.seq,
+                checksum: h.payload_checksum,
+            };
+            idx.insert_if_newer(h.key, loc);
+        }
+    }
+    n
+}
+
 impl SpillTier {
     fn start_worker(
         config: &SpillConfig,
@@ -293,6 +337,8 @@ impl SpillTier {
         let kind = config.engine.clone();
         let shared = shared.clone();
         let regions = Regions::from_scan(config.region_size, scan.regions);
+        let marks = Arc::new(MarkQueue::default());
+        let worker_marks = marks.clone();
         let entries = (config.queue_depth * 2 + 8) as u32;
         let thread = std::thread::Builder::new()
             .name(format!("kvnode-spill-{index}"))
@@ -309,12 +355,13 @@ impl SpillTier {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                Worker::new(set, f, engine, kind.direct(), regions, shared).run(&rx);
+                Worker::new(set, f, engine, kind.direct(), regions, shared, worker_marks).run(&rx);
             })
             .map_err(|e| SpillError::io("spawning IO worker", "/".as_ref(), e))?;
         ready_rx.recv().unwrap_or(Err(SpillError::Stopped))?;
         Ok(WorkerHandle {
             tx: Some(tx),
+            marks,
             wake,
             tracker: Arc::new(Tracker::default()),
             thread: Some(thread),
@@ -435,13 +482,24 @@ impl SpillTier {
                 result: Err(e),
             });
         }
-        let w = &self.workers[self.next.fetch_add(1, Relaxed) % self.workers.len()];
+        let w = &self.workers[self.file_for(&key)];
         let (c, r) = completion::pair();
         let op = BufOp::new(buf, c, w.tracker.clone());
         if let Err(msg) = w.send(Msg::Write { key, op }, block) {
             self.refuse(*msg, w);
         }
         r
+    }
+
+    /// The file a write of `key` goes to: the one holding its indexed copy, if any, else the
+    /// next in turn. Keeping a key's copies in one file means the older copy's region is
+    /// reclaimed before the newer one's (FIFO), so an older copy never outlives the newer
+    /// one and comes back at a restart after the newer one was evicted.
+    fn file_for(&self, key: &SpillKey) -> usize {
+        match self.shared.index().get(key) {
+            Some(loc) => usize::from(loc.file),
+            None => self.next.fetch_add(1, Relaxed) % self.workers.len(),
+        }
     }
 
     fn submit_read(&self, key: SpillKey, buf: IoBuf, block: bool) -> Completion<Done<ReadOutcome>> {
@@ -473,6 +531,7 @@ impl SpillTier {
             Msg::Sync(op) | Msg::Arena { op, .. } => {
                 op.finish(Err(SpillError::QueueFull { depth }));
             }
+            Msg::Wake => {}
         }
     }
 
@@ -508,10 +567,60 @@ impl SpillTier {
         self.shared.index().get(key).map(|l| l.len as usize)
     }
 
-    /// Forgets `key`; its space is reclaimed with its region. Not persisted: after a restart
-    /// the block may be recovered again (see docs/spill-format.md). Returns whether it existed.
+    /// Deletes `key`: it is a miss from now on, and a delete marker queued for every file
+    /// keeps it deleted across a restart once written (a crash before that can recover it;
+    /// see docs/spill-format.md, "Deletes and clears"). Its space is reclaimed with its
+    /// region. Returns whether it was indexed; a key that was not writes no marker.
     pub fn delete(&self, key: &SpillKey) -> bool {
-        self.shared.index().remove(key).is_some()
+        let held = self.shared.index().remove(key).is_some();
+        if held {
+            self.mark(Mark {
+                kind: RecordKind::Delete,
+                key: *key,
+            });
+        }
+        held
+    }
+
+    /// Deletes every block of `namespace` (or every block), persisted like [`Self::delete`]
+    /// with one clear marker per file. Returns the keys that were indexed.
+    pub fn clear(&self, namespace: Option<u128>) -> Vec<SpillKey> {
+        let removed = {
+            let mut idx = self.shared.index();
+            let keys: Vec<SpillKey> = idx
+                .keys()
+                .into_iter()
+                .filter(|k| namespace.is_none_or(|n| k.namespace == n))
+                .collect();
+            for k in &keys {
+                idx.remove(k);
+            }
+            keys
+        };
+        let (kind, namespace) = match namespace {
+            Some(n) => (RecordKind::ClearNamespace, n),
+            None => (RecordKind::ClearAll, 0),
+        };
+        self.mark(Mark {
+            kind,
+            key: SpillKey {
+                namespace,
+                digest: [0; 32],
+                segment: 0,
+            },
+        });
+        removed
+    }
+
+    /// Queues `m` for every file's worker and wakes it; never blocks, never refused.
+    fn mark(&self, m: Mark) {
+        for w in &self.workers {
+            w.marks.push(m);
+            if w.send(Msg::Wake, false).is_err() {
+                // A full queue: the worker is busy and takes the marks on its next turn.
+                w.wake();
+            }
+        }
     }
 
     /// Every indexed key (e.g. to publish stored events after recovery).
@@ -588,6 +697,8 @@ impl SpillTier {
             bounce_copies: ld(&c.bounce_copies),
             queue_full: ld(&c.queue_full),
             syncs: ld(&c.syncs),
+            marks_written: ld(&c.marks),
+            recovery_deleted: self.recovery.deleted,
         }
     }
 }

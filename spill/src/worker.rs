@@ -8,7 +8,7 @@ use crate::format::{
     BlockHeader, HEADER_LEN, SECTOR, SummaryTrailer, encode_summary, payload_checksum, round_up,
 };
 use crate::key::SpillKey;
-use crate::ops::{BufOp, MissReason, Msg, ReadOutcome, UnitOp, WriteOutcome};
+use crate::ops::{BufOp, Mark, MarkQueue, MissReason, Msg, ReadOutcome, UnitOp, WriteOutcome};
 use crate::region::{Alloc, Regions};
 use crate::stats::{Loc, Shared};
 use std::collections::VecDeque;
@@ -68,6 +68,8 @@ struct ReadFlight {
 
 enum Flight {
     Write(Box<WriteFlight>),
+    /// A delete or clear marker's sector write into a region.
+    Mark(u32, AlignedBuf),
     Read(ReadFlight),
     Sync(Option<UnitOp>),
     SealSync(u32),
@@ -86,6 +88,11 @@ fn check(res: i32, want: u32) -> Result<(), std::io::Error> {
     }
 }
 
+enum Deferred {
+    Write(SpillKey, BufOp<WriteOutcome>),
+    Mark(Mark),
+}
+
 pub(crate) struct Worker {
     set: WorkerSettings,
     file: SpillFile,
@@ -99,7 +106,12 @@ pub(crate) struct Worker {
     outstanding: usize,
     active: usize,
     ready: Vec<Cqe>,
-    deferred: VecDeque<(SpillKey, BufOp<WriteOutcome>)>,
+    /// Writes and marks waiting for a region (every region open, draining or sealing).
+    deferred: VecDeque<Deferred>,
+    marks: Arc<MarkQueue>,
+    /// Keys a marker's write evicted (reclaiming a region for it): reported with the next
+    /// block write's outcome, which is where the engine learns of evictions.
+    orphans: Vec<SpillKey>,
     pool: Vec<AlignedBuf>,
     dirty: bool,
     last_sync: Instant,
@@ -113,6 +125,7 @@ impl Worker {
         direct: bool,
         regions: Regions,
         shared: Arc<Shared>,
+        marks: Arc<MarkQueue>,
     ) -> Self {
         Self {
             set,
@@ -128,6 +141,8 @@ impl Worker {
             active: 0,
             ready: Vec::new(),
             deferred: VecDeque::new(),
+            marks,
+            orphans: Vec::new(),
             pool: Vec::new(),
             dirty: false,
             last_sync: Instant::now(),
@@ -163,6 +178,9 @@ impl Worker {
                 };
                 self.handle(msg);
             }
+            // After the receive loop, so that marks queued before the tier was dropped are
+            // written before a stop seals the open region.
+            self.take_marks();
             if self.dirty
                 && self
                     .set
@@ -202,8 +220,10 @@ impl Worker {
     }
 
     fn handle(&mut self, msg: Msg) {
+        self.take_marks();
         self.active += 1;
         match msg {
+            Msg::Wake => self.active -= 1,
             Msg::Write { key, op } => self.start_write(key, op),
             Msg::Read { key, loc, op } => self.start_read(key, loc, op),
             Msg::Sync(op) => self.push_sync(Some(op)),
@@ -302,7 +322,7 @@ impl Worker {
                 if let Some(s) = seal {
                     self.start_seal(s);
                 }
-                return self.deferred.push_back((key, op));
+                return self.deferred.push_back(Deferred::Write(key, op));
             }
         };
         if let Some(s) = p.seal {
@@ -314,6 +334,7 @@ impl Worker {
         // until this operation completes (IoBuf / register_arena contracts).
         let payload = unsafe { std::slice::from_raw_parts(mem.ptr, len) };
         let header = BlockHeader {
+            kind: crate::format::RecordKind::Block,
             seq,
             region_gen: p.generation,
             file_offset: p.file_offset,
@@ -437,6 +458,87 @@ impl Worker {
         }
     }
 
+    fn take_marks(&mut self) {
+        for m in self.marks.take() {
+            self.active += 1;
+            self.start_mark(m);
+        }
+    }
+
+    /// Writes a delete or clear marker: one sector, placed like a block.
+    fn start_mark(&mut self, m: Mark) {
+        if self.shared.poisoned().is_some() {
+            // Nothing is written to a poisoned tier; its next start recovers what is on disk.
+            self.active -= 1;
+            return;
+        }
+        let shared = self.shared.clone();
+        let p = match self.regions.alloc(SECTOR, || shared.next_seq()) {
+            Alloc::Placed(p) => p,
+            Alloc::Busy { seal } => {
+                if let Some(s) = seal {
+                    self.start_seal(s);
+                }
+                return self.deferred.push_back(Deferred::Mark(m));
+            }
+        };
+        if let Some(s) = p.seal {
+            self.start_seal(s);
+        }
+        let evicted = self.evict(&p.reclaimed);
+        self.orphans.extend(evicted);
+        let seq = self.shared.next_seq();
+        let h = BlockHeader::marker(m.kind, m.key, seq, p.generation, p.file_offset);
+        self.regions.push_entry(p.region, h);
+        let mut buf = self.take_buf(SECTOR as usize);
+        buf.fill(0);
+        buf[..HEADER_LEN].copy_from_slice(&h.encode());
+        let ptr = buf.as_ptr();
+        let t = self.slot(Flight::Mark(p.region, buf));
+        self.push(
+            t,
+            Sqe::Write {
+                buf: ptr,
+                len: SECTOR as u32,
+                offset: p.file_offset,
+                fixed: None,
+            },
+        );
+    }
+
+    fn mark_done(&mut self, region: u32, buf: AlignedBuf, res: i32) {
+        self.active -= 1;
+        if let Some(s) = self.regions.write_done(region) {
+            self.start_seal(s);
+        }
+        self.give_buf(buf);
+        match check(res, SECTOR as u32) {
+            Ok(()) => {
+                Shared::bump(&self.shared.counters.marks, 1);
+                self.dirty = true;
+            }
+            Err(e) => {
+                Shared::bump(&self.shared.counters.errors, 1);
+                self.poison(&format!(
+                    "delete marker write to {} failed: {e}",
+                    self.file.path.display()
+                ));
+            }
+        }
+    }
+
+    /// Runs the writes and marks that waited for a region.
+    fn run_deferred(&mut self) {
+        let n = self.deferred.len();
+        for _ in 0..n {
+            match self.deferred.pop_front() {
+                Some(Deferred::Write(k, op)) => self.start_write(k, op),
+                Some(Deferred::Mark(m)) => self.start_mark(m),
+                None => break,
+            }
+        }
+    }
+
     fn evict(&mut self, reclaimed: &[BlockHeader]) -> Vec<SpillKey> {
         if reclaimed.is_empty() {
             return Vec::new();
@@ -444,7 +546,7 @@ impl Worker {
         let mut idx = self.shared.index();
         let keys: Vec<SpillKey> = reclaimed
             .iter()
-            .filter(|h| idx.remove_if(&h.key, self.set.index, h.seq))
+            .filter(|h| !h.kind.is_marker() && idx.remove_if(&h.key, self.set.index, h.seq))
             .map(|h| h.key)
             .collect();
         drop(idx);
@@ -554,6 +656,10 @@ impl Worker {
                 self.free_slots.push(slot);
                 self.read_done(r, c.res);
             }
+            Flight::Mark(region, buf) => {
+                self.free_slots.push(slot);
+                self.mark_done(region, buf, c.res);
+            }
             Flight::Sync(op) => {
                 self.free_slots.push(slot);
                 let r = check(c.res, 0).map_err(|e| {
@@ -581,12 +687,7 @@ impl Worker {
                 match check(c.res, buf.len() as u32) {
                     Ok(()) => {
                         self.regions.seal_done(r);
-                        let n = self.deferred.len();
-                        for _ in 0..n {
-                            if let Some((k, op)) = self.deferred.pop_front() {
-                                self.start_write(k, op);
-                            }
-                        }
+                        self.run_deferred();
                     }
                     Err(e) => {
                         Shared::bump(&self.shared.counters.errors, 1);
@@ -612,9 +713,10 @@ impl Worker {
             hdr,
             bounce,
             error,
-            evicted,
+            mut evicted,
             ..
         } = w;
+        evicted.append(&mut self.orphans);
         self.give_buf(hdr);
         if let Some(b) = bounce {
             self.give_buf(b);
@@ -697,13 +799,16 @@ impl Worker {
 
     fn poison(&mut self, reason: &str) {
         self.shared.poison(reason);
-        while let Some((_, op)) = self.deferred.pop_front() {
-            self.finish_write(
-                op,
-                Err(SpillError::Poisoned {
-                    reason: reason.to_owned(),
-                }),
-            );
+        while let Some(d) = self.deferred.pop_front() {
+            match d {
+                Deferred::Write(_, op) => self.finish_write(
+                    op,
+                    Err(SpillError::Poisoned {
+                        reason: reason.to_owned(),
+                    }),
+                ),
+                Deferred::Mark(_) => self.active -= 1,
+            }
         }
     }
 

@@ -3,7 +3,9 @@
 //! Run: `cargo test --release -p kvnode-spill --test decoders`.
 
 use kvnode_spill::SpillKey;
-use kvnode_spill::disk::{BlockHeader, SECTOR, SummaryTrailer, Superblock, encode_summary};
+use kvnode_spill::disk::{
+    BlockHeader, RecordKind, SECTOR, SummaryTrailer, Superblock, encode_summary,
+};
 use proptest::prelude::*;
 
 fn header() -> impl Strategy<Value = BlockHeader> {
@@ -15,10 +17,18 @@ fn header() -> impl Strategy<Value = BlockHeader> {
         any::<u32>(),
         any::<u64>(),
         0u64..1 << 40,
+        prop_oneof![
+            4 => Just(RecordKind::Block),
+            1 => Just(RecordKind::Delete),
+            1 => Just(RecordKind::ClearNamespace),
+            1 => Just(RecordKind::ClearAll),
+        ],
     )
         .prop_map(
-            |(seq, namespace, digest, segment, payload_len, payload_checksum, sector)| {
+            |(seq, namespace, digest, segment, payload_len, payload_checksum, sector, kind)| {
+                let payload_len = if kind.is_marker() { 0 } else { payload_len };
                 BlockHeader {
+                    kind,
                     seq,
                     region_gen: seq / 2,
                     file_offset: sector * SECTOR,

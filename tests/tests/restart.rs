@@ -140,6 +140,78 @@ fn sigterm_copies_dram_blocks_down_while_still_serving_and_what_is_put_meanwhile
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Waits until the NVMe tier reports `want` of `what` (a counter of its stats row).
+fn wait_nvme(
+    c: &mut Client,
+    what: &str,
+    want: u64,
+    counter: fn(&kvnode_proto::stats::TierStats) -> u64,
+) {
+    let t0 = Instant::now();
+    loop {
+        let t = tier(c, "nvme");
+        if counter(&t) >= want {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_mins(1),
+            "the NVMe tier never reached {want} {what}: {t:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn blocks_deleted_or_cleared_on_nvme_stay_gone_after_sigkill_and_after_sigterm() {
+    let dir = spill_dir("deletes");
+    let mut a = Daemon::start_roomy_spilling(&dir, &["--spill-lag", "200ms"]);
+    let mut c = a.client();
+    let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
+    let other = c.register(&spec("other", LEN as u64)).unwrap().ns;
+    put_all(&mut c, ns, 0..32);
+    put_all(&mut c, other, 0..16);
+    wait_nvme(&mut c, "blocks copied down", 48, |t| t.copied_down);
+    // Deleted and cleared while on NVMe (and in DRAM): two keys, one whole namespace.
+    assert_eq!(c.delete(ns, &[key(3), key(4)]).unwrap(), 2);
+    c.clear(Some(other)).unwrap();
+    // Three markers (two deletes, one clear) in the one spill file: written, not a timer.
+    wait_nvme(&mut c, "delete markers", 3, |t| t.delete_markers);
+    drop(c);
+    stop(&mut a, libc::SIGKILL);
+
+    let mut b = Daemon::start_roomy_spilling(&dir, &[]);
+    let mut c = b.client();
+    let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
+    let other = c.register(&spec("other", LEN as u64)).unwrap().ns;
+    let nvme = tier(&mut c, "nvme");
+    assert_eq!(
+        (nvme.blocks, nvme.recovered_deleted),
+        (30, 2 + 16),
+        "after SIGKILL: {nvme:?}; log:\n{}",
+        b.log()
+    );
+    assert_eq!(c.get(ns, &[key(3), key(4)]).unwrap(), vec![None, None]);
+    assert_eq!(count_intact(&mut c, ns, 0..32), 30);
+    assert_eq!(count_intact(&mut c, other, 0..16), 0);
+    // Now only on NVMe: a delete, then SIGTERM and a start.
+    assert_eq!(c.delete(ns, &[key(10)]).unwrap(), 1);
+    drop(c);
+    stop(&mut b, libc::SIGTERM);
+    let d = Daemon::start_roomy_spilling(&dir, &[]);
+    let mut c = d.client();
+    let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
+    assert_eq!(
+        c.get(ns, &[key(10)]).unwrap(),
+        vec![None],
+        "log:\n{}",
+        d.log()
+    );
+    assert_eq!(count_intact(&mut c, ns, 0..32), 29);
+    drop(c);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// How long the seam holds the successor's spill recovery back.
 const RECOVERY_DELAY_MS: u64 = 8_000;
 

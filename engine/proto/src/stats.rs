@@ -271,6 +271,12 @@ pub struct TierStats {
     pub copied_down: u64,
     /// Times the oldest block waiting for write-behind was older than `spill.lag` (NVMe).
     pub lag_exceeded: u64,
+    /// Delete and clear markers written to the spill log, one per file for each delete
+    /// or clear, so that it survives a restart (NVMe).
+    pub delete_markers: u64,
+    /// Blocks found on disk at start-up that a delete or clear made before the restart
+    /// ended; not served (NVMe).
+    pub recovered_deleted: u64,
     /// Blocks held by `kv.retain` now (DRAM).
     pub retained_blocks: u64,
     /// Bytes of those blocks (DRAM).

@@ -214,6 +214,7 @@ impl NvmeOpening {
             blocks = r.blocks,
             bytes = r.bytes,
             skipped = r.skipped,
+            deleted = r.deleted,
             elapsed_ms = r.elapsed.as_millis() as u64,
             capacity = spill.config().capacity(),
             "spill tier recovered"
@@ -314,20 +315,12 @@ impl NvmeTier {
         held
     }
 
-    /// Deletes every block of namespace `id` (or of all); returns how many were held.
+    /// Deletes every block of namespace `id` (or of all), persisted by a clear marker in the
+    /// spill files; returns how many were held.
     pub fn clear(&self, id: Option<NamespaceId>) -> u64 {
-        let keys: Vec<SpillKey> = self
-            .spill
-            .keys()
-            .into_iter()
-            .filter(|k| id.is_none_or(|i| k.namespace == i.0))
-            .collect();
-        let mut n = 0;
-        for k in &keys {
-            n += u64::from(self.spill.delete(k));
-        }
+        let keys = self.spill.clear(id.map(|i| i.0));
         self.forget(&keys);
-        n
+        keys.len() as u64
     }
 
     /// Length of the block `k` of namespace `id`, if this tier holds it.
@@ -436,6 +429,8 @@ impl NvmeTier {
             corrupt: s.checksum_failures,
             copied_down: self.copies.copied.load(Relaxed),
             lag_exceeded: self.copies.lag_exceeded.load(Relaxed),
+            delete_markers: s.marks_written,
+            recovered_deleted: s.recovery_deleted,
             ..TierStats::default()
         }
     }

@@ -171,7 +171,7 @@ type TierMetric = (
     fn(&TierStats) -> u64,
 );
 
-const PER_TIER: [TierMetric; 15] = [
+const PER_TIER: [TierMetric; 17] = [
     (
         "tier_hits",
         MetricType::Counter,
@@ -255,6 +255,18 @@ const PER_TIER: [TierMetric; 15] = [
         MetricType::Counter,
         "Times the oldest block waiting for write-behind was older than spill.lag.",
         |t| t.lag_exceeded,
+    ),
+    (
+        "tier_delete_markers",
+        MetricType::Counter,
+        "Delete and clear markers written to the spill log (one per file per delete or clear).",
+        |t| t.delete_markers,
+    ),
+    (
+        "tier_recovered_deleted",
+        MetricType::Counter,
+        "Blocks found at start-up that a delete or clear made before the restart ended.",
+        |t| t.recovered_deleted,
     ),
 ];
 
