@@ -11,6 +11,7 @@ pub(super) fn tier_error(e: &TierError) -> Reply {
         TierError::SlotTooLarge { .. } | TierError::TooManyClasses(_) | TierError::NoLowerTier => {
             ErrorCode::Unsupported
         }
+        TierError::RecoveryBacklog { .. } => ErrorCode::LimitReached,
         _ => ErrorCode::Invalid,
     };
     error(code, e.to_string())

@@ -58,6 +58,17 @@ pub enum TierError {
     /// A move down asked for on a daemon without a lower tier.
     #[error("this daemon has no NVMe tier (start it with --spill DIR): blocks cannot be demoted")]
     NoLowerTier,
+    /// A delete while the spill index is rebuilt, with too many deleted keys remembered
+    /// for it already; nothing changed.
+    #[error(
+        "the spill index is being rebuilt and {remembered} deleted keys are remembered for it already (at most {max}): nothing changed; retry once stats shows spill_recovering false"
+    )]
+    RecoveryBacklog {
+        /// Keys remembered.
+        remembered: usize,
+        /// The most that are.
+        max: usize,
+    },
     /// `keys` and `lens` differ in length.
     #[error("{keys} keys but {lens} lengths")]
     LengthMismatch {

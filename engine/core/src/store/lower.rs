@@ -14,7 +14,9 @@
 //! While it recovers, the store behaves as one without a lower tier: lookups see DRAM only
 //! (a block only on NVMe is a miss, which an engine recomputes), puts stay in DRAM, and
 //! nothing is demoted. A delete or clear is remembered and applied to the tier before it is
-//! attached, so no block deleted meanwhile is found again. Work that needs the tier (the
+//! attached, so no block deleted meanwhile is found again (at most [`REMEMBERED_KEYS_MAX`]
+//! deleted keys; a clear drops the deletes it covers; a delete beyond that is refused with
+//! `LimitReached` and changes nothing). Work that needs the tier (the
 //! demoter, write-behind, adopting a predecessor's KV events) waits for it.
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -44,6 +46,48 @@ enum Missed {
     Clear(Option<NamespaceId>),
 }
 
+/// Most deleted keys remembered while the tier recovers (~48 MB); a delete beyond them is
+/// refused, changing nothing, until the tier is attached. The window is seconds long, but a
+/// client deleting without pause would otherwise grow the list without bound.
+pub(super) const REMEMBERED_KEYS_MAX: usize = 1 << 20;
+
+/// What waits for the tier while it recovers.
+#[derive(Default)]
+struct Pending {
+    missed: Vec<Missed>,
+    /// Keys in `missed`'s deletes.
+    keys: usize,
+    work: Vec<OnAttach>,
+}
+
+impl Pending {
+    /// Remembers a clear. Every delete or clear remembered before it that it covers is
+    /// dropped: applied first, it would find nothing the clear leaves (the tier takes no
+    /// writes while it recovers).
+    fn clear(&mut self, id: Option<NamespaceId>) {
+        self.missed.retain(|m| match (m, id) {
+            (_, None) => false,
+            (Missed::Delete(ns, _) | Missed::Clear(Some(ns)), Some(c)) => *ns != c,
+            (Missed::Clear(None), Some(_)) => true,
+        });
+        self.keys = self
+            .missed
+            .iter()
+            .map(|m| match m {
+                Missed::Delete(_, k) => k.len(),
+                Missed::Clear(_) => 0,
+            })
+            .sum();
+        self.missed.push(Missed::Clear(id));
+    }
+}
+
+/// A delete that found too many deleted keys remembered already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Backlog {
+    pub remembered: usize,
+}
+
 /// Work run once, when the tier is attached (or with `None`, when it never will be).
 type OnAttach = Box<dyn FnOnce(Option<&Arc<NvmeTier>>) + Send>;
 
@@ -52,7 +96,7 @@ pub(super) struct Lower {
     tier: OnceLock<Arc<NvmeTier>>,
     phase: watch::Sender<SpillPhase>,
     /// `Some` while recovering: deletes and clears to apply, work to run at attach.
-    pending: Mutex<Option<(Vec<Missed>, Vec<OnAttach>)>>,
+    pending: Mutex<Option<Pending>>,
     /// The thread rebuilding the index (joined by [`Lower::settled`]).
     opener: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -90,12 +134,12 @@ impl Lower {
         Self {
             tier: OnceLock::new(),
             phase: watch::Sender::new(SpillPhase::Recovering),
-            pending: Mutex::new(Some((Vec::new(), Vec::new()))),
+            pending: Mutex::new(Some(Pending::default())),
             opener: Mutex::new(None),
         }
     }
 
-    fn pending(&self) -> std::sync::MutexGuard<'_, Option<(Vec<Missed>, Vec<OnAttach>)>> {
+    fn pending(&self) -> std::sync::MutexGuard<'_, Option<Pending>> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -115,19 +159,24 @@ impl Lower {
         *self.opener.lock().unwrap_or_else(PoisonError::into_inner) = Some(h);
     }
 
-    /// A delete while recovering is remembered (`None`); otherwise the tier to apply it to.
+    /// A delete while recovering is remembered (`Ok(None)`), or refused when
+    /// [`REMEMBERED_KEYS_MAX`] keys are remembered already; otherwise the tier to apply it to.
     pub(super) fn delete_or_remember(
         &self,
         id: NamespaceId,
         keys: &[Key],
-    ) -> Option<&Arc<NvmeTier>> {
+    ) -> Result<Option<&Arc<NvmeTier>>, Backlog> {
         let mut p = self.pending();
         match p.as_mut() {
-            Some((missed, _)) => {
-                missed.push(Missed::Delete(id, keys.to_vec()));
-                None
+            Some(p) if p.keys + keys.len() > REMEMBERED_KEYS_MAX => {
+                Err(Backlog { remembered: p.keys })
             }
-            None => self.tier.get(),
+            Some(p) => {
+                p.keys += keys.len();
+                p.missed.push(Missed::Delete(id, keys.to_vec()));
+                Ok(None)
+            }
+            None => Ok(self.tier.get()),
         }
     }
 
@@ -135,8 +184,8 @@ impl Lower {
     pub(super) fn clear_or_remember(&self, id: Option<NamespaceId>) -> Option<&Arc<NvmeTier>> {
         let mut p = self.pending();
         match p.as_mut() {
-            Some((missed, _)) => {
-                missed.push(Missed::Clear(id));
+            Some(p) => {
+                p.clear(id);
                 None
             }
             None => self.tier.get(),
@@ -147,8 +196,8 @@ impl Lower {
     /// is none and will be none).
     pub(super) fn on_attach(&self, f: OnAttach) {
         let mut p = self.pending();
-        if let Some((_, work)) = p.as_mut() {
-            work.push(f);
+        if let Some(p) = p.as_mut() {
+            p.work.push(f);
             return;
         }
         drop(p);
@@ -162,7 +211,7 @@ impl Lower {
         // work queued meanwhile is taken in the loop.
         loop {
             let work = match self.pending().as_mut() {
-                Some((_, w)) => std::mem::take(w),
+                Some(p) => std::mem::take(&mut p.work),
                 None => return,
             };
             if work.is_empty() {
@@ -173,7 +222,7 @@ impl Lower {
             }
         }
         let mut p = self.pending();
-        let Some((missed, work)) = p.take() else {
+        let Some(Pending { missed, work, .. }) = p.take() else {
             return;
         };
         for m in missed {
@@ -199,7 +248,7 @@ impl Lower {
     /// The rebuild failed: the store serves from DRAM alone; the waiting work runs without
     /// a tier.
     pub(super) fn fail(&self) {
-        let work = self.pending().take().map(|(_, w)| w).unwrap_or_default();
+        let work = self.pending().take().map(|p| p.work).unwrap_or_default();
         for f in work {
             f(None);
         }
@@ -229,5 +278,62 @@ impl Lower {
             _ = stop.wait_for(|s| *s) => return None,
         }
         self.tier.get().cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: usize) -> Vec<Key> {
+        (0..n as u64)
+            .map(|i| {
+                let mut d = [0u8; 32];
+                d[..8].copy_from_slice(&i.to_le_bytes());
+                Key::page(kvnode_proto::Digest(d))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn deletes_remembered_while_recovering_are_bounded_and_a_refused_one_changes_nothing() {
+        let l = Lower::recovering();
+        let ns = NamespaceId(7);
+        let big = keys(REMEMBERED_KEYS_MAX / 2);
+        assert!(matches!(l.delete_or_remember(ns, &big), Ok(None)));
+        assert!(matches!(l.delete_or_remember(ns, &big), Ok(None)));
+        assert_eq!(
+            l.delete_or_remember(ns, &keys(1)).err(),
+            Some(Backlog {
+                remembered: REMEMBERED_KEYS_MAX
+            })
+        );
+        let p = l.pending();
+        let p = p.as_ref().unwrap();
+        assert_eq!((p.missed.len(), p.keys), (2, REMEMBERED_KEYS_MAX));
+    }
+
+    #[test]
+    fn a_clear_remembered_drops_the_deletes_and_clears_it_covers() {
+        let l = Lower::recovering();
+        let (a, b) = (NamespaceId(1), NamespaceId(2));
+        for ns in [a, b] {
+            assert!(matches!(l.delete_or_remember(ns, &keys(10)), Ok(None)));
+        }
+        assert!(l.clear_or_remember(Some(a)).is_none());
+        {
+            let p = l.pending();
+            let p = p.as_ref().unwrap();
+            assert_eq!(p.keys, 10, "a's deletes dropped, b's kept");
+            assert!(matches!(
+                p.missed.as_slice(),
+                [Missed::Delete(n, _), Missed::Clear(Some(c))] if *n == b && *c == a
+            ));
+        }
+        assert!(l.clear_or_remember(None).is_none());
+        let p = l.pending();
+        let p = p.as_ref().unwrap();
+        assert_eq!(p.keys, 0);
+        assert!(matches!(p.missed.as_slice(), [Missed::Clear(None)]));
     }
 }

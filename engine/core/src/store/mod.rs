@@ -337,7 +337,14 @@ impl Store {
             return self.dram.delete(ns, keys);
         }
         let id = self.dram.namespace_id(ns)?;
-        let Some(nvme) = self.nvme.delete_or_remember(id, keys) else {
+        let remembered =
+            self.nvme
+                .delete_or_remember(id, keys)
+                .map_err(|b| TierError::RecoveryBacklog {
+                    remembered: b.remembered,
+                    max: lower::REMEMBERED_KEYS_MAX,
+                })?;
+        let Some(nvme) = remembered else {
             return self.dram.delete(ns, keys);
         };
         let in_dram = self.dram.contains(ns, keys)?;
