@@ -9,7 +9,7 @@ use crate::format::{
 };
 use crate::key::SpillKey;
 use crate::ops::{BufOp, Mark, MarkQueue, MissReason, Msg, ReadOutcome, UnitOp, WriteOutcome};
-use crate::region::{Alloc, Regions};
+use crate::region::{Alloc, Placement, Regions};
 use crate::stats::{Loc, Shared};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -315,20 +315,9 @@ impl Worker {
             );
         }
         let extent = SECTOR + round_up(len as u64);
-        let shared = self.shared.clone();
-        let p = match self.regions.alloc(extent, || shared.next_seq()) {
-            Alloc::Placed(p) => p,
-            Alloc::Busy { seal } => {
-                if let Some(s) = seal {
-                    self.start_seal(s);
-                }
-                return self.deferred.push_back(Deferred::Write(key, op));
-            }
+        let Some((p, evicted)) = self.place(extent) else {
+            return self.deferred.push_back(Deferred::Write(key, op));
         };
-        if let Some(s) = p.seal {
-            self.start_seal(s);
-        }
-        let evicted = self.evict(&p.reclaimed);
         let seq = self.shared.next_seq();
         // SAFETY: the buffer's owner guaranteed `len` readable bytes that nobody modifies
         // until this operation completes (IoBuf / register_arena contracts).
@@ -458,6 +447,27 @@ impl Worker {
         }
     }
 
+    /// Finds room for `extent` bytes in the file: seals the region that filled and evicts
+    /// what a reclaim took. `None` when every region is open, draining or sealing: the caller
+    /// defers its operation until a seal completes.
+    fn place(&mut self, extent: u64) -> Option<(Placement, Vec<SpillKey>)> {
+        let shared = self.shared.clone();
+        let p = match self.regions.alloc(extent, || shared.next_seq()) {
+            Alloc::Placed(p) => p,
+            Alloc::Busy { seal } => {
+                if let Some(s) = seal {
+                    self.start_seal(s);
+                }
+                return None;
+            }
+        };
+        if let Some(s) = p.seal {
+            self.start_seal(s);
+        }
+        let evicted = self.evict(&p.reclaimed);
+        Some((p, evicted))
+    }
+
     fn take_marks(&mut self) {
         for m in self.marks.take() {
             self.active += 1;
@@ -472,20 +482,9 @@ impl Worker {
             self.active -= 1;
             return;
         }
-        let shared = self.shared.clone();
-        let p = match self.regions.alloc(SECTOR, || shared.next_seq()) {
-            Alloc::Placed(p) => p,
-            Alloc::Busy { seal } => {
-                if let Some(s) = seal {
-                    self.start_seal(s);
-                }
-                return self.deferred.push_back(Deferred::Mark(m));
-            }
+        let Some((p, evicted)) = self.place(SECTOR) else {
+            return self.deferred.push_back(Deferred::Mark(m));
         };
-        if let Some(s) = p.seal {
-            self.start_seal(s);
-        }
-        let evicted = self.evict(&p.reclaimed);
         self.orphans.extend(evicted);
         let seq = self.shared.next_seq();
         let h = BlockHeader::marker(m.kind, m.key, seq, p.generation, p.file_offset);

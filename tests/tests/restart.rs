@@ -449,14 +449,9 @@ fn sigkill_with_spill_lag_keeps_every_block_write_behind_copied() {
     let ns = c.register(&spec("m", LEN as u64)).unwrap().ns;
     put_all(&mut c, ns, 0..64);
     let t0 = Instant::now();
-    while tier(&mut c, "nvme").copied_down < 64 {
-        assert!(
-            t0.elapsed() < Duration::from_mins(1),
-            "write-behind never copied the 64 blocks: {:?}",
-            tier(&mut c, "nvme")
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_nvme(&mut c, "blocks copied down by write-behind", 64, |t| {
+        t.copied_down
+    });
     let nvme = tier(&mut c, "nvme");
     assert_eq!(nvme.blocks, 64, "{nvme:?}");
     eprintln!(
