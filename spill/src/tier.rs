@@ -623,6 +623,13 @@ impl SpillTier {
         }
     }
 
+    /// Keys evicted since the last call by the writes of delete and clear markers (a marker
+    /// takes room like a block and may reclaim a region). Block writes report what they evict
+    /// in their [`WriteOutcome`]; these have no outcome, so the owner polls for them.
+    pub fn take_evicted(&self) -> Vec<SpillKey> {
+        self.shared.take_orphans()
+    }
+
     /// Every indexed key (e.g. to publish stored events after recovery).
     pub fn keys(&self) -> Vec<SpillKey> {
         self.shared.index().keys()

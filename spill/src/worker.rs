@@ -109,9 +109,6 @@ pub(crate) struct Worker {
     /// Writes and marks waiting for a region (every region open, draining or sealing).
     deferred: VecDeque<Deferred>,
     marks: Arc<MarkQueue>,
-    /// Keys a marker's write evicted (reclaiming a region for it): reported with the next
-    /// block write's outcome, which is where the engine learns of evictions.
-    orphans: Vec<SpillKey>,
     pool: Vec<AlignedBuf>,
     dirty: bool,
     last_sync: Instant,
@@ -142,7 +139,6 @@ impl Worker {
             ready: Vec::new(),
             deferred: VecDeque::new(),
             marks,
-            orphans: Vec::new(),
             pool: Vec::new(),
             dirty: false,
             last_sync: Instant::now(),
@@ -485,7 +481,7 @@ impl Worker {
         let Some((p, evicted)) = self.place(SECTOR) else {
             return self.deferred.push_back(Deferred::Mark(m));
         };
-        self.orphans.extend(evicted);
+        self.shared.orphan(evicted);
         let seq = self.shared.next_seq();
         let h = BlockHeader::marker(m.kind, m.key, seq, p.generation, p.file_offset);
         self.regions.push_entry(p.region, h);
@@ -712,10 +708,9 @@ impl Worker {
             hdr,
             bounce,
             error,
-            mut evicted,
+            evicted,
             ..
         } = w;
-        evicted.append(&mut self.orphans);
         self.give_buf(hdr);
         if let Some(b) = bounce {
             self.give_buf(b);

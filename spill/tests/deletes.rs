@@ -153,6 +153,27 @@ fn a_delete_marker_outlives_the_block_it_ends_through_region_reclaim() {
     assert!(t.recovery().deleted <= 1, "{:?}", t.recovery());
 }
 
+#[test]
+fn what_a_markers_write_evicts_is_reported_by_take_evicted() {
+    // A full tier reopened: every region is sealed, so the first marker reclaims one in each
+    // file. No block write follows to report that eviction; `take_evicted` must.
+    let d = dirs();
+    let t = open(&d, 3, true);
+    for i in 0..200 {
+        put(&t, 0xA, i, 0, 40_000);
+    }
+    drop(t);
+    let t = open(&d, 3, true);
+    let held = t.keys();
+    assert!(t.delete(&held[0]));
+    t.sync().wait().unwrap();
+    let evicted = t.take_evicted();
+    assert!(!evicted.is_empty(), "no region reclaimed: {:?}", t.stats());
+    assert!(evicted.iter().all(|k| !t.contains(k)));
+    assert_eq!(t.keys().len() + evicted.len() + 1, held.len());
+    assert!(t.take_evicted().is_empty(), "reported twice");
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Put(usize, u64, usize),

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use kvnode_proto::BlockKey;
-use kvnode_spill::{ArenaSlice, IoBuf, SpillError};
+use kvnode_spill::{ArenaSlice, IoBuf, SpillError, SpillKey};
 
 use super::{NvmeTier, spill_key};
 use crate::residency::RouterMeta;
@@ -112,13 +112,26 @@ impl NvmeTier {
         crate::probes::spill_complete(crate::probes::SPILL_WRITE, id, len, status, lat);
         let out = done.result?;
         self.metrics.record_tier("nvme write", lat, len);
-        if !out.evicted.is_empty() {
+        self.evicted(&out.evicted);
+        self.forget_marker_evictions();
+        Ok(())
+    }
+
+    /// Forgets (announces the removal of) blocks the spill tier evicted.
+    fn evicted(&self, keys: &[SpillKey]) {
+        if !keys.is_empty() {
             self.counters
                 .evictions
-                .fetch_add(out.evicted.len() as u64, Relaxed);
-            self.forget(&out.evicted);
+                .fetch_add(keys.len() as u64, Relaxed);
+            self.forget(keys);
         }
-        Ok(())
+    }
+
+    /// Forgets the blocks that delete and clear markers' writes evicted since the last call
+    /// (no write outcome reports them): after each block write, and on the demoter's tick,
+    /// so they are announced within milliseconds even when no block is written.
+    pub fn forget_marker_evictions(&self) {
+        self.evicted(&self.spill.take_evicted());
     }
 
     /// Counts a failed demotion write; true for the first failure of its kind (log it).

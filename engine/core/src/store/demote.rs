@@ -224,6 +224,7 @@ pub fn spawn_demoter(
             if (free as f64) < cap as f64 * nvme.settings().low_watermark {
                 s.start_demotions(&nvme, (cap as f64 * nvme.settings().high_watermark) as u64);
             }
+            nvme.forget_marker_evictions();
             monitor.check(&s, &nvme);
         }
     }))
