@@ -41,6 +41,7 @@ mod error;
 mod file;
 pub mod fio;
 mod format;
+mod handoff;
 mod key;
 mod lock;
 mod ops;

@@ -6,9 +6,7 @@ use crate::error::SpillError;
 use crate::format::RecordKind;
 use crate::key::SpillKey;
 use crate::stats::{Loc, Tracker};
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::Ordering::{Acquire, Release};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Result of a successful write.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,37 +138,10 @@ pub(crate) struct Mark {
     pub key: SpillKey,
 }
 
-/// A worker's queue of [`Mark`]s. The worker looks at `pending` before every message it
-/// takes, so a mark queued before a write was sent is written before that write: a block
-/// written again after its delete gets the higher sequence number and survives a restart.
-#[derive(Debug, Default)]
-pub(crate) struct MarkQueue {
-    pending: AtomicBool,
-    list: Mutex<Vec<Mark>>,
-}
-
-impl MarkQueue {
-    pub fn push(&self, m: Mark) {
-        self.list
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(m);
-        self.pending.store(true, Release);
-    }
-
-    /// The marks queued so far (none, cheaply, when nothing is pending).
-    pub fn take(&self) -> Vec<Mark> {
-        if !self.pending.swap(false, Acquire) {
-            return Vec::new();
-        }
-        std::mem::take(
-            &mut *self
-                .list
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
-    }
-}
+/// A worker's queue of [`Mark`]s. The worker takes it before every message it handles, so a
+/// mark queued before a write was sent is written before that write: a block written again
+/// after its delete gets the higher sequence number and survives a restart.
+pub(crate) type MarkQueue = crate::handoff::Handoff<Mark>;
 
 /// A message to an IO worker.
 pub(crate) enum Msg {

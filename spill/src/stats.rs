@@ -141,8 +141,7 @@ pub(crate) struct Shared {
     /// Keys that a delete or clear marker's write evicted (reclaiming a region for it): no
     /// block write's outcome reports them, so the tier's owner takes them
     /// ([`crate::SpillTier::take_evicted`]).
-    pub orphans: Mutex<Vec<crate::key::SpillKey>>,
-    pub orphaned: AtomicBool,
+    pub orphans: crate::handoff::Handoff<crate::key::SpillKey>,
     pub seq: AtomicU64,
     pub counters: Counters,
     poisoned: AtomicBool,
@@ -180,33 +179,6 @@ impl Shared {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
-    }
-
-    pub fn orphan(&self, keys: Vec<crate::key::SpillKey>) {
-        if keys.is_empty() {
-            return;
-        }
-        self.orphans
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend(keys);
-        self.orphaned
-            .store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    pub fn take_orphans(&self) -> Vec<crate::key::SpillKey> {
-        if !self
-            .orphaned
-            .swap(false, std::sync::atomic::Ordering::Acquire)
-        {
-            return Vec::new();
-        }
-        std::mem::take(
-            &mut *self
-                .orphans
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
     }
 
     pub fn bump(c: &AtomicU64, n: u64) {

@@ -615,7 +615,7 @@ impl SpillTier {
     /// Queues `m` for every file's worker and wakes it; never blocks, never refused.
     fn mark(&self, m: Mark) {
         for w in &self.workers {
-            w.marks.push(m);
+            w.marks.extend([m]);
             if w.send(Msg::Wake, false).is_err() {
                 // A full queue: the worker is busy and takes the marks on its next turn.
                 w.wake();
@@ -627,7 +627,7 @@ impl SpillTier {
     /// takes room like a block and may reclaim a region). Block writes report what they evict
     /// in their [`WriteOutcome`]; these have no outcome, so the owner polls for them.
     pub fn take_evicted(&self) -> Vec<SpillKey> {
-        self.shared.take_orphans()
+        self.shared.orphans.take()
     }
 
     /// Every indexed key (e.g. to publish stored events after recovery).

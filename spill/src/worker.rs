@@ -481,7 +481,7 @@ impl Worker {
         let Some((p, evicted)) = self.place(SECTOR) else {
             return self.deferred.push_back(Deferred::Mark(m));
         };
-        self.shared.orphan(evicted);
+        self.shared.orphans.extend(evicted);
         let seq = self.shared.next_seq();
         let h = BlockHeader::marker(m.kind, m.key, seq, p.generation, p.file_offset);
         self.regions.push_entry(p.region, h);
