@@ -583,7 +583,9 @@ impl SpillTier {
     }
 
     /// Deletes every block of `namespace` (or every block), persisted like [`Self::delete`]
-    /// with one clear marker per file. Returns the keys that were indexed.
+    /// with one clear marker per file when any key was indexed (a clear that finds nothing
+    /// writes nothing, so repeating one cannot fill the log and push other tenants' blocks
+    /// out). Returns the keys that were indexed.
     pub fn clear(&self, namespace: Option<u128>) -> Vec<SpillKey> {
         let removed = {
             let mut idx = self.shared.index();
@@ -597,6 +599,9 @@ impl SpillTier {
             }
             keys
         };
+        if removed.is_empty() {
+            return removed;
+        }
         let (kind, namespace) = match namespace {
             Some(n) => (RecordKind::ClearNamespace, n),
             None => (RecordKind::ClearAll, 0),

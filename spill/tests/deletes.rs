@@ -174,6 +174,32 @@ fn what_a_markers_write_evicts_is_reported_by_take_evicted() {
     assert!(t.take_evicted().is_empty(), "reported twice");
 }
 
+#[test]
+fn deletes_and_clears_that_find_nothing_write_nothing() {
+    // The attack: a client repeating deletes and clears of what it does not hold. Were each
+    // to write a marker, they would fill the log and reclaim regions that hold other
+    // tenants' blocks.
+    let d = dirs();
+    let t = open(&d, 3, true);
+    for i in 0..20 {
+        put(&t, 0xB, i, 0, 40_000);
+    }
+    for i in 0..10_000 {
+        assert!(!t.delete(&key(0xA, i)));
+        assert!(t.clear(Some(0xA)).is_empty());
+    }
+    t.sync().wait().unwrap();
+    let s = t.stats();
+    assert_eq!(
+        (s.marks_written, s.evictions, s.blocks),
+        (0, 0, 20),
+        "{s:?}"
+    );
+    for i in 0..20 {
+        assert!(get(&t, 0xB, i) == Some(bytes(0xB, i, 0, 40_000)));
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Put(usize, u64, usize),
