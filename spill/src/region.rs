@@ -3,6 +3,12 @@
 //! Life of a region: `Free -> Open -> Draining (full, writes in flight) -> Sealing (fdatasync,
 //! then summary write) -> Sealed -> (reclaimed, oldest first) -> Open`. Only `Sealed` regions
 //! are reclaimed, so a region is never overwritten while its own writes are in flight.
+//!
+//! Reclaim follows the order regions were opened in, not the order their seals completed:
+//! two seals in flight may finish in either order, and reclaiming a newer region before an
+//! older one would both break FIFO eviction and let a delete marker (newer) be overwritten
+//! while the block it ended (older) is still on disk. When the oldest region is still
+//! draining or sealing, allocation waits for it.
 
 use crate::format::{BlockHeader, SECTOR, SummaryTrailer};
 use crate::recovery::RegionScan;
@@ -55,7 +61,8 @@ pub(crate) struct Regions {
     size: u64,
     list: Vec<Region>,
     free: VecDeque<u32>,
-    sealed: VecDeque<u32>,
+    /// Regions holding data (open, draining, sealing or sealed), oldest generation first.
+    used: VecDeque<u32>,
     open: Option<u32>,
 }
 
@@ -89,7 +96,7 @@ impl Regions {
             size,
             list,
             free,
-            sealed: sealed.into_iter().map(|(_, i)| i).collect(),
+            used: sealed.into_iter().map(|(_, i)| i).collect(),
             open: None,
         }
     }
@@ -121,7 +128,13 @@ impl Regions {
         }
         let (r, reclaimed) = if let Some(r) = self.free.pop_front() {
             (r, Vec::new())
-        } else if let Some(r) = self.sealed.pop_front() {
+        } else if let Some(r) = self
+            .used
+            .front()
+            .copied()
+            .filter(|&r| self.list[r as usize].state == State::Sealed)
+        {
+            self.used.pop_front();
             (r, std::mem::take(&mut self.list[r as usize].entries))
         } else {
             return Alloc::Busy { seal };
@@ -132,6 +145,7 @@ impl Regions {
         g.fill = 0;
         g.entries.clear();
         self.open = Some(r);
+        self.used.push_back(r);
         Alloc::Placed(self.place(r, extent, seal, reclaimed))
     }
 
@@ -177,6 +191,9 @@ impl Regions {
         let g = &mut self.list[o as usize];
         if g.entries.is_empty() {
             g.state = State::Free;
+            // The open region is the newest one.
+            debug_assert_eq!(self.used.back(), Some(&o));
+            self.used.pop_back();
             self.free.push_back(o);
             return None;
         }
@@ -184,10 +201,9 @@ impl Regions {
         Some(o)
     }
 
-    /// The summary of `r` was written: it may now be reclaimed.
+    /// The summary of `r` was written: it may now be reclaimed, in its turn.
     pub fn seal_done(&mut self, r: u32) {
         self.list[r as usize].state = State::Sealed;
-        self.sealed.push_back(r);
     }
 
     /// Whether `(r, generation)` still names live data (the region was not reclaimed since).
@@ -266,6 +282,45 @@ mod tests {
         assert_eq!(p.region, 0);
         assert_eq!(p.reclaimed.len(), 2);
         assert!(!rs.is_current(0, placed[0].generation));
+    }
+
+    /// Seals finish in any order (fdatasync and summary writes of two regions race in the
+    /// kernel). Reclaim still takes the oldest region, and waits for it when it is not sealed.
+    #[test]
+    fn a_newer_region_sealed_first_is_not_reclaimed_before_the_older_one() {
+        let mut rs = empty(3, 7 * SECTOR);
+        let mut generation = 0;
+        let mut next = || {
+            generation += 1;
+            generation
+        };
+        let mut seals = Vec::new();
+        // Fill all three regions (two blocks each); every write completes, seals stay pending.
+        for _ in 0..6 {
+            let Alloc::Placed(p) = rs.alloc(2 * SECTOR, &mut next) else {
+                panic!("busy")
+            };
+            rs.push_entry(p.region, hdr(p.file_offset, p.generation));
+            seals.extend(rs.write_done(p.region));
+            seals.extend(p.seal);
+        }
+        assert_eq!(seals, [0, 1]);
+        // Region 1's seal completes before region 0's.
+        rs.seal_done(1);
+        let Alloc::Busy { seal } = rs.alloc(2 * SECTOR, &mut next) else {
+            panic!("reclaimed a region newer than one still sealing")
+        };
+        assert_eq!(seal, Some(2));
+        rs.seal_done(0);
+        let Alloc::Placed(p) = rs.alloc(2 * SECTOR, &mut next) else {
+            panic!("busy after the oldest region sealed")
+        };
+        assert_eq!(p.region, 0);
+        assert_eq!(p.reclaimed.len(), 2);
+        let Alloc::Placed(p) = rs.alloc(2 * SECTOR, &mut next) else {
+            panic!("busy")
+        };
+        assert_eq!(p.region, 0, "the reclaimed region has room for a second block");
     }
 
     #[test]

@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::{TempDir, data};
+use common::{TempDir, data, faulty};
 use kvnode_spill::{
-    IoBuf, IoEngineKind, ReadOutcome, SpillConfig, SpillKey, SpillTier, WriteOutcome,
+    FaultPlan, IoBuf, IoEngineKind, ReadOutcome, SpillConfig, SpillKey, SpillTier, WriteOutcome,
 };
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -151,6 +151,61 @@ fn a_delete_marker_outlives_the_block_it_ends_through_region_reclaim() {
         "no region was reclaimed: the test proves nothing"
     );
     assert!(t.recovery().deleted <= 1, "{:?}", t.recovery());
+}
+
+#[test]
+fn a_delete_marker_is_not_reclaimed_before_its_block_when_seals_finish_out_of_order() {
+    // One file of 3 regions; 14 blocks of 64 KiB fill a region. Block 0 lies in region 0,
+    // its delete marker in region 1, and region 0's seal is made to finish after region 1's
+    // (its fsync is held back until a later one completes). Were regions reclaimed in the
+    // order their seals finished, region 1 and the marker would go first while region 0
+    // still holds the block, and the next start would serve the deleted block.
+    let d = TempDir::disk();
+    let config = |engine| {
+        SpillConfig::builder()
+            .dir(&d.0, 4096 + 3 * (1 << 20))
+            .engine(engine)
+            .region_size(1 << 20)
+            .max_block_size(64 << 10)
+            .queue_depth(8)
+            .sync_interval(None)
+            .build()
+            .unwrap()
+    };
+    let late = faulty(FaultPlan {
+        late_fsync: Some(0),
+        ..FaultPlan::default()
+    });
+    let t = SpillTier::open(config(late)).unwrap();
+    let len = 64 << 10;
+    // Block 14 opens region 1 and starts region 0's seal.
+    for i in 0..15 {
+        put(&t, 0xA, i, 0, len);
+    }
+    assert!(t.delete(&key(0xA, 0)));
+    let mut evicted = Vec::new();
+    let mut i = 15;
+    while evicted.is_empty() {
+        assert!(i < 60, "no region reclaimed: {:?}", t.stats());
+        evicted = put(&t, 0xA, i, 0, len).evicted;
+        i += 1;
+    }
+    let first: Vec<u64> = (1..14).collect(); // region 0 less the deleted block
+    let got: Vec<u64> = evicted
+        .iter()
+        .map(|k| u64::from_le_bytes(k.digest[..8].try_into().unwrap()))
+        .collect();
+    drop(t);
+    let t = SpillTier::open(config(IoEngineKind::Uring)).unwrap();
+    assert_eq!(
+        get(&t, 0xA, 0),
+        None,
+        "the deleted block came back after the restart"
+    );
+    assert_eq!(
+        got, first,
+        "the first reclaim took a region other than the oldest"
+    );
 }
 
 #[test]

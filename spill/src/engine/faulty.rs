@@ -2,6 +2,7 @@
 
 use super::{Cqe, IoEngine, Sqe};
 use std::io;
+use std::time::{Duration, Instant};
 
 /// Which faults a [`super::IoEngineKind::Faulty`] engine injects. Counts are per IO worker
 /// (per spill file) and 0-based; every write request counts, including header, payload and
@@ -22,6 +23,21 @@ pub struct FaultPlan {
     /// reach the file; the write crossing N keeps its prefix, later writes and fsyncs are
     /// dropped while reporting success.
     pub crash_after_bytes: Option<u64>,
+    /// The Nth fsync is held back and submitted only after a later fsync has completed (or
+    /// after [`LATE_FSYNC_MAX`]): two regions' seals then finish in the opposite order.
+    pub late_fsync: Option<u64>,
+}
+
+/// The longest a [`FaultPlan::late_fsync`] is held back, so that a stop never hangs on it.
+pub const LATE_FSYNC_MAX: Duration = Duration::from_secs(2);
+
+/// An fsync held back by [`FaultPlan::late_fsync`].
+#[derive(Debug)]
+struct Held {
+    token: u64,
+    since: Instant,
+    /// A later fsync was submitted with this token; its completion releases the held one.
+    after: Option<u64>,
 }
 
 /// Wraps another engine and applies a [`FaultPlan`].
@@ -37,6 +53,9 @@ pub(crate) struct FaultyEngine {
     synthetic: Vec<Cqe>,
     /// Tokens whose real result must be replaced by a reported length.
     rewrite: Vec<(u64, i32)>,
+    held: Option<Held>,
+    /// Operations submitted to the inner engine and not yet completed.
+    in_flight: usize,
 }
 
 impl FaultyEngine {
@@ -51,6 +70,8 @@ impl FaultyEngine {
             written: 0,
             synthetic: Vec::new(),
             rewrite: Vec::new(),
+            held: None,
+            in_flight: 0,
         }
     }
 
@@ -75,7 +96,7 @@ impl FaultyEngine {
                 offset,
                 fixed,
             };
-            return self.inner.push(token, short);
+            return self.submit(token, short);
         }
         self.synthetic.push(Cqe {
             token,
@@ -120,7 +141,7 @@ impl FaultyEngine {
                 {
                     return self.partial_write(token, sqe, keep, len);
                 }
-                self.inner.push(token, sqe)
+                self.submit(token, sqe)
             }
             Sqe::Read {
                 buf,
@@ -143,7 +164,7 @@ impl FaultyEngine {
                         self.synthetic.push(Cqe { token, res: 0 });
                         return Ok(());
                     }
-                    return self.inner.push(
+                    return self.submit(
                         token,
                         Sqe::Read {
                             buf,
@@ -153,7 +174,7 @@ impl FaultyEngine {
                         },
                     );
                 }
-                self.inner.push(token, sqe)
+                self.submit(token, sqe)
             }
             Sqe::Fsync => {
                 let n = self.fsyncs;
@@ -169,16 +190,63 @@ impl FaultyEngine {
                     self.synthetic.push(Cqe { token, res: 0 });
                     return Ok(());
                 }
-                self.inner.push(token, sqe)
+                if self.plan.late_fsync == Some(n) {
+                    self.held = Some(Held {
+                        token,
+                        since: Instant::now(),
+                        after: None,
+                    });
+                    return Ok(());
+                }
+                if let Some(h) = self.held.as_mut().filter(|h| h.after.is_none()) {
+                    h.after = Some(token);
+                }
+                self.submit(token, sqe)
             }
         }
     }
 
+    fn submit(&mut self, token: u64, sqe: Sqe) -> io::Result<()> {
+        self.inner.push(token, sqe)?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    fn release_held(&mut self) -> io::Result<()> {
+        match self.held.take() {
+            Some(h) => self.submit(h.token, Sqe::Fsync),
+            None => Ok(()),
+        }
+    }
+
     pub fn wait(&mut self, min: usize, out: &mut Vec<Cqe>) -> io::Result<()> {
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|h| h.since.elapsed() >= LATE_FSYNC_MAX)
+        {
+            self.release_held()?;
+        }
         let have = self.synthetic.len();
         out.append(&mut self.synthetic);
         let start = out.len();
-        self.inner.wait(min.saturating_sub(have), out)?;
+        let need = min.saturating_sub(have);
+        if need > 0 && self.in_flight == 0 && self.held.is_some() {
+            // Only the held fsync is outstanding: return nothing, as a wake-up without
+            // completions would, so that the worker goes on taking requests.
+            std::thread::sleep(Duration::from_millis(1));
+            return Ok(());
+        }
+        self.inner.wait(need, out)?;
+        self.in_flight -= out.len() - start;
+        let release = self
+            .held
+            .as_ref()
+            .and_then(|h| h.after)
+            .is_some_and(|t| out[start..].iter().any(|c| c.token == t));
+        if release {
+            self.release_held()?;
+        }
         for c in &mut out[start..] {
             if let Some(i) = self.rewrite.iter().position(|(t, _)| *t == c.token) {
                 let (_, full) = self.rewrite.swap_remove(i);

@@ -1,7 +1,7 @@
 //! Shared helpers for the spill integration tests: temp dirs, keys, patterned data, arenas.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
-use kvnode_spill::{IoBuf, IoEngineKind, ReadOutcome, SpillConfig, SpillKey, SpillTier};
+use kvnode_spill::{FaultPlan, IoBuf, IoEngineKind, ReadOutcome, SpillConfig, SpillKey, SpillTier};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -59,6 +59,14 @@ pub fn data(i: u64, len: usize) -> Vec<u8> {
 }
 
 /// Small geometry: 1 MiB regions, 256 KiB max block.
+/// io_uring with the faults of `plan` injected.
+pub fn faulty(plan: FaultPlan) -> IoEngineKind {
+    IoEngineKind::Faulty {
+        inner: Box::new(IoEngineKind::Uring),
+        plan,
+    }
+}
+
 pub fn small(dir: &Path, size: u64, engine: IoEngineKind) -> kvnode_spill::SpillConfigBuilder {
     SpillConfig::builder()
         .dir(dir, size)
