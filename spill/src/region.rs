@@ -320,7 +320,10 @@ mod tests {
         let Alloc::Placed(p) = rs.alloc(2 * SECTOR, &mut next) else {
             panic!("busy")
         };
-        assert_eq!(p.region, 0, "the reclaimed region has room for a second block");
+        assert_eq!(
+            p.region, 0,
+            "the reclaimed region has room for a second block"
+        );
     }
 
     #[test]
