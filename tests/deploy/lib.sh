@@ -28,9 +28,11 @@ scratch() {
   echo "$d"
 }
 
-# A free loopback TCP port.
+# A free loopback TCP port, below the kernel's ephemeral range (clients/python/kvnode_test_ports.py
+# says why).
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")/../../clients/python" \
+    python3 -c 'from kvnode_test_ports import free_port; print(free_port())'
 }
 
 # Waits until `kvnode stats` answers on socket $1 and says its spill index is rebuilt (up to

@@ -519,11 +519,42 @@ pub fn tier(c: &mut Client, name: &str) -> kvnode_proto::stats::TierStats {
 }
 
 /// A free loopback TCP port (bound then released).
+///
+/// The port is taken below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`). A
+/// port from binding port 0 is free only until the kernel hands it out again, to any bind of
+/// port 0 or any outgoing connection: a UCX transport listens on and dials from ephemeral
+/// ports, and a daemon started after another found its peer port taken (`Address already in
+/// use`, a `./dev test --fresh` run on 2026-12-07). The kernel never hands out a port below the
+/// range; this process walks its own sequence of them (seeded by its pid) and returns the first
+/// one nothing holds, never the same one twice.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 10_000;
+    let high = ephemeral_low().max(LOW + 2_000);
+    let mut span = high - LOW;
+    if span.is_multiple_of(7_919) {
+        span -= 1;
+    }
+    let seed = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        // 7919 is prime and `span` not a multiple of it: the walk visits every port once.
+        let port = LOW + (seed + n * 7_919) % span;
+        let port = u16::try_from(port).expect("port below 65536");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{high}")
+}
+
+/// The first port of the kernel's ephemeral range (32768 where it cannot be read).
+fn ephemeral_low() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A compact router hint naming `tcp://127.0.0.1:port` for `keys`.
@@ -660,5 +691,24 @@ pub fn keyed_check() -> &'static str {
         "checksum mismatch (block MAC)"
     } else {
         "checksum mismatch (BLAKE3)"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ephemeral_low, free_port};
+    use std::collections::HashSet;
+
+    /// The daemons' peer ports must not be ones the kernel hands out to binds of port 0 and to
+    /// outgoing connections (a UCX daemon took another's port: EADDRINUSE in a fresh run).
+    #[test]
+    fn free_ports_lie_below_the_ephemeral_range_and_never_repeat() {
+        let low = ephemeral_low();
+        let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+        assert!(
+            ports.iter().all(|&p| u32::from(p) < low),
+            "a port in the kernel's ephemeral range (from {low}): {ports:?}"
+        );
+        assert_eq!(ports.iter().collect::<HashSet<_>>().len(), ports.len());
     }
 }

@@ -22,7 +22,7 @@ use dynamo_kv_router::zmq_wire::{RawKvEvent, ZmqEventNormalizer, decode_event_ba
 use dynamo_kv_router::{LocalBlockHash, compute_block_hash_for_seq};
 use kvnode_client::Client;
 use kvnode_client::kvnode_proto::client::BlockMeta;
-use kvnode_e2e::{Daemon, SpillDir, block, key, spill_dir, temp_dir};
+use kvnode_e2e::{Daemon, SpillDir, block, free_port, key, spill_dir, temp_dir};
 use kvnode_proto::{Key, NamespaceSpec};
 use proptest::prelude::*;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
@@ -30,14 +30,6 @@ use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage
 const PAGE: u32 = 4;
 const BLOCK: usize = 256 << 10;
 const SALT: &str = "tenant-a";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn tokens(i: u64) -> Vec<u32> {
     (0..PAGE).map(|j| (i * 4 + u64::from(j)) as u32).collect()

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use kvnode_e2e::{Daemon, block, bpf_allowed, key, kvnode_bin, kvtrace_bin, spec};
+use kvnode_e2e::{Daemon, block, bpf_allowed, free_port, key, kvnode_bin, kvtrace_bin, spec};
 use kvnode_proto::obs::LatencyReport;
 
 /// A kvtrace process whose stderr said it attached.
@@ -245,14 +245,6 @@ fn log_until(d: &Daemon, want: &[&str]) -> String {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Connects, handshakes, and sends a Put header whose payload never comes.

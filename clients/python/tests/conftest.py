@@ -1,7 +1,6 @@
 """Fixtures: real kvnode daemons on private sockets (one, or a peer pair with a dead third)."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # SGLang JIT-builds its page-hash extension with the venv's `ninja`, found through PATH.
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 from kvnode.wire import wait_for_daemon  # noqa: E402
+from kvnode_test_ports import free_port  # noqa: E402,F401  (re-exported to the tests)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -47,12 +47,6 @@ def daemon(tmp_path):
     d = Daemon(tmp_path)
     yield d
     d.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ fails and the run fails (no skip). The venv is built from scripts/locks/dynamo.l
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from kvnode.wire import Connection, wait_for_daemon  # noqa: E402
+from kvnode_test_ports import free_port  # noqa: E402
 
 ROOT = HERE.parents[2]
 
@@ -32,12 +32,6 @@ def kvnode_bin() -> str:
     b = os.environ.get("KVNODE_BIN") or str(ROOT / "target" / "release" / "kvnode")
     assert Path(b).exists(), f"{b} not built: run `cargo build --release -p kvnode` or set KVNODE_BIN"
     return b
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Daemon:

@@ -38,6 +38,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from kvnode.wire import wait_for_daemon  # noqa: E402
+from kvnode_test_ports import free_port  # noqa: E402,F401  (re-exported to the tests)
 
 ROOT = HERE.parents[2]
 EOS = 2
@@ -110,12 +111,6 @@ def vllm_config(model_dir: str, socket: str, async_scheduling: bool = False, **e
                            kv_load_failure_policy="recompute")
     return VllmConfig(scheduler_config=sched, model_config=model, cache_config=cache,
                       kv_transfer_config=ktc, device_config=DeviceConfig("cpu"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
