@@ -112,8 +112,14 @@ fn sigterm_copies_dram_blocks_down_while_still_serving_and_what_is_put_meanwhile
             )
         });
         assert_eq!(got[0].as_deref(), Some(block(i, LEN).as_slice()));
-        put_all(&mut c, ns, put..put + 1);
-        put += 1;
+        // At most 256 puts (16 MiB): with the 512 blocks, 48 MiB of the 64 MiB tier, so no
+        // put needs room. Past that DRAM must demote to the disk held to 4 MB/s, and a put
+        // that waited `room_wait_ms` for it evicts without a copy, as documented: a loaded
+        // machine lost one of the 512 blocks that way (this test failed once with 516 puts).
+        if put < 1000 + 256 {
+            put_all(&mut c, ns, put..put + 1);
+            put += 1;
+        }
         answers += 1;
     }
     assert!(answers > 10, "{answers} answers in 2 s");
