@@ -99,6 +99,82 @@ pub fn belady(trace: &[Request], capacity: usize) -> Outcome {
     out
 }
 
+/// References of each reference's block after it (0: never used again), in trace order.
+fn uses_left(trace: &[Request]) -> Vec<u32> {
+    let mut seen: HashMap<u64, u32> = HashMap::new();
+    let mut left: Vec<u32> = trace
+        .iter()
+        .flat_map(|r| r.blocks.iter().copied())
+        .collect::<Vec<u64>>()
+        .into_iter()
+        .rev()
+        .map(|b| {
+            let n = seen.entry(b).or_insert(0);
+            let later = *n;
+            *n += 1;
+            later
+        })
+        .collect();
+    left.reverse();
+    left
+}
+
+/// A cache of `capacity` blocks kept by an order over keys that an oracle computes for each
+/// reference (its request's index, its depth, the reference's position in the trace); `None`
+/// drops the block (it is never used again). On overflow the lowest key leaves, possibly the
+/// block just referenced.
+fn keyed_oracle<K: Ord + Copy>(
+    trace: &[Request],
+    capacity: usize,
+    mut key: impl FnMut(usize, usize, usize) -> Option<K>,
+) -> Outcome {
+    let mut held: HashMap<u64, K> = HashMap::new();
+    let mut order: BTreeSet<(K, u64)> = BTreeSet::new();
+    let mut out = Outcome::default();
+    let mut pos = 0usize;
+    for (ri, r) in trace.iter().enumerate() {
+        out.refs += r.blocks.len() as u64;
+        out.hits += leading_run(&r.blocks, |b| held.contains_key(&b)) as u64;
+        for (depth, &b) in r.blocks.iter().enumerate() {
+            if let Some(old) = held.remove(&b) {
+                order.remove(&(old, b));
+            }
+            if let Some(k) = key(ri, depth, pos) {
+                held.insert(b, k);
+                order.insert((k, b));
+            }
+            pos += 1;
+            if held.len() > capacity
+                && let Some((_, victim)) = order.pop_first()
+            {
+                held.remove(&victim);
+            }
+        }
+    }
+    out
+}
+
+/// An oracle that knows **which** blocks will be used again, but not when or how often: a
+/// block never used again is not kept, and the rest are kept in LRU order. What a perfect
+/// admission filter in front of LRU would reach (docs/eviction.md, "Where it falls short").
+pub fn reuse_oracle(trace: &[Request], capacity: usize) -> Outcome {
+    let next = next_uses(trace);
+    keyed_oracle(trace, capacity, |_, _, pos| {
+        (next[pos] != u64::MAX).then_some(pos)
+    })
+}
+
+/// An oracle that knows **how many more times** every block will be used, but not when: a
+/// block never used again is not kept; on overflow the block with the fewest uses left
+/// leaves (ties: the oldest request, then a request's tail before its head). Every policy
+/// that ranks blocks by recency and counted reuse estimates what this oracle knows.
+pub fn count_oracle(trace: &[Request], capacity: usize) -> Outcome {
+    let left = uses_left(trace);
+    keyed_oracle(trace, capacity, |ri, depth, pos| {
+        (left[pos] > 0).then_some((left[pos], ri, usize::MAX - depth))
+    })
+}
+
 /// The daemon's policy `kind` with `capacity` blocks, fed what the DRAM tier feeds it (see the
 /// module's doc and [`Tier`]).
 pub fn simulate(trace: &[Request], capacity: usize, kind: PolicyKind) -> Outcome {
@@ -142,6 +218,36 @@ mod tests {
         assert_eq!(min.hits, 1);
         // LRU keeps the newest and hits nothing.
         assert_eq!(simulate(&t, 1, PolicyKind::Lru).hits, 0);
+    }
+
+    #[test]
+    fn the_reuse_oracle_keeps_no_block_that_never_comes_back() {
+        // Capacity 1: [1] [2] [1]. LRU keeps 2 and misses 1; the oracle knows 2 never comes
+        // back, keeps 1 and hits it.
+        let t = [req(&[1]), req(&[2]), req(&[1])];
+        assert_eq!(reuse_oracle(&t, 1).hits, 1);
+        assert_eq!(simulate(&t, 1, PolicyKind::Lru).hits, 0);
+    }
+
+    #[test]
+    fn the_count_oracle_keeps_the_block_with_more_uses_left() {
+        // Capacity 1: [1] [2] [2] [1] [1]. Block 2 is used next, but block 1 has more uses
+        // left (2 against 1): the count oracle keeps 1 and bypasses 2 (2 hits, requests 4
+        // and 5); knowing the order of uses (MIN) gives 2 as well, by another path.
+        let t = [req(&[1]), req(&[2]), req(&[2]), req(&[1]), req(&[1])];
+        assert_eq!(uses_left(&t), vec![2, 1, 0, 1, 0]);
+        assert_eq!(count_oracle(&t, 1).hits, 2);
+        assert_eq!(
+            reuse_oracle(&t, 1).hits,
+            2,
+            "the reuse oracle keeps the newest: 2, then 1"
+        );
+        // Capacity 1: [1] [2] [1] [3] [1]: block 1 has the uses; the count oracle never lets
+        // it go, a tail-first tie break keeps a request's head.
+        let t = [req(&[1]), req(&[2]), req(&[1]), req(&[3]), req(&[1])];
+        assert_eq!(count_oracle(&t, 1).hits, 2);
+        let t = [req(&[1, 2]), req(&[1, 2]), req(&[1, 9])];
+        assert_eq!(count_oracle(&t, 1).hits, 2, "the head outranks its tail");
     }
 
     #[test]
