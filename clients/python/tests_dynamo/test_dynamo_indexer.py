@@ -185,10 +185,12 @@ def assert_indexer_holds_exactly_the_nodes_blocks(ix: Indexer, node: Node, what:
     nudge: the view was exactly the daemon's residency after batch 9907 of 10 024."""
     t0 = time.monotonic()
     nudges = 0
+    history = []  # (seconds, indexer per tier, daemon per tier) of every try, for a failure
     while True:
         node.settle()
         counts, view = node.tiers(), indexed(ix)
         per_tier = {t: len(view.get(TIERS[t], [])) for t in TIERS}
+        history.append((round(time.monotonic() - t0, 1), per_tier, {t: counts[t] for t in TIERS}))
         union = {h for hs in view.values() for h in hs}
         dupes = sum(len(hs) - len(set(hs)) for hs in view.values())
         # Exists of every block ever put takes seconds: only once the counts agree.
@@ -203,6 +205,13 @@ def assert_indexer_holds_exactly_the_nodes_blocks(ix: Indexer, node: Node, what:
         node.put([node.next])
         node.next += 1
         nudges += 1
+    # Not converged in 60 s: say how the two views moved and which blocks differ.
+    print(f"{what}: (seconds, indexer, daemon) per try: {history}")
+    if held is None:
+        held = node.held()
+    hot = {router_hash(i) for i in node.hot}
+    print(f"{what}: held but not indexed: {len(held - union)} ({len((held - union) & hot)} hot); "
+          f"indexed but not held: {len(union - held)}; events {node.events()}")
     assert set(view) <= set(TIERS.values()), f"{what}: unexpected tiers {sorted(view)}"
     assert dupes == 0, f"{what}: {dupes} blocks listed twice in one tier"
     assert per_tier == {t: counts[t] for t in TIERS}, \
