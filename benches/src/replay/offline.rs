@@ -75,28 +75,10 @@ fn next_uses(trace: &[Request]) -> Vec<u64> {
 /// leaves (possibly the one just referenced: MIN may bypass).
 pub fn belady(trace: &[Request], capacity: usize) -> Outcome {
     let next = next_uses(trace);
-    // resident block -> its next use; ordered by (next use, block) to find the farthest.
-    let mut due: HashMap<u64, u64> = HashMap::new();
-    let mut order: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let mut out = Outcome::default();
-    let mut pos = 0usize;
-    for r in trace {
-        out.refs += r.blocks.len() as u64;
-        out.hits += leading_run(&r.blocks, |b| due.contains_key(&b)) as u64;
-        for b in &r.blocks {
-            if let Some(old) = due.insert(*b, next[pos]) {
-                order.remove(&(old, *b));
-            }
-            order.insert((next[pos], *b));
-            pos += 1;
-            if due.len() > capacity
-                && let Some((_, victim)) = order.pop_last()
-            {
-                due.remove(&victim);
-            }
-        }
-    }
-    out
+    // The farthest next use is the lowest key.
+    keyed_oracle(trace, capacity, |_, _, pos| {
+        Some(std::cmp::Reverse(next[pos]))
+    })
 }
 
 /// References of each reference's block after it (0: never used again), in trace order.
@@ -119,10 +101,10 @@ fn uses_left(trace: &[Request]) -> Vec<u32> {
     left
 }
 
-/// A cache of `capacity` blocks kept by an order over keys that an oracle computes for each
-/// reference (its request's index, its depth, the reference's position in the trace); `None`
-/// drops the block (it is never used again). On overflow the lowest key leaves, possibly the
-/// block just referenced.
+/// A cache of `capacity` blocks kept by an order over keys that an oracle (MIN, or one of the
+/// oracles below that know less) computes for each reference from its request's index, its
+/// depth and its position in the trace; `None` drops the block (it is never used again). On
+/// overflow the lowest key leaves, possibly the block just referenced.
 fn keyed_oracle<K: Ord + Copy>(
     trace: &[Request],
     capacity: usize,
